@@ -1,0 +1,9 @@
+// Subcommands of the `tandem` command. Each returns a process exit code.
+#pragma once
+
+namespace tandem::cli {
+
+int MakeModelCommand();
+int GenerateCommand();
+
+}  // namespace tandem::cli

@@ -1,0 +1,153 @@
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/engine/generator.h"
+#include "common/model/llama_model.h"
+#include "common/tokenizer/byte_fallback_tokenizer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
+ABSL_FLAG(std::string, model, "", "generate: Hugging Face model directory");
+ABSL_FLAG(std::string, prompt, "", "generate: prompt text (byte-level fallback tokenization)");
+ABSL_FLAG(std::string, token_ids, "", "generate: prompt as comma-separated token ids");
+ABSL_FLAG(int32_t, max_tokens, 16, "generate: tokens to generate (0 evaluates the prompt only)");
+ABSL_FLAG(double, temperature, 1.0, "generate: sampling temperature (0 = greedy)");
+ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass in (0, 1]");
+ABSL_FLAG(int32_t, top_k, 0, "generate: keep the K most likely tokens (0 = off)");
+ABSL_FLAG(int32_t, prompt_logprobs, -1, "generate: top-K logprobs for every prompt token (-1 = off)");
+ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated token (-1 = off)");
+ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
+ABSL_FLAG(int64_t, prefill_chunk, 0, "generate: evaluate the prompt in chunks of N tokens (0 = whole)");
+ABSL_FLAG(int64_t, block_size, 16, "generate: KV cache block size in tokens");
+ABSL_FLAG(bool, json, false, "generate: print one JSON object instead of text");
+
+namespace tandem::cli {
+namespace {
+
+using nlohmann::json;
+
+json EntryToJson(const LogprobEntry& e) {
+  json top = json::array();
+  for (const TokenLogprob& t : e.top) top.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
+  return {{"token_id", e.token_id}, {"logprob", e.logprob}, {"rank", e.rank}, {"top", top}};
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "tandem generate: %s\n", std::string(s.message()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace
+
+int GenerateCommand() {
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  const std::string token_ids = absl::GetFlag(FLAGS_token_ids);
+  if (model_dir.empty()) return Fail(absl::InvalidArgumentError("--model DIR is required"));
+  if (prompt.empty() == token_ids.empty()) {
+    return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --token-ids"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto backend = CpuBackend::Create({});
+  if (!backend.ok()) return Fail(backend.status());
+  auto model = LlamaModel::Load(model_dir, backend->get());
+  if (!model.ok()) return Fail(model.status());
+  const ModelConfig& config = (*model)->config();
+  auto tokenizer = ByteFallbackTokenizer::Load(model_dir);
+
+  GenerateRequest req;
+  if (!token_ids.empty()) {
+    for (absl::string_view piece : absl::StrSplit(token_ids, ',', absl::SkipWhitespace())) {
+      int32_t id;
+      if (!absl::SimpleAtoi(piece, &id)) {
+        return Fail(absl::InvalidArgumentError("--token-ids: '" + std::string(piece) + "' is not an integer"));
+      }
+      req.prompt_token_ids.push_back(id);
+    }
+  } else {
+    if (!tokenizer.ok()) return Fail(tokenizer.status());
+    if (config.bos_token_id >= 0) req.prompt_token_ids.push_back(static_cast<int32_t>(config.bos_token_id));
+    for (int32_t id : (*tokenizer)->Encode(prompt)) req.prompt_token_ids.push_back(id);
+  }
+  SamplingParams& p = req.params;
+  p.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  p.top_k = absl::GetFlag(FLAGS_top_k);
+  p.seed = absl::GetFlag(FLAGS_seed);
+  p.logprobs = absl::GetFlag(FLAGS_logprobs);
+  p.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
+  p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+
+  Generator::Options gen_options;
+  gen_options.block_size = absl::GetFlag(FLAGS_block_size);
+  gen_options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  auto generator = Generator::Create(model->get(), gen_options);
+  if (!generator.ok()) return Fail(generator.status());
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool as_json = absl::GetFlag(FLAGS_json);
+  if (!as_json) {
+    std::fprintf(stderr, "loaded %s (%s, %lld layers) on %s in %.2f s\n", model_dir.c_str(),
+                 config.architecture.c_str(), static_cast<long long>(config.num_hidden_layers),
+                 (*backend)->device_description().c_str(), load_seconds);
+    if (!prompt.empty()) std::fputs(prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  auto on_token = [&](int32_t id) {
+    if (as_json || !tokenizer.ok()) return;
+    auto piece = (*tokenizer)->Decode({id}, /*skip_special=*/true);
+    if (piece.ok()) std::fputs(piece->c_str(), stdout);
+    std::fflush(stdout);
+  };
+  auto result = (*generator)->Generate(req, on_token);
+  if (!result.ok()) return Fail(result.status());
+
+  std::string text;
+  if (tokenizer.ok()) {
+    auto decoded = (*tokenizer)->Decode(result->token_ids, /*skip_special=*/true);
+    if (decoded.ok()) text = *decoded;
+  }
+  if (as_json) {
+    json out;
+    out["prompt_token_ids"] = result->prompt_token_ids;
+    out["token_ids"] = result->token_ids;
+    out["text"] = text;
+    out["finish_reason"] = result->finish_reason;
+    if (p.prompt_logprobs >= 0) {
+      json pl = json::array();
+      for (const auto& e : result->prompt_logprobs) pl.push_back(e ? EntryToJson(*e) : json(nullptr));
+      out["prompt_logprobs"] = pl;
+    } else {
+      out["prompt_logprobs"] = nullptr;
+    }
+    if (p.logprobs >= 0) {
+      json lp = json::array();
+      for (const auto& e : result->logprobs) lp.push_back(EntryToJson(e));
+      out["logprobs"] = lp;
+    } else {
+      out["logprobs"] = nullptr;
+    }
+    std::puts(out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  } else {
+    std::fputc('\n', stdout);
+    const double n_prompt = static_cast<double>(result->prompt_token_ids.size());
+    const double n_out = static_cast<double>(result->token_ids.size());
+    std::fprintf(stderr,
+                 "finish_reason=%s prompt=%zu tokens (%.1f tok/s) generated=%zu tokens (%.1f tok/s)\n",
+                 result->finish_reason.c_str(), result->prompt_token_ids.size(),
+                 n_prompt / std::max(result->prefill_seconds, 1e-9), result->token_ids.size(),
+                 n_out > 1 ? (n_out - 1) / std::max(result->decode_seconds, 1e-9) : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,117 @@
+// The device boundary. Everything above this interface (model, engine, scheduler, KV bookkeeping)
+// is device-independent; the CPU backend (cpu/) and the CUDA backend (cuda/) implement it.
+//
+// Conventions: activations are f32 and row-major; pointers passed to ops are device pointers of this
+// backend (for the CPU backend, host pointers). Ops are enqueued in order on the backend's stream and
+// may run asynchronously; CopyToHost synchronises. Shapes are written [outer]...[inner].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model/dtype.h"
+#include "common/model/safetensors.h"
+
+namespace tandem {
+
+// A block of device memory owned by the backend that allocated it.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
+  float* f32() { return static_cast<float*>(data()); }
+  int32_t* i32() { return static_cast<int32_t*>(data()); }
+};
+
+// A weight matrix [rows][cols] (PyTorch Linear layout [out_features][in_features]) or vector [cols]
+// (rows == 1) in its checkpoint dtype, resident on the device.
+struct DeviceWeight {
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+  std::shared_ptr<void> owner;  // keeps converted or uploaded storage alive
+};
+
+// Geometry of a paged KV cache. K and V each: [layers][num_blocks][block_size][kv_heads][head_dim].
+struct KvCacheGeometry {
+  int64_t num_layers = 0;
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+
+  int64_t elements_per_layer() const { return num_blocks * block_size * num_kv_heads * head_dim; }
+  int64_t elements_per_block() const { return block_size * num_kv_heads * head_dim; }
+};
+
+// Per-step attention metadata, CSR style (flashinfer's layout). All arrays are device pointers.
+//   seq_indptr[num_seqs + 1]       : tokens of sequence s are rows [seq_indptr[s], seq_indptr[s+1])
+//   positions[num_tokens]          : absolute position of each new token
+//   context_lens[num_seqs]         : tokens of sequence s in the cache after this step's writes
+//   block_indptr[num_seqs + 1]     : block table of s is block_indices[block_indptr[s] .. [s+1])
+//   block_indices[...]             : physical block ids
+//   slot_mapping[num_tokens]       : physical slot (block * block_size + offset) for each new token
+// Attention is causal: the token at position p sees cached positions 0..p of its own sequence.
+struct AttentionMetadata {
+  int64_t num_seqs = 0;
+  int64_t num_tokens = 0;
+  int64_t max_context_len = 0;
+  const int32_t* seq_indptr = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_indptr = nullptr;
+  const int32_t* block_indices = nullptr;
+  const int32_t* slot_mapping = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda".
+  virtual std::string name() const = 0;
+  // Human-readable device description for logs and build info.
+  virtual std::string device_description() const = 0;
+
+  // --- Memory ---
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;
+  virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Waits for enqueued work, then copies.
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Makes a checkpoint tensor usable by ops. 1-D tensors (norms, biases) become f32 vectors;
+  // 2-D tensors keep their dtype (the CPU backend maps them without copying).
+  virtual absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) = 0;
+
+  // --- Ops (f32 activations) ---
+  // out[n][cols] = table[ids[i]]; ids are device int32 and must be in range (validated above).
+  virtual void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) = 0;
+  // out[n][d] = x / sqrt(mean(x^2) + eps) * weight; out may alias x.
+  virtual void RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+                       float* out) = 0;
+  // out[n][w.rows] = x[n][w.cols] · w^T (+ bias[w.rows]).
+  virtual void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+                      float* out) = 0;
+  // Rotates q[n][num_q_heads][head_dim] and k[n][num_kv_heads][head_dim] in place, rotate-half
+  // (Hugging Face) convention; inv_freq[head_dim/2] already includes any rope scaling.
+  virtual void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
+                    int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) = 0;
+  // Writes k,v [n][kv_heads][head_dim] into the layer's cache at metadata.slot_mapping, then
+  // out[n][num_q_heads][head_dim] = causal softmax(q k^T · scale) v over each sequence's blocks.
+  virtual void PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
+                              float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+                              const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                              float* out) = 0;
+  // out[n][d] = silu(gate[n][d]) * up[n][d].
+  virtual void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) = 0;
+  // x[n] += y[n].
+  virtual void Add(float* x, const float* y, int64_t n) = 0;
+  // Gathers rows: out[m][d] = x[rows[i]][d] (rows is a device int32 array).
+  virtual void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,248 @@
+#include "common/backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_kernels.h"
+
+namespace tandem {
+namespace {
+
+class HostBuffer final : public DeviceBuffer {
+ public:
+  explicit HostBuffer(size_t bytes) : bytes_(bytes), data_(new (std::align_val_t(64)) std::byte[bytes]) {}
+  ~HostBuffer() override { ::operator delete[](data_, std::align_val_t(64)); }
+  void* data() override { return data_; }
+  size_t size() const override { return bytes_; }
+
+ private:
+  size_t bytes_;
+  std::byte* data_;
+};
+
+// Batches up to this many rows use the direct dot-product kernels (weights read once per row).
+constexpr int64_t kDirectDotMaxRows = 8;
+// Target size of one converted weight tile for the GEMM path.
+constexpr int64_t kTileBytes = 8 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& options) {
+  ThreadPool* pool = options.pool ? options.pool : &ThreadPool::Default();
+  return std::unique_ptr<CpuBackend>(new CpuBackend(pool));
+}
+
+std::string CpuBackend::device_description() const {
+  return absl::StrCat("cpu (", pool_->num_threads(), " threads, ",
+                      cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, OpenBLAS ",
+                      openblas_get_num_threads(), " threads)");
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
+  try {
+    return std::unique_ptr<DeviceBuffer>(new HostBuffer(std::max<size_t>(bytes, 64)));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+  }
+}
+
+void CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+absl::StatusOr<DeviceWeight> CpuBackend::UploadWeight(const TensorView& t) {
+  DeviceWeight w;
+  if (t.shape.size() == 1) {
+    w.rows = 1;
+    w.cols = t.shape[0];
+    auto storage = std::shared_ptr<float[]>(new float[std::max<int64_t>(w.cols, 1)]);
+    ConvertToF32(t.dtype, t.data, storage.get(), static_cast<size_t>(w.cols));
+    w.dtype = DType::kF32;
+    w.data = storage.get();
+    w.owner = std::shared_ptr<void>(storage, storage.get());
+    return w;
+  }
+  if (t.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(t.file, ": tensor ", t.name, " has rank ", t.shape.size(), ", expected 1 or 2"));
+  }
+  // 2-D weights stay in the mapping, in their own dtype.
+  w.dtype = t.dtype;
+  w.rows = t.shape[0];
+  w.cols = t.shape[1];
+  w.data = t.data;
+  return w;
+}
+
+void CpuBackend::Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) {
+  const int64_t d = table.cols;
+  const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(table.dtype);
+  pool_->ParallelFor(n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const auto* row = static_cast<const std::byte*>(table.data) + ids[i] * row_bytes;
+      cpu::ToF32(row, table.dtype, out + i * d, d);
+    }
+  });
+}
+
+void CpuBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n,
+                         int64_t d, float* out) {
+  const float* w = static_cast<const float*>(weight.data);
+  pool_->ParallelFor(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float* xi = x + i * d;
+      double ss = 0;
+      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+      float* oi = out + i * d;
+      for (int64_t j = 0; j < d; ++j) oi[j] = xi[j] * inv * w[j];
+    }
+  });
+}
+
+void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+                        float* out) {
+  const int64_t m = w.rows, k = w.cols;
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
+  const auto* wbytes = static_cast<const std::byte*>(w.data);
+  if (n <= kDirectDotMaxRows) {
+    pool_->ParallelFor(m, 16, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        const void* wr = wbytes + j * row_bytes;
+        for (int64_t i = 0; i < n; ++i) out[i * m + j] = cpu::Dot(x + i * k, wr, w.dtype, k);
+      }
+    });
+  } else if (w.dtype == DType::kF32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
+                static_cast<int>(k), 1.0f, x, static_cast<int>(k), static_cast<const float*>(w.data),
+                static_cast<int>(k), 0.0f, out, static_cast<int>(m));
+  } else {
+    // Convert a tile of weight rows to f32, then GEMM it into the matching output columns.
+    const int64_t tile_rows = std::clamp<int64_t>(kTileBytes / (4 * k), 1, m);
+    std::vector<float> tile(static_cast<size_t>(tile_rows * k));
+    for (int64_t r0 = 0; r0 < m; r0 += tile_rows) {
+      const int64_t rows = std::min(tile_rows, m - r0);
+      pool_->ParallelFor(rows, 8, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          cpu::ToF32(wbytes + (r0 + r) * row_bytes, w.dtype, tile.data() + r * k, k);
+        }
+      });
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
+                  tile.data(), static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
+    }
+  }
+  if (bias != nullptr) {
+    const float* bv = static_cast<const float*>(bias->data);
+    for (int64_t i = 0; i < n; ++i) {
+      float* oi = out + i * m;
+      for (int64_t j = 0; j < m; ++j) oi[j] += bv[j];
+    }
+  }
+}
+
+void CpuBackend::Rope(float* q, float* k, const int32_t* positions, const float* inv_freq,
+                      int64_t n, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
+  const int64_t half = head_dim / 2;
+  pool_->ParallelFor(n, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> cos_v(half), sin_v(half);
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+        cos_v[i] = std::cos(angle);
+        sin_v[i] = std::sin(angle);
+      }
+      auto rotate = [&](float* base, int64_t heads) {
+        for (int64_t h = 0; h < heads; ++h) {
+          float* x = base + (t * heads + h) * head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            const float x0 = x[i], x1 = x[i + half];
+            x[i] = x0 * cos_v[i] - x1 * sin_v[i];
+            x[i + half] = x1 * cos_v[i] + x0 * sin_v[i];
+          }
+        }
+      };
+      rotate(q, num_q_heads);
+      rotate(k, num_kv_heads);
+    }
+  });
+}
+
+void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
+                                float* v_cache, const KvCacheGeometry& g, int64_t layer,
+                                const AttentionMetadata& md, int64_t num_q_heads, float scale,
+                                float* out) {
+  const int64_t hd = g.head_dim, kvh = g.num_kv_heads;
+  const int64_t token_stride = kvh * hd;
+  float* kc = k_cache + layer * g.elements_per_layer();
+  float* vc = v_cache + layer * g.elements_per_layer();
+  // 1. Scatter the new keys and values into their slots.
+  for (int64_t t = 0; t < md.num_tokens; ++t) {
+    const int64_t slot = md.slot_mapping[t];
+    std::memcpy(kc + slot * token_stride, k + t * token_stride, token_stride * sizeof(float));
+    std::memcpy(vc + slot * token_stride, v + t * token_stride, token_stride * sizeof(float));
+  }
+  // 2. Causal attention of every (token, head) over its sequence's blocks.
+  std::vector<int32_t> seq_of_token(md.num_tokens);
+  for (int64_t s = 0; s < md.num_seqs; ++s) {
+    for (int32_t t = md.seq_indptr[s]; t < md.seq_indptr[s + 1]; ++t) seq_of_token[t] = s;
+  }
+  const int64_t group = num_q_heads / kvh;
+  pool_->ParallelFor(md.num_tokens * num_q_heads, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores(md.max_context_len + 1);
+    std::vector<float> acc(hd);
+    for (int64_t idx = b; idx < e; ++idx) {
+      const int64_t t = idx / num_q_heads, h = idx % num_q_heads, kh = h / group;
+      const int64_t s = seq_of_token[t];
+      const int32_t* table = md.block_indices + md.block_indptr[s];
+      const int64_t len = std::min<int64_t>(md.positions[t] + 1, md.context_lens[s]);
+      const float* qv = q + (t * num_q_heads + h) * hd;
+      float max_score = -INFINITY;
+      for (int64_t p = 0; p < len; ++p) {
+        const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
+        const float sc = cpu::Dot(qv, kc + slot * token_stride + kh * hd, DType::kF32, hd) * scale;
+        scores[p] = sc;
+        max_score = std::max(max_score, sc);
+      }
+      double denom = 0;
+      for (int64_t p = 0; p < len; ++p) {
+        scores[p] = std::exp(scores[p] - max_score);
+        denom += scores[p];
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t p = 0; p < len; ++p) {
+        const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
+        const float* vv = vc + slot * token_stride + kh * hd;
+        const float wgt = scores[p];
+        for (int64_t i = 0; i < hd; ++i) acc[i] += wgt * vv[i];
+      }
+      float* o = out + (t * num_q_heads + h) * hd;
+      const float inv = static_cast<float>(1.0 / denom);
+      for (int64_t i = 0; i < hd; ++i) o[i] = acc[i] * inv;
+    }
+  });
+}
+
+void CpuBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {
+  pool_->ParallelFor(n * d, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  });
+}
+
+void CpuBackend::Add(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void CpuBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {
+  for (int64_t i = 0; i < m; ++i) std::memcpy(out + i * d, x + rows[i] * d, d * sizeof(float));
+}
+
+}  // namespace tandem

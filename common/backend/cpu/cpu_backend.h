@@ -1,0 +1,48 @@
+// The CPU backend: f32 compute over F32/F16/BF16 weights, multi-threaded with a ThreadPool, GEMMs
+// through OpenBLAS (weights in 16-bit types are converted tile by tile; small batches use AVX2/FMA
+// dot-product kernels that read 16-bit weights directly, halving the bytes read per token).
+#pragma once
+
+#include <memory>
+
+#include "common/backend/backend.h"
+#include "common/base/thread_pool.h"
+
+namespace tandem {
+
+class CpuBackend final : public Backend {
+ public:
+  struct Options {
+    ThreadPool* pool = nullptr;  // nullptr: ThreadPool::Default()
+  };
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Options& options);
+
+  std::string name() const override { return "cpu"; }
+  std::string device_description() const override;
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) override;
+
+  void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override;
+  void RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+               float* out) override;
+  void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+              float* out) override;
+  void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
+            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
+  void PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
+                      float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+                      const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                      float* out) override;
+  void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
+  void Add(float* x, const float* y, int64_t n) override;
+  void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
+
+ private:
+  explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}
+  ThreadPool* pool_;
+};
+
+}  // namespace tandem

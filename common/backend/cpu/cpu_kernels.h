@@ -1,0 +1,18 @@
+// Low-level CPU kernels shared by the CPU backend: dot products over 16-bit weights with AVX2/FMA
+// (chosen at run time; portable fallbacks otherwise) and row conversion.
+#pragma once
+
+#include <cstdint>
+
+#include "common/model/dtype.h"
+
+namespace tandem::cpu {
+
+// Returns sum_i x[i] * w[i] with w of type `dtype`.
+float Dot(const float* x, const void* w, DType dtype, int64_t n);
+// Converts n elements of type `dtype` to f32.
+void ToF32(const void* src, DType dtype, float* dst, int64_t n);
+// True when the AVX2/FMA/F16C paths are in use.
+bool HaveAvx2();
+
+}  // namespace tandem::cpu

@@ -1,0 +1,36 @@
+// Minimal leveled logging to stderr. Debian 12's Abseil (20220623) predates absl/log, so Tandem keeps
+// this small facility: one line per call, prefixed with level, time and source location.
+//   TANDEM_LOG(INFO) << "loaded " << n << " tensors";
+#pragma once
+
+#include <sstream>
+
+namespace tandem {
+
+enum class LogLevel { kInfo, kWarning, kError };
+
+class LogMessage {
+ public:
+  LogMessage(LogLevel level, const char* file, int line);
+  ~LogMessage();  // writes the line
+  LogMessage(const LogMessage&) = delete;
+  LogMessage& operator=(const LogMessage&) = delete;
+  std::ostream& stream() { return stream_; }
+
+ private:
+  LogLevel level_;
+  std::ostringstream stream_;
+};
+
+// Messages below this level are dropped (TANDEM_LOG_LEVEL=info|warning|error; default info).
+LogLevel MinLogLevel();
+
+}  // namespace tandem
+
+#define TANDEM_LOG_LEVEL_INFO ::tandem::LogLevel::kInfo
+#define TANDEM_LOG_LEVEL_WARNING ::tandem::LogLevel::kWarning
+#define TANDEM_LOG_LEVEL_ERROR ::tandem::LogLevel::kError
+#define TANDEM_LOG(level)                                          \
+  if (TANDEM_LOG_LEVEL_##level < ::tandem::MinLogLevel()) {        \
+  } else                                                           \
+    ::tandem::LogMessage(TANDEM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()

@@ -1,0 +1,80 @@
+#include "common/model/dtype.h"
+
+#include <cmath>
+
+namespace tandem {
+
+std::string_view DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+std::optional<DType> ParseDType(std::string_view name) {
+  if (name == "F32") return DType::kF32;
+  if (name == "F16") return DType::kF16;
+  if (name == "BF16") return DType::kBF16;
+  return std::nullopt;
+}
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ff;
+  float v;
+  if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -24);
+  } else if (exp == 31) {
+    v = mant ? std::nanf("") : INFINITY;
+  } else {
+    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  }
+  return sign ? -v : v;
+}
+
+uint16_t F32ToF16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const uint32_t absx = x & 0x7fffffff;
+  if (absx > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);  // NaN
+  if (absx >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow → inf
+  if (absx < 0x38800000) {  // subnormal or zero in f16
+    const float a = std::fabs(f);
+    const float scaled = a * 16777216.0f;  // 2^24
+    const uint32_t m = static_cast<uint32_t>(std::nearbyint(scaled));
+    return static_cast<uint16_t>(sign | m);
+  }
+  const uint32_t exp = ((absx >> 23) - 112) << 10;
+  uint32_t mant = absx & 0x7fffff;
+  uint32_t h = exp | (mant >> 13);
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+void ConvertToF32(DType t, const void* src, float* dst, size_t n) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case DType::kBF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
+      return;
+    }
+    case DType::kF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,76 @@
+// The Llama-family transformer (Llama 2/3/3.1, Mistral, Qwen2, Qwen3) over a paged KV cache.
+//
+// Load() validates the checkpoint against the config (every expected tensor present with the exact
+// shape; no unexpected tensors) and uploads weights to the backend. Forward() runs one step for a
+// batch of sequences, each contributing any number of new tokens on top of what its blocks already
+// hold, so a prompt can be evaluated whole or in chunks with the same result.
+// A LlamaModel is used by one thread at a time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/backend.h"
+#include "common/backend/kv_cache_storage.h"
+#include "common/model/config.h"
+#include "common/model/safetensors.h"
+
+namespace tandem {
+
+struct SequenceStep {
+  int64_t num_new_tokens = 0;     // tokens of this sequence in ForwardInput::token_ids (in order)
+  int64_t num_cached_tokens = 0;  // tokens already in the cache; new tokens take positions after it
+  std::vector<int32_t> block_table;  // physical blocks covering cached + new tokens
+};
+
+struct ForwardInput {
+  std::vector<int32_t> token_ids;     // [num_tokens], sequences concatenated in order
+  std::vector<SequenceStep> seqs;
+  std::vector<int32_t> logits_rows;   // rows of token_ids whose next-token logits are returned
+};
+
+class LlamaModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
+                                                          Backend* backend);
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+  ~LlamaModel();
+
+  const ModelConfig& config() const { return config_; }
+  Backend* backend() const { return backend_; }
+  // The KV cache geometry this model needs for `num_blocks` blocks of `block_size` tokens.
+  KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size) const;
+
+  // Runs one step. On success writes logits [logits_rows.size()][vocab_size] to `logits` (host).
+  // Validates ids, positions and block tables first; INVALID_ARGUMENT leaves the cache untouched.
+  absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits);
+
+ private:
+  struct LayerWeights {
+    DeviceWeight input_norm, post_norm;
+    DeviceWeight q, k, v, o;
+    DeviceWeight q_bias, k_bias, v_bias;
+    DeviceWeight q_norm, k_norm;
+    DeviceWeight gate, up, down;
+  };
+  LlamaModel() = default;
+  absl::Status LoadWeights();
+  absl::Status Validate(const ForwardInput& input, const KvCacheStorage& kv) const;
+  float* Scratch(size_t index, size_t elements);
+
+  ModelConfig config_;
+  Backend* backend_ = nullptr;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  DeviceWeight embed_, final_norm_, lm_head_;
+  std::vector<LayerWeights> layers_;
+  std::unique_ptr<DeviceBuffer> inv_freq_;  // [head_dim / 2]
+  std::vector<std::unique_ptr<DeviceBuffer>> scratch_;
+};
+
+// RoPE inverse frequencies [head_dim / 2], with Llama 3.1 scaling applied when configured.
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace tandem

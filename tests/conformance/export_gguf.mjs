@@ -1,0 +1,395 @@
+#!/usr/bin/env node
+// Converts a Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3; safetensors in F32/F16/BF16;
+// byte-level BPE tokenizer.json) into a GGUF v3 file with every tensor in F32, so that llama.cpp
+// computes in f32 and can serve as an independent oracle for Tandem.
+//
+//   node export_gguf.mjs --model DIR --out FILE.gguf
+//
+// GGUF layout (little-endian): "GGUF", u32 version 3, u64 tensor count, u64 metadata count, metadata
+// key/value pairs, tensor infos (name, n_dims, dims fastest-first, ggml type, offset), zero padding to
+// general.alignment, then the tensor data, each tensor at an offset (relative to the data section)
+// that is a multiple of the alignment.
+//
+// Conventions llama.cpp expects and Hugging Face does not share:
+// - GGUF dims are listed fastest-varying first: a PyTorch [out, in] weight is GGUF [in, out], same bytes.
+// - The `llama` architecture applies RoPE to interleaved pairs (x0,x1),(x2,x3)…, while HF Llama/Mistral
+//   rotate halves (x_i, x_{i+d/2}); so Q and K rows are permuted per head: new row 2j+t takes old row
+//   t*d/2+j. `qwen2`/`qwen3` use rotate-half (NEOX) RoPE in llama.cpp and take the rows unchanged.
+// - Llama 3.1 rope scaling travels as `rope_freqs.weight`: one divisor per frequency.
+
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import { ModelError, openModel, readTensor, readJson, llama3RopeDivisors } from "./lib/hf_model.mjs";
+
+const GGUF_MAGIC = 0x46554747; // "GGUF" read as a little-endian u32
+const GGUF_VERSION = 3;
+const ALIGNMENT = 32;
+const T = { UINT32: 4, INT32: 5, FLOAT32: 6, BOOL: 7, STRING: 8, ARRAY: 9 };
+const GGML_TYPE_F32 = 0;
+// llama.cpp token types.
+const TOKEN_NORMAL = 1;
+const TOKEN_CONTROL = 3;
+const TOKEN_USER_DEFINED = 4;
+const TOKEN_UNUSED = 5;
+
+function fail(msg) {
+  throw new ModelError(msg);
+}
+
+class ByteWriter {
+  constructor() {
+    this.parts = [];
+    this.length = 0;
+  }
+  push(buf) {
+    this.parts.push(buf);
+    this.length += buf.length;
+  }
+  u32(v) {
+    const b = Buffer.alloc(4);
+    b.writeUInt32LE(v);
+    this.push(b);
+  }
+  i32(v) {
+    const b = Buffer.alloc(4);
+    b.writeInt32LE(v);
+    this.push(b);
+  }
+  u64(v) {
+    const b = Buffer.alloc(8);
+    b.writeBigUInt64LE(BigInt(v));
+    this.push(b);
+  }
+  f32(v) {
+    const b = Buffer.alloc(4);
+    b.writeFloatLE(v);
+    this.push(b);
+  }
+  str(s) {
+    const b = Buffer.from(s, "utf8");
+    this.u64(b.length);
+    this.push(b);
+  }
+  concat() {
+    return Buffer.concat(this.parts, this.length);
+  }
+}
+
+// Metadata values carry their GGUF type explicitly: {type, value} or {type: ARRAY, elem, value: []}.
+const kv = {
+  u32: (v) => ({ type: T.UINT32, value: v }),
+  f32: (v) => ({ type: T.FLOAT32, value: v }),
+  str: (v) => ({ type: T.STRING, value: v }),
+  bool: (v) => ({ type: T.BOOL, value: v }),
+  strs: (v) => ({ type: T.ARRAY, elem: T.STRING, value: v }),
+  i32s: (v) => ({ type: T.ARRAY, elem: T.INT32, value: v }),
+};
+
+function writeValue(w, type, value) {
+  switch (type) {
+    case T.UINT32:
+      if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) fail(`metadata value ${value} does not fit u32`);
+      return w.u32(value);
+    case T.INT32:
+      return w.i32(value);
+    case T.FLOAT32:
+      return w.f32(value);
+    case T.BOOL:
+      return w.push(Buffer.from([value ? 1 : 0]));
+    case T.STRING:
+      return w.str(value);
+    default:
+      fail(`internal: cannot write metadata type ${type}`);
+  }
+}
+
+// GPT-2's reversible byte → printable-character map: the 188 printable Latin-1 bytes stand for
+// themselves, the rest are shifted to U+0100 onwards in byte order.
+function gpt2ByteChars() {
+  const chars = [];
+  let n = 0;
+  for (let b = 0; b < 256; b++) {
+    const printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    chars.push(String.fromCodePoint(printable ? b : 256 + n++));
+  }
+  return chars;
+}
+
+function containsType(node, type) {
+  if (!node || typeof node !== "object") return false;
+  if (node.type === type) return true;
+  for (const v of Object.values(node)) {
+    if (Array.isArray(v) ? v.some((x) => containsType(x, type)) : typeof v === "object" && containsType(v, type)) return true;
+  }
+  return false;
+}
+
+// tokenizer.json → GGUF vocabulary arrays, padded to the model's vocab_size.
+export function buildVocab(dir, config, warn = () => {}) {
+  const file = path.join(dir, "tokenizer.json");
+  const tok = readJson(file);
+  const model = tok.model;
+  if (!model || model.type !== "BPE") fail(`${file}: model.type is ${JSON.stringify(model && model.type)}; only BPE is supported`);
+  if (!containsType(tok.pre_tokenizer, "ByteLevel") && !containsType(tok.decoder, "ByteLevel")) {
+    fail(`${file}: not a byte-level (GPT-2 style) BPE tokenizer: no ByteLevel pre-tokenizer or decoder`);
+  }
+  if (!model.vocab || typeof model.vocab !== "object") fail(`${file}: model.vocab is missing`);
+  const n = config.vocab;
+  const tokens = new Array(n).fill(null);
+  const types = new Array(n).fill(TOKEN_NORMAL);
+  const place = (content, id, type, what) => {
+    if (!Number.isSafeInteger(id) || id < 0) fail(`${file}: ${what} ${JSON.stringify(content)} has bad id ${id}`);
+    if (id >= n) fail(`${file}: ${what} ${JSON.stringify(content)} has id ${id} >= config vocab_size ${n}`);
+    if (typeof content !== "string" || content.length === 0) fail(`${file}: ${what} with id ${id} has empty or non-string content`);
+    if (tokens[id] !== null && tokens[id] !== content) {
+      fail(`${file}: id ${id} is both ${JSON.stringify(tokens[id])} and ${JSON.stringify(content)}`);
+    }
+    tokens[id] = content;
+    types[id] = type;
+  };
+  for (const [content, id] of Object.entries(model.vocab)) place(content, id, TOKEN_NORMAL, "vocab token");
+  for (const at of tok.added_tokens ?? []) {
+    place(at.content, at.id, at.special ? TOKEN_CONTROL : TOKEN_USER_DEFINED, "added token");
+  }
+  const seen = new Map();
+  let pads = 0;
+  for (let i = 0; i < n; i++) {
+    if (tokens[i] === null) {
+      tokens[i] = `[PAD${i}]`;
+      types[i] = TOKEN_UNUSED;
+      pads++;
+    }
+    if (seen.has(tokens[i])) fail(`${file}: token ${JSON.stringify(tokens[i])} has two ids (${seen.get(tokens[i])}, ${i})`);
+    seen.set(tokens[i], i);
+  }
+  if (pads) warn(`vocab: ${pads} ids without a token (config vocab_size ${n}) written as [PAD<id>] (unused)`);
+  const missingBytes = gpt2ByteChars().filter((c) => !seen.has(c));
+  if (missingBytes.length) warn(`vocab: ${missingBytes.length} of the 256 byte tokens are missing; llama.cpp may fail to tokenize text`);
+
+  const merges = [];
+  for (const m of model.merges ?? []) {
+    let a, b;
+    if (typeof m === "string") {
+      const sp = m.indexOf(" ");
+      if (sp <= 0 || sp !== m.lastIndexOf(" ") || sp === m.length - 1) fail(`${file}: merge ${JSON.stringify(m)} is not "a b"`);
+      a = m.slice(0, sp);
+      b = m.slice(sp + 1);
+    } else if (Array.isArray(m) && m.length === 2 && typeof m[0] === "string" && typeof m[1] === "string") {
+      [a, b] = m;
+    } else fail(`${file}: merge ${JSON.stringify(m)} is neither "a b" nor [a, b]`);
+    if (a.includes(" ") || b.includes(" ") || !a || !b) fail(`${file}: merge ${JSON.stringify(m)} has a part with a space; GGUF merges cannot carry it`);
+    merges.push(`${a} ${b}`);
+  }
+  if (merges.length === 0) {
+    // llama.cpp's BPE loader refuses an empty merge list. A merge only affects text tokenization, which
+    // conformance runs never use (they feed token ids).
+    const sp = gpt2ByteChars()[0x20];
+    merges.push(`${sp} ${sp}`);
+    warn(`tokenizer has no merges; wrote the placeholder merge "${sp} ${sp}" (text tokenization will differ)`);
+  }
+  return { tokens, types, merges };
+}
+
+// Row permutation for the `llama` architecture: per head, [2, d/2] → [d/2, 2].
+function permuteRows(data, rows, cols, nHead) {
+  const d = rows / nHead;
+  const half = d / 2;
+  const out = new Float32Array(data.length);
+  for (let h = 0; h < nHead; h++) {
+    for (let j = 0; j < half; j++) {
+      for (let t = 0; t < 2; t++) {
+        const src = (h * d + t * half + j) * cols;
+        const dst = (h * d + 2 * j + t) * cols;
+        out.set(data.subarray(src, src + cols), dst);
+      }
+    }
+  }
+  return out;
+}
+
+// Builds the GGUF tensor list: [{name, dims (GGUF order), numel, load() → Float32Array}].
+function planTensors(m) {
+  const c = m.config;
+  const list = [];
+  const hf = (name, transform) => {
+    const info = m.tensors.get(name);
+    return {
+      dims: [...info.shape].reverse(),
+      numel: info.numel,
+      load: () => (transform ? transform(readTensor(info), info) : readTensor(info)),
+    };
+  };
+  const add = (name, src) => list.push({ name, ...src });
+  add("token_embd.weight", hf("model.embed_tokens.weight"));
+  add("output_norm.weight", hf("model.norm.weight"));
+  if (!c.tied) add("output.weight", hf("lm_head.weight"));
+  if (c.ropeScaling) {
+    const divisors = Float32Array.from(llama3RopeDivisors(c.headDim, c.theta, c.ropeScaling));
+    add("rope_freqs.weight", { dims: [divisors.length], numel: divisors.length, load: () => divisors });
+  }
+  const permute = c.family === "llama";
+  const qPerm = permute ? (d, info) => permuteRows(d, info.shape[0], info.shape[1], c.heads) : null;
+  const kPerm = permute ? (d, info) => permuteRows(d, info.shape[0], info.shape[1], c.kvHeads) : null;
+  for (let l = 0; l < c.layers; l++) {
+    const p = `model.layers.${l}.`;
+    const b = `blk.${l}.`;
+    add(b + "attn_norm.weight", hf(p + "input_layernorm.weight"));
+    add(b + "attn_q.weight", hf(p + "self_attn.q_proj.weight", qPerm));
+    add(b + "attn_k.weight", hf(p + "self_attn.k_proj.weight", kPerm));
+    add(b + "attn_v.weight", hf(p + "self_attn.v_proj.weight"));
+    add(b + "attn_output.weight", hf(p + "self_attn.o_proj.weight"));
+    if (c.family === "qwen2") {
+      add(b + "attn_q.bias", hf(p + "self_attn.q_proj.bias"));
+      add(b + "attn_k.bias", hf(p + "self_attn.k_proj.bias"));
+      add(b + "attn_v.bias", hf(p + "self_attn.v_proj.bias"));
+    }
+    if (c.family === "qwen3") {
+      add(b + "attn_q_norm.weight", hf(p + "self_attn.q_norm.weight"));
+      add(b + "attn_k_norm.weight", hf(p + "self_attn.k_norm.weight"));
+    }
+    add(b + "ffn_norm.weight", hf(p + "post_attention_layernorm.weight"));
+    add(b + "ffn_gate.weight", hf(p + "mlp.gate_proj.weight"));
+    add(b + "ffn_up.weight", hf(p + "mlp.up_proj.weight"));
+    add(b + "ffn_down.weight", hf(p + "mlp.down_proj.weight"));
+  }
+  return list;
+}
+
+function buildMetadata(m, vocab) {
+  const c = m.config;
+  const a = c.family;
+  const name = typeof c.raw._name_or_path === "string" && c.raw._name_or_path ? c.raw._name_or_path : path.basename(path.resolve(m.dir));
+  const md = [
+    ["general.architecture", kv.str(a)],
+    ["general.name", kv.str(name)],
+    ["general.alignment", kv.u32(ALIGNMENT)],
+    ["general.file_type", kv.u32(0)], // all F32
+    [`${a}.context_length`, kv.u32(c.maxPositions)],
+    [`${a}.embedding_length`, kv.u32(c.hidden)],
+    [`${a}.block_count`, kv.u32(c.layers)],
+    [`${a}.feed_forward_length`, kv.u32(c.ffn)],
+    [`${a}.attention.head_count`, kv.u32(c.heads)],
+    [`${a}.attention.head_count_kv`, kv.u32(c.kvHeads)],
+    [`${a}.attention.layer_norm_rms_epsilon`, kv.f32(c.eps)],
+    [`${a}.attention.key_length`, kv.u32(c.headDim)],
+    [`${a}.attention.value_length`, kv.u32(c.headDim)],
+    [`${a}.rope.freq_base`, kv.f32(c.theta)],
+    [`${a}.rope.dimension_count`, kv.u32(c.headDim)],
+    [`${a}.vocab_size`, kv.u32(c.vocab)],
+    ["tokenizer.ggml.model", kv.str("gpt2")],
+    ["tokenizer.ggml.pre", kv.str("default")],
+    ["tokenizer.ggml.tokens", kv.strs(vocab.tokens)],
+    ["tokenizer.ggml.token_type", kv.i32s(vocab.types)],
+    ["tokenizer.ggml.merges", kv.strs(vocab.merges)],
+    // Conformance runs feed token ids; never let llama.cpp add a BOS of its own.
+    ["tokenizer.ggml.add_bos_token", kv.bool(false)],
+  ];
+  if (c.bosTokenId !== null && c.bosTokenId < c.vocab) md.push(["tokenizer.ggml.bos_token_id", kv.u32(c.bosTokenId)]);
+  const eos = c.eosTokenIds.filter((x) => x < c.vocab);
+  if (eos.length) md.push(["tokenizer.ggml.eos_token_id", kv.u32(eos[0])]);
+  return md;
+}
+
+function writeAll(fd, buf) {
+  let off = 0;
+  while (off < buf.length) off += fs.writeSync(fd, buf, off, buf.length - off);
+}
+
+// Exports DIR to OUT. Returns a summary {arch, family, vocab, tensors, bytes}.
+export function exportGguf(modelDir, outPath, { warn = (s) => process.stderr.write(`export_gguf: ${s}\n`) } = {}) {
+  const m = openModel(modelDir);
+  const c = m.config;
+  if (c.slidingWindow != null && c.slidingWindow < c.maxPositions) {
+    warn(`sliding_window ${c.slidingWindow} is not exported (llama.cpp's llama ignores it); compare only prompts shorter than it`);
+  }
+  const vocab = buildVocab(modelDir, c, warn);
+  const tensors = planTensors(m);
+  const md = buildMetadata(m, vocab);
+
+  const w = new ByteWriter();
+  w.u32(GGUF_MAGIC);
+  w.u32(GGUF_VERSION);
+  w.u64(tensors.length);
+  w.u64(md.length);
+  for (const [key, v] of md) {
+    w.str(key);
+    w.u32(v.type);
+    if (v.type === T.ARRAY) {
+      w.u32(v.elem);
+      w.u64(v.value.length);
+      for (const x of v.value) writeValue(w, v.elem, x);
+    } else writeValue(w, v.type, v.value);
+  }
+  let offset = 0;
+  const align = (x) => Math.ceil(x / ALIGNMENT) * ALIGNMENT;
+  for (const t of tensors) {
+    t.offset = offset;
+    w.str(t.name);
+    w.u32(t.dims.length);
+    for (const d of t.dims) w.u64(d);
+    w.u32(GGML_TYPE_F32);
+    w.u64(offset);
+    offset = align(offset + t.numel * 4);
+  }
+  const header = w.concat();
+  const dataStart = align(header.length);
+
+  const tmp = `${outPath}.tmp-${process.pid}`;
+  const fd = fs.openSync(tmp, "w");
+  try {
+    writeAll(fd, header);
+    writeAll(fd, Buffer.alloc(dataStart - header.length));
+    let pos = 0;
+    for (const t of tensors) {
+      if (pos < t.offset) writeAll(fd, Buffer.alloc(t.offset - pos));
+      const data = t.load();
+      if (data.length !== t.numel) fail(`internal: ${t.name} produced ${data.length} values, expected ${t.numel}`);
+      writeAll(fd, Buffer.from(data.buffer, data.byteOffset, data.byteLength));
+      pos = t.offset + t.numel * 4;
+    }
+    if (pos < offset) writeAll(fd, Buffer.alloc(offset - pos));
+  } catch (e) {
+    fs.closeSync(fd);
+    fs.rmSync(tmp, { force: true });
+    throw e;
+  }
+  fs.closeSync(fd);
+  fs.renameSync(tmp, outPath);
+  return { arch: c.hfArch, family: c.family, vocab: c.vocab, tensors: tensors.length, bytes: dataStart + offset, config: c };
+}
+
+function parseArgs(argv) {
+  const args = {};
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (a === "--model" || a === "--out") args[a.slice(2)] = argv[++i];
+    else if (a === "-h" || a === "--help") args.help = true;
+    else throw new Error(`unknown argument ${a}`);
+  }
+  return args;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  let args;
+  try {
+    args = parseArgs(process.argv.slice(2));
+  } catch (e) {
+    console.error(`export_gguf: ${e.message}`);
+    process.exit(2);
+  }
+  if (args.help || !args.model || !args.out) {
+    console.error("usage: node export_gguf.mjs --model HF_DIR --out FILE.gguf");
+    process.exit(args.help ? 0 : 2);
+  }
+  try {
+    const s = exportGguf(args.model, args.out);
+    console.log(`export_gguf: ${args.model} (${s.arch} → ${s.family}) → ${args.out}: ${s.tensors} tensors, vocab ${s.vocab}, ${s.bytes} bytes`);
+  } catch (e) {
+    if (e instanceof ModelError) {
+      console.error(`export_gguf: refusing: ${e.message}`);
+      process.exit(1);
+    }
+    throw e;
+  }
+}
