@@ -303,7 +303,8 @@ absl::Status CheckNoOverlap(const std::string& path, std::vector<Extent> extents
   return absl::OkStatus();
 }
 
-// A plain file name: no directory part, so it cannot escape the checkpoint directory.
+// A plain file name: no directory part, so it cannot escape the checkpoint directory by name.
+// Symlinks are still followed: Hugging Face cache snapshots link every shard to a blob elsewhere.
 bool IsPlainFileName(absl::string_view name) {
   return !name.empty() && name != "." && name != ".." &&
          name.find('/') == absl::string_view::npos && name.find('\0') == absl::string_view::npos;

@@ -8,6 +8,9 @@
 // JSON syntax and UTF-8, dtype, shape (non-negative, product without overflow), byte size equal to
 // shape × element size, offsets inside the data region, and no two tensors overlapping. Each error
 // names the file and, where there is one, the tensor. No allocation is sized by an unchecked field.
+// Codes: NOT_FOUND for a missing file, shard or tensor; DATA_LOSS when the file is shorter than its
+// header says (truncated file or header, tensor data past the end); INVALID_ARGUMENT for anything
+// malformed or unsupported. Tensor data need not be aligned, and gaps between tensors are accepted.
 #pragma once
 
 #include <cstddef>

@@ -204,6 +204,13 @@ async function main() {
     return 0;
   }
   const name = path.basename(path.resolve(args.model));
+  try {
+    if (!fs.statSync(args.tandem).isFile()) throw new Error("not a regular file");
+    fs.accessSync(args.tandem, fs.constants.X_OK);
+  } catch (e) {
+    console.error(`llama_conformance: FAIL ${name}: --tandem ${args.tandem} is not an executable file (${e.code || e.message})`);
+    return 1;
+  }
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tandem-llama-conformance-"));
   const gguf = args["keep-gguf"] ?? path.join(tmp, "model.gguf");
   let oracle;

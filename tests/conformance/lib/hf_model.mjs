@@ -4,7 +4,11 @@
 // not understand is refused with a message naming the file and the problem.
 
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
+
+// Safetensors and GGUF are little-endian; the typed-array views below assume the host is too.
+if (os.endianness() !== "LE") throw new Error("hf_model.mjs needs a little-endian host");
 
 export class ModelError extends Error {}
 
@@ -121,19 +125,20 @@ export function readTensor(info, Out = Float32Array) {
   } finally {
     fs.closeSync(fd);
   }
+  // Buffer.alloc never hands out pooled memory, so the views below start at offset 0 (aligned).
   const out = new Out(info.numel);
   if (info.dtype === "F32") {
-    for (let i = 0; i < info.numel; i++) out[i] = buf.readFloatLE(i * 4);
+    out.set(new Float32Array(buf.buffer, buf.byteOffset, info.numel));
   } else if (info.dtype === "BF16") {
     // bf16 is the top half of an f32: shifting the bits up is an exact conversion.
-    const u32 = new Uint32Array(1);
-    const f32 = new Float32Array(u32.buffer);
-    for (let i = 0; i < info.numel; i++) {
-      u32[0] = buf.readUInt16LE(i * 2) << 16;
-      out[i] = f32[0];
-    }
+    const src = new Uint16Array(buf.buffer, buf.byteOffset, info.numel);
+    const f32 = Out === Float32Array ? out : new Float32Array(info.numel);
+    const u32 = new Uint32Array(f32.buffer);
+    for (let i = 0; i < info.numel; i++) u32[i] = src[i] << 16;
+    if (f32 !== out) out.set(f32);
   } else {
-    for (let i = 0; i < info.numel; i++) out[i] = f16ToNumber(buf.readUInt16LE(i * 2));
+    const src = new Uint16Array(buf.buffer, buf.byteOffset, info.numel);
+    for (let i = 0; i < info.numel; i++) out[i] = f16ToNumber(src[i]);
   }
   return out;
 }

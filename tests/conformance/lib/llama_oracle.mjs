@@ -45,6 +45,7 @@ export class LlamaOracle {
   }
 
   static toDistribution(logitMap, nVocab) {
+    if (logitMap.size !== nVocab) throw new Error(`llama.cpp returned ${logitMap.size} logits for a vocabulary of ${nVocab}`);
     const logits = new Float64Array(nVocab).fill(-Infinity);
     for (const [tok, lg] of logitMap) {
       if (tok < 0 || tok >= nVocab) throw new Error(`llama.cpp returned token ${tok} outside the vocabulary`);

@@ -1,0 +1,107 @@
+// Forward-pass throughput on the CPU backend: prefill tokens/s for a prompt and decode tokens/s at
+// batch 1 (and optionally batch N), plus the effective weight bandwidth of decode (bytes of weights
+// read per token ÷ time per token), which is what batch-1 decode is bound by.
+//
+//   forward_bench --model DIR [--prompt-len 128] [--decode-tokens 32] [--decode-batch 1] [--repeats 3]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/model/llama_model.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(int64_t, prompt_len, 128, "prompt tokens for the prefill measurement");
+ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
+ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
+ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  const int64_t prompt_len = absl::GetFlag(FLAGS_prompt_len);
+  const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
+  const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  auto backend = CpuBackend::Create({}).value();
+  auto model_or = LlamaModel::Load(dir, backend.get());
+  if (!model_or.ok()) {
+    std::fprintf(stderr, "forward_bench: %s\n", std::string(model_or.status().message()).c_str());
+    return 1;
+  }
+  auto model = std::move(model_or).value();
+  const ModelConfig& c = model->config();
+  uint64_t weight_bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".safetensors") weight_bytes += entry.file_size();
+  }
+  // Decode reads every weight once per step except the embedding table (one row per token).
+  const double dtype_bytes = static_cast<double>(DTypeSize(c.torch_dtype));
+  const double step_bytes =
+      weight_bytes - (c.tie_word_embeddings ? 0.0 : c.vocab_size * c.hidden_size * dtype_bytes);
+
+  const int64_t block_size = 16;
+  const int64_t per_seq_blocks = (prompt_len + decode_tokens + block_size) / block_size + 1;
+  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(per_seq_blocks * batch, block_size)).value();
+  std::mt19937 rng(1);
+  std::vector<int32_t> prompt(prompt_len);
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
+  std::vector<std::vector<int32_t>> tables(batch);
+  for (int64_t s = 0; s < batch; ++s) {
+    tables[s].resize(per_seq_blocks);
+    std::iota(tables[s].begin(), tables[s].end(), static_cast<int32_t>(s * per_seq_blocks));
+  }
+  std::vector<float> logits;
+  double best_prefill = 1e30, best_decode = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    // Prefill every sequence's prompt (timed for sequence 0 only).
+    for (int64_t s = 0; s < batch; ++s) {
+      ForwardInput in;
+      in.token_ids = prompt;
+      in.seqs.push_back({prompt_len, 0, tables[s]});
+      in.logits_rows = {static_cast<int32_t>(prompt_len - 1)};
+      const auto t0 = Clock::now();
+      if (!model->Forward(in, kv.get(), &logits).ok()) return 1;
+      if (s == 0) best_prefill = std::min(best_prefill, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    const auto t0 = Clock::now();
+    for (int64_t step = 0; step < decode_tokens; ++step) {
+      ForwardInput in;
+      for (int64_t s = 0; s < batch; ++s) {
+        in.token_ids.push_back(static_cast<int32_t>((step * 31 + s) % c.vocab_size));
+        in.seqs.push_back({1, prompt_len + step, tables[s]});
+        in.logits_rows.push_back(static_cast<int32_t>(s));
+      }
+      if (!model->Forward(in, kv.get(), &logits).ok()) return 1;
+    }
+    best_decode = std::min(best_decode, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double step_seconds = best_decode / decode_tokens;
+  std::printf("model=%s arch=%s dtype=%s weights=%.1f MB backend=%s\n", dir.c_str(),
+              c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
+              weight_bytes / 1e6, backend->device_description().c_str());
+  std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s\n", static_cast<long long>(prompt_len),
+              best_prefill, prompt_len / best_prefill);
+  std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)\n",
+              static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
+              step_bytes / step_seconds / 1e9);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return tandem::Run();
+}
