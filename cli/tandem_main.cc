@@ -5,9 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
+#include "common/backend/cpu/openblas_setup.h"
+#include "common/base/command_line.h"
 
 namespace {
 
@@ -26,25 +27,10 @@ Commands:
   help         This text. `tandem COMMAND --helpfull` lists every flag with its default.
 )";
 
-// Rewrites "--foo-bar[=x]" to "--foo_bar[=x]" so both spellings work with Abseil flags.
-std::vector<std::string> NormaliseFlags(int argc, char** argv) {
-  std::vector<std::string> out;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) == 0) {
-      const size_t eq = a.find('=');
-      for (size_t j = 2; j < std::min(eq, a.size()); ++j) {
-        if (a[j] == '-') a[j] = '_';
-      }
-    }
-    out.push_back(std::move(a));
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
+  tandem::MaybeReexecWithFasterOpenBlasCore(argv);
   absl::SetProgramUsageMessage(kUsage);
   if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
       std::strcmp(argv[1], "-h") == 0) {
@@ -52,13 +38,13 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
-  std::vector<std::string> args = NormaliseFlags(argc - 1, argv + 1);
-  args[0] = std::string(argv[0]) + " " + command;
-  std::vector<char*> cargs;
-  for (auto& a : args) cargs.push_back(a.data());
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(cargs.size()), cargs.data());
+  std::string program = std::string(argv[0]) + " " + command;
+  std::vector<char*> sub_argv(argv + 1, argv + argc);
+  sub_argv[0] = program.data();
+  const std::vector<std::string> positional =
+      tandem::ParseCommandLine(static_cast<int>(sub_argv.size()), sub_argv.data());
   if (positional.size() > 1) {
-    std::fprintf(stderr, "tandem %s: unexpected argument '%s'\n", command.c_str(), positional[1]);
+    std::fprintf(stderr, "tandem %s: unexpected argument '%s'\n", command.c_str(), positional[1].c_str());
     return 2;
   }
   if (command == "make-model") return tandem::cli::MakeModelCommand();

@@ -12,8 +12,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/cpu/openblas_setup.h"
+#include "common/base/command_line.h"
 #include "common/model/llama_model.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -102,6 +103,7 @@ int Run() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  tandem::MaybeReexecWithFasterOpenBlasCore(argv);
+  tandem::ParseCommandLine(argc, argv);
   return tandem::Run();
 }

@@ -386,10 +386,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
     const s = exportGguf(args.model, args.out);
     console.log(`export_gguf: ${args.model} (${s.arch} → ${s.family}) → ${args.out}: ${s.tensors} tensors, vocab ${s.vocab}, ${s.bytes} bytes`);
   } catch (e) {
-    if (e instanceof ModelError) {
-      console.error(`export_gguf: refusing: ${e.message}`);
-      process.exit(1);
-    }
-    throw e;
+    console.error(e instanceof ModelError ? `export_gguf: refusing: ${e.message}` : `export_gguf: error: ${e.message}`);
+    process.exit(1);
   }
 }

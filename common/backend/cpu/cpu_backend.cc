@@ -29,19 +29,19 @@ class HostBuffer final : public DeviceBuffer {
 // Batches up to this many rows use the direct dot-product kernels (weights read once per row).
 constexpr int64_t kDirectDotMaxRows = 8;
 // Target size of one converted weight tile for the GEMM path.
-constexpr int64_t kTileBytes = 8 << 20;
+constexpr int64_t kTileBytes = 1 << 20;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& options) {
   ThreadPool* pool = options.pool ? options.pool : &ThreadPool::Default();
+  openblas_set_num_threads(1);
   return std::unique_ptr<CpuBackend>(new CpuBackend(pool));
 }
 
 std::string CpuBackend::device_description() const {
   return absl::StrCat("cpu (", pool_->num_threads(), " threads, ",
-                      cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, OpenBLAS ",
-                      openblas_get_num_threads(), " threads)");
+                      cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, OpenBLAS ", openblas_get_corename(), ")");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
@@ -117,25 +117,30 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
         for (int64_t i = 0; i < n; ++i) out[i * m + j] = cpu::Dot(x + i * k, wr, w.dtype, k);
       }
     });
-  } else if (w.dtype == DType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(m),
-                static_cast<int>(k), 1.0f, x, static_cast<int>(k), static_cast<const float*>(w.data),
-                static_cast<int>(k), 0.0f, out, static_cast<int>(m));
   } else {
-    // Convert a tile of weight rows to f32, then GEMM it into the matching output columns.
-    const int64_t tile_rows = std::clamp<int64_t>(kTileBytes / (4 * k), 1, m);
-    std::vector<float> tile(static_cast<size_t>(tile_rows * k));
-    for (int64_t r0 = 0; r0 < m; r0 += tile_rows) {
-      const int64_t rows = std::min(tile_rows, m - r0);
-      pool_->ParallelFor(rows, 8, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-          cpu::ToF32(wbytes + (r0 + r) * row_bytes, w.dtype, tile.data() + r * k, k);
+    // Each thread takes tiles of weight rows, converts a 16-bit tile to f32 in a thread-local
+    // buffer, and runs a single-threaded GEMM into the matching output columns. Threading stays in
+    // one pool (OpenBLAS is set to one thread) so the two never oversubscribe the cores.
+    const int64_t tile_rows = std::clamp<int64_t>(kTileBytes / (4 * k), 16, 512);
+    const int64_t num_tiles = (m + tile_rows - 1) / tile_rows;
+    pool_->ParallelFor(num_tiles, 1, [&](int64_t tb, int64_t te) {
+      thread_local std::vector<float> tile;
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t r0 = t * tile_rows;
+        const int64_t rows = std::min(tile_rows, m - r0);
+        const float* wf;
+        if (w.dtype == DType::kF32) {
+          wf = static_cast<const float*>(w.data) + r0 * k;
+        } else {
+          tile.resize(static_cast<size_t>(rows * k));
+          cpu::ToF32(wbytes + r0 * row_bytes, w.dtype, tile.data(), rows * k);
+          wf = tile.data();
         }
-      });
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
-                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
-                  tile.data(), static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
-    }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                    static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k), wf,
+                    static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
+      }
+    });
   }
   if (bias != nullptr) {
     const float* bv = static_cast<const float*>(bias->data);
