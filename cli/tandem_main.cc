@@ -19,6 +19,7 @@ Usage: tandem COMMAND [--flags]
 Commands:
   make-model   Write a random-initialised model as a Hugging Face directory.
                --preset P --out DIR [--seed N] [--dtype bf16|f16|f32] [--tokenizer FILE]
+               [--shard-size-mb N]
                --list-presets prints the presets.
   generate     Generate in-process from a Hugging Face model directory.
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]

@@ -278,8 +278,12 @@ absl::Status WriteRandomModel(const RandomModelOptions& options) {
     shard_bytes += b;
     total_bytes += b;
   }
-  for (const char* stale : {"model.safetensors", "model.safetensors.index.json"}) {
-    fs::remove(dir / stale, ec);
+  // Remove weights of an earlier run so a stale shard or index cannot shadow the new files.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") {
+      fs::remove(entry.path(), ec);
+    }
   }
   json weight_map = json::object();
   uint64_t written = 0;

@@ -11,7 +11,7 @@
 //   tandem generate --model DIR --token-ids a,b,c --max-tokens 0 --prompt-logprobs K --json
 //     prompt_logprobs[i] (i ≥ 1) is Tandem's distribution at position i given tokens 0..i−1 (vLLM
 //     convention), i.e. llama.cpp's distribution after evaluating token i−1;
-//   tandem generate --model DIR --token-ids a,b,c --max-tokens G --temperature 0 --logprobs K --json
+//   tandem generate --model DIR --token-ids a,b,c --max-tokens G --temperature 0 --ignore-eos --logprobs K --json
 //     logprobs[0] is the distribution after the last prompt token, logprobs[s] the one after greedy
 //     token s−1 (compared while the greedy tokens agree), token_ids the greedy continuation.
 // K defaults to the vocabulary size, so the whole distribution comes back; with a smaller K the listed
@@ -265,7 +265,7 @@ async function main() {
       try {
         const r = await runTandem(
           args.tandem,
-          [...common, "--token-ids", ids.join(","), "--max-tokens", String(steps), "--temperature", "0", "--logprobs", String(K), "--json"],
+          [...common, "--token-ids", ids.join(","), "--max-tokens", String(steps), "--temperature", "0", "--ignore-eos", "--logprobs", String(K), "--json"],
           args.timeout,
         );
         const toks = r.token_ids;
