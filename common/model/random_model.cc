@@ -11,6 +11,7 @@
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/model/safetensors.h"
+#include "common/tokenizer/byte_level.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -111,26 +112,10 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// GPT-2's reversible byte → printable-unicode-character mapping, as UTF-8 strings.
+// The 256 byte tokens of the GPT-2 byte-level alphabet, as UTF-8 strings.
 std::vector<std::string> ByteLevelAlphabet() {
-  std::vector<int> cps(256, -1);
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    cps[b] = printable ? b : next++;
-  }
-  std::vector<std::string> out(256);
-  for (int b = 0; b < 256; ++b) {
-    const int cp = cps[b];
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    out[b] = s;
-  }
+  std::vector<std::string> out;
+  for (int cp : ByteLevelCodePoints()) out.push_back(EncodeUtf8(cp));
   return out;
 }
 

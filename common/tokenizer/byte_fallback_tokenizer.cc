@@ -4,38 +4,13 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/byte_level.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
 namespace {
 
 using nlohmann::json;
-
-// GPT-2 byte-level alphabet: code point of each byte's printable stand-in.
-std::array<int, 256> ByteCodePoints() {
-  std::array<int, 256> cps{};
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    cps[b] = printable ? b : next++;
-  }
-  return cps;
-}
-
-std::string EncodeUtf8(int cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return s;
-}
 
 }  // namespace
 
@@ -61,7 +36,7 @@ absl::StatusOr<std::unique_ptr<ByteFallbackTokenizer>> ByteFallbackTokenizer::Lo
     vocab[tok] = id.get<int32_t>();
   }
   // Reverse map from byte-level alphabet characters to bytes, to decode multi-byte tokens.
-  const std::array<int, 256> cps = ByteCodePoints();
+  const std::array<int, 256>& cps = ByteLevelCodePoints();
   std::unordered_map<int, uint8_t> cp_to_byte;
   for (int b = 0; b < 256; ++b) cp_to_byte[cps[b]] = static_cast<uint8_t>(b);
   bool byte_level = true;

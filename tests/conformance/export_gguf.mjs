@@ -1,9 +1,15 @@
 #!/usr/bin/env node
 // Converts a Hugging Face model directory (Llama, Mistral, Qwen2, Qwen3; safetensors in F32/F16/BF16;
-// byte-level BPE tokenizer.json) into a GGUF v3 file with every tensor in F32, so that llama.cpp
-// computes in f32 and can serve as an independent oracle for Tandem.
+// byte-level BPE tokenizer.json) into a GGUF v3 file. By default every tensor is F32, so that llama.cpp
+// computes in f32 and can serve as an independent oracle for Tandem; `--dtype f16|bf16` stores the 2-D
+// weight matrices in that type instead (for benchmarking llama.cpp at the precision Tandem runs), while
+// 1-D tensors (norms, biases) and rope_freqs stay F32, as llama.cpp expects.
 //
-//   node export_gguf.mjs --model DIR --out FILE.gguf
+//   node export_gguf.mjs --model DIR --out FILE.gguf [--dtype f32|f16|bf16]
+//
+// Conversions are exact where the target can hold the source (bf16 → bf16 and f16 → f16 reproduce the
+// source bits; anything → f32 is exact) and round to nearest, ties to even otherwise (f32 → f16/bf16,
+// f16 → bf16, bf16 → f16; a finite value beyond the target range becomes ±inf and is reported).
 //
 // GGUF layout (little-endian): "GGUF", u32 version 3, u64 tensor count, u64 metadata count, metadata
 // key/value pairs, tensor infos (name, n_dims, dims fastest-first, ggml type, offset), zero padding to
@@ -26,7 +32,11 @@ const GGUF_MAGIC = 0x46554747; // "GGUF" read as a little-endian u32
 const GGUF_VERSION = 3;
 const ALIGNMENT = 32;
 const T = { UINT32: 4, INT32: 5, FLOAT32: 6, BOOL: 7, STRING: 8, ARRAY: 9 };
-const GGML_TYPE_F32 = 0;
+// ggml_type ids (ggml.h / GGUF spec) and the matching general.file_type (llama_ftype) values.
+const GGML_TYPE = { f32: 0, f16: 1, bf16: 30 };
+const GGML_TYPE_BYTES = { 0: 4, 1: 2, 30: 2 };
+const FILE_TYPE = { f32: 0, f16: 1, bf16: 32 }; // ALL_F32, MOSTLY_F16, MOSTLY_BF16 (1-D tensors stay F32)
+export const EXPORT_DTYPES = Object.keys(GGML_TYPE);
 // llama.cpp token types.
 const TOKEN_NORMAL = 1;
 const TOKEN_CONTROL = 3;
@@ -208,7 +218,67 @@ function permuteRows(data, rows, cols, nHead) {
   return out;
 }
 
-// Builds the GGUF tensor list: [{name, dims (GGUF order), numel, load() → Float32Array}].
+// f32 bit patterns → bf16 bit patterns, round to nearest, ties to even (NaN stays a quiet NaN). A value
+// that came from bf16 has zero low bits, so this is then a plain copy of the source bits.
+export function toBf16(data) {
+  const src = new Uint32Array(data.buffer, data.byteOffset, data.length);
+  const out = new Uint16Array(data.length);
+  let overflows = 0;
+  for (let i = 0; i < src.length; i++) {
+    const x = src[i];
+    const ax = x & 0x7fffffff;
+    if (ax > 0x7f800000) out[i] = (x >>> 16) | 0x40;
+    else {
+      out[i] = (x + 0x7fff + ((x >>> 16) & 1)) >>> 16; // the sum stays below 2^32
+      if (ax < 0x7f800000 && (out[i] & 0x7fff) === 0x7f80) overflows++;
+    }
+  }
+  return { bits: out, overflows };
+}
+
+// f32 bit patterns → IEEE half bit patterns, round to nearest, ties to even, with subnormals; finite
+// values beyond the f16 range become ±inf (counted in `overflows`). Exact for values that came from f16.
+export function toF16(data) {
+  const src = new Uint32Array(data.buffer, data.byteOffset, data.length);
+  const out = new Uint16Array(data.length);
+  let overflows = 0;
+  for (let i = 0; i < src.length; i++) {
+    const x = src[i];
+    const sign = (x >>> 16) & 0x8000;
+    const exp = (x >>> 23) & 0xff;
+    const mant = x & 0x7fffff;
+    let h;
+    if (exp === 0xff) {
+      h = mant ? 0x7e00 | (mant >>> 13) : 0x7c00; // NaN (quiet) or inf
+    } else {
+      const e = exp - 112; // rebias 127 → 15
+      if (e >= 0x1f) {
+        h = 0x7c00;
+      } else if (e <= 0) {
+        // f16 subnormal (or zero): value / 2^-24 = (1.mant × 2^23) × 2^(e-14).
+        if (e < -10) h = 0;
+        else {
+          const m = mant | 0x800000;
+          const shift = 14 - e;
+          h = m >>> shift;
+          const rem = m & ((1 << shift) - 1);
+          const half = 1 << (shift - 1);
+          if (rem > half || (rem === half && h & 1)) h++; // may carry into the smallest normal: still right
+        }
+      } else {
+        h = (e << 10) | (mant >>> 13);
+        const rem = mant & 0x1fff;
+        if (rem > 0x1000 || (rem === 0x1000 && h & 1)) h++; // a carry out of the top exponent gives inf: right
+      }
+      if (h >= 0x7c00) overflows++;
+    }
+    out[i] = sign | h;
+  }
+  return { bits: out, overflows };
+}
+
+// Builds the GGUF tensor list: [{name, dims (GGUF order), numel, load() → Float32Array}]. The data are
+// always produced in f32 (exact for every source dtype) and converted to the output type when written.
 function planTensors(m) {
   const c = m.config;
   const list = [];
@@ -256,7 +326,7 @@ function planTensors(m) {
   return list;
 }
 
-function buildMetadata(m, vocab) {
+function buildMetadata(m, vocab, dtype) {
   const c = m.config;
   const a = c.family;
   const name = typeof c.raw._name_or_path === "string" && c.raw._name_or_path ? c.raw._name_or_path : path.basename(path.resolve(m.dir));
@@ -264,7 +334,7 @@ function buildMetadata(m, vocab) {
     ["general.architecture", kv.str(a)],
     ["general.name", kv.str(name)],
     ["general.alignment", kv.u32(ALIGNMENT)],
-    ["general.file_type", kv.u32(0)], // all F32
+    ["general.file_type", kv.u32(FILE_TYPE[dtype])],
     [`${a}.context_length`, kv.u32(c.maxPositions)],
     [`${a}.embedding_length`, kv.u32(c.hidden)],
     [`${a}.block_count`, kv.u32(c.layers)],
@@ -296,8 +366,10 @@ function writeAll(fd, buf) {
   while (off < buf.length) off += fs.writeSync(fd, buf, off, buf.length - off);
 }
 
-// Exports DIR to OUT. Returns a summary {arch, family, vocab, tensors, bytes}.
-export function exportGguf(modelDir, outPath, { warn = (s) => process.stderr.write(`export_gguf: ${s}\n`) } = {}) {
+// Exports DIR to OUT. `dtype` (f32, f16, bf16) is the type of the 2-D weight matrices; 1-D tensors are
+// always F32. Returns a summary {arch, family, vocab, tensors, bytes, dtype}.
+export function exportGguf(modelDir, outPath, { dtype = "f32", warn = (s) => process.stderr.write(`export_gguf: ${s}\n`) } = {}) {
+  if (!EXPORT_DTYPES.includes(dtype)) fail(`--dtype ${JSON.stringify(dtype)} is not one of ${EXPORT_DTYPES.join(", ")}`);
   const m = openModel(modelDir);
   const c = m.config;
   if (c.slidingWindow != null && c.slidingWindow < c.maxPositions) {
@@ -305,7 +377,11 @@ export function exportGguf(modelDir, outPath, { warn = (s) => process.stderr.wri
   }
   const vocab = buildVocab(modelDir, c, warn);
   const tensors = planTensors(m);
-  const md = buildMetadata(m, vocab);
+  for (const t of tensors) {
+    t.type = t.dims.length >= 2 ? GGML_TYPE[dtype] : GGML_TYPE.f32;
+    t.nbytes = t.numel * GGML_TYPE_BYTES[t.type];
+  }
+  const md = buildMetadata(m, vocab, dtype);
 
   const w = new ByteWriter();
   w.u32(GGUF_MAGIC);
@@ -328,9 +404,9 @@ export function exportGguf(modelDir, outPath, { warn = (s) => process.stderr.wri
     w.str(t.name);
     w.u32(t.dims.length);
     for (const d of t.dims) w.u64(d);
-    w.u32(GGML_TYPE_F32);
+    w.u32(t.type);
     w.u64(offset);
-    offset = align(offset + t.numel * 4);
+    offset = align(offset + t.nbytes);
   }
   const header = w.concat();
   const dataStart = align(header.length);
@@ -343,10 +419,16 @@ export function exportGguf(modelDir, outPath, { warn = (s) => process.stderr.wri
     let pos = 0;
     for (const t of tensors) {
       if (pos < t.offset) writeAll(fd, Buffer.alloc(t.offset - pos));
-      const data = t.load();
+      let data = t.load();
       if (data.length !== t.numel) fail(`internal: ${t.name} produced ${data.length} values, expected ${t.numel}`);
+      if (t.type !== GGML_TYPE.f32) {
+        const { bits, overflows } = t.type === GGML_TYPE.bf16 ? toBf16(data) : toF16(data);
+        if (overflows) warn(`${t.name}: ${overflows} finite values are outside the ${dtype} range and became ±inf`);
+        data = bits;
+      }
+      if (data.byteLength !== t.nbytes) fail(`internal: ${t.name} is ${data.byteLength} bytes, expected ${t.nbytes}`);
       writeAll(fd, Buffer.from(data.buffer, data.byteOffset, data.byteLength));
-      pos = t.offset + t.numel * 4;
+      pos = t.offset + t.nbytes;
     }
     if (pos < offset) writeAll(fd, Buffer.alloc(offset - pos));
   } catch (e) {
@@ -356,14 +438,17 @@ export function exportGguf(modelDir, outPath, { warn = (s) => process.stderr.wri
   }
   fs.closeSync(fd);
   fs.renameSync(tmp, outPath);
-  return { arch: c.hfArch, family: c.family, vocab: c.vocab, tensors: tensors.length, bytes: dataStart + offset, config: c };
+  return { arch: c.hfArch, family: c.family, vocab: c.vocab, tensors: tensors.length, bytes: dataStart + offset, dtype, config: c };
 }
 
 function parseArgs(argv) {
   const args = {};
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
-    if (a === "--model" || a === "--out") args[a.slice(2)] = argv[++i];
+    if (a === "--model" || a === "--out" || a === "--dtype") {
+      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
+      args[a.slice(2)] = argv[++i];
+    }
     else if (a === "-h" || a === "--help") args.help = true;
     else throw new Error(`unknown argument ${a}`);
   }
@@ -378,13 +463,17 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
     console.error(`export_gguf: ${e.message}`);
     process.exit(2);
   }
+  if (args.dtype !== undefined && !EXPORT_DTYPES.includes(args.dtype)) {
+    console.error(`export_gguf: --dtype must be one of ${EXPORT_DTYPES.join(", ")} (got ${JSON.stringify(args.dtype)})`);
+    process.exit(2);
+  }
   if (args.help || !args.model || !args.out) {
-    console.error("usage: node export_gguf.mjs --model HF_DIR --out FILE.gguf");
+    console.error("usage: node export_gguf.mjs --model HF_DIR --out FILE.gguf [--dtype f32|f16|bf16]");
     process.exit(args.help ? 0 : 2);
   }
   try {
-    const s = exportGguf(args.model, args.out);
-    console.log(`export_gguf: ${args.model} (${s.arch} → ${s.family}) → ${args.out}: ${s.tensors} tensors, vocab ${s.vocab}, ${s.bytes} bytes`);
+    const s = exportGguf(args.model, args.out, { dtype: args.dtype ?? "f32" });
+    console.log(`export_gguf: ${args.model} (${s.arch} → ${s.family}) → ${args.out}: ${s.tensors} tensors, ${s.dtype} weights, vocab ${s.vocab}, ${s.bytes} bytes`);
   } catch (e) {
     console.error(e instanceof ModelError ? `export_gguf: refusing: ${e.message}` : `export_gguf: error: ${e.message}`);
     process.exit(1);

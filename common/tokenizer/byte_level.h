@@ -1,0 +1,16 @@
+// GPT-2's byte-level alphabet: each byte 0..255 maps to a printable Unicode code point (printable
+// Latin-1 bytes map to themselves, the rest to U+0100 upwards in byte order), so any byte string
+// becomes a string of visible characters and back.
+#pragma once
+
+#include <array>
+#include <string>
+
+namespace tandem {
+
+// Code point standing for each byte.
+const std::array<int, 256>& ByteLevelCodePoints();
+// UTF-8 encoding of a code point below U+10000.
+std::string EncodeUtf8(int code_point);
+
+}  // namespace tandem
