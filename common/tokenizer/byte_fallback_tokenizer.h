@@ -9,9 +9,9 @@
 #include <array>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 
 namespace tandem {
@@ -29,8 +29,8 @@ class ByteFallbackTokenizer {
  private:
   ByteFallbackTokenizer() = default;
   std::array<int32_t, 256> byte_to_id_{};
-  std::unordered_map<int32_t, std::string> id_to_bytes_;
-  std::unordered_map<int32_t, bool> special_;
+  absl::flat_hash_map<int32_t, std::string> id_to_bytes_;
+  absl::flat_hash_map<int32_t, bool> special_;
 };
 
 }  // namespace tandem
