@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& op
 
 std::string CpuBackend::device_description() const {
   return absl::StrCat("cpu (", pool_->num_threads(), " threads, ",
-                      cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, OpenBLAS ", openblas_get_corename(), ")");
+                      cpu::HaveAvx512() ? "avx512" : cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, OpenBLAS ", openblas_get_corename(), ")");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {

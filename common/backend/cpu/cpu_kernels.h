@@ -1,5 +1,5 @@
 // Low-level CPU kernels shared by the CPU backend: dot products over 16-bit weights with AVX2/FMA
-// (chosen at run time; portable fallbacks otherwise) and row conversion.
+// or AVX-512F (chosen at run time; portable fallbacks otherwise) and row conversion.
 #pragma once
 
 #include <cstdint>
@@ -14,5 +14,7 @@ float Dot(const float* x, const void* w, DType dtype, int64_t n);
 void ToF32(const void* src, DType dtype, float* dst, int64_t n);
 // True when the AVX2/FMA/F16C paths are in use.
 bool HaveAvx2();
+// True when the AVX-512F dot products are in use (off with TANDEM_DISABLE_AVX512).
+bool HaveAvx512();
 
 }  // namespace tandem::cpu

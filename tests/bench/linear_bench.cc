@@ -1,0 +1,52 @@
+// Google Benchmark micro-benchmark of the CPU backend's Linear op (the GEMM/GEMV that dominates the
+// forward pass) over weight dtypes and batch sizes, on a Qwen2.5-0.5B MLP shape [4864][896].
+// Reports weight bytes/s (what batch-1 decode is bound by) and FLOP/s.
+//   build/tests/bench/linear_bench [--benchmark_filter=BF16]
+#include <random>
+
+#include "benchmark/benchmark.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/cpu/openblas_setup.h"
+
+namespace tandem {
+namespace {
+
+constexpr int64_t kRows = 4864, kCols = 896;
+
+void BM_Linear(benchmark::State& state, DType dtype) {
+  const int64_t n = state.range(0);
+  auto backend = CpuBackend::Create({}).value();
+  std::mt19937 rng(1);
+  std::vector<uint16_t> w16(kRows * kCols);
+  std::vector<float> w32(kRows * kCols), x(n * kCols), out(n * kRows);
+  for (int64_t i = 0; i < kRows * kCols; ++i) {
+    w32[i] = (rng() % 2001) * 1e-3f - 1.0f;
+    w16[i] = dtype == DType::kF16 ? F32ToF16(w32[i]) : F32ToBf16(w32[i]);
+  }
+  for (auto& v : x) v = (rng() % 2001) * 1e-3f - 1.0f;
+  DeviceWeight w{dtype, kRows, kCols,
+                 dtype == DType::kF32 ? static_cast<const void*>(w32.data()) : w16.data(), nullptr};
+  for (auto _ : state) {
+    backend->Linear(x.data(), n, w, nullptr, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes = static_cast<double>(kRows * kCols * DTypeSize(dtype));
+  state.counters["weight_GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * n * kRows * kCols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK_CAPTURE(BM_Linear, F32, DType::kF32)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, F16, DType::kF16)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, BF16, DType::kBF16)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  tandem::MaybeReexecWithFasterOpenBlasCore(argv);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
