@@ -94,6 +94,7 @@ int GenerateCommand() {
   if (!generator.ok()) return Fail(generator.status());
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (absl::Status s = (*generator)->Validate(req); !s.ok()) return Fail(s);
   const bool as_json = absl::GetFlag(FLAGS_json);
   if (!as_json) {
     std::fprintf(stderr, "loaded %s (%s, %lld layers) on %s in %.2f s\n", model_dir.c_str(),

@@ -28,8 +28,7 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(LlamaModel* model,
   return std::unique_ptr<Generator>(new Generator(model, options));
 }
 
-absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
-                                                   const std::function<void(int32_t)>& on_token) {
+absl::Status Generator::Validate(const GenerateRequest& req) const {
   const ModelConfig& c = model_->config();
   const SamplingParams& p = req.params;
   RETURN_IF_ERROR(p.Validate(c.vocab_size));
@@ -48,6 +47,15 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
         "prompt (", prompt_len, " tokens) + max_tokens (", p.max_tokens,
         ") exceeds the model's context of ", c.max_position_embeddings, " tokens"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
+                                                   const std::function<void(int32_t)>& on_token) {
+  RETURN_IF_ERROR(Validate(req));
+  const ModelConfig& c = model_->config();
+  const SamplingParams& p = req.params;
+  const int64_t prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
 
   // KV cache sized for this request; blocks in reverse physical order.
   const int64_t bs = options_.block_size;

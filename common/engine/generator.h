@@ -41,6 +41,10 @@ class Generator {
   };
   static absl::StatusOr<std::unique_ptr<Generator>> Create(LlamaModel* model, const Options& options);
 
+  // INVALID_ARGUMENT naming the problem when the request cannot run (bad ids, sampling parameters,
+  // prompt + max_tokens beyond the model's context). Generate() checks this first.
+  absl::Status Validate(const GenerateRequest& request) const;
+
   // `on_token` (optional) is called with each generated token as soon as it is sampled.
   absl::StatusOr<GenerateResult> Generate(const GenerateRequest& request,
                                           const std::function<void(int32_t)>& on_token = nullptr);
