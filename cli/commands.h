@@ -5,5 +5,7 @@ namespace tandem::cli {
 
 int MakeModelCommand();
 int GenerateCommand();
+int TokenizeCommand();
+int DetokenizeCommand();
 
 }  // namespace tandem::cli

@@ -1,5 +1,6 @@
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -11,12 +12,16 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/generator.h"
 #include "common/model/llama_model.h"
-#include "common/tokenizer/byte_fallback_tokenizer.h"
+#include "common/tokenizer/incremental_detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
-ABSL_FLAG(std::string, model, "", "generate: Hugging Face model directory");
-ABSL_FLAG(std::string, prompt, "", "generate: prompt text (byte-level fallback tokenization)");
+ABSL_FLAG(std::string, model, "",
+          "generate: Hugging Face model directory; tokenize, detokenize: a model directory or a "
+          "tokenizer.json file");
+ABSL_FLAG(std::string, prompt, "",
+          "generate: prompt text (encoded with the model's tokenizer.json)");
 ABSL_FLAG(std::string, token_ids, "", "generate: prompt as comma-separated token ids");
 ABSL_FLAG(int32_t, max_tokens, 16, "generate: tokens to generate (0 evaluates the prompt only)");
 ABSL_FLAG(double, temperature, 1.0, "generate: sampling temperature (0 = greedy)");
@@ -27,7 +32,7 @@ ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated t
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
 ABSL_FLAG(int64_t, prefill_chunk, 0, "generate: evaluate the prompt in chunks of N tokens (0 = whole)");
 ABSL_FLAG(int64_t, block_size, 16, "generate: KV cache block size in tokens");
-ABSL_FLAG(bool, json, false, "generate: print one JSON object instead of text");
+ABSL_FLAG(bool, json, false, "generate, tokenize, detokenize: print JSON instead of text");
 
 namespace tandem::cli {
 namespace {
@@ -61,7 +66,8 @@ int GenerateCommand() {
   auto model = LlamaModel::Load(model_dir, backend->get());
   if (!model.ok()) return Fail(model.status());
   const ModelConfig& config = (*model)->config();
-  auto tokenizer = ByteFallbackTokenizer::Load(model_dir);
+  // Needed for --prompt; with --token-ids a missing or unsupported tokenizer only costs the text.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
 
   GenerateRequest req;
   if (!token_ids.empty()) {
@@ -74,8 +80,7 @@ int GenerateCommand() {
     }
   } else {
     if (!tokenizer.ok()) return Fail(tokenizer.status());
-    if (config.bos_token_id >= 0) req.prompt_token_ids.push_back(static_cast<int32_t>(config.bos_token_id));
-    for (int32_t id : (*tokenizer)->Encode(prompt)) req.prompt_token_ids.push_back(id);
+    req.prompt_token_ids = (*tokenizer)->Encode(prompt, /*add_special_tokens=*/true);
   }
   SamplingParams& p = req.params;
   p.max_tokens = absl::GetFlag(FLAGS_max_tokens);
@@ -103,18 +108,35 @@ int GenerateCommand() {
     if (!prompt.empty()) std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  auto on_token = [&](int32_t id) {
-    if (as_json || !tokenizer.ok()) return;
-    auto piece = (*tokenizer)->Decode({id}, /*skip_special=*/true);
-    if (piece.ok()) std::fputs(piece->c_str(), stdout);
+  // Streamed text: the prompt ids give the first generated token its context (its leading space).
+  std::optional<IncrementalDetokenizer> detokenizer;
+  if (!as_json && tokenizer.ok()) {
+    detokenizer.emplace(tokenizer->get(), /*skip_special_tokens=*/true, req.prompt_token_ids);
+  }
+  auto print = [](const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
+  };
+  auto on_token = [&](int32_t id) {
+    if (!detokenizer) return;
+    // An id the model has but the tokenizer lacks (a padded vocabulary) has no text to print.
+    absl::StatusOr<std::string> delta = detokenizer->Add(id);
+    if (delta.ok()) print(*delta);
   };
   auto result = (*generator)->Generate(req, on_token);
   if (!result.ok()) return Fail(result.status());
+  if (detokenizer) {
+    absl::StatusOr<std::string> rest = detokenizer->Finish();
+    if (rest.ok()) {
+      print(*rest);
+    } else {  // A detokenizer bug: say so rather than print wrong text; the result stands.
+      std::fprintf(stderr, "\ntandem generate: %s\n", std::string(rest.status().message()).c_str());
+    }
+  }
 
   std::string text;
   if (tokenizer.ok()) {
-    auto decoded = (*tokenizer)->Decode(result->token_ids, /*skip_special=*/true);
+    auto decoded = (*tokenizer)->Decode(result->token_ids, /*skip_special_tokens=*/true);
     if (decoded.ok()) text = *decoded;
   }
   if (as_json) {

@@ -25,6 +25,14 @@ Commands:
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]
                [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
+  tokenize     Encode text with the model's tokenizer.json; prints the ids.
+               --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
+               PATH is a model directory or a tokenizer.json file. --jsonl F: one JSON string per
+               line in, one {"ids": [...]} per line out.
+  detokenize   Decode token ids with the model's tokenizer.json; prints the text.
+               --model PATH (--ids 1,2,3 | --jsonl F) [--skip-special-tokens] [--json]
+               --jsonl F: one JSON array of ids per line in, one {"text": ..., "stream": ...} per
+               line out ("stream" is the same ids detokenized incrementally, one at a time).
   help         This text. `tandem COMMAND --helpfull` lists every flag with its default.
 )";
 
@@ -50,6 +58,8 @@ int main(int argc, char** argv) {
   }
   if (command == "make-model") return tandem::cli::MakeModelCommand();
   if (command == "generate") return tandem::cli::GenerateCommand();
+  if (command == "tokenize") return tandem::cli::TokenizeCommand();
+  if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

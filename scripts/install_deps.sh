@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libopenblas-dev
+  nlohmann-json3-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   python3
 )
 # Node.js runs the conformance oracles (node-llama-cpp); the machine image may already carry a newer one.

@@ -77,9 +77,85 @@ z = generate("--token-ids", ids, "--max-tokens", "0")
 if z:
     check(z["token_ids"] == [] and z["text"] == "", "--max-tokens 0 evaluates the prompt only")
 t = generate("--prompt", "Hello", "--max-tokens", "3", "--seed", "1")
-if t:
-    check(t["prompt_token_ids"][0] == config["bos_token_id"] and len(t["prompt_token_ids"]) == 6,
-          "text prompt: BOS + one byte token per byte")
+p = run("tokenize", "--model", model, "--text", "Hello", "--add-special-tokens", "--json")
+if t and p.returncode == 0:
+    check(t["prompt_token_ids"] == json.loads(p.stdout)["ids"],
+          f"text prompt: {t['prompt_token_ids']} is not Encode('Hello', add_special_tokens=True)")
+# The streamed text (incremental detokenization) is the prompt followed by the JSON "text".
+streamed = run("generate", "--model", model, "--prompt", "Hello", "--max-tokens", "12",
+               "--temperature", "0")
+g = generate("--prompt", "Hello", "--max-tokens", "12", "--temperature", "0")
+if g and streamed.returncode == 0:
+    check(streamed.stdout == "Hello" + g["text"] + "\n",
+          f"streamed {streamed.stdout!r} != 'Hello' + {g['text']!r}")
+# Without tokenizer.json, --prompt fails naming it and --token-ids still works.
+bare = os.path.join(WORK, "no-tokenizer")
+os.makedirs(bare, exist_ok=True)
+for f in ["config.json", "model.safetensors", "generation_config.json"]:
+    shutil.copy(os.path.join(model, f), bare)
+p = run("generate", "--model", bare, "--prompt", "Hello", "--max-tokens", "1", expect_rc=1)
+check("tokenizer.json" in p.stderr, f"missing tokenizer.json not named: {p.stderr!r}")
+p = run("generate", "--model", bare, "--token-ids", "1,2", "--max-tokens", "2", "--json")
+if p.returncode == 0:
+    check(len(json.loads(p.stdout)["token_ids"]) == 2, "--token-ids without tokenizer.json")
+
+
+# tokenize / detokenize: round trips (a model directory or the tokenizer.json file itself).
+def tokenize(text, *extra, path=model):
+    p = run("tokenize", "--model", path, "--text", text, "--json", *extra)
+    return json.loads(p.stdout)["ids"] if p.returncode == 0 else None
+
+
+texts = ["Hello, world!", " leading space", "naïve café", "日本語🙂", "tabs\tand\nnewlines"]
+for text in texts:
+    ids = tokenize(text)
+    if ids is None:
+        continue
+    check(ids == tokenize(text, path=os.path.join(model, "tokenizer.json")),
+          "tokenize: directory and tokenizer.json file disagree")
+    plain = run("tokenize", "--model", model, "--text", text).stdout.strip()
+    check(plain == ",".join(map(str, ids)), f"tokenize plain output {plain!r}")
+    p = run("detokenize", "--model", model, "--ids", ",".join(map(str, ids)), "--json")
+    if p.returncode == 0:
+        check(json.loads(p.stdout)["text"] == text, f"round trip of {text!r}: {p.stdout!r}")
+    p = run("detokenize", "--model", model, "--ids", ",".join(map(str, ids)))
+    check(p.stdout == text + "\n", f"detokenize plain output {p.stdout!r}")
+
+text_file = os.path.join(WORK, "text.txt")
+with open(text_file, "w") as f:
+    f.write(texts[-1])
+p = run("tokenize", "--model", model, "--file", text_file, "--json")
+if p.returncode == 0:
+    check(json.loads(p.stdout)["ids"] == tokenize(texts[-1]), "tokenize --file differs from --text")
+
+# --jsonl: one line out per line in, in order; "stream" (incremental) equals "text".
+texts_file = os.path.join(WORK, "texts.jsonl")
+with open(texts_file, "w") as f:
+    for text in texts:
+        f.write(json.dumps(text) + "\n")
+p = run("tokenize", "--model", model, "--jsonl", texts_file)
+if p.returncode == 0:
+    lines = [json.loads(line)["ids"] for line in p.stdout.splitlines()]
+    check(lines == [tokenize(text) for text in texts], "tokenize --jsonl differs from --text")
+bos, eos = config["bos_token_id"], config["eos_token_id"]
+id_lists = [[72, 105], [230, 151, 165, 230], [bos, 72, eos], [255, 104, 240, 159, 153, 130], []]
+ids_file = os.path.join(WORK, "ids.jsonl")
+with open(ids_file, "w") as f:
+    for ids in id_lists:
+        f.write(json.dumps(ids) + "\n")
+for skip in [False, True]:
+    p = run("detokenize", "--model", model, "--jsonl", ids_file,
+            *(["--skip-special-tokens"] if skip else []))
+    if p.returncode != 0:
+        continue
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    check(len(out) == len(id_lists), "detokenize --jsonl: one line per input")
+    for ids, o in zip(id_lists, out):
+        check(o["stream"] == o["text"], f"{ids}: stream {o['stream']!r} != text {o['text']!r}")
+    expected = ["Hi", "日\ufffd", "H" if skip else "<|begin_of_text|>H<|end_of_text|>",
+                "\ufffdh🙂", ""]
+    check([o["text"] for o in out] == expected,
+          f"detokenize --jsonl skip_special_tokens={skip}: {[o['text'] for o in out]}")
 
 # Bad input: exit code 2 and a message naming the problem.
 for args, needle in [
@@ -93,6 +169,23 @@ for args, needle in [
 ]:
     p = run("generate", "--model", model, *args, expect_rc=2)
     check(needle in p.stderr, f"{args}: stderr lacks '{needle}': {p.stderr!r}")
+for args, needle in [
+    (["--ids", "1,x"], "not an integer"),
+    (["--ids", "1,99999"], "vocabulary"),
+    ([], "exactly one"),
+]:
+    p = run("detokenize", "--model", model, *args, expect_rc=2)
+    check(needle in p.stderr and p.stderr.startswith("tandem detokenize: "),
+          f"detokenize {args}: stderr lacks '{needle}': {p.stderr!r}")
+bad_jsonl = os.path.join(WORK, "bad.jsonl")
+with open(bad_jsonl, "w") as f:
+    f.write("[1, 2]\n[1, \"a\"]\n")
+p = run("detokenize", "--model", model, "--jsonl", bad_jsonl, expect_rc=2)
+check("bad.jsonl:2" in p.stderr, f"detokenize --jsonl error names the line: {p.stderr!r}")
+p = run("tokenize", "--model", model, "--text", "a", "--file", texts_file, expect_rc=2)
+check("exactly one" in p.stderr, f"tokenize with two inputs: {p.stderr!r}")
+p = run("tokenize", "--model", os.path.join(WORK, "missing"), "--text", "a", expect_rc=1)
+check(p.stderr.startswith("tandem tokenize: "), f"tokenize missing model: {p.stderr!r}")
 p = run("generate", "--model", os.path.join(WORK, "missing"), "--token-ids", "1", expect_rc=1)
 check("config.json" in p.stderr, "missing model dir names config.json")
 p = run("make-model", "--preset", "nope", "--out", os.path.join(WORK, "x"), expect_rc=2)
