@@ -109,11 +109,13 @@ int GenerateCommand() {
     std::fflush(stdout);
   }
   // Streamed text: the prompt ids give the first generated token its context (its leading space).
+  // The JSON "text" is the same text (as vLLM's), so both agree for SentencePiece-style models.
   std::optional<IncrementalDetokenizer> detokenizer;
-  if (!as_json && tokenizer.ok()) {
+  if (tokenizer.ok()) {
     detokenizer.emplace(tokenizer->get(), /*skip_special_tokens=*/true, req.prompt_token_ids);
   }
-  auto print = [](const std::string& text) {
+  auto print = [as_json](const std::string& text) {
+    if (as_json) return;
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   };
@@ -125,8 +127,10 @@ int GenerateCommand() {
   };
   auto result = (*generator)->Generate(req, on_token);
   if (!result.ok()) return Fail(result.status());
+  bool streamed_ok = false;
   if (detokenizer) {
     absl::StatusOr<std::string> rest = detokenizer->Finish();
+    streamed_ok = rest.ok();
     if (rest.ok()) {
       print(*rest);
     } else {  // A detokenizer bug: say so rather than print wrong text; the result stands.
@@ -135,7 +139,8 @@ int GenerateCommand() {
   }
 
   std::string text;
-  if (tokenizer.ok()) {
+  if (streamed_ok) text = detokenizer->emitted_text();
+  if (!streamed_ok && tokenizer.ok()) {
     auto decoded = (*tokenizer)->Decode(result->token_ids, /*skip_special_tokens=*/true);
     if (decoded.ok()) text = *decoded;
   }

@@ -56,15 +56,17 @@ class Metaspace final : public Decoder {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
       const std::string& t = tokens[i];
+      // As the reference (Rust) decoder: in the first token every replacement character is dropped
+      // (not only a leading one) unless the prepend scheme is "never".
+      const bool drop = i == 0 && strip_first_;
       for (size_t pos = 0; pos < t.size();) {
         if (t.compare(pos, replacement_.size(), replacement_) == 0) {
-          out.push_back(' ');
+          if (!drop) out.push_back(' ');
           pos += replacement_.size();
         } else {
           out.push_back(t[pos++]);
         }
       }
-      if (i == 0 && strip_first_ && out.starts_with(' ')) out.erase(0, 1);
       tokens[i] = std::move(out);
     }
     return tokens;

@@ -133,6 +133,55 @@ TEST(TokenizerTest, SentencePieceByteFallback) {
   EXPECT_EQ(t->Decode(std::vector<int32_t>{6, 7 + 0xE6, 7 + 0x97}, false).value(), "hi\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
+TEST(TokenizerTest, WordPieceStyleBpeWithPrefixSuffixAndIgnoreMerges) {
+  // continuing_subword_prefix "##" and end_of_word_suffix "</w>": "low" → l ##o ##w</w>, merged.
+  json vocab = {{"l", 0}, {"##o", 1}, {"##w</w>", 2}, {"lo", 3}, {"low</w>", 4}, {"[UNK]", 5},
+                {"o", 6}, {"w</w>", 7}, {"lower", 8}};
+  json j = {{"pre_tokenizer", {{"type", "WhitespaceSplit"}}},
+            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"l ##o", "lo ##w</w>"}},
+                       {"continuing_subword_prefix", "##"}, {"end_of_word_suffix", "</w>"},
+                       {"unk_token", "[UNK]"}, {"fuse_unk", true}}}};
+  auto t = Tokenizer::FromJson(j.dump(), "wp").value();
+  EXPECT_THAT(t->Encode("low", false), ElementsAre(4));
+  EXPECT_THAT(t->Encode("lo", false), ElementsAre(0, 5));  // "##o</w>" is unknown → [UNK]
+  EXPECT_THAT(t->Encode("xyz", false), ElementsAre(5));    // fused unknowns
+  EXPECT_THAT(t->Encode("lower", false), ElementsAre(3, 5));  // lo + fused [UNK]s: no "lower"...
+  j["model"]["ignore_merges"] = true;
+  j["model"]["end_of_word_suffix"] = nullptr;
+  auto ignoring = Tokenizer::FromJson(j.dump(), "wp").value();
+  EXPECT_THAT(ignoring->Encode("lower", false), ElementsAre(8));  // ...but ignore_merges takes the word whole
+}
+
+TEST(TokenizerTest, AddedTokenSingleWordAndNormalized) {
+  json j = ByteLevelTokenizer();
+  j["normalizer"] = {{"type", "Lowercase"}};
+  j["added_tokens"] = {
+      {{"id", 18}, {"content", "hell"}, {"special", false}, {"single_word", true}, {"normalized", true}},
+      {{"id", 19}, {"content", "WOR"}, {"special", false}, {"normalized", false}}};
+  auto t = Tokenizer::FromJson(j.dump(), "t").value();
+  // "HELL" is matched after lowercasing (normalized), but only as a whole word.
+  EXPECT_THAT(t->Encode("HELL world", false), ElementsAre(18, 15));
+  EXPECT_THAT(t->Encode("HELLO", false), ElementsAre(11));
+  // "WOR" is matched on the raw text, before lowercasing.
+  EXPECT_THAT(t->Encode("WORld", false), ElementsAre(19, 16));
+}
+
+TEST(TokenizerTest, MetaspaceAndDigitsAndPunctuation) {
+  json vocab = {{"▁a", 0}, {"▁", 1}, {"a", 2}, {"1", 3}, {"2", 4}, {"!", 5}, {"▁b", 6}, {"b", 7}};
+  json j = {{"pre_tokenizer",
+             {{"type", "Sequence"},
+              {"pretokenizers",
+               {{{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}, {"split", true}},
+                {{"type", "Digits"}, {"individual_digits", true}},
+                {{"type", "Punctuation"}}}}}},
+            {"decoder", {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}}},
+            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"▁ a", "▁ b"}}}}};
+  auto t = Tokenizer::FromJson(j.dump(), "ms").value();
+  const auto ids = t->Encode("a12! b", false);
+  EXPECT_THAT(ids, ElementsAre(0, 3, 4, 5, 6));
+  EXPECT_EQ(t->Decode(ids, false).value(), "a12! b");  // the first token's ▁ is stripped
+}
+
 TEST(TokenizerTest, InvalidUtf8InputIsRepaired) {
   auto t = Tokenizer::FromJson(ByteLevelTokenizer().dump(), "test").value();
   const auto ids = t->Encode("he\xFFllo", false);
