@@ -59,6 +59,19 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
     m->byte_ids_[b] = it == m->vocab_.end() ? -1 : it->second;
   }
 
+  const std::string marker = "\xE2\x96\x81";
+  if (m->vocab_.contains(marker) && m->continuing_subword_prefix_.empty() && m->end_of_word_suffix_.empty()) {
+    bool crossing = false;
+    for (const auto& [token, id] : m->vocab_) {
+      for (size_t pos = token.find(marker, 1); pos != std::string::npos && !crossing;
+           pos = token.find(marker, pos + 1)) {
+        crossing = pos < marker.size() || token.compare(pos - marker.size(), marker.size(), marker) != 0;
+      }
+      if (crossing) break;
+    }
+    if (!crossing) m->word_start_marker_ = marker;
+  }
+
   if (!j.contains("merges") || !j["merges"].is_array()) {
     return absl::InvalidArgumentError("BPE model: \"merges\" must be a list");
   }
@@ -104,6 +117,23 @@ const std::string* BpeModel::IdToToken(int32_t id) const {
 }
 
 void BpeModel::Tokenize(std::string_view piece, std::vector<int32_t>* out) const {
+  if (piece.empty()) return;
+  if (!word_start_marker_.empty() && piece.size() > kMaxCachedPiece / 4) {
+    // Cut before every marker that follows another character (see word_start_marker_).
+    const std::string& m = word_start_marker_;
+    size_t start = 0;
+    for (size_t pos = piece.find(m, 1); pos != std::string_view::npos; pos = piece.find(m, pos + m.size())) {
+      if (pos >= m.size() && piece.compare(pos - m.size(), m.size(), m) == 0) continue;  // inside a run
+      TokenizeWord(piece.substr(start, pos - start), out);
+      start = pos;
+    }
+    TokenizeWord(piece.substr(start), out);
+    return;
+  }
+  TokenizeWord(piece, out);
+}
+
+void BpeModel::TokenizeWord(std::string_view piece, std::vector<int32_t>* out) const {
   if (piece.empty()) return;
   if (piece.size() <= kMaxCachedPiece) {
     const std::string key(piece);

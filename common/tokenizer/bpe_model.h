@@ -32,6 +32,7 @@ class BpeModel {
  private:
   BpeModel() = default;
   void TokenizeUncached(std::string_view piece, std::vector<int32_t>* out) const;
+  void TokenizeWord(std::string_view piece, std::vector<int32_t>* out) const;
   static uint64_t PairKey(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
@@ -51,6 +52,11 @@ class BpeModel {
   bool ignore_merges_ = false;
   int32_t byte_ids_[256];  // <0xNN> ids when byte_fallback, else -1
   int64_t max_id_ = -1;
+  // SentencePiece-style vocabularies (no pre-tokenizer: the whole text is one piece) mark word starts
+  // with "▁". When no token has "▁" right after another character, no merge can cross such a word
+  // start, so long pieces are cut there and the words tokenized (and cached) one by one — the
+  // result is identical and the cost linear instead of one huge merge over the whole text.
+  std::string word_start_marker_;
 
   static constexpr size_t kCacheCapacity = 1 << 16;
   static constexpr size_t kMaxCachedPiece = 256;

@@ -61,6 +61,24 @@ const CLASSES = {
 };
 const CLASS_NAMES = Object.keys(CLASSES);
 
+// `count` long documents (tens of KB): corpus entries joined by spaces and newlines in a seeded
+// order. They exercise what short strings cannot: whole-text pieces in tokenizers without a
+// pre-tokenizer (SentencePiece style), long merge chains, and the encoder's caches.
+export function longDocuments(corpus, seed = 99, count = 4) {
+  const r = rng(seed);
+  const nonEmpty = corpus.filter((s) => s.length > 0);
+  const out = [];
+  for (let n = 0; n < count; n++) {
+    let s = '';
+    while (s.length < 20000 + n * 10000) {
+      s += nonEmpty[Math.floor(r() * nonEmpty.length)];
+      s += r() < 0.8 ? ' ' : '\n';
+    }
+    out.push(s);
+  }
+  return out;
+}
+
 // `count` strings, each a concatenation of 1..12 runs; a run is a slice of a corpus entry, a run of
 // 1..8 characters of one class, a contraction, a number of 1..25 digits, or a whitespace run.
 export function randomStrings(corpus, seed = 1234, count = 200) {

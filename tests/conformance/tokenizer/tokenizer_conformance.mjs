@@ -36,7 +36,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { ALL_NAMES, extract } from './extract_tokenizers.mjs';
-import { loadCorpus, randomStrings, CORPUS_FILE } from './corpus.mjs';
+import { loadCorpus, longDocuments, randomStrings, CORPUS_FILE } from './corpus.mjs';
 import { Reference, loadHfTokenizer } from './reference.mjs';
 
 const USAGE = `usage: node tokenizer/tokenizer_conformance.mjs (--tandem PATH | --reference-only) --tokenizers DIR
@@ -348,11 +348,11 @@ async function checkTokenizer(name, texts, tmp) {
 
 async function main() {
   const corpus = loadCorpus(opt.corpus);
-  const texts = corpus.concat(randomStrings(corpus, Number(opt.seed), Number(opt.random)));
+  const texts = corpus.concat(randomStrings(corpus, Number(opt.seed), Number(opt.random)), longDocuments(corpus));
   fs.mkdirSync(opt.tokenizers, { recursive: true });
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'tandem-tokenizer-'));
   console.log(
-    `${corpus.length} corpus texts + ${Number(opt.random)} random (seed ${opt.seed}); tokenizers: ${names.join(', ')}` +
+    `${corpus.length} corpus texts + ${Number(opt.random)} random (seed ${opt.seed}) + 4 long documents; tokenizers: ${names.join(', ')}` +
       (opt['reference-only'] ? ' (reference only)' : ''),
   );
   let pass = 0;
