@@ -2,6 +2,8 @@
 // with the reference implementation on real tokenizers is tests/conformance/tokenizer.
 #include "common/tokenizer/tokenizer.h"
 
+#include "common/model/random_model.h"
+
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/unicode.h"
 #include "gmock/gmock.h"
@@ -180,6 +182,18 @@ TEST(TokenizerTest, MetaspaceAndDigitsAndPunctuation) {
   const auto ids = t->Encode("a12! b", false);
   EXPECT_THAT(ids, ElementsAre(0, 3, 4, 5, 6));
   EXPECT_EQ(t->Decode(ids, false).value(), "a12! b");  // the first token's ▁ is stripped
+}
+
+TEST(TokenizerTest, MakeModelsGeneratedTokenizerRoundTrips) {
+  // `tandem make-model` ships MakeByteLevelTokenizerJson's output; it must load and round-trip.
+  auto t = Tokenizer::FromJson(MakeByteLevelTokenizerJson(512, 3), "generated").value();
+  EXPECT_EQ(t->vocab_size(), 512);
+  const std::string text = "Hello, wörld! 日本語 \xF0\x9F\x98\x80\t\r\n the end";
+  const auto ids = t->Encode(text, true);
+  EXPECT_LT(ids.size(), text.size());  // merges apply
+  EXPECT_EQ(t->Decode(ids, false).value(), text);
+  EXPECT_TRUE(t->IsSpecial(510));
+  EXPECT_EQ(t->IdToToken(511), "<|end_of_text|>");
 }
 
 TEST(TokenizerTest, InvalidUtf8InputIsRepaired) {
