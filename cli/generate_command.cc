@@ -1,17 +1,23 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/generator.h"
 #include "common/model/llama_model.h"
+#include "common/sampling/sampling_params.h"
 #include "common/tokenizer/incremental_detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -26,7 +32,20 @@ ABSL_FLAG(std::string, token_ids, "", "generate: prompt as comma-separated token
 ABSL_FLAG(int32_t, max_tokens, 16, "generate: tokens to generate (0 evaluates the prompt only)");
 ABSL_FLAG(double, temperature, 1.0, "generate: sampling temperature (0 = greedy)");
 ABSL_FLAG(double, top_p, 1.0, "generate: nucleus sampling mass in (0, 1]");
-ABSL_FLAG(int32_t, top_k, 0, "generate: keep the K most likely tokens (0 = off)");
+ABSL_FLAG(int32_t, top_k, 0, "generate: keep the K most likely tokens (0 or -1 = off)");
+ABSL_FLAG(double, min_p, 0.0,
+          "generate: drop tokens less likely than P × the most likely one, P in [0, 1] (0 = off)");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "generate: > 0; divides positive and multiplies negative logits of tokens in the prompt "
+          "or output (1 = off)");
+ABSL_FLAG(double, presence_penalty, 0.0,
+          "generate: in [-2, 2]; subtracted from the logit of every generated token (0 = off)");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "generate: in [-2, 2]; subtracted from a generated token's logit per occurrence (0 = off)");
+ABSL_FLAG(int32_t, min_tokens, 0, "generate: EOS and stop ids cannot end generation before N tokens");
+ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
+ABSL_FLAG(std::string, logit_bias, "",
+          "generate: comma-separated id:bias pairs added to the logits, bias in [-100, 100]");
 ABSL_FLAG(int32_t, prompt_logprobs, -1, "generate: top-K logprobs for every prompt token (-1 = off)");
 ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated token (-1 = off)");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
@@ -43,6 +62,36 @@ json EntryToJson(const LogprobEntry& e) {
   json top = json::array();
   for (const TokenLogprob& t : e.top) top.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
   return {{"token_id", e.token_id}, {"logprob", e.logprob}, {"rank", e.rank}, {"top", top}};
+}
+
+// "1,2,3" → ids; INVALID_ARGUMENT naming `flag` for a piece that is not an integer.
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", piece, "' is not an integer"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// "id:bias,id:bias" → logit biases.
+absl::StatusOr<std::vector<LogitBias>> ParseLogitBias(const std::string& text) {
+  std::vector<LogitBias> biases;
+  for (absl::string_view pair : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(pair, ':');
+    LogitBias b;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &b.token_id) ||
+        !absl::SimpleAtof(parts[1], &b.bias)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--logit-bias: '", pair, "' is not token_id:bias"));
+    }
+    biases.push_back(b);
+  }
+  return biases;
 }
 
 int Fail(const absl::Status& s) {
@@ -71,13 +120,9 @@ int GenerateCommand() {
 
   GenerateRequest req;
   if (!token_ids.empty()) {
-    for (absl::string_view piece : absl::StrSplit(token_ids, ',', absl::SkipWhitespace())) {
-      int32_t id;
-      if (!absl::SimpleAtoi(piece, &id)) {
-        return Fail(absl::InvalidArgumentError("--token-ids: '" + std::string(piece) + "' is not an integer"));
-      }
-      req.prompt_token_ids.push_back(id);
-    }
+    auto ids = ParseIds("--token-ids", token_ids);
+    if (!ids.ok()) return Fail(ids.status());
+    req.prompt_token_ids = *std::move(ids);
   } else {
     if (!tokenizer.ok()) return Fail(tokenizer.status());
     req.prompt_token_ids = (*tokenizer)->Encode(prompt, /*add_special_tokens=*/true);
@@ -87,6 +132,17 @@ int GenerateCommand() {
   p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   p.top_k = absl::GetFlag(FLAGS_top_k);
+  p.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  p.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  p.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  p.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  p.min_tokens = absl::GetFlag(FLAGS_min_tokens);
+  auto stop_token_ids = ParseIds("--stop-token-ids", absl::GetFlag(FLAGS_stop_token_ids));
+  if (!stop_token_ids.ok()) return Fail(stop_token_ids.status());
+  p.stop_token_ids = *std::move(stop_token_ids);
+  auto logit_bias = ParseLogitBias(absl::GetFlag(FLAGS_logit_bias));
+  if (!logit_bias.ok()) return Fail(logit_bias.status());
+  p.logit_bias = *std::move(logit_bias);
   p.seed = absl::GetFlag(FLAGS_seed);
   p.logprobs = absl::GetFlag(FLAGS_logprobs);
   p.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
@@ -95,6 +151,9 @@ int GenerateCommand() {
   Generator::Options gen_options;
   gen_options.block_size = absl::GetFlag(FLAGS_block_size);
   gen_options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  // Whole distributions are allowed here: the conformance tests compare them against llama.cpp.
+  gen_options.max_logprobs =
+      static_cast<int32_t>(std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
   auto generator = Generator::Create(model->get(), gen_options);
   if (!generator.ok()) return Fail(generator.status());
   const double load_seconds =

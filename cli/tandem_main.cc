@@ -23,7 +23,9 @@ Commands:
                --list-presets prints the presets.
   generate     Generate in-process from a Hugging Face model directory.
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]
-               [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]
+               [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
+               [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
+               [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--min-tokens N] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -30,8 +31,6 @@ absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(LlamaModel* model,
 
 absl::Status Generator::Validate(const GenerateRequest& req) const {
   const ModelConfig& c = model_->config();
-  const SamplingParams& p = req.params;
-  RETURN_IF_ERROR(p.Validate(c.vocab_size));
   const int64_t prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
   if (prompt_len == 0) return absl::InvalidArgumentError("the prompt has no tokens");
   for (size_t i = 0; i < req.prompt_token_ids.size(); ++i) {
@@ -42,12 +41,12 @@ absl::Status Generator::Validate(const GenerateRequest& req) const {
                                                      c.vocab_size, ")"));
     }
   }
-  if (prompt_len + p.max_tokens > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt (", prompt_len, " tokens) + max_tokens (", p.max_tokens,
-        ") exceeds the model's context of ", c.max_position_embeddings, " tokens"));
-  }
-  return absl::OkStatus();
+  SamplingLimits limits;
+  limits.vocab_size = c.vocab_size;
+  limits.max_model_len = c.max_position_embeddings;
+  limits.prompt_len = prompt_len;
+  limits.max_logprobs = options_.max_logprobs;
+  return req.params.Validate(limits);
 }
 
 absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
@@ -70,9 +69,11 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
   result.prompt_token_ids = req.prompt_token_ids;
   const bool want_prompt_logprobs = p.prompt_logprobs >= 0;
   if (want_prompt_logprobs) result.prompt_logprobs.resize(prompt_len);
-  Sampler sampler(p.seed.value_or(std::random_device{}()));
-  std::vector<float> logits;
   const int64_t vocab = c.vocab_size;
+  std::vector<int32_t> eos_token_ids;
+  if (c.eos_token_id >= 0) eos_token_ids.push_back(static_cast<int32_t>(c.eos_token_id));
+  SequenceSampler sampler(p, req.prompt_token_ids, vocab, std::move(eos_token_ids));
+  std::vector<float> logits;
 
   // Prefill, chunk by chunk.
   const auto t_prefill = std::chrono::steady_clock::now();
@@ -111,14 +112,12 @@ absl::StatusOr<GenerateResult> Generator::Generate(const GenerateRequest& req,
   result.finish_reason = "length";
   int64_t context = prompt_len;
   for (int32_t step = 0; step < p.max_tokens; ++step) {
-    const int32_t token = sampler.Sample(last_logits.data(), vocab, p);
+    const int32_t token = sampler.Sample(last_logits);
+    sampler.Accept(token);
     result.token_ids.push_back(token);
     if (p.logprobs >= 0) result.logprobs.push_back(ComputeLogprobs(last_logits.data(), vocab, token, p.logprobs));
     if (on_token) on_token(token);
-    const bool is_eos = !p.ignore_eos && c.eos_token_id >= 0 && token == c.eos_token_id;
-    const bool is_stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
-                         p.stop_token_ids.end();
-    if (is_eos || is_stop) {
+    if (sampler.IsStop(token, sampler.num_generated())) {
       result.finish_reason = "stop";
       break;
     }

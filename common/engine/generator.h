@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/sampler.h"
+#include "common/sampling/sampling_params.h"
 
 namespace tandem {
 
@@ -38,11 +39,15 @@ class Generator {
     int64_t prefill_chunk = 0;  // 0: the whole prompt in one step
     // Lay the sequence's blocks out in reverse physical order, so paging is exercised.
     bool scatter_blocks = true;
+    // Cap on logprobs and prompt_logprobs (SamplingLimits::max_logprobs); `tandem generate` passes
+    // the vocabulary size so that whole distributions can be compared.
+    int32_t max_logprobs = 20;
   };
   static absl::StatusOr<std::unique_ptr<Generator>> Create(LlamaModel* model, const Options& options);
 
-  // INVALID_ARGUMENT naming the problem when the request cannot run (bad ids, sampling parameters,
-  // prompt + max_tokens beyond the model's context). Generate() checks this first.
+  // INVALID_ARGUMENT naming the problem when the request cannot run (bad prompt ids, any sampling
+  // parameter SamplingParams::Validate rejects, including prompt + max_tokens beyond the model's
+  // context). Generate() checks this first.
   absl::Status Validate(const GenerateRequest& request) const;
 
   // `on_token` (optional) is called with each generated token as soon as it is sampled.

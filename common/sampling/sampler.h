@@ -1,32 +1,33 @@
-// Next-token selection and log-probabilities over one row of logits.
+// Next-token selection for one sequence, and vLLM-style log-probabilities over one row of logits.
 //
-// The first slice of common/sampling: greedy, temperature, top-k and top-p with a seeded generator,
-// plus vLLM-style logprob entries. Penalties, min-p and logit bias arrive with the engine.
+// A SequenceSampler holds everything sampling needs to remember about its sequence: its own random
+// generator, the prompt tokens and the counts of generated tokens (for the penalties), and how many
+// tokens were generated (for min_tokens). Nothing is shared between sequences, so a seeded request
+// draws the same tokens whatever else is in the batch and in whatever order the batch is sampled.
+//
+// Per step, on a copy of the logits (the input is never modified), in vLLM's order:
+//   1. min_tokens: while fewer than min_tokens tokens were generated, EOS (unless ignore_eos) and
+//      the stop ids get -inf;
+//   2. logit_bias is added;
+//   3. repetition_penalty on tokens seen in the prompt or output (positive logits divided,
+//      negative ones multiplied);
+//   4. frequency and presence penalties on generated tokens (logit -= frequency × count +
+//      presence × [count > 0]);
+//   5. greedy: argmax, lowest id on ties. Otherwise temperature, top-k, top-p (the smallest most
+//      likely set whose mass reaches top_p, ties broken by lower id), min-p (relative to the most
+//      likely token), then one uniform draw from the sequence's generator.
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <random>
+#include <span>
 #include <vector>
 
-#include "absl/status/status.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "common/sampling/sampling_params.h"
 
 namespace tandem {
-
-struct SamplingParams {
-  float temperature = 1.0f;  // 0 → greedy
-  int32_t top_k = 0;         // 0 → off
-  float top_p = 1.0f;        // 1 → off
-  std::optional<uint64_t> seed;
-  int32_t max_tokens = 16;
-  int32_t logprobs = -1;         // top-K logprobs per generated token; -1 → none
-  int32_t prompt_logprobs = -1;  // top-K logprobs per prompt token; -1 → none
-  bool ignore_eos = false;
-  std::vector<int32_t> stop_token_ids;
-
-  // INVALID_ARGUMENT naming the field for out-of-range values.
-  absl::Status Validate(int64_t vocab_size) const;
-};
 
 struct TokenLogprob {
   int32_t token_id = 0;
@@ -42,18 +43,80 @@ struct LogprobEntry {
   std::vector<TokenLogprob> top;
 };
 
-// log_softmax of the raw logits (computed in double), with the top-k entries and the rank of `token`.
+// log_softmax of the raw logits (computed in double), with the top-k entries and the rank of
+// `token` (1-based; equal logits rank the lower id first). The raw model distribution, before any
+// sampling parameter is applied: vLLM's default.
 LogprobEntry ComputeLogprobs(const float* logits, int64_t vocab_size, int32_t token, int32_t top_k);
 
-class Sampler {
+// Scratch memory for SequenceSampler::Sample: three vocabulary-sized buffers, grown once and
+// reused. One workspace per sampling thread serves any number of sequences; a sampler used without
+// one keeps its own. Not thread-safe.
+class SamplingWorkspace {
  public:
-  explicit Sampler(uint64_t seed) : rng_(seed) {}
-  // Picks the next token from logits [vocab_size].
-  int32_t Sample(const float* logits, int64_t vocab_size, const SamplingParams& params);
+  SamplingWorkspace() = default;
+  SamplingWorkspace(const SamplingWorkspace&) = delete;
+  SamplingWorkspace& operator=(const SamplingWorkspace&) = delete;
+  SamplingWorkspace(SamplingWorkspace&&) = default;
+  SamplingWorkspace& operator=(SamplingWorkspace&&) = default;
 
  private:
+  friend class SequenceSampler;
+  std::vector<float> logits_;    // [vocab] processed logits
+  std::vector<int32_t> ids_;     // [vocab] candidate token ids, most likely first once sorted
+  std::vector<float> weights_;   // [candidates] exp((logit - max) / temperature)
+};
+
+class SequenceSampler {
+ public:
+  // `params` must have passed Validate() for this vocabulary. `prompt_token_ids` feed the
+  // repetition penalty; `eos_token_ids` (ids outside the vocabulary are ignored) end generation
+  // unless params.ignore_eos. The generator is seeded from params.seed, or from std::random_device
+  // when it is unset.
+  SequenceSampler(const SamplingParams& params, std::span<const int32_t> prompt_token_ids,
+                  int64_t vocab_size, std::vector<int32_t> eos_token_ids);
+  SequenceSampler(const SequenceSampler&) = delete;
+  SequenceSampler& operator=(const SequenceSampler&) = delete;
+  SequenceSampler(SequenceSampler&&) = default;
+  SequenceSampler& operator=(SequenceSampler&&) = default;
+
+  // The next token for logits [vocab_size] (the model's raw output row; not modified). Does not
+  // record the token: call Accept() with the token the sequence actually takes. Deterministic
+  // given the seed and the sequence of (logits, accepted token) pairs. Greedy steps draw nothing
+  // from the generator; every other step draws exactly one number.
+  int32_t Sample(std::span<const float> logits);
+  // The same, with scratch memory shared with other samplers on this thread.
+  int32_t Sample(std::span<const float> logits, SamplingWorkspace& workspace);
+
+  // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
+  void Accept(int32_t token);
+
+  // Whether generation ends with `token` as its `num_generated`-th output token (1-based, this
+  // token included): it is EOS (unless ignore_eos) or a stop id, and num_generated >= min_tokens.
+  // max_tokens is the caller's to check.
+  bool IsStop(int32_t token, int32_t num_generated) const;
+
+  int32_t num_generated() const { return num_generated_; }
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  bool HasLogitsProcessors() const;
+  // Steps 1-4 above on logits [vocab_size].
+  void ApplyLogitsProcessors(float* logits) const;
+  int32_t SampleFromProcessed(SamplingWorkspace& ws);
+  // A uniform double in [0, 1) from the top 53 bits of one draw: the same on every platform,
+  // unlike std::uniform_real_distribution.
+  double NextUniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+  SamplingParams params_;
+  int64_t vocab_size_;
+  std::vector<int32_t> eos_token_ids_;   // in-vocabulary EOS ids
+  std::vector<int32_t> min_tokens_mask_;  // ids masked while num_generated_ < min_tokens
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> candidates_;
+  int32_t num_generated_ = 0;
+  // Kept only when the penalty that reads it is on.
+  absl::flat_hash_set<int32_t> seen_tokens_;               // prompt ∪ output, repetition penalty
+  absl::flat_hash_map<int32_t, int32_t> output_counts_;    // frequency and presence penalties
+  SamplingWorkspace own_workspace_;
 };
 
 }  // namespace tandem
