@@ -22,6 +22,8 @@ ABSL_FLAG(int64_t, prompt_len, 128, "prompt tokens for the prefill measurement")
 ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
+ABSL_FLAG(bool, batch_invariant, true,
+          "CPU backend: batch-invariant Linear (default) or OpenBLAS GEMM for large batches");
 
 namespace tandem {
 namespace {
@@ -34,7 +36,7 @@ int Run() {
   const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
-  auto backend = CpuBackend::Create({}).value();
+  auto backend = CpuBackend::Create({nullptr, absl::GetFlag(FLAGS_batch_invariant)}).value();
   auto model_or = LlamaModel::Load(dir, backend.get());
   if (!model_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(model_or.status().message()).c_str());

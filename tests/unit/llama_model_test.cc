@@ -96,9 +96,29 @@ TEST_P(ModelTest, ChunkedPrefillMatchesWholePrompt) {
   for (int64_t chunk : {1, 7, 16}) {
     auto kv = Cache(8, 8);
     const std::vector<float> chunked = AllLogits(tokens, chunk, table, kv.get());
-    EXPECT_LE(MaxAbsDiff(whole, chunked), kChunkTolerance) << "chunk " << chunk;
+    // The default CPU backend is batch-invariant: chunking changes nothing, bit for bit.
+    EXPECT_EQ(MaxAbsDiff(whole, chunked), 0.0f) << "chunk " << chunk;
   }
   for (float x : whole) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST_P(ModelTest, GemmPathMatchesWithinTolerance) {
+  // With batch invariance off, large batches go through OpenBLAS: equal within kChunkTolerance.
+  auto gemm_backend = CpuBackend::Create({nullptr, /*batch_invariant=*/false}).value();
+  auto gemm_model = LlamaModel::Load(MakeModel(GetParam()), gemm_backend.get()).value();
+  const auto tokens = RandomTokens(45, model_->config().vocab_size, 1);
+  std::vector<int32_t> table(8);
+  std::iota(table.begin(), table.end(), 0);
+  auto kv_a = Cache(8, 8);
+  const std::vector<float> invariant = AllLogits(tokens, 45, table, kv_a.get());
+  auto kv_b = KvCacheStorage::Create(gemm_backend.get(), gemm_model->KvGeometry(8, 8)).value();
+  std::vector<float> gemm;
+  ForwardInput in;
+  in.token_ids = tokens;
+  in.seqs.push_back({45, 0, table});
+  for (int i = 0; i < 45; ++i) in.logits_rows.push_back(i);
+  ASSERT_TRUE(gemm_model->Forward(in, kv_b.get(), &gemm).ok());
+  EXPECT_LE(MaxAbsDiff(invariant, gemm), kChunkTolerance);
 }
 
 TEST_P(ModelTest, BlockLayoutDoesNotChangeResults) {
@@ -129,7 +149,7 @@ TEST_P(ModelTest, BatchedSequencesMatchSeparateRuns) {
   const auto a2 = AllLogits(s2, 13, {0, 1}, kv2.get());
   std::vector<float> separate(a1.end() - vocab, a1.end());
   separate.insert(separate.end(), a2.end() - vocab, a2.end());
-  EXPECT_LE(MaxAbsDiff(together, separate), kChunkTolerance);
+  EXPECT_EQ(MaxAbsDiff(together, separate), 0.0f);  // batch-invariant
 }
 
 TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {

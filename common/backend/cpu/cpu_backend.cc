@@ -36,12 +36,12 @@ constexpr int64_t kTileBytes = 1 << 20;
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& options) {
   ThreadPool* pool = options.pool ? options.pool : &ThreadPool::Default();
   openblas_set_num_threads(1);
-  return std::unique_ptr<CpuBackend>(new CpuBackend(pool));
+  return std::unique_ptr<CpuBackend>(new CpuBackend(pool, options.batch_invariant));
 }
 
 std::string CpuBackend::device_description() const {
   return absl::StrCat("cpu (", pool_->num_threads(), " threads, ",
-                      cpu::HaveAvx512() ? "avx512" : cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, OpenBLAS ", openblas_get_corename(), ")");
+                      cpu::HaveAvx512() ? "avx512" : cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, ", batch_invariant_ ? "batch-invariant Linear" : "OpenBLAS GEMM", ")");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
@@ -110,11 +110,23 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
   const int64_t m = w.rows, k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
-  if (n <= kDirectDotMaxRows) {
-    pool_->ParallelFor(m, 16, [&](int64_t b, int64_t e) {
-      for (int64_t j = b; j < e; ++j) {
-        const void* wr = wbytes + j * row_bytes;
-        for (int64_t i = 0; i < n; ++i) out[i * m + j] = cpu::Dot(x + i * k, wr, w.dtype, k);
+  if (n <= kDirectDotMaxRows || batch_invariant_) {
+    // Tiles of weight rows (kept in cache) × groups of activation rows; every output element is
+    // one Dot, so results do not depend on n.
+    constexpr int64_t kRowTile = 16, kTokenGroup = 8;
+    pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
+      const float* xs[kTokenGroup];
+      float res[kTokenGroup];
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
+        for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
+          const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
+          for (int r = 0; r < rows; ++r) xs[r] = x + (i0 + r) * k;
+          for (int64_t j = j0; j < j1; ++j) {
+            cpu::DotRows(xs, rows, wbytes + j * row_bytes, w.dtype, k, res);
+            for (int r = 0; r < rows; ++r) out[(i0 + r) * m + j] = res[r];
+          }
+        }
       }
     });
   } else {

@@ -14,6 +14,11 @@ class CpuBackend final : public Backend {
  public:
   struct Options {
     ThreadPool* pool = nullptr;  // nullptr: ThreadPool::Default()
+    // Every Linear output is computed by the same dot-product kernel whatever the batch, so a
+    // sequence gets bit-identical logits alone, batched, chunked or recomputed after preemption
+    // (the engine's batch invariance). Off: large batches use OpenBLAS SGEMM (faster prefill,
+    // results differ in the last bits with batch composition).
+    bool batch_invariant = true;
   };
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Options& options);
 
@@ -41,8 +46,9 @@ class CpuBackend final : public Backend {
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
 
  private:
-  explicit CpuBackend(ThreadPool* pool) : pool_(pool) {}
+  CpuBackend(ThreadPool* pool, bool batch_invariant) : pool_(pool), batch_invariant_(batch_invariant) {}
   ThreadPool* pool_;
+  bool batch_invariant_;
 };
 
 }  // namespace tandem

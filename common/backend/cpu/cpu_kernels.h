@@ -10,6 +10,9 @@ namespace tandem::cpu {
 
 // Returns sum_i x[i] * w[i] with w of type `dtype`.
 float Dot(const float* x, const void* w, DType dtype, int64_t n);
+// out[r] = Dot(x[r], w, dtype, n) for `rows` activation rows, bit-identical to calling Dot on each
+// (the weight row is loaded once per group of four).
+void DotRows(const float* const* x, int rows, const void* w, DType dtype, int64_t n, float* out);
 // Converts n elements of type `dtype` to f32.
 void ToF32(const void* src, DType dtype, float* dst, int64_t n);
 // True when the AVX2/FMA/F16C paths are in use.
