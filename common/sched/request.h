@@ -20,6 +20,7 @@ struct SchedRequest {
   int64_t num_preemptions = 0;
   RequestState state = RequestState::kWaiting;
   uint64_t arrival = 0;  // admission order
+  bool use_prefix_cache = true;  // off when every prompt position's logits are needed
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t num_output_tokens() const { return num_tokens() - prompt_len; }

@@ -125,7 +125,7 @@ SchedulerStep Scheduler::Schedule() {
   while (step.preempted.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     SchedRequest* r = waiting_.front();
-    PrefixCacheHit hit = kv_->FindCachedPrefix(r->token_ids);
+    PrefixCacheHit hit = r->use_prefix_cache ? kv_->FindCachedPrefix(r->token_ids) : PrefixCacheHit{};
     const int64_t n = chunk_of(r, hit.num_tokens);
     if (n <= 0 || !kv_->Allocate(r->id, hit.num_tokens + n, hit)) break;
     waiting_.pop_front();

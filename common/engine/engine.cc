@@ -1,0 +1,215 @@
+#include "common/engine/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+
+namespace tandem {
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->model_ = model;
+  e->options_ = options;
+  const ModelConfig& c = model->config();
+  SchedulerConfig& sc = e->options_.scheduler;
+  if (sc.max_model_len <= 0 || sc.max_model_len > c.max_position_embeddings) {
+    sc.max_model_len = c.max_position_embeddings;
+  }
+  if (options.block_size <= 0 || options.block_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--block-size must be in [1, 1024], got ", options.block_size));
+  }
+  const int64_t bytes_per_block = KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size));
+  int64_t memory = options.kv_cache_memory;
+  if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
+  if (memory == 0) {
+    memory = bytes_per_block * ((sc.max_model_len + options.block_size - 1) / options.block_size) *
+             std::min<int64_t>(sc.max_num_seqs, 8);
+  }
+  const int64_t num_blocks = memory / bytes_per_block;
+  if (num_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-memory of ", memory, " bytes holds no block (one block of ",
+                                                   options.block_size, " tokens takes ", bytes_per_block, " bytes)"));
+  }
+  if (num_blocks > (1 << 30)) return absl::InvalidArgumentError("--kv-cache-memory is too large");
+  ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(model->backend(),
+                                                       model->KvGeometry(num_blocks, options.block_size)));
+  ASSIGN_OR_RETURN(e->kv_, KvCacheManager::Create({static_cast<int32_t>(num_blocks),
+                                                   static_cast<int32_t>(options.block_size),
+                                                   options.enable_prefix_caching, 0}));
+  ASSIGN_OR_RETURN(e->scheduler_, Scheduler::Create(sc, e->kv_.get()));
+  if (c.eos_token_id >= 0) e->eos_ids_.push_back(static_cast<int32_t>(c.eos_token_id));
+  const int64_t tokens = num_blocks * options.block_size;
+  TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size << " tokens ("
+                   << memory / (1 << 20) << " MiB, " << bytes_per_block << " bytes per block) = " << tokens
+                   << " tokens, " << tokens / sc.max_model_len << " sequences of " << sc.max_model_len
+                   << " tokens; prefix caching " << (options.enable_prefix_caching ? "on" : "off");
+  return e;
+}
+
+absl::Status Engine::AddRequest(EngineRequest req) {
+  const ModelConfig& c = model_->config();
+  if (req.id.empty()) return absl::InvalidArgumentError("request id must not be empty");
+  if (sequences_.contains(req.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request id \"", req.id, "\" is already in use"));
+  }
+  if (req.prompt_token_ids.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
+  for (size_t i = 0; i < req.prompt_token_ids.size(); ++i) {
+    const int32_t t = req.prompt_token_ids[i];
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " at index ", i,
+                                                     " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  SamplingLimits limits;
+  limits.vocab_size = c.vocab_size;
+  limits.max_model_len = options_.scheduler.max_model_len;
+  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
+  limits.max_logprobs = options_.max_logprobs;
+  RETURN_IF_ERROR(req.params.Validate(limits));
+
+  auto r = std::make_unique<SchedRequest>();
+  r->id = req.id;
+  r->token_ids = req.prompt_token_ids;
+  r->max_tokens = req.params.max_tokens;
+  r->use_prefix_cache = req.params.prompt_logprobs < 0;
+  RETURN_IF_ERROR(scheduler_->AddRequest(std::move(r)));
+  Sequence seq;
+  seq.params = req.params;
+  seq.sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  if (req.params.prompt_logprobs >= 0) seq.prompt_logprobs.resize(req.prompt_token_ids.size());
+  sequences_.emplace(req.id, std::move(seq));
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Abort(const std::string& id) {
+  if (!sequences_.contains(id)) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
+  FinishRequest(id);
+  pending_aborts_.push_back(id);
+  return absl::OkStatus();
+}
+
+void Engine::FinishRequest(const std::string& id) {
+  scheduler_->Finish(id);
+  sequences_.erase(id);
+}
+
+absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
+  std::vector<RequestOutput> outputs;
+  for (const std::string& id : pending_aborts_) {
+    RequestOutput o;
+    o.id = id;
+    o.finished = true;
+    o.finish_reason = "abort";
+    outputs.push_back(std::move(o));
+  }
+  pending_aborts_.clear();
+
+  SchedulerStep step = scheduler_->Schedule();
+  if (step.empty()) return outputs;
+  const int64_t vocab = model_->config().vocab_size;
+
+  // Build the batch: each chunk's tokens, its blocks, and the rows whose logits are needed.
+  ForwardInput in;
+  struct RowUse {
+    size_t chunk;
+    int64_t position;  // absolute position of the token in its sequence
+  };
+  std::vector<RowUse> rows;
+  for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
+    const ScheduledChunk& ch = step.chunks[ci];
+    const SchedRequest* r = ch.request;
+    const int64_t begin = r->num_computed_tokens, end = begin + ch.num_new_tokens;
+    const int64_t row0 = static_cast<int64_t>(in.token_ids.size());
+    in.token_ids.insert(in.token_ids.end(), r->token_ids.begin() + begin, r->token_ids.begin() + end);
+    in.seqs.push_back({ch.num_new_tokens, begin, scheduler_->kv()->BlockTable(r->id)});
+    const Sequence& seq = sequences_.at(r->id);
+    for (int64_t p = begin; p < end; ++p) {
+      const bool prompt_row = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
+                              p + 1 >= seq.prompt_logprobs_sent_until;
+      const bool sample_row = ch.samples && p == end - 1;
+      if (prompt_row || sample_row) {
+        in.logits_rows.push_back(static_cast<int32_t>(row0 + (p - begin)));
+        rows.push_back({ci, p});
+      }
+    }
+  }
+  std::vector<float> logits;
+  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits));
+  ++steps_;
+  computed_tokens_ += step.num_tokens;
+
+  // Postprocess: prompt logprobs, sampling, stop conditions.
+  absl::flat_hash_map<std::string, int32_t> sampled;
+  absl::flat_hash_map<std::string, size_t> output_index;
+  auto output_for = [&](const std::string& id) -> RequestOutput& {
+    auto [it, inserted] = output_index.try_emplace(id, outputs.size());
+    if (inserted) {
+      outputs.emplace_back();
+      outputs.back().id = id;
+    }
+    return outputs[it->second];
+  };
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const ScheduledChunk& ch = step.chunks[rows[k].chunk];
+    SchedRequest* r = ch.request;
+    Sequence& seq = sequences_.at(r->id);
+    const float* row = logits.data() + k * vocab;
+    const int64_t p = rows[k].position;
+    if (seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len && p + 1 >= seq.prompt_logprobs_sent_until) {
+      seq.prompt_logprobs[p + 1] = ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
+      if (p + 2 == r->prompt_len) seq.prompt_logprobs_sent_until = r->prompt_len;
+    }
+    if (ch.samples && p == r->num_computed_tokens + ch.num_new_tokens - 1) {
+      const int32_t token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
+      seq.sampler->Accept(token);
+      sampled[r->id] = token;
+      RequestOutput& o = output_for(r->id);
+      o.new_token_ids.push_back(token);
+      if (seq.params.logprobs >= 0) o.new_logprobs.push_back(ComputeLogprobs(row, vocab, token, seq.params.logprobs));
+      if (seq.params.prompt_logprobs >= 0 && r->num_output_tokens() == 0) {
+        o.prompt_logprobs = seq.prompt_logprobs;
+      }
+      o.num_cached_tokens = r->num_cached_tokens;
+    }
+  }
+  scheduler_->Update(step, sampled);
+  for (const auto& [id, token] : sampled) {
+    SchedRequest* r = scheduler_->Find(id);
+    Sequence& seq = sequences_.at(id);
+    const int32_t generated = static_cast<int32_t>(r->num_output_tokens());
+    std::string reason;
+    if (seq.sampler->IsStop(token, generated)) {
+      reason = "stop";
+    } else if (generated >= seq.params.max_tokens || r->num_tokens() >= options_.scheduler.max_model_len) {
+      reason = "length";
+    }
+    if (!reason.empty()) {
+      RequestOutput& o = output_for(id);
+      o.finished = true;
+      o.finish_reason = reason;
+      FinishRequest(id);
+    }
+  }
+  return outputs;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.num_blocks = kv_->num_blocks();
+  s.free_blocks = kv_->num_free_blocks();
+  s.waiting = scheduler_->num_waiting();
+  s.running = scheduler_->num_running();
+  s.preemptions = scheduler_->num_preemptions();
+  s.prefix_queries = kv_->prefix_queries();
+  s.prefix_hits = kv_->prefix_hits();
+  s.steps = steps_;
+  s.computed_tokens = computed_tokens_;
+  s.max_model_len = options_.scheduler.max_model_len;
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,104 @@
+// The engine: the step loop tying scheduler, KV cache and model together (schedule → run →
+// postprocess). Requests are added at any time and join the batch at the next step; each step
+// computes running decodes and prompt chunks together under the token budget, samples, and reports
+// per-request outputs. Abort works in any state and returns every block. Single-threaded: the
+// caller drives Step() (a service wraps it in its own thread).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/backend/kv_cache_storage.h"
+#include "common/kv/kv_cache_manager.h"
+#include "common/model/llama_model.h"
+#include "common/sampling/sampler.h"
+#include "common/sampling/sampling_params.h"
+#include "common/sched/scheduler.h"
+
+namespace tandem {
+
+struct EngineOptions {
+  int64_t block_size = 16;
+  // Bytes of KV cache (K and V, all layers). 0: room for max_num_seqs sequences of max_model_len.
+  int64_t kv_cache_memory = 0;
+  bool enable_prefix_caching = true;
+  SchedulerConfig scheduler;  // max_model_len 0 → the model's max_position_embeddings
+  int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request
+};
+
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;
+};
+
+// What one step produced for one request.
+struct RequestOutput {
+  std::string id;
+  std::vector<int32_t> new_token_ids;
+  std::vector<LogprobEntry> new_logprobs;  // when params.logprobs >= 0
+  // Sent once, with the request's first output, when params.prompt_logprobs >= 0.
+  std::optional<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;
+  bool finished = false;
+  std::string finish_reason;  // "stop", "length", "abort"
+  int64_t num_cached_tokens = 0;
+};
+
+struct EngineStats {
+  int64_t num_blocks = 0;
+  int64_t free_blocks = 0;
+  int64_t waiting = 0;
+  int64_t running = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_queries = 0;  // tokens
+  int64_t prefix_hits = 0;     // tokens
+  int64_t steps = 0;
+  int64_t computed_tokens = 0;
+  int64_t max_model_len = 0;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(LlamaModel* model, const EngineOptions& options);
+  ~Engine();
+
+  // Validates every field (sampling parameters, ids, lengths) and queues the request.
+  // INVALID_ARGUMENT / RESOURCE_EXHAUSTED (queue full) / ALREADY_EXISTS before any work.
+  absl::Status AddRequest(EngineRequest request);
+  // Ends a request wherever it is (waiting, mid-prefill, decoding); its blocks return to the pool.
+  // NOT_FOUND when unknown. The abort is reported by the next Step() as finish_reason "abort".
+  absl::Status Abort(const std::string& id);
+  // Runs one step. Returns the outputs of requests that progressed, finished or were aborted.
+  absl::StatusOr<std::vector<RequestOutput>> Step();
+  bool HasWork() const { return scheduler_->has_work() || !pending_aborts_.empty(); }
+  EngineStats stats() const;
+  const KvCacheManager& kv() const { return *kv_; }
+
+ private:
+  struct Sequence {
+    std::unique_ptr<SequenceSampler> sampler;
+    SamplingParams params;
+    int64_t prompt_logprobs_sent_until = 1;  // prompt positions [1, this) already computed
+    std::vector<std::optional<LogprobEntry>> prompt_logprobs;
+  };
+  Engine() = default;
+  void FinishRequest(const std::string& id);
+
+  LlamaModel* model_ = nullptr;
+  EngineOptions options_;
+  std::unique_ptr<KvCacheStorage> storage_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  absl::flat_hash_map<std::string, Sequence> sequences_;
+  std::vector<std::string> pending_aborts_;
+  std::vector<int32_t> eos_ids_;
+  SamplingWorkspace workspace_;
+  int64_t steps_ = 0;
+  int64_t computed_tokens_ = 0;
+};
+
+}  // namespace tandem
