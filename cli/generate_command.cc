@@ -10,6 +10,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -41,8 +42,10 @@ ABSL_FLAG(double, repetition_penalty, 1.0,
 ABSL_FLAG(double, presence_penalty, 0.0,
           "generate: in [-2, 2]; subtracted from the logit of every generated token (0 = off)");
 ABSL_FLAG(double, frequency_penalty, 0.0,
-          "generate: in [-2, 2]; subtracted from a generated token's logit per occurrence (0 = off)");
-ABSL_FLAG(int32_t, min_tokens, 0, "generate: EOS and stop ids cannot end generation before N tokens");
+          "generate: in [-2, 2]; subtracted from a generated token's logit per occurrence "
+          "(0 = off)");
+ABSL_FLAG(int32_t, min_tokens, 0,
+          "generate: EOS and stop ids cannot end generation before N tokens");
 ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
 ABSL_FLAG(std::string, logit_bias, "",
           "generate: comma-separated id:bias pairs added to the logits, bias in [-100, 100]");
@@ -70,8 +73,7 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std
   for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int32_t id;
     if (!absl::SimpleAtoi(piece, &id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, ": '", piece, "' is not an integer"));
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", piece, "' is not an integer"));
     }
     ids.push_back(id);
   }
@@ -152,8 +154,8 @@ int GenerateCommand() {
   gen_options.block_size = absl::GetFlag(FLAGS_block_size);
   gen_options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   // Whole distributions are allowed here: the conformance tests compare them against llama.cpp.
-  gen_options.max_logprobs =
-      static_cast<int32_t>(std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
+  gen_options.max_logprobs = static_cast<int32_t>(
+      std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
   auto generator = Generator::Create(model->get(), gen_options);
   if (!generator.ok()) return Fail(generator.status());
   const double load_seconds =

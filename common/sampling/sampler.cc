@@ -1,6 +1,7 @@
 #include "common/sampling/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -12,6 +13,9 @@ namespace tandem {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Loops over the vocabulary work in blocks of this many tokens, a fixed trip count the compiler
+// turns into packed instructions (a plain loop of unknown length stays scalar at -O2).
+constexpr int kBlock = 8;
 
 // Orders token ids most likely first; equal logits put the lower id first.
 struct MoreLikely {
@@ -23,15 +27,70 @@ struct MoreLikely {
 
 // The lowest id among the largest logits; NaN never wins; 0 when nothing beats -inf.
 int32_t Argmax(const float* logits, int64_t n) {
-  int32_t best = 0;
-  float best_logit = kNegInf;
-  for (int64_t i = 0; i < n; ++i) {
-    if (logits[i] > best_logit) {
-      best_logit = logits[i];
-      best = static_cast<int32_t>(i);
+  // kBlock independent running maxima break the compare-and-select dependency chain (and let the
+  // compiler use packed max); a second pass finds the first id holding the maximum.
+  float lanes[kBlock];
+  std::fill(lanes, lanes + kBlock, kNegInf);
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (int j = 0; j < kBlock; ++j) lanes[j] = logits[i + j] > lanes[j] ? logits[i + j] : lanes[j];
+  }
+  for (; i < n; ++i) lanes[0] = logits[i] > lanes[0] ? logits[i] : lanes[0];
+  const float max_logit = *std::max_element(lanes, lanes + kBlock);
+  if (max_logit == kNegInf) return 0;
+  for (i = 0; logits[i] != max_logit; ++i) {
+  }
+  return static_cast<int32_t>(i);
+}
+
+// ids = the k most likely tokens, most likely first: one pass with a heap whose front is the least
+// likely token kept, so most tokens cost a single comparison.
+void SelectTopK(const float* logits, int64_t n, int64_t k, std::vector<int32_t>& ids) {
+  const MoreLikely more_likely{logits};
+  ids.resize(k);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::make_heap(ids.begin(), ids.end(), more_likely);
+  // Tokens are visited in increasing id order, so a later token ties with the heap's front only
+  // by losing: it enters exactly when its logit is strictly above the front's.
+  float floor_logit = logits[ids.front()];
+  auto visit = [&](int64_t t) {
+    if (!(logits[t] > floor_logit)) return;
+    std::pop_heap(ids.begin(), ids.end(), more_likely);
+    ids.back() = static_cast<int32_t>(t);
+    std::push_heap(ids.begin(), ids.end(), more_likely);
+    floor_logit = logits[ids.front()];
+  };
+  int64_t t = k;
+  // Most spans of kSpan tokens hold no candidate: their packed maxima rule them out at once.
+  constexpr int kSpan = 8 * kBlock;
+  for (; t + kSpan <= n; t += kSpan) {
+    float lanes[kBlock];
+    std::fill(lanes, lanes + kBlock, kNegInf);
+    for (int b = 0; b < kSpan; b += kBlock) {
+      for (int j = 0; j < kBlock; ++j) {
+        lanes[j] = logits[t + b + j] > lanes[j] ? logits[t + b + j] : lanes[j];
+      }
+    }
+    if (*std::max_element(lanes, lanes + kBlock) > floor_logit) {
+      for (int j = 0; j < kSpan; ++j) visit(t + j);
     }
   }
-  return best;
+  for (; t < n; ++t) visit(t);
+  std::sort_heap(ids.begin(), ids.end(), more_likely);
+}
+
+// Weights in [0, 1] by the top 13 bits of their representation, which order like the weights.
+constexpr int kNumWeightBuckets = (std::bit_cast<uint32_t>(1.0f) >> 19) + 1;
+int WeightBucket(float weight) {
+  return std::min(static_cast<int>(std::bit_cast<uint32_t>(weight) >> 19), kNumWeightBuckets - 1);
+}
+
+void CopyReplacingNaN(const float* __restrict in, int64_t n, float* __restrict out) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (int j = 0; j < kBlock; ++j) out[i + j] = in[i + j] > kNegInf ? in[i + j] : kNegInf;
+  }
+  for (; i < n; ++i) out[i] = in[i] > kNegInf ? in[i] : kNegInf;
 }
 
 uint64_t RandomSeed() {
@@ -41,11 +100,14 @@ uint64_t RandomSeed() {
 
 }  // namespace
 
-LogprobEntry ComputeLogprobs(const float* logits, int64_t vocab_size, int32_t token, int32_t top_k) {
+LogprobEntry ComputeLogprobs(const float* logits, int64_t vocab_size, int32_t token,
+                             int32_t top_k) {
   double max_logit = -INFINITY;
   for (int64_t i = 0; i < vocab_size; ++i) max_logit = std::max<double>(max_logit, logits[i]);
   double sum = 0;
-  for (int64_t i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  for (int64_t i = 0; i < vocab_size; ++i) {
+    sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  }
   const double log_z = max_logit + std::log(sum);
   LogprobEntry e;
   e.token_id = token;
@@ -108,8 +170,7 @@ int32_t SequenceSampler::Sample(std::span<const float> logits, SamplingWorkspace
   if (greedy && !HasLogitsProcessors()) return Argmax(logits.data(), vocab_size_);
   // NaN becomes -inf so that it is never chosen and the orderings below stay strict weak orders.
   ws.logits_.resize(vocab_size_);
-  std::transform(logits.begin(), logits.end(), ws.logits_.begin(),
-                 [](float x) { return std::isnan(x) ? kNegInf : x; });
+  CopyReplacingNaN(logits.data(), vocab_size_, ws.logits_.data());
   ApplyLogitsProcessors(ws.logits_.data());
   if (greedy) return Argmax(ws.logits_.data(), vocab_size_);
   return SampleFromProcessed(ws);
@@ -137,73 +198,96 @@ void SequenceSampler::ApplyLogitsProcessors(float* logits) const {
 }
 
 int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws) {
+  const double u = NextUniform();  // drawn first: one draw per sampled step, whatever the path
   const float* logits = ws.logits_.data();
   const int32_t best = Argmax(logits, vocab_size_);
   const float max_logit = logits[best];
   // All masked, or an infinite logit: there is nothing to weigh.
   if (!std::isfinite(max_logit)) return best;
   const float inv_temperature = 1.f / params_.temperature;
-  // Probability relative to the most likely token's, in (0, 1].
-  auto weight = [&](int32_t t) { return std::exp((logits[t] - max_logit) * inv_temperature); };
+  // Probability relative to the most likely token's, in [0, 1].
+  auto weight = [&](int64_t t) { return std::exp((logits[t] - max_logit) * inv_temperature); };
   const MoreLikely more_likely{logits};
 
-  // Candidates are ids[0, n); ids[0, sorted_end) are the most likely ones, in order.
+  // Candidates: every token (all_tokens) or ids[0, n). weights[t] is set for every candidate t.
+  ws.weights_.resize(vocab_size_);
+  float* weights = ws.weights_.data();
   std::vector<int32_t>& ids = ws.ids_;
-  ids.resize(vocab_size_);
-  std::iota(ids.begin(), ids.end(), 0);
-  size_t n = ids.size();
-  size_t sorted_end = 0;
+  bool all_tokens = true;
+  size_t n = static_cast<size_t>(vocab_size_);
+  double total = 0;
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
-    n = static_cast<size_t>(params_.top_k);
-    std::nth_element(ids.begin(), ids.begin() + n, ids.end(), more_likely);
-    std::sort(ids.begin(), ids.begin() + n, more_likely);
-    sorted_end = n;
+    SelectTopK(logits, vocab_size_, params_.top_k, ids);
+    all_tokens = false;
+    n = ids.size();
+    for (int32_t t : ids) total += weights[t] = weight(t);
+  } else {
+    for (int64_t t = 0; t < vocab_size_; ++t) total += weights[t] = weight(t);
   }
 
   if (params_.top_p < 1.f) {
-    double total = 0;
-    for (size_t i = 0; i < n; ++i) total += weight(ids[i]);
+    // The nucleus: the most likely tokens, in order, until their mass reaches the target.
     const double target = static_cast<double>(params_.top_p) * total;
-    // Sorts only as far as the kept mass needs: chunks of the most likely remaining candidates,
-    // doubling in size, so a peaked distribution never pays for a full sort of the vocabulary.
     double cumulative = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (i == sorted_end) {
-        const size_t end = std::min(n, std::max<size_t>(2 * sorted_end, 256));
-        if (end < n) {
-          std::nth_element(ids.begin() + sorted_end, ids.begin() + end, ids.begin() + n,
-                           more_likely);
+    std::vector<int32_t>& boundary = ws.boundary_ids_;  // decided one by one, most likely first
+    if (all_tokens) {
+      // No full sort: weights are bucketed by the top bits of their float representation
+      // (exponent and 4 mantissa bits: buckets 2^(1/16) wide, ordered as the weights are). Summing
+      // bucket masses from the heaviest finds the bucket where the target is reached: tokens in
+      // heavier buckets are all in the nucleus, tokens in lighter ones are not, and only the
+      // boundary bucket is sorted. (Sums are in bucket order, so a cut within rounding of the
+      // target may differ from a full sort's.)
+      std::vector<double>& mass = ws.bucket_mass_;
+      mass.assign(kNumWeightBuckets, 0.0);
+      for (int64_t t = 0; t < vocab_size_; ++t) mass[WeightBucket(weights[t])] += weights[t];
+      int boundary_bucket = kNumWeightBuckets - 1;
+      for (; boundary_bucket > 0; --boundary_bucket) {
+        if (cumulative + mass[boundary_bucket] >= target) break;
+        cumulative += mass[boundary_bucket];
+      }
+      ids.clear();
+      boundary.clear();
+      for (int32_t t = 0; t < vocab_size_; ++t) {
+        const int bucket = WeightBucket(weights[t]);
+        if (bucket > boundary_bucket) {
+          ids.push_back(t);
+        } else if (bucket == boundary_bucket) {
+          boundary.push_back(t);
         }
-        std::sort(ids.begin() + sorted_end, ids.begin() + end, more_likely);
-        sorted_end = end;
       }
-      cumulative += weight(ids[i]);
-      if (cumulative >= target) {
-        n = i + 1;
-        break;
-      }
+      std::sort(boundary.begin(), boundary.end(), more_likely);
+      all_tokens = false;
+    } else {
+      boundary.swap(ids);  // top-k left them sorted
+      ids.clear();
     }
+    for (int32_t t : boundary) {
+      ids.push_back(t);
+      cumulative += weights[t];
+      if (cumulative >= target) break;
+    }
+    n = ids.size();
   }
 
-  // min_p, then one draw. The most likely token is always a candidate with weight 1 >= min_p, so
+  // min_p, then one draw. The most likely token is always a candidate, with weight 1 >= min_p, so
   // the sum is at least 1.
-  std::vector<float>& weights = ws.weights_;
-  weights.resize(n);
+  auto candidate = [&](size_t i) { return all_tokens ? static_cast<int32_t>(i) : ids[i]; };
+  const float min_p = params_.min_p;
   double sum = 0;
   for (size_t i = 0; i < n; ++i) {
-    const float w = weight(ids[i]);
-    weights[i] = w < params_.min_p ? 0.f : w;
-    sum += weights[i];
+    float& w = weights[candidate(i)];
+    if (w < min_p) w = 0.f;
+    sum += w;
   }
-  const double r = NextUniform() * sum;
+  const double r = u * sum;
   double cumulative = 0;
   for (size_t i = 0; i < n; ++i) {
-    cumulative += weights[i];
-    if (r < cumulative) return ids[i];
+    cumulative += weights[candidate(i)];
+    if (r < cumulative) return candidate(i);
   }
   // Rounding left r at the very top: the last candidate that has any weight.
   for (size_t i = n; i-- > 0;) {
-    if (weights[i] > 0.f) return ids[i];
+    if (weights[candidate(i)] > 0.f) return candidate(i);
   }
   return best;
 }

@@ -48,9 +48,9 @@ struct LogprobEntry {
 // sampling parameter is applied: vLLM's default.
 LogprobEntry ComputeLogprobs(const float* logits, int64_t vocab_size, int32_t token, int32_t top_k);
 
-// Scratch memory for SequenceSampler::Sample: three vocabulary-sized buffers, grown once and
-// reused. One workspace per sampling thread serves any number of sequences; a sampler used without
-// one keeps its own. Not thread-safe.
+// Scratch memory for SequenceSampler::Sample: vocabulary-sized buffers, grown once and reused. One
+// workspace per sampling thread serves any number of sequences; a sampler used without one keeps
+// its own. Not thread-safe.
 class SamplingWorkspace {
  public:
   SamplingWorkspace() = default;
@@ -61,9 +61,11 @@ class SamplingWorkspace {
 
  private:
   friend class SequenceSampler;
-  std::vector<float> logits_;    // [vocab] processed logits
-  std::vector<int32_t> ids_;     // [vocab] candidate token ids, most likely first once sorted
-  std::vector<float> weights_;   // [candidates] exp((logit - max) / temperature)
+  std::vector<float> logits_;          // [vocab] processed logits
+  std::vector<int32_t> ids_;           // [vocab] candidate token ids
+  std::vector<int32_t> boundary_ids_;  // [vocab] top-p: tokens where the nucleus may end
+  std::vector<float> weights_;       // [vocab] exp((logit - max) / temperature), set for candidates
+  std::vector<double> bucket_mass_;  // [weight buckets] top-p: total weight per bucket
 };
 
 class SequenceSampler {
@@ -109,13 +111,13 @@ class SequenceSampler {
 
   SamplingParams params_;
   int64_t vocab_size_;
-  std::vector<int32_t> eos_token_ids_;   // in-vocabulary EOS ids
+  std::vector<int32_t> eos_token_ids_;    // in-vocabulary EOS ids
   std::vector<int32_t> min_tokens_mask_;  // ids masked while num_generated_ < min_tokens
   std::mt19937_64 rng_;
   int32_t num_generated_ = 0;
   // Kept only when the penalty that reads it is on.
-  absl::flat_hash_set<int32_t> seen_tokens_;               // prompt ∪ output, repetition penalty
-  absl::flat_hash_map<int32_t, int32_t> output_counts_;    // frequency and presence penalties
+  absl::flat_hash_set<int32_t> seen_tokens_;             // prompt ∪ output, repetition penalty
+  absl::flat_hash_map<int32_t, int32_t> output_counts_;  // frequency and presence penalties
   SamplingWorkspace own_workspace_;
 };
 

@@ -42,13 +42,15 @@ absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
   if (!std::isfinite(repetition_penalty) || !(repetition_penalty > 0.f)) {
     return Invalid("repetition_penalty must be a finite number > 0, got ", repetition_penalty);
   }
-  if (absl::Status s = CheckRange("presence_penalty", presence_penalty,
-                                  -kMaxAbsPresenceFrequencyPenalty, kMaxAbsPresenceFrequencyPenalty);
+  if (absl::Status s =
+          CheckRange("presence_penalty", presence_penalty, -kMaxAbsPresenceFrequencyPenalty,
+                     kMaxAbsPresenceFrequencyPenalty);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckRange("frequency_penalty", frequency_penalty,
-                                  -kMaxAbsPresenceFrequencyPenalty, kMaxAbsPresenceFrequencyPenalty);
+  if (absl::Status s =
+          CheckRange("frequency_penalty", frequency_penalty, -kMaxAbsPresenceFrequencyPenalty,
+                     kMaxAbsPresenceFrequencyPenalty);
       !s.ok()) {
     return s;
   }

@@ -48,14 +48,14 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   // [-2, 2]; subtracted from a generated token's logit once per time it was generated.
   float frequency_penalty = 0.0f;
-  std::vector<LogitBias> logit_bias;     // at most kMaxLogitBias, distinct ids in the vocabulary
-  std::vector<int32_t> stop_token_ids;   // at most kMaxStopTokenIds, ids in the vocabulary
-  bool ignore_eos = false;               // EOS neither stops generation nor is masked by min_tokens
-  int32_t max_tokens = 16;               // >= 0; prompt + max_tokens must fit the context
-  int32_t min_tokens = 0;                // [0, max_tokens]; EOS and stop ids are masked until then
-  std::optional<uint64_t> seed;          // unset → a random seed per request
-  int32_t logprobs = -1;                 // top-K logprobs per generated token; -1 → none
-  int32_t prompt_logprobs = -1;          // top-K logprobs per prompt token; -1 → none
+  std::vector<LogitBias> logit_bias;    // at most kMaxLogitBias, distinct ids in the vocabulary
+  std::vector<int32_t> stop_token_ids;  // at most kMaxStopTokenIds, ids in the vocabulary
+  bool ignore_eos = false;              // EOS neither stops generation nor is masked by min_tokens
+  int32_t max_tokens = 16;              // >= 0; prompt + max_tokens must fit the context
+  int32_t min_tokens = 0;               // [0, max_tokens]; EOS and stop ids are masked until then
+  std::optional<uint64_t> seed;         // unset → a random seed per request
+  int32_t logprobs = -1;                // top-K logprobs per generated token; -1 → none
+  int32_t prompt_logprobs = -1;         // top-K logprobs per prompt token; -1 → none
 
   bool greedy() const { return temperature < kGreedyTemperature; }
 
