@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <map>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -16,7 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "common/backend/cpu/cpu_backend.h"
-#include "common/engine/generator.h"
+#include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/sampling_params.h"
 #include "common/tokenizer/incremental_detokenizer.h"
@@ -52,8 +54,21 @@ ABSL_FLAG(std::string, logit_bias, "",
 ABSL_FLAG(int32_t, prompt_logprobs, -1, "generate: top-K logprobs for every prompt token (-1 = off)");
 ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated token (-1 = off)");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
-ABSL_FLAG(int64_t, prefill_chunk, 0, "generate: evaluate the prompt in chunks of N tokens (0 = whole)");
-ABSL_FLAG(int64_t, block_size, 16, "generate: KV cache block size in tokens");
+ABSL_FLAG(std::string, batch_file, "",
+          "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": [...]}, "
+          "optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"seed\", "
+          "\"ignore_eos\"; other sampling flags apply to all)");
+ABSL_FLAG(int64_t, prefill_chunk, 0, "generate: alias of --max-prefill-chunk");
+ABSL_FLAG(int64_t, max_prefill_chunk, 512,
+          "engine: prompt tokens of one request per step (chunked prefill; 0 = whole prompt)");
+ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "engine: token budget of one step");
+ABSL_FLAG(int64_t, max_num_seqs, 128, "engine: sequences in one step");
+ABSL_FLAG(int64_t, max_queued_requests, 1024, "engine: waiting requests beyond which new ones are refused");
+ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
+ABSL_FLAG(std::string, kv_cache_memory, "0",
+          "engine: bytes of KV cache, e.g. 512M or 2G (0 = room for 8 sequences of max_model_len)");
+ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
+ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(bool, json, false, "generate, tokenize, detokenize: print JSON instead of text");
 
 namespace tandem::cli {
@@ -96,6 +111,24 @@ absl::StatusOr<std::vector<LogitBias>> ParseLogitBias(const std::string& text) {
   return biases;
 }
 
+// "512M", "2G", "1048576" → bytes.
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  std::string digits = text;
+  int64_t scale = 1;
+  if (!digits.empty()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+    if (unit == 'K' || unit == 'M' || unit == 'G') {
+      scale = unit == 'K' ? (1 << 10) : unit == 'M' ? (1 << 20) : (int64_t{1} << 30);
+      digits.pop_back();
+    }
+  }
+  int64_t v;
+  if (!absl::SimpleAtoi(digits, &v) || v < 0 || v > (int64_t{1} << 50) / scale) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-memory: '", text, "' is not a size like 512M or 2G"));
+  }
+  return v * scale;
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "tandem generate: %s\n", std::string(s.message()).c_str());
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -103,33 +136,11 @@ int Fail(const absl::Status& s) {
 
 }  // namespace
 
-int GenerateCommand() {
-  const std::string model_dir = absl::GetFlag(FLAGS_model);
-  const std::string prompt = absl::GetFlag(FLAGS_prompt);
-  const std::string token_ids = absl::GetFlag(FLAGS_token_ids);
-  if (model_dir.empty()) return Fail(absl::InvalidArgumentError("--model DIR is required"));
-  if (prompt.empty() == token_ids.empty()) {
-    return Fail(absl::InvalidArgumentError("give exactly one of --prompt or --token-ids"));
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  auto backend = CpuBackend::Create({});
-  if (!backend.ok()) return Fail(backend.status());
-  auto model = LlamaModel::Load(model_dir, backend->get());
-  if (!model.ok()) return Fail(model.status());
-  const ModelConfig& config = (*model)->config();
-  // Needed for --prompt; with --token-ids a missing or unsupported tokenizer only costs the text.
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
+namespace {
 
-  GenerateRequest req;
-  if (!token_ids.empty()) {
-    auto ids = ParseIds("--token-ids", token_ids);
-    if (!ids.ok()) return Fail(ids.status());
-    req.prompt_token_ids = *std::move(ids);
-  } else {
-    if (!tokenizer.ok()) return Fail(tokenizer.status());
-    req.prompt_token_ids = (*tokenizer)->Encode(prompt, /*add_special_tokens=*/true);
-  }
-  SamplingParams& p = req.params;
+// Sampling parameters from the flags (the defaults of every request).
+absl::StatusOr<SamplingParams> ParamsFromFlags() {
+  SamplingParams p;
   p.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
@@ -140,102 +151,272 @@ int GenerateCommand() {
   p.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
   p.min_tokens = absl::GetFlag(FLAGS_min_tokens);
   auto stop_token_ids = ParseIds("--stop-token-ids", absl::GetFlag(FLAGS_stop_token_ids));
-  if (!stop_token_ids.ok()) return Fail(stop_token_ids.status());
+  if (!stop_token_ids.ok()) return stop_token_ids.status();
   p.stop_token_ids = *std::move(stop_token_ids);
   auto logit_bias = ParseLogitBias(absl::GetFlag(FLAGS_logit_bias));
-  if (!logit_bias.ok()) return Fail(logit_bias.status());
+  if (!logit_bias.ok()) return logit_bias.status();
   p.logit_bias = *std::move(logit_bias);
   p.seed = absl::GetFlag(FLAGS_seed);
   p.logprobs = absl::GetFlag(FLAGS_logprobs);
   p.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  return p;
+}
 
-  Generator::Options gen_options;
-  gen_options.block_size = absl::GetFlag(FLAGS_block_size);
-  gen_options.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const ModelConfig& config) {
+  EngineOptions o;
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  auto memory = ParseBytes(absl::GetFlag(FLAGS_kv_cache_memory));
+  if (!memory.ok()) return memory.status();
+  o.kv_cache_memory = *memory;
+  o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  SchedulerConfig& sc = o.scheduler;
+  sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  sc.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  sc.max_prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
+                                                               : absl::GetFlag(FLAGS_max_prefill_chunk);
+  sc.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  sc.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   // Whole distributions are allowed here: the conformance tests compare them against llama.cpp.
-  gen_options.max_logprobs = static_cast<int32_t>(
-      std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
-  auto generator = Generator::Create(model->get(), gen_options);
-  if (!generator.ok()) return Fail(generator.status());
-  const double load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (absl::Status s = (*generator)->Validate(req); !s.ok()) return Fail(s);
+  o.max_logprobs = static_cast<int32_t>(std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
+  return o;
+}
+
+// Everything one request produced, gathered from the engine's step outputs.
+struct Collected {
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<int32_t> token_ids;
+  std::vector<LogprobEntry> logprobs;
+  std::optional<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;
+  std::string finish_reason;
+  int64_t num_cached_tokens = 0;
+  std::optional<IncrementalDetokenizer> detokenizer;
+  std::string text;
+  double first_token_seconds = 0;
+  double finish_seconds = 0;
+};
+
+json ResultJson(const Collected& c, const SamplingParams& p) {
+  json out;
+  out["prompt_token_ids"] = c.prompt_token_ids;
+  out["token_ids"] = c.token_ids;
+  out["text"] = c.text;
+  out["finish_reason"] = c.finish_reason;
+  if (p.prompt_logprobs >= 0 && c.prompt_logprobs) {
+    json pl = json::array();
+    for (const auto& e : *c.prompt_logprobs) pl.push_back(e ? EntryToJson(*e) : json(nullptr));
+    out["prompt_logprobs"] = pl;
+  } else {
+    out["prompt_logprobs"] = nullptr;
+  }
+  if (p.logprobs >= 0) {
+    json lp = json::array();
+    for (const auto& e : c.logprobs) lp.push_back(EntryToJson(e));
+    out["logprobs"] = lp;
+  } else {
+    out["logprobs"] = nullptr;
+  }
+  return out;
+}
+
+// Reads --batch-file: one request per line.
+absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile(
+    const std::string& path, const SamplingParams& defaults, const Tokenizer* tokenizer) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::vector<std::pair<EngineRequest, std::string>> out;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path, ":", line_no, ": ");
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return absl::InvalidArgumentError(where + "each line must be a JSON object");
+    EngineRequest r;
+    r.params = defaults;
+    r.id = j.contains("id") && j["id"].is_string() ? j["id"].get<std::string>() : absl::StrCat("line", line_no);
+    std::string prompt_text;
+    try {
+      if (j.contains("prompt") && j["prompt"].is_string()) {
+        if (tokenizer == nullptr) return absl::InvalidArgumentError(where + "\"prompt\" needs the model's tokenizer.json");
+        prompt_text = j["prompt"].get<std::string>();
+        r.prompt_token_ids = tokenizer->Encode(prompt_text, /*add_special_tokens=*/true);
+      } else if (j.contains("token_ids") && j["token_ids"].is_array()) {
+        r.prompt_token_ids = j["token_ids"].get<std::vector<int32_t>>();
+      } else {
+        return absl::InvalidArgumentError(where + "needs \"prompt\" (string) or \"token_ids\" (list)");
+      }
+      if (j.contains("max_tokens")) r.params.max_tokens = j["max_tokens"].get<int32_t>();
+      if (j.contains("temperature")) r.params.temperature = j["temperature"].get<float>();
+      if (j.contains("top_p")) r.params.top_p = j["top_p"].get<float>();
+      if (j.contains("top_k")) r.params.top_k = j["top_k"].get<int32_t>();
+      if (j.contains("seed")) r.params.seed = j["seed"].get<uint64_t>();
+      if (j.contains("ignore_eos")) r.params.ignore_eos = j["ignore_eos"].get<bool>();
+    } catch (const json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "bad field: ", e.what()));
+    }
+    out.emplace_back(std::move(r), std::move(prompt_text));
+  }
+  return out;
+}
+
+}  // namespace
+
+int GenerateCommand() {
+  using Clock = std::chrono::steady_clock;
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  const std::string token_ids = absl::GetFlag(FLAGS_token_ids);
+  const std::string batch_file = absl::GetFlag(FLAGS_batch_file);
+  if (model_dir.empty()) return Fail(absl::InvalidArgumentError("--model DIR is required"));
+  if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) != 1) {
+    return Fail(absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
+  }
+  auto defaults = ParamsFromFlags();
+  if (!defaults.ok()) return Fail(defaults.status());
+  const auto t0 = Clock::now();
+  auto backend = CpuBackend::Create({});
+  if (!backend.ok()) return Fail(backend.status());
+  auto model = LlamaModel::Load(model_dir, backend->get());
+  if (!model.ok()) return Fail(model.status());
+  const ModelConfig& config = (*model)->config();
+  // Needed for text prompts; with token ids a missing or unsupported tokenizer only costs the text.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
+  const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
+
+  std::vector<std::pair<EngineRequest, std::string>> requests;
+  if (!batch_file.empty()) {
+    auto read = ReadBatchFile(batch_file, *defaults, tok);
+    if (!read.ok()) return Fail(read.status());
+    requests = *std::move(read);
+    if (requests.empty()) return Fail(absl::InvalidArgumentError(batch_file + ": no requests"));
+  } else {
+    EngineRequest r;
+    r.id = "request";
+    r.params = *defaults;
+    if (!token_ids.empty()) {
+      auto ids = ParseIds("--token-ids", token_ids);
+      if (!ids.ok()) return Fail(ids.status());
+      r.prompt_token_ids = *std::move(ids);
+    } else {
+      if (!tokenizer.ok()) return Fail(tokenizer.status());
+      r.prompt_token_ids = tok->Encode(prompt, /*add_special_tokens=*/true);
+    }
+    requests.emplace_back(std::move(r), prompt);
+  }
+  auto engine_options = EngineOptionsFromFlags(config);
+  if (!engine_options.ok()) return Fail(engine_options.status());
+  auto engine = Engine::Create(model->get(), *engine_options);
+  if (!engine.ok()) return Fail(engine.status());
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+
   const bool as_json = absl::GetFlag(FLAGS_json);
-  if (!as_json) {
+  const bool single = batch_file.empty();
+  std::map<std::string, Collected> results;
+  std::vector<std::string> order;
+  for (auto& [req, text] : requests) {
+    if (results.contains(req.id)) return Fail(absl::InvalidArgumentError("duplicate request id \"" + req.id + "\""));
+    Collected& c = results[req.id];
+    c.prompt_token_ids = req.prompt_token_ids;
+    // Streamed text: the prompt ids give the first generated token its context (its leading
+    // space); the JSON "text" is the same text, as vLLM's.
+    if (tok != nullptr) c.detokenizer.emplace(tok, /*skip_special_tokens=*/true, req.prompt_token_ids);
+    order.push_back(req.id);
+    if (absl::Status s = (*engine)->AddRequest(req); !s.ok()) {
+      if (single) return Fail(s);
+      std::fprintf(stderr, "tandem generate: request %s refused: %s\n", req.id.c_str(), std::string(s.message()).c_str());
+      c.finish_reason = "refused";
+    }
+  }
+  if (single && !as_json) {
     std::fprintf(stderr, "loaded %s (%s, %lld layers) on %s in %.2f s\n", model_dir.c_str(),
                  config.architecture.c_str(), static_cast<long long>(config.num_hidden_layers),
                  (*backend)->device_description().c_str(), load_seconds);
-    if (!prompt.empty()) std::fputs(prompt.c_str(), stdout);
+    std::fputs(prompt.c_str(), stdout);
     std::fflush(stdout);
   }
-  // Streamed text: the prompt ids give the first generated token its context (its leading space).
-  // The JSON "text" is the same text (as vLLM's), so both agree for SentencePiece-style models.
-  std::optional<IncrementalDetokenizer> detokenizer;
-  if (tokenizer.ok()) {
-    detokenizer.emplace(tokenizer->get(), /*skip_special_tokens=*/true, req.prompt_token_ids);
-  }
-  auto print = [as_json](const std::string& text) {
-    if (as_json) return;
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-  };
-  auto on_token = [&](int32_t id) {
-    if (!detokenizer) return;
-    // An id the model has but the tokenizer lacks (a padded vocabulary) has no text to print.
-    absl::StatusOr<std::string> delta = detokenizer->Add(id);
-    if (delta.ok()) print(*delta);
-  };
-  auto result = (*generator)->Generate(req, on_token);
-  if (!result.ok()) return Fail(result.status());
-  bool streamed_ok = false;
-  if (detokenizer) {
-    absl::StatusOr<std::string> rest = detokenizer->Finish();
-    streamed_ok = rest.ok();
-    if (rest.ok()) {
-      print(*rest);
-    } else {  // A detokenizer bug: say so rather than print wrong text; the result stands.
-      std::fprintf(stderr, "\ntandem generate: %s\n", std::string(rest.status().message()).c_str());
+  const auto start = Clock::now();
+  while ((*engine)->HasWork()) {
+    auto outs = (*engine)->Step();
+    if (!outs.ok()) return Fail(outs.status());
+    const double now = std::chrono::duration<double>(Clock::now() - start).count();
+    for (RequestOutput& o : *outs) {
+      Collected& c = results[o.id];
+      if (c.token_ids.empty() && !o.new_token_ids.empty()) c.first_token_seconds = now;
+      c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+      if (o.prompt_logprobs) c.prompt_logprobs = std::move(o.prompt_logprobs);
+      c.num_cached_tokens = std::max(c.num_cached_tokens, o.num_cached_tokens);
+      for (int32_t id : o.new_token_ids) {
+        if (!c.detokenizer) break;
+        // An id the model has but the tokenizer lacks (a padded vocabulary) has no text.
+        absl::StatusOr<std::string> delta = c.detokenizer->Add(id);
+        if (delta.ok() && single && !as_json) {
+          std::fwrite(delta->data(), 1, delta->size(), stdout);
+          std::fflush(stdout);
+        }
+      }
+      if (o.finished) {
+        c.finish_reason = o.finish_reason;
+        c.finish_seconds = now;
+      }
     }
   }
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
 
-  std::string text;
-  if (streamed_ok) text = detokenizer->emitted_text();
-  if (!streamed_ok && tokenizer.ok()) {
-    auto decoded = (*tokenizer)->Decode(result->token_ids, /*skip_special_tokens=*/true);
-    if (decoded.ok()) text = *decoded;
+  int64_t prompt_tokens = 0, generated = 0;
+  for (const std::string& id : order) {
+    Collected& c = results[id];
+    prompt_tokens += static_cast<int64_t>(c.prompt_token_ids.size());
+    generated += static_cast<int64_t>(c.token_ids.size());
+    bool streamed_ok = false;
+    if (c.detokenizer) {
+      absl::StatusOr<std::string> rest = c.detokenizer->Finish();
+      streamed_ok = rest.ok();
+      if (rest.ok() && single && !as_json) std::fwrite(rest->data(), 1, rest->size(), stdout);
+      if (!rest.ok()) {  // a detokenizer bug: say so rather than print wrong text
+        std::fprintf(stderr, "\ntandem generate: %s\n", std::string(rest.status().message()).c_str());
+      }
+      if (streamed_ok) c.text = c.detokenizer->emitted_text();
+    }
+    if (!streamed_ok && tok != nullptr) {
+      auto decoded = tok->Decode(c.token_ids, /*skip_special_tokens=*/true);
+      if (decoded.ok()) c.text = *decoded;
+    }
   }
-  if (as_json) {
-    json out;
-    out["prompt_token_ids"] = result->prompt_token_ids;
-    out["token_ids"] = result->token_ids;
-    out["text"] = text;
-    out["finish_reason"] = result->finish_reason;
-    if (p.prompt_logprobs >= 0) {
-      json pl = json::array();
-      for (const auto& e : result->prompt_logprobs) pl.push_back(e ? EntryToJson(*e) : json(nullptr));
-      out["prompt_logprobs"] = pl;
+  const SamplingParams& p = requests.front().first.params;
+  if (single) {
+    const Collected& c = results[order.front()];
+    if (as_json) {
+      std::puts(ResultJson(c, p).dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     } else {
-      out["prompt_logprobs"] = nullptr;
+      std::fputc('\n', stdout);
+      const double decode = c.finish_seconds - c.first_token_seconds;
+      std::fprintf(stderr,
+                   "finish_reason=%s prompt=%zu tokens (%zu cached), first token after %.3f s, "
+                   "generated=%zu tokens (%.1f tok/s)\n",
+                   c.finish_reason.c_str(), c.prompt_token_ids.size(), static_cast<size_t>(c.num_cached_tokens),
+                   c.first_token_seconds, c.token_ids.size(),
+                   c.token_ids.size() > 1 ? (c.token_ids.size() - 1) / std::max(decode, 1e-9) : 0.0);
     }
-    if (p.logprobs >= 0) {
-      json lp = json::array();
-      for (const auto& e : result->logprobs) lp.push_back(EntryToJson(e));
-      out["logprobs"] = lp;
-    } else {
-      out["logprobs"] = nullptr;
-    }
+    return 0;
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Collected& c = results[order[i]];
+    json out = ResultJson(c, requests[i].first.params);
+    out["id"] = order[i];
+    out["num_cached_tokens"] = c.num_cached_tokens;
+    out["first_token_seconds"] = c.first_token_seconds;
+    out["finish_seconds"] = c.finish_seconds;
     std::puts(out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
-  } else {
-    std::fputc('\n', stdout);
-    const double n_prompt = static_cast<double>(result->prompt_token_ids.size());
-    const double n_out = static_cast<double>(result->token_ids.size());
-    std::fprintf(stderr,
-                 "finish_reason=%s prompt=%zu tokens (%.1f tok/s) generated=%zu tokens (%.1f tok/s)\n",
-                 result->finish_reason.c_str(), result->prompt_token_ids.size(),
-                 n_prompt / std::max(result->prefill_seconds, 1e-9), result->token_ids.size(),
-                 n_out > 1 ? (n_out - 1) / std::max(result->decode_seconds, 1e-9) : 0.0);
   }
+  const EngineStats st = (*engine)->stats();
+  std::fprintf(stderr,
+               "batch: %zu requests, %lld prompt tokens (%lld from the prefix cache), %lld generated in %.2f s: "
+               "%.2f requests/s, %.1f generated tokens/s, %.1f total tokens/s; %lld steps, %lld preemptions\n",
+               order.size(), static_cast<long long>(prompt_tokens), static_cast<long long>(st.prefix_hits),
+               static_cast<long long>(generated), wall, order.size() / std::max(wall, 1e-9),
+               generated / std::max(wall, 1e-9), (prompt_tokens + generated) / std::max(wall, 1e-9),
+               static_cast<long long>(st.steps), static_cast<long long>(st.preemptions));
   return 0;
 }
 

@@ -35,6 +35,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
                                                    options.block_size, " tokens takes ", bytes_per_block, " bytes)"));
   }
   if (num_blocks > (1 << 30)) return absl::InvalidArgumentError("--kv-cache-memory is too large");
+  // Every admitted request must fit the pool on its own (prompt + max_tokens <= max_model_len), so
+  // preemption always lets the oldest request finish.
+  if (num_blocks * options.block_size < sc.max_model_len) {
+    TANDEM_LOG(WARNING) << "max_model_len lowered from " << sc.max_model_len << " to "
+                        << num_blocks * options.block_size << ": the KV cache holds no more tokens";
+    sc.max_model_len = num_blocks * options.block_size;
+  }
+  if (sc.max_model_len < 2) return absl::InvalidArgumentError("the KV cache must hold at least 2 tokens");
   ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(model->backend(),
                                                        model->KvGeometry(num_blocks, options.block_size)));
   ASSIGN_OR_RETURN(e->kv_, KvCacheManager::Create({static_cast<int32_t>(num_blocks),
@@ -145,6 +153,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   // Postprocess: prompt logprobs, sampling, stop conditions.
   absl::flat_hash_map<std::string, int32_t> sampled;
   absl::flat_hash_map<std::string, size_t> output_index;
+  std::vector<std::string> prompt_only;
   auto output_for = [&](const std::string& id) -> RequestOutput& {
     auto [it, inserted] = output_index.try_emplace(id, outputs.size());
     if (inserted) {
@@ -163,7 +172,15 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       seq.prompt_logprobs[p + 1] = ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
       if (p + 2 == r->prompt_len) seq.prompt_logprobs_sent_until = r->prompt_len;
     }
-    if (ch.samples && p == r->num_computed_tokens + ch.num_new_tokens - 1) {
+    if (ch.samples && p == r->num_computed_tokens + ch.num_new_tokens - 1 && seq.params.max_tokens == 0) {
+      // Prompt only (max_tokens 0): the prompt is evaluated, nothing is sampled.
+      RequestOutput& o = output_for(r->id);
+      if (seq.params.prompt_logprobs >= 0) o.prompt_logprobs = seq.prompt_logprobs;
+      o.num_cached_tokens = r->num_cached_tokens;
+      o.finished = true;
+      o.finish_reason = "length";
+      prompt_only.push_back(r->id);
+    } else if (ch.samples && p == r->num_computed_tokens + ch.num_new_tokens - 1) {
       const int32_t token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
       seq.sampler->Accept(token);
       sampled[r->id] = token;
@@ -177,6 +194,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     }
   }
   scheduler_->Update(step, sampled);
+  for (const std::string& id : prompt_only) FinishRequest(id);
   for (const auto& [id, token] : sampled) {
     SchedRequest* r = scheduler_->Find(id);
     Sequence& seq = sequences_.at(id);

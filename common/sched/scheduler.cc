@@ -31,9 +31,12 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<SchedRequest> r) {
                                                    " tokens leaves no room to generate within the context of ",
                                                    config_.max_model_len, " tokens"));
   }
-  const int64_t need = kv_->BlocksFor(r->num_tokens() + 1);
+  // A request must fit the whole pool on its own at its longest, or preemption could cycle forever.
+  const int64_t longest = std::min(r->num_tokens() + std::max<int64_t>(r->max_tokens, 1), config_.max_model_len);
+  const int64_t need = kv_->BlocksFor(longest);
   if (need > kv_->num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", r->num_tokens(), " tokens needs ", need,
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", r->num_tokens(), " tokens with up to ",
+                                                   r->max_tokens, " more needs ", need,
                                                    " KV blocks but the whole cache has ", kv_->num_blocks()));
   }
   r->prompt_len = r->num_tokens();

@@ -19,7 +19,7 @@ std::unique_ptr<SchedRequest> Req(const std::string& id, int32_t first, int n) {
   r->id = id;
   r->token_ids.resize(n);
   std::iota(r->token_ids.begin(), r->token_ids.end(), first);
-  r->max_tokens = 16;
+  r->max_tokens = 4;
   return r;
 }
 
