@@ -93,6 +93,45 @@ absl::Status Engine::AddRequest(EngineRequest req) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::Release(const std::string& id) {
+  SchedRequest* r = scheduler_->Find(id);
+  if (r == nullptr || r->state != RequestState::kHandedOut) {
+    return absl::NotFoundError(absl::StrCat("no handed-out request \"", id, "\""));
+  }
+  scheduler_->Release(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::Reserve(const std::string& id, int64_t num_tokens) {
+  return scheduler_->Reserve(id, num_tokens);
+}
+
+absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
+  const ModelConfig& c = model_->config();
+  if (first_token < 0 || first_token >= c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
+  }
+  SamplingLimits limits;
+  limits.vocab_size = c.vocab_size;
+  limits.max_model_len = options_.scheduler.max_model_len;
+  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
+  limits.max_logprobs = options_.max_logprobs;
+  RETURN_IF_ERROR(req.params.Validate(limits));
+  auto r = std::make_unique<SchedRequest>();
+  r->id = req.id;
+  r->token_ids = req.prompt_token_ids;
+  r->token_ids.push_back(first_token);
+  r->prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
+  r->max_tokens = req.params.max_tokens;
+  RETURN_IF_ERROR(scheduler_->AdmitPrefilled(std::move(r)));
+  Sequence seq;
+  seq.params = req.params;
+  seq.sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  seq.sampler->Accept(first_token);
+  sequences_.emplace(req.id, std::move(seq));
+  return absl::OkStatus();
+}
+
 absl::Status Engine::Abort(const std::string& id) {
   if (!sequences_.contains(id)) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
   FinishRequest(id);
@@ -200,7 +239,9 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     Sequence& seq = sequences_.at(id);
     const int32_t generated = static_cast<int32_t>(r->num_output_tokens());
     std::string reason;
-    if (seq.sampler->IsStop(token, generated)) {
+    if (options_.scheduler.role == SchedulerRole::kPrefill) {
+      reason = "prefill_done";
+    } else if (seq.sampler->IsStop(token, generated)) {
       reason = "stop";
     } else if (generated >= seq.params.max_tokens || r->num_tokens() >= options_.scheduler.max_model_len) {
       reason = "length";
@@ -209,7 +250,12 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       RequestOutput& o = output_for(id);
       o.finished = true;
       o.finish_reason = reason;
-      FinishRequest(id);
+      if (reason == "prefill_done") {
+        scheduler_->HandOut(id);  // blocks stay until Release()
+        sequences_.erase(id);
+      } else {
+        FinishRequest(id);
+      }
     }
   }
   return outputs;

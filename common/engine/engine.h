@@ -72,6 +72,13 @@ class Engine {
   // Ends a request wherever it is (waiting, mid-prefill, decoding); its blocks return to the pool.
   // NOT_FOUND when unknown. The abort is reported by the next Step() as finish_reason "abort".
   absl::Status Abort(const std::string& id);
+  // Prefill role: a request is handed out after its first token (finish_reason "prefill_done")
+  // with its KV blocks kept for the transfer; Release() returns them. Decode role: Reserve()
+  // blocks for arriving KV, then AdmitPrefilled() the request (prompt + first token).
+  absl::Status Release(const std::string& id);
+  absl::StatusOr<std::vector<int32_t>> Reserve(const std::string& id, int64_t num_tokens);
+  absl::Status AdmitPrefilled(EngineRequest request, int32_t first_token);
+
   // Runs one step. Returns the outputs of requests that progressed, finished or were aborted.
   absl::StatusOr<std::vector<RequestOutput>> Step();
   bool HasWork() const { return scheduler_->has_work() || !pending_aborts_.empty(); }

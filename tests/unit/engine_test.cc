@@ -259,6 +259,48 @@ TEST_P(EngineTest, RandomTrafficNeverLeaksBlocks) {
   EXPECT_EQ(e->stats().free_blocks, 24);
 }
 
+TEST_P(EngineTest, PrefillAndDecodeRoles) {
+  EngineRequest r;
+  r.id = "r";
+  r.prompt_token_ids = Prompt(21, 4);
+  r.params.temperature = 0;
+  r.params.max_tokens = 6;
+  r.params.ignore_eos = true;
+  auto combined = MakeEngine(64, 512, 0);
+  ASSERT_TRUE(combined->AddRequest(r).ok());
+  const auto expected = RunAll(combined.get()).at("r");
+
+  EngineOptions po;
+  po.block_size = 4;
+  po.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
+  po.scheduler.role = SchedulerRole::kPrefill;
+  auto prefill = Engine::Create(model_.get(), po).value();
+  ASSERT_TRUE(prefill->AddRequest(r).ok());
+  std::map<std::string, std::vector<RequestOutput>> outs;
+  const auto first = RunAll(prefill.get(), &outs).at("r");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(outs["r"].back().finish_reason, "prefill_done");
+  EXPECT_EQ(prefill->stats().free_blocks, 64 - 6);  // 21 prompt tokens in 6 blocks, kept
+  ASSERT_TRUE(prefill->Release("r").ok());
+  EXPECT_EQ(prefill->stats().free_blocks, 64);
+
+  // Decode role: reserve blocks for the arriving KV and admit the request with its first token.
+  // Moving the KV itself is the transport's job (service issue); here only the bookkeeping is
+  // checked: reservation, double reservation refused, admission, abort returning every block.
+  EngineOptions dopt = po;
+  dopt.scheduler.role = SchedulerRole::kDecode;
+  auto decode = Engine::Create(model_.get(), dopt).value();
+  auto table = decode->Reserve("r", 21);
+  ASSERT_TRUE(table.ok());
+  EXPECT_EQ(table->size(), 6u);
+  EXPECT_EQ(decode->Reserve("r", 21).status().code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(decode->AdmitPrefilled(r, first[0]).ok());
+  EXPECT_EQ(expected[0], first[0]);
+  decode->Abort("r").IgnoreError();
+  RunAll(decode.get());
+  EXPECT_EQ(decode->stats().free_blocks, 64);
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, EngineTest,
                          ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"),
                          [](const auto& info) {
