@@ -58,6 +58,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   return e;
 }
 
+absl::Status Engine::ValidateParams(const EngineRequest& req) const {
+  SamplingLimits limits;
+  limits.vocab_size = model_->config().vocab_size;
+  limits.max_model_len = options_.scheduler.max_model_len;
+  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
+  limits.max_logprobs = options_.max_logprobs;
+  return req.params.Validate(limits);
+}
+
 absl::Status Engine::AddRequest(EngineRequest req) {
   const ModelConfig& c = model_->config();
   if (req.id.empty()) return absl::InvalidArgumentError("request id must not be empty");
@@ -72,12 +81,7 @@ absl::Status Engine::AddRequest(EngineRequest req) {
                                                      " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
-  SamplingLimits limits;
-  limits.vocab_size = c.vocab_size;
-  limits.max_model_len = options_.scheduler.max_model_len;
-  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
-  limits.max_logprobs = options_.max_logprobs;
-  RETURN_IF_ERROR(req.params.Validate(limits));
+  RETURN_IF_ERROR(ValidateParams(req));
 
   auto r = std::make_unique<SchedRequest>();
   r->id = req.id;
@@ -111,12 +115,7 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   if (first_token < 0 || first_token >= c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
   }
-  SamplingLimits limits;
-  limits.vocab_size = c.vocab_size;
-  limits.max_model_len = options_.scheduler.max_model_len;
-  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
-  limits.max_logprobs = options_.max_logprobs;
-  RETURN_IF_ERROR(req.params.Validate(limits));
+  RETURN_IF_ERROR(ValidateParams(req));
   auto r = std::make_unique<SchedRequest>();
   r->id = req.id;
   r->token_ids = req.prompt_token_ids;

@@ -94,6 +94,7 @@ class Engine {
   };
   Engine() = default;
   void FinishRequest(const std::string& id);
+  absl::Status ValidateParams(const EngineRequest& req) const;
 
   LlamaModel* model_ = nullptr;
   EngineOptions options_;
