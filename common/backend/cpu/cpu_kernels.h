@@ -11,7 +11,7 @@ namespace tandem::cpu {
 // Returns sum_i x[i] * w[i] with w of type `dtype`.
 float Dot(const float* x, const void* w, DType dtype, int64_t n);
 // out[r] = Dot(x[r], w, dtype, n) for `rows` activation rows, bit-identical to calling Dot on each
-// (the weight row is loaded once per group of four).
+// (the weight row is loaded once per group of four or eight rows).
 void DotRows(const float* const* x, int rows, const void* w, DType dtype, int64_t n, float* out);
 // Converts n elements of type `dtype` to f32.
 void ToF32(const void* src, DType dtype, float* dst, int64_t n);
