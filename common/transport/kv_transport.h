@@ -1,0 +1,54 @@
+// KV-cache transfer between a prefill worker (sender) and a decode worker (receiver).
+//
+// The decode worker reserves blocks for a request and Expect()s its transfer; the prefill worker
+// sends each layer's KV blocks as soon as that layer is computed (SendLayer), then End() with the
+// first sampled token, which returns once the receiver acknowledged the whole transfer. The
+// receiver's Wait() then yields the first token: the sequence can be admitted. Model fingerprint and
+// cache geometry are checked at connection time: a mismatch is an error, never garbage KV. Every
+// wait has a timeout; a dead peer fails the transfer with UNAVAILABLE or DEADLINE_EXCEEDED and
+// never hangs a thread. KV bytes never pass through the router.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/backend/kv_cache_storage.h"
+
+namespace tandem {
+
+// What both ends must agree on.
+struct KvEndpointInfo {
+  std::string model_fingerprint;
+  KvCacheGeometry geometry;  // num_blocks may differ between the two ends
+};
+
+// Empty when compatible, else the reason.
+std::string KvIncompatibility(const KvEndpointInfo& sender, const KvEndpointInfo& receiver);
+
+class KvSender {
+ public:
+  virtual ~KvSender() = default;
+  virtual absl::Status Begin(const std::string& request_id, int64_t num_tokens) = 0;
+  // Sends layer `layer` of `src_blocks` (the sender's block table for the request) from `storage`.
+  virtual absl::Status SendLayer(const std::string& request_id, int32_t layer,
+                                 const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) = 0;
+  // Ends the transfer with the first token and waits for the receiver's acknowledgement.
+  virtual absl::Status End(const std::string& request_id, int32_t first_token) = 0;
+};
+
+class KvReceiver {
+ public:
+  virtual ~KvReceiver() = default;
+  // The next transfer of `request_id` lands in `dst_blocks` of the receiver's storage.
+  virtual absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) = 0;
+  // The first token once every layer of the transfer arrived; DEADLINE_EXCEEDED after `timeout`,
+  // UNAVAILABLE when the sender failed. The reservation is forgotten either way.
+  virtual absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) = 0;
+  // Forgets a reservation (cancelled request); data still arriving for it is discarded.
+  virtual void Cancel(const std::string& request_id) = 0;
+};
+
+}  // namespace tandem

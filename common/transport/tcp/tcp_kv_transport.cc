@@ -1,0 +1,426 @@
+#include "common/transport/tcp/tcp_kv_transport.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "tandem/v1/kv_transfer.pb.h"
+
+namespace tandem {
+namespace {
+
+enum FrameType : uint8_t {
+  kHandshake = 1,
+  kHandshakeReply = 2,
+  kBegin = 3,
+  kLayerHeader = 4,
+  kLayerPayload = 5,
+  kEnd = 6,
+  kAck = 7,
+};
+constexpr uint32_t kMaxControlFrame = 1 << 20;
+constexpr uint64_t kMaxPayloadFrame = uint64_t{1} << 32;
+
+absl::Status IoError(const char* what) {
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    return absl::DeadlineExceededError(absl::StrCat("KV transfer: ", what, " timed out"));
+  }
+  return absl::UnavailableError(absl::StrCat("KV transfer: ", what, ": ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return IoError("send");
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadAll(int fd, void* data, size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r == 0) return absl::UnavailableError("KV transfer: peer closed the connection");
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return IoError("recv");
+    }
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendFrame(int fd, FrameType type, const void* data, size_t n) {
+  unsigned char header[5];
+  const uint32_t len = static_cast<uint32_t>(n);
+  std::memcpy(header, &len, 4);
+  header[4] = type;
+  RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header)));
+  return WriteAll(fd, data, n);
+}
+
+absl::Status SendMessage(int fd, FrameType type, const google::protobuf::MessageLite& m) {
+  const std::string bytes = m.SerializeAsString();
+  return SendFrame(fd, type, bytes.data(), bytes.size());
+}
+
+// Reads a frame header: its type and payload length.
+absl::Status ReadHeader(int fd, FrameType* type, uint32_t* len) {
+  unsigned char header[5];
+  RETURN_IF_ERROR(ReadAll(fd, header, sizeof(header)));
+  std::memcpy(len, header, 4);
+  *type = static_cast<FrameType>(header[4]);
+  return absl::OkStatus();
+}
+
+absl::Status ReadMessage(int fd, FrameType expected, google::protobuf::MessageLite* m) {
+  FrameType type;
+  uint32_t len;
+  RETURN_IF_ERROR(ReadHeader(fd, &type, &len));
+  if (type != expected || len > kMaxControlFrame) {
+    return absl::DataLossError(absl::StrCat("KV transfer: expected frame ", expected, ", got ", type, " of ", len, " bytes"));
+  }
+  std::string bytes(len, '\0');
+  RETURN_IF_ERROR(ReadAll(fd, bytes.data(), len));
+  if (!m->ParseFromString(bytes)) return absl::DataLossError("KV transfer: malformed control message");
+  return absl::OkStatus();
+}
+
+void SetTimeouts(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+v1::KvGeometry ToProto(const KvCacheGeometry& g) {
+  v1::KvGeometry p;
+  p.set_num_layers(static_cast<int32_t>(g.num_layers));
+  p.set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
+  p.set_head_dim(static_cast<int32_t>(g.head_dim));
+  p.set_block_size(static_cast<int32_t>(g.block_size));
+  p.set_bytes_per_element(4);
+  return p;
+}
+
+}  // namespace
+
+std::string KvIncompatibility(const KvEndpointInfo& s, const KvEndpointInfo& r) {
+  if (s.model_fingerprint != r.model_fingerprint) {
+    return absl::StrCat("model fingerprint differs (sender ", s.model_fingerprint, ", receiver ", r.model_fingerprint, ")");
+  }
+  const KvCacheGeometry &a = s.geometry, &b = r.geometry;
+  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
+      a.block_size != b.block_size) {
+    return absl::StrCat("KV geometry differs (sender layers=", a.num_layers, " kv_heads=", a.num_kv_heads,
+                        " head_dim=", a.head_dim, " block_size=", a.block_size, "; receiver layers=", b.num_layers,
+                        " kv_heads=", b.num_kv_heads, " head_dim=", b.head_dim, " block_size=", b.block_size, ")");
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------- receiver
+
+absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(const Options& options) {
+  if (options.storage == nullptr) return absl::InvalidArgumentError("TcpKvReceiver needs a KV storage");
+  std::unique_ptr<TcpKvReceiver> r(new TcpKvReceiver(options));
+  r->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (r->listen_fd_ < 0) return IoError("socket");
+  int one = 1;
+  setsockopt(r->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(options.port));
+  if (inet_pton(AF_INET, options.host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("KV receiver: '", options.host, "' is not an IPv4 address"));
+  }
+  if (::bind(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) return IoError("bind");
+  if (::listen(r->listen_fd_, 64) < 0) return IoError("listen");
+  socklen_t len = sizeof(addr);
+  getsockname(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  r->port_ = ntohs(addr.sin_port);
+  r->accept_thread_ = std::thread([p = r.get()] { p->AcceptLoop(); });
+  return r;
+}
+
+TcpKvReceiver::~TcpKvReceiver() {
+  stopping_ = true;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  ::close(listen_fd_);
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int fd : connection_fds_) ::shutdown(fd, SHUT_RDWR);
+    threads.swap(connection_threads_);
+  }
+  for (auto& t : threads) t.join();
+}
+
+void TcpKvReceiver::AcceptLoop() {
+  while (!stopping_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    SetTimeouts(fd, options_.io_timeout);
+    absl::MutexLock lock(&mu_);
+    connection_fds_.push_back(fd);
+    connection_threads_.emplace_back([this, fd] { ServeConnection(fd); });
+  }
+}
+
+void TcpKvReceiver::Fail(const std::string& id, const std::string& error) {
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (it == transfers_.end() || it->second.done) return;
+  it->second.failed = true;
+  it->second.error = error;
+  changed_.SignalAll();
+}
+
+void TcpKvReceiver::ServeConnection(int fd) {
+  std::vector<std::string> open;  // transfers begun on this connection and not ended
+  auto finish = [&](const absl::Status& s) {
+    for (const std::string& id : open) Fail(id, std::string(s.message()));
+    ::close(fd);
+    absl::MutexLock lock(&mu_);
+    std::erase(connection_fds_, fd);
+  };
+  v1::KvHandshake hello;
+  if (absl::Status s = ReadMessage(fd, kHandshake, &hello); !s.ok()) return finish(s);
+  KvEndpointInfo sender;
+  sender.model_fingerprint = hello.model_fingerprint();
+  sender.geometry = {hello.geometry().num_layers(), 0, hello.geometry().block_size(), hello.geometry().num_kv_heads(),
+                     hello.geometry().head_dim()};
+  v1::KvHandshakeReply reply;
+  std::string why = KvIncompatibility(sender, options_.info);
+  if (hello.geometry().bytes_per_element() != 4) why = "only f32 KV is supported by the TCP transport";
+  reply.set_accepted(why.empty());
+  reply.set_reason(why);
+  if (absl::Status s = SendMessage(fd, kHandshakeReply, reply); !s.ok() || !why.empty()) {
+    return finish(absl::FailedPreconditionError(why));
+  }
+  const KvCacheGeometry& g = options_.storage->geometry();
+  const size_t block_floats = static_cast<size_t>(g.elements_per_block());
+  std::vector<float> payload;
+  while (!stopping_) {
+    FrameType type;
+    uint32_t len;
+    if (absl::Status s = ReadHeader(fd, &type, &len); !s.ok()) return finish(s);
+    if (type == kBegin || type == kEnd || type == kLayerHeader) {
+      if (len > kMaxControlFrame) return finish(absl::DataLossError("oversized control frame"));
+      std::string bytes(len, '\0');
+      if (absl::Status s = ReadAll(fd, bytes.data(), len); !s.ok()) return finish(s);
+      if (type == kBegin) {
+        v1::KvTransferBegin m;
+        if (!m.ParseFromString(bytes)) return finish(absl::DataLossError("malformed begin"));
+        open.push_back(m.request_id());
+        continue;
+      }
+      if (type == kEnd) {
+        v1::KvTransferEnd m;
+        if (!m.ParseFromString(bytes)) return finish(absl::DataLossError("malformed end"));
+        std::erase(open, m.request_id());
+        v1::KvTransferAck ack;
+        ack.set_request_id(m.request_id());
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = transfers_.find(m.request_id());
+          if (it == transfers_.end()) {
+            ack.set_error("no reservation (cancelled or never expected)");
+          } else if (it->second.failed) {
+            ack.set_error(it->second.error);
+          } else if (it->second.layers_received != g.num_layers) {
+            it->second.failed = true;
+            it->second.error = absl::StrCat("transfer ended after ", it->second.layers_received, " of ", g.num_layers, " layers");
+            ack.set_error(it->second.error);
+          } else {
+            it->second.done = true;
+            it->second.first_token = m.first_token();
+            ack.set_ok(true);
+          }
+          changed_.SignalAll();
+        }
+        if (absl::Status s = SendMessage(fd, kAck, ack); !s.ok()) return finish(s);
+        continue;
+      }
+      // Layer header, then its payload frame.
+      v1::KvLayerHeader h;
+      if (!h.ParseFromString(bytes)) return finish(absl::DataLossError("malformed layer header"));
+      FrameType ptype;
+      uint32_t plen;
+      if (absl::Status s = ReadHeader(fd, &ptype, &plen); !s.ok()) return finish(s);
+      if (ptype != kLayerPayload || plen != static_cast<uint64_t>(h.payload_bytes()) || plen % sizeof(float) != 0 ||
+          plen > kMaxPayloadFrame) {
+        return finish(absl::DataLossError("layer payload does not match its header"));
+      }
+      payload.resize(plen / sizeof(float));
+      if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
+      absl::MutexLock lock(&mu_);
+      auto it = transfers_.find(h.request_id());
+      if (it == transfers_.end() || it->second.failed || it->second.done) continue;  // discarded
+      Transfer& t = it->second;
+      if (h.layer() < 0 || h.layer() >= g.num_layers || h.num_blocks() != static_cast<int32_t>(t.blocks.size()) ||
+          payload.size() != 2 * t.blocks.size() * block_floats) {
+        t.failed = true;
+        t.error = absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(), " blocks does not fit the reservation of ",
+                               t.blocks.size(), " blocks");
+        changed_.SignalAll();
+        continue;
+      }
+      float* k = options_.storage->k() + h.layer() * g.elements_per_layer();
+      float* v = options_.storage->v() + h.layer() * g.elements_per_layer();
+      for (size_t b = 0; b < t.blocks.size(); ++b) {
+        std::memcpy(k + t.blocks[b] * block_floats, payload.data() + b * block_floats, block_floats * sizeof(float));
+        std::memcpy(v + t.blocks[b] * block_floats, payload.data() + (t.blocks.size() + b) * block_floats,
+                    block_floats * sizeof(float));
+      }
+      ++t.layers_received;
+    } else {
+      return finish(absl::DataLossError(absl::StrCat("unexpected frame type ", type)));
+    }
+  }
+  finish(absl::UnavailableError("receiver shutting down"));
+}
+
+absl::Status TcpKvReceiver::Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) {
+  const int64_t n = options_.storage->geometry().num_blocks;
+  for (int32_t b : dst_blocks) {
+    if (b < 0 || b >= n) return absl::InvalidArgumentError(absl::StrCat("block ", b, " outside the pool"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = transfers_.try_emplace(request_id);
+  if (!inserted) return absl::AlreadyExistsError(absl::StrCat("a transfer for \"", request_id, "\" is already expected"));
+  it->second.blocks = std::move(dst_blocks);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto it = transfers_.find(request_id);
+    if (it == transfers_.end()) return absl::NotFoundError(absl::StrCat("no transfer expected for \"", request_id, "\""));
+    if (it->second.done) {
+      const int32_t token = it->second.first_token;
+      transfers_.erase(it);
+      return token;
+    }
+    if (it->second.failed) {
+      const std::string error = it->second.error;
+      transfers_.erase(it);
+      return absl::UnavailableError(absl::StrCat("KV transfer of \"", request_id, "\" failed: ", error));
+    }
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+      transfers_.erase(request_id);
+      return absl::DeadlineExceededError(absl::StrCat("KV transfer of \"", request_id, "\" did not complete in time"));
+    }
+  }
+}
+
+void TcpKvReceiver::Cancel(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  transfers_.erase(request_id);
+  changed_.SignalAll();
+}
+
+// ---------------------------------------------------------------- sender
+
+absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::string& address, const KvEndpointInfo& info,
+                                                                  absl::Duration io_timeout) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("KV receiver address '", address, "' is not host:port"));
+  }
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints, &res) != 0 || !res) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", address));
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SetTimeouts(fd, io_timeout);
+  const int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  if (rc < 0) {
+    absl::Status s = IoError("connect");
+    ::close(fd);
+    return s;
+  }
+  std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info));
+  v1::KvHandshake hello;
+  hello.set_model_fingerprint(info.model_fingerprint);
+  *hello.mutable_geometry() = ToProto(info.geometry);
+  RETURN_IF_ERROR(SendMessage(fd, kHandshake, hello));
+  v1::KvHandshakeReply reply;
+  RETURN_IF_ERROR(ReadMessage(fd, kHandshakeReply, &reply));
+  if (!reply.accepted()) {
+    return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " refused: ", reply.reason()));
+  }
+  return sender;
+}
+
+TcpKvSender::~TcpKvSender() { ::close(fd_); }
+
+absl::Status TcpKvSender::Begin(const std::string& request_id, int64_t num_tokens) {
+  v1::KvTransferBegin m;
+  m.set_request_id(request_id);
+  m.set_num_tokens(num_tokens);
+  return SendMessage(fd_, kBegin, m);
+}
+
+absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer, const std::vector<int32_t>& src_blocks,
+                                    KvCacheStorage* storage) {
+  const KvCacheGeometry& g = storage->geometry();
+  if (layer < 0 || layer >= g.num_layers) return absl::InvalidArgumentError("layer out of range");
+  const size_t block_floats = static_cast<size_t>(g.elements_per_block());
+  staging_.resize(2 * src_blocks.size() * block_floats);
+  const float* k = storage->k() + layer * g.elements_per_layer();
+  const float* v = storage->v() + layer * g.elements_per_layer();
+  for (size_t b = 0; b < src_blocks.size(); ++b) {
+    if (src_blocks[b] < 0 || src_blocks[b] >= g.num_blocks) return absl::InvalidArgumentError("block out of range");
+    std::memcpy(staging_.data() + b * block_floats, k + src_blocks[b] * block_floats, block_floats * sizeof(float));
+    std::memcpy(staging_.data() + (src_blocks.size() + b) * block_floats, v + src_blocks[b] * block_floats,
+                block_floats * sizeof(float));
+  }
+  v1::KvLayerHeader h;
+  h.set_request_id(request_id);
+  h.set_layer(layer);
+  h.set_num_blocks(static_cast<int32_t>(src_blocks.size()));
+  h.set_payload_bytes(static_cast<int64_t>(staging_.size() * sizeof(float)));
+  RETURN_IF_ERROR(SendMessage(fd_, kLayerHeader, h));
+  return SendFrame(fd_, kLayerPayload, staging_.data(), staging_.size() * sizeof(float));
+}
+
+absl::Status TcpKvSender::End(const std::string& request_id, int32_t first_token) {
+  v1::KvTransferEnd m;
+  m.set_request_id(request_id);
+  m.set_first_token(first_token);
+  RETURN_IF_ERROR(SendMessage(fd_, kEnd, m));
+  v1::KvTransferAck ack;
+  RETURN_IF_ERROR(ReadMessage(fd_, kAck, &ack));
+  if (!ack.ok()) return absl::UnavailableError(absl::StrCat("KV receiver rejected \"", request_id, "\": ", ack.error()));
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,84 @@
+// The KV transport over TCP for host memory (CPU workers; on loopback in tests). Frames are
+// [u32 length][u8 type][payload]; control payloads are the protobuf messages of
+// proto/tandem/v1/kv_transfer.proto, layer payloads raw K then V blocks. Sockets carry send and
+// receive timeouts, so a silent peer fails the transfer instead of hanging a thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/transport/kv_transport.h"
+
+namespace tandem {
+
+class TcpKvReceiver final : public KvReceiver {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";
+    int port = 0;  // 0: any free port (see port())
+    KvCacheStorage* storage = nullptr;
+    KvEndpointInfo info;
+    absl::Duration io_timeout = absl::Seconds(10);
+  };
+  static absl::StatusOr<std::unique_ptr<TcpKvReceiver>> Create(const Options& options);
+  ~TcpKvReceiver() override;
+
+  int port() const { return port_; }
+  absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) override;
+  absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) override;
+  void Cancel(const std::string& request_id) override;
+
+ private:
+  struct Transfer {
+    std::vector<int32_t> blocks;
+    int layers_received = 0;
+    bool done = false;
+    bool failed = false;
+    std::string error;
+    int32_t first_token = -1;
+  };
+  explicit TcpKvReceiver(const Options& options) : options_(options) {}
+  void AcceptLoop();
+  void ServeConnection(int fd);
+  void Fail(const std::string& request_id, const std::string& error);
+
+  Options options_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  absl::flat_hash_map<std::string, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> connection_threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> connection_fds_ ABSL_GUARDED_BY(mu_);
+};
+
+class TcpKvSender final : public KvSender {
+ public:
+  // Connects to "host:port" and performs the handshake. FAILED_PRECONDITION when the receiver
+  // refuses the model or geometry; UNAVAILABLE / DEADLINE_EXCEEDED when it cannot be reached.
+  static absl::StatusOr<std::unique_ptr<TcpKvSender>> Connect(const std::string& address,
+                                                              const KvEndpointInfo& info,
+                                                              absl::Duration io_timeout);
+  ~TcpKvSender() override;
+
+  absl::Status Begin(const std::string& request_id, int64_t num_tokens) override;
+  absl::Status SendLayer(const std::string& request_id, int32_t layer,
+                         const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) override;
+  absl::Status End(const std::string& request_id, int32_t first_token) override;
+
+ private:
+  TcpKvSender(int fd, const KvEndpointInfo& info) : fd_(fd), info_(info) {}
+  int fd_;
+  KvEndpointInfo info_;
+  std::vector<float> staging_;  // [2][num_blocks][block elements]
+};
+
+}  // namespace tandem

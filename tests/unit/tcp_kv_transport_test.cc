@@ -1,0 +1,164 @@
+// The TCP KV transport on loopback: layer-by-layer transfer into reserved blocks, handshake
+// refusals, incomplete and cancelled transfers, dead and silent peers — all bounded in time.
+#include "common/transport/tcp/tcp_kv_transport.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TcpKvTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = CpuBackend::Create({}).value();
+    geometry_ = {/*num_layers=*/3, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2, /*head_dim=*/8};
+    src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
+    dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> dist(-1, 1);
+    const int64_t n = geometry_.num_layers * geometry_.elements_per_layer();
+    for (int64_t i = 0; i < n; ++i) {
+      src_->k()[i] = dist(rng);
+      src_->v()[i] = dist(rng);
+      dst_->k()[i] = dst_->v()[i] = 0.f;
+    }
+    info_ = {"model-A", geometry_};
+    receiver_ = TcpKvReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
+    address_ = absl::StrCat("127.0.0.1:", receiver_->port());
+  }
+
+  // True when dst block `d` of every layer holds src block `s` (K and V).
+  bool SameBlock(int32_t s, int32_t d) const {
+    const int64_t e = geometry_.elements_per_block();
+    for (int64_t l = 0; l < geometry_.num_layers; ++l) {
+      const int64_t base = l * geometry_.elements_per_layer();
+      for (int64_t i = 0; i < e; ++i) {
+        if (src_->k()[base + s * e + i] != dst_->k()[base + d * e + i]) return false;
+        if (src_->v()[base + s * e + i] != dst_->v()[base + d * e + i]) return false;
+      }
+    }
+    return true;
+  }
+  bool BlockIsZero(int32_t d) const {
+    const int64_t e = geometry_.elements_per_block();
+    for (int64_t l = 0; l < geometry_.num_layers; ++l) {
+      for (int64_t i = 0; i < e; ++i) {
+        if (dst_->k()[l * geometry_.elements_per_layer() + d * e + i] != 0.f) return false;
+      }
+    }
+    return true;
+  }
+
+  std::unique_ptr<CpuBackend> backend_;
+  KvCacheGeometry geometry_;
+  std::unique_ptr<KvCacheStorage> src_, dst_;
+  KvEndpointInfo info_;
+  std::unique_ptr<TcpKvReceiver> receiver_;
+  std::string address_;
+};
+
+TEST_F(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
+  ASSERT_TRUE(receiver_->Expect("r1", {5, 2, 7}).ok());
+  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2));
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE((*sender)->Begin("r1", 10).ok());
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
+  ASSERT_TRUE((*sender)->End("r1", 42).ok());
+  auto token = receiver_->Wait("r1", absl::Seconds(2));
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, 42);
+  EXPECT_TRUE(SameBlock(0, 5));
+  EXPECT_TRUE(SameBlock(1, 2));
+  EXPECT_TRUE(SameBlock(3, 7));
+  for (int32_t d : {0, 1, 3, 4, 6}) EXPECT_TRUE(BlockIsZero(d)) << d;
+  // The connection is reused for the next transfer.
+  ASSERT_TRUE(receiver_->Expect("r2", {0}).ok());
+  ASSERT_TRUE((*sender)->Begin("r2", 4).ok());
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r2", l, {6}, src_.get()).ok());
+  ASSERT_TRUE((*sender)->End("r2", 7).ok());
+  EXPECT_EQ(receiver_->Wait("r2", absl::Seconds(2)).value(), 7);
+  EXPECT_TRUE(SameBlock(6, 0));
+}
+
+TEST_F(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
+  KvEndpointInfo other = info_;
+  other.model_fingerprint = "model-B";
+  auto s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("fingerprint"));
+  other = info_;
+  other.geometry.head_dim = 16;
+  s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
+  EXPECT_THAT(s.status().message(), HasSubstr("geometry"));
+  EXPECT_EQ(TcpKvSender::Connect("127.0.0.1:1", info_, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(TcpKvSender::Connect("nonsense", info_, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
+  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());
+  absl::Status end = sender->End("r", 1);
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(end.message(), HasSubstr("1 of 3 layers"));
+  EXPECT_EQ(receiver_->Wait("r", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
+  ASSERT_TRUE(receiver_->Expect("r", {1, 2}).ok());
+  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  ASSERT_TRUE(sender->Begin("r", 12).ok());
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r", l, {0, 1, 2}, src_.get()).ok());
+  EXPECT_FALSE(sender->End("r", 1).ok());
+  auto w = receiver_->Wait("r", absl::Seconds(1));
+  EXPECT_THAT(w.status().message(), HasSubstr("does not fit the reservation"));
+  EXPECT_TRUE(BlockIsZero(1));
+}
+
+TEST_F(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
+  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  {
+    auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+    ASSERT_TRUE(sender->Begin("r", 4).ok());
+    ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());
+  }  // the sender goes away mid-transfer
+  const absl::Time t0 = absl::Now();
+  auto w = receiver_->Wait("r", absl::Seconds(5));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+}
+
+TEST_F(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
+  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  const absl::Time t0 = absl::Now();
+  EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(200)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+}
+
+TEST_F(TcpKvTransportTest, CancelledReservationDiscardsData) {
+  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  EXPECT_EQ(receiver_->Expect("r", {2}).code(), absl::StatusCode::kAlreadyExists);
+  receiver_->Cancel("r");
+  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r", l, {0}, src_.get()).ok());
+  absl::Status end = sender->End("r", 1);
+  EXPECT_THAT(end.message(), HasSubstr("no reservation"));
+  EXPECT_TRUE(BlockIsZero(1));
+  EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(10)).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tandem
