@@ -84,6 +84,10 @@ class Engine {
   bool HasWork() const { return scheduler_->has_work() || !pending_aborts_.empty(); }
   EngineStats stats() const;
   const KvCacheManager& kv() const { return *kv_; }
+  // The device memory of the KV cache, and a request's blocks in it (for KV transfer: the blocks
+  // of a handed-out request on a prefill engine, of a reservation on a decode engine).
+  KvCacheStorage* kv_storage() { return storage_.get(); }
+  const std::vector<int32_t>& block_table(const std::string& id) const { return kv_->BlockTable(id); }
 
  private:
   struct Sequence {
