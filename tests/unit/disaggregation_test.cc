@@ -12,6 +12,7 @@
 #include "common/model/random_model.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 #include "gtest/gtest.h"
+#include "tests/unit/tiny_models.h"
 
 namespace tandem {
 namespace {
@@ -19,14 +20,7 @@ namespace {
 class DisaggregationTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string dir = ::testing::TempDir() + "/tandem_disagg_" + GetParam();
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      RandomModelOptions o;
-      o.config = FindModelPreset(GetParam()).value().config;
-      o.out_dir = dir;
-      o.seed = 9;
-      ASSERT_TRUE(WriteRandomModel(o).ok());
-    }
+    const std::string dir = testing_util::TinyModel(GetParam(), 9);
     backend_ = CpuBackend::Create({}).value();
     model_ = LlamaModel::Load(dir, backend_.get()).value();
   }
@@ -119,13 +113,8 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
   EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyPresets, DisaggregationTest,
-                         ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) if (ch == '-') ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(TinyPresets, DisaggregationTest, testing_util::TinyPresets(),
+                         testing_util::PresetName);
 
 }  // namespace
 }  // namespace tandem

@@ -10,21 +10,12 @@
 #include "common/model/random_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/tiny_models.h"
 
 namespace tandem {
 namespace {
 
-std::string MakeModel(const std::string& preset) {
-  const std::string dir = ::testing::TempDir() + "/tandem_engine_" + preset;
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    RandomModelOptions o;
-    o.config = FindModelPreset(preset).value().config;
-    o.out_dir = dir;
-    o.seed = 3;
-    EXPECT_TRUE(WriteRandomModel(o).ok());
-  }
-  return dir;
-}
+std::string MakeModel(const std::string& preset) { return testing_util::TinyModel(preset, 3); }
 
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -301,13 +292,8 @@ TEST_P(EngineTest, PrefillAndDecodeRoles) {
   EXPECT_EQ(decode->stats().free_blocks, 64);
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyPresets, EngineTest,
-                         ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) if (ch == '-') ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(TinyPresets, EngineTest, testing_util::TinyPresets(),
+                         testing_util::PresetName);
 
 }  // namespace
 }  // namespace tandem

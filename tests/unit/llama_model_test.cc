@@ -15,6 +15,7 @@
 #include "common/model/random_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/tiny_models.h"
 
 namespace tandem {
 namespace {
@@ -26,17 +27,7 @@ using ::testing::HasSubstr;
 constexpr float kChunkTolerance = 2e-4f;
 
 std::string MakeModel(const std::string& preset, DType dtype = DType::kBF16) {
-  const std::string dir = ::testing::TempDir() + "/tandem_model_" + preset + "_" +
-                          std::string(DTypeName(dtype));
-  if (!fs::exists(dir + "/config.json")) {
-    RandomModelOptions o;
-    o.config = FindModelPreset(preset).value().config;
-    o.out_dir = dir;
-    o.seed = 7;
-    o.dtype = dtype;
-    EXPECT_TRUE(WriteRandomModel(o).ok());
-  }
-  return dir;
+  return testing_util::TinyModel(preset, 7, dtype);
 }
 
 std::vector<int32_t> RandomTokens(int n, int64_t vocab, uint32_t seed) {
@@ -181,13 +172,8 @@ TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {
   EXPECT_THAT(s.message(), HasSubstr("max_position_embeddings"));
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyPresets, ModelTest,
-                         ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (auto& ch : n) if (ch == '-') ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(TinyPresets, ModelTest, testing_util::TinyPresets(),
+                         testing_util::PresetName);
 
 TEST(RopeTest, Llama3ScalingBands) {
   ModelConfig c = FindModelPreset("tiny-llama").value().config;
