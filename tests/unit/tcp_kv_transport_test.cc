@@ -2,12 +2,19 @@
 // refusals, incomplete and cancelled transfers, dead and silent peers — all bounded in time.
 #include "common/transport/tcp/tcp_kv_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tandem/v1/kv_transfer.pb.h"
 
 namespace tandem {
 namespace {
@@ -158,6 +165,56 @@ TEST_F(TcpKvTransportTest, CancelledReservationDiscardsData) {
   EXPECT_THAT(end.message(), HasSubstr("no reservation"));
   EXPECT_TRUE(BlockIsZero(1));
   EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(10)).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Frames by hand, as a hostile or buggy peer would send them.
+void RawFrame(int fd, uint8_t type, const std::string& payload, uint32_t claimed_len) {
+  unsigned char header[5];
+  std::memcpy(header, &claimed_len, 4);
+  header[4] = type;
+  ASSERT_EQ(::send(fd, header, 5, MSG_NOSIGNAL), 5);
+  if (!payload.empty()) ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), static_cast<ssize_t>(payload.size()));
+}
+
+TEST_F(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations) {
+  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(receiver_->port()));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  v1::KvHandshake hello;
+  hello.set_model_fingerprint("model-A");
+  hello.mutable_geometry()->set_num_layers(3);
+  hello.mutable_geometry()->set_num_kv_heads(2);
+  hello.mutable_geometry()->set_head_dim(8);
+  hello.mutable_geometry()->set_block_size(4);
+  hello.mutable_geometry()->set_bytes_per_element(4);
+  const std::string h = hello.SerializeAsString();
+  RawFrame(fd, 1, h, static_cast<uint32_t>(h.size()));
+  unsigned char reply_header[5];
+  ASSERT_EQ(::recv(fd, reply_header, 5, MSG_WAITALL), 5);
+  uint32_t reply_len;
+  std::memcpy(&reply_len, reply_header, 4);
+  std::string reply(reply_len, '\0');
+  ASSERT_EQ(::recv(fd, reply.data(), reply_len, MSG_WAITALL), static_cast<ssize_t>(reply_len));
+  v1::KvTransferBegin begin;
+  begin.set_request_id("r");
+  RawFrame(fd, 3, begin.SerializeAsString(), static_cast<uint32_t>(begin.ByteSizeLong()));
+  v1::KvLayerHeader layer;
+  layer.set_request_id("r");
+  layer.set_layer(0);
+  layer.set_num_blocks(1);
+  layer.set_payload_bytes(int64_t{3} << 30);  // 3 GiB claimed
+  RawFrame(fd, 4, layer.SerializeAsString(), static_cast<uint32_t>(layer.ByteSizeLong()));
+  RawFrame(fd, 5, "", 3u << 30);
+  const absl::Time t0 = absl::Now();
+  auto w = receiver_->Wait("r", absl::Seconds(5));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(w.status().message(), HasSubstr("does not match"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  ::close(fd);
 }
 
 }  // namespace

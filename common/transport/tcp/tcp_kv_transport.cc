@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -29,7 +30,6 @@ enum FrameType : uint8_t {
   kAck = 7,
 };
 constexpr uint32_t kMaxControlFrame = 1 << 20;
-constexpr uint64_t kMaxPayloadFrame = uint64_t{1} << 32;
 
 absl::Status IoError(const char* what) {
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -263,24 +263,40 @@ void TcpKvReceiver::ServeConnection(int fd) {
         if (absl::Status s = SendMessage(fd, kAck, ack); !s.ok()) return finish(s);
         continue;
       }
-      // Layer header, then its payload frame.
+      // Layer header, then its payload frame. The payload size is checked against the header and
+      // the pool before anything is allocated: a hostile peer cannot make us allocate at will.
       v1::KvLayerHeader h;
       if (!h.ParseFromString(bytes)) return finish(absl::DataLossError("malformed layer header"));
       FrameType ptype;
       uint32_t plen;
       if (absl::Status s = ReadHeader(fd, &ptype, &plen); !s.ok()) return finish(s);
-      if (ptype != kLayerPayload || plen != static_cast<uint64_t>(h.payload_bytes()) || plen % sizeof(float) != 0 ||
-          plen > kMaxPayloadFrame) {
+      const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_floats * sizeof(float);
+      if (ptype != kLayerPayload || plen != static_cast<uint64_t>(h.payload_bytes()) || plen != expected ||
+          h.num_blocks() < 0 || h.num_blocks() > g.num_blocks) {
         return finish(absl::DataLossError("layer payload does not match its header"));
+      }
+      bool wanted;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = transfers_.find(h.request_id());
+        wanted = it != transfers_.end() && !it->second.failed && !it->second.done;
+      }
+      if (!wanted) {  // cancelled or unknown: drain the payload without keeping it
+        char scratch[1 << 16];
+        for (uint64_t left = plen; left > 0;) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
+          if (absl::Status s = ReadAll(fd, scratch, n); !s.ok()) return finish(s);
+          left -= n;
+        }
+        continue;
       }
       payload.resize(plen / sizeof(float));
       if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
       absl::MutexLock lock(&mu_);
       auto it = transfers_.find(h.request_id());
-      if (it == transfers_.end() || it->second.failed || it->second.done) continue;  // discarded
+      if (it == transfers_.end() || it->second.failed || it->second.done) continue;  // cancelled meanwhile
       Transfer& t = it->second;
-      if (h.layer() < 0 || h.layer() >= g.num_layers || h.num_blocks() != static_cast<int32_t>(t.blocks.size()) ||
-          payload.size() != 2 * t.blocks.size() * block_floats) {
+      if (h.layer() < 0 || h.layer() >= g.num_layers || h.num_blocks() != static_cast<int32_t>(t.blocks.size())) {
         t.failed = true;
         t.error = absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(), " blocks does not fit the reservation of ",
                                t.blocks.size(), " blocks");
