@@ -1,0 +1,80 @@
+// The worker registry with a fake clock: registration checks, liveness within the heartbeat
+// timeout, health-check failures, and role filtering.
+#include "router/worker_registry.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+class WorkerRegistryTest : public ::testing::Test {
+ protected:
+  WorkerRegistryTest()
+      : registry_({"model-A", absl::Seconds(3), [this] { return now_; }}) {}
+  WorkerRegistration Worker(const std::string& address, WorkerRole role) {
+    WorkerRegistration w;
+    w.address = address;
+    w.role = role;
+    w.model_fingerprint = "model-A";
+    w.num_layers = 2;
+    w.num_kv_heads = 4;
+    w.head_dim = 64;
+    w.block_size = 16;
+    w.total_blocks = 100;
+    return w;
+  }
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  WorkerRegistry registry_;
+};
+
+TEST_F(WorkerRegistryTest, LivenessFollowsHeartbeats) {
+  ASSERT_TRUE(registry_.Register(Worker("p1:1", WorkerRole::kPrefill)).ok());
+  ASSERT_TRUE(registry_.Register(Worker("d1:1", WorkerRole::kDecode)).ok());
+  EXPECT_EQ(registry_.num_live(WorkerRole::kPrefill), 1);
+  now_ += absl::Seconds(2);
+  ASSERT_TRUE(registry_.Heartbeat("d1:1", {1, 2, 40}).ok());
+  now_ += absl::Milliseconds(1500);  // p1 silent for 3.5 s, d1 for 1.5 s
+  EXPECT_EQ(registry_.num_live(WorkerRole::kPrefill), 0);
+  auto decode = registry_.Snapshot(WorkerRole::kDecode);
+  ASSERT_EQ(decode.size(), 1u);
+  EXPECT_TRUE(decode[0].healthy);
+  EXPECT_EQ(decode[0].free_blocks, 40);
+  EXPECT_EQ(decode[0].running, 2);
+  ASSERT_TRUE(registry_.Heartbeat("p1:1", {}).ok());  // heard again: back in service
+  EXPECT_EQ(registry_.num_live(WorkerRole::kPrefill), 1);
+}
+
+TEST_F(WorkerRegistryTest, FailedHealthCheckRemovesFromServiceUntilNextHeartbeat) {
+  ASSERT_TRUE(registry_.Register(Worker("d1:1", WorkerRole::kDecode)).ok());
+  registry_.MarkUnhealthy("d1:1");
+  EXPECT_EQ(registry_.num_live(WorkerRole::kDecode), 0);
+  ASSERT_TRUE(registry_.Heartbeat("d1:1", {}).ok());
+  EXPECT_EQ(registry_.num_live(WorkerRole::kDecode), 1);
+  registry_.Remove("d1:1");
+  EXPECT_TRUE(registry_.Snapshot(WorkerRole::kDecode).empty());
+  EXPECT_EQ(registry_.Heartbeat("d1:1", {}).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(WorkerRegistryTest, RefusesOtherModelsAndGeometries) {
+  auto w = Worker("p1:1", WorkerRole::kPrefill);
+  w.model_fingerprint = "model-B";
+  EXPECT_THAT(registry_.Register(w).message(), HasSubstr("model-B"));
+  ASSERT_TRUE(registry_.Register(Worker("p1:1", WorkerRole::kPrefill)).ok());
+  auto odd = Worker("d1:1", WorkerRole::kDecode);
+  odd.head_dim = 128;
+  EXPECT_EQ(registry_.Register(odd).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_.Register(Worker("", WorkerRole::kDecode)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkerRegistryTest, CombinedWorkersServeBothRoles) {
+  ASSERT_TRUE(registry_.Register(Worker("c1:1", WorkerRole::kCombined)).ok());
+  ASSERT_TRUE(registry_.Register(Worker("p1:1", WorkerRole::kPrefill)).ok());
+  EXPECT_EQ(registry_.Snapshot(WorkerRole::kPrefill).size(), 2u);
+  EXPECT_EQ(registry_.Snapshot(WorkerRole::kDecode).size(), 1u);
+}
+
+}  // namespace
+}  // namespace tandem::router
