@@ -183,6 +183,15 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       }
     }
   }
+  if (layer_listener_) {
+    std::vector<std::string> completed;
+    for (const ScheduledChunk& ch : step.chunks) {
+      if (ch.samples && ch.request->num_output_tokens() == 0) completed.push_back(ch.request->id);
+    }
+    if (!completed.empty()) {
+      in.on_layer_done = [this, completed](int64_t layer) { layer_listener_(layer, completed); };
+    }
+  }
   std::vector<float> logits;
   RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits));
   ++steps_;

@@ -5,6 +5,7 @@
 // caller drives Step() (a service wraps it in its own thread).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,6 +77,11 @@ class Engine {
   // with its KV blocks kept for the transfer; Release() returns them. Decode role: Reserve()
   // blocks for arriving KV, then AdmitPrefilled() the request (prompt + first token).
   absl::Status Release(const std::string& id);
+  // Prefill role: called during Step() after each layer's KV is written, with the requests whose
+  // prompt that step completes (their layer is then final and can be sent while the next layer
+  // computes). Runs on the stepping thread; keep it short or hand the work to a transfer thread.
+  using LayerListener = std::function<void(int64_t layer, const std::vector<std::string>& completed_ids)>;
+  void set_layer_listener(LayerListener listener) { layer_listener_ = std::move(listener); }
   absl::StatusOr<std::vector<int32_t>> Reserve(const std::string& id, int64_t num_tokens);
   absl::Status AdmitPrefilled(EngineRequest request, int32_t first_token);
 
@@ -109,6 +115,7 @@ class Engine {
   std::vector<std::string> pending_aborts_;
   std::vector<int32_t> eos_ids_;
   SamplingWorkspace workspace_;
+  LayerListener layer_listener_;
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;
 };

@@ -285,6 +285,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv,
     b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads,
             c.head_dim);
     b->PagedAttention(q, k, v, kv->k(), kv->v(), g, l, md, c.num_attention_heads, scale, attn);
+    if (in.on_layer_done) in.on_layer_done(l);
     b->Linear(attn, n, w.o, nullptr, h);
     b->Add(x, h, n * hidden);
     b->RmsNorm(x, w.post_norm, eps, n, hidden, h);

@@ -7,6 +7,7 @@
 // A LlamaModel is used by one thread at a time.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct ForwardInput {
   std::vector<int32_t> token_ids;     // [num_tokens], sequences concatenated in order
   std::vector<SequenceStep> seqs;
   std::vector<int32_t> logits_rows;   // rows of token_ids whose next-token logits are returned
+  // Called after layer l's KV for this step is written (before layer l+1 runs): a prefill worker
+  // sends the layer then, overlapping the transfer with the rest of the forward pass.
+  std::function<void(int64_t layer)> on_layer_done;
 };
 
 class LlamaModel {

@@ -3,6 +3,7 @@
 // reserved; the decode engine admits each request with its first token and finishes it. Outputs must
 // be token-identical to the combined engine, and every block returns to both pools.
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,63 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
   }
   for (const auto& r : reqs) EXPECT_EQ(got[r.id], expected[r.id]) << r.id;
   EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
+  EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+}
+
+TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
+  // Each layer of a request whose prompt completes in a step is sent as soon as the forward pass
+  // has written it (before the next layer runs), not after the step.
+  EngineRequest r;
+  r.id = "r";
+  r.prompt_token_ids.resize(29);
+  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) r.prompt_token_ids[i] = static_cast<int32_t>((i * 37) % 500);
+  r.params.temperature = 0;
+  r.params.ignore_eos = true;
+  r.params.max_tokens = 5;
+  auto combined = MakeEngine(SchedulerRole::kCombined);
+  ASSERT_TRUE(combined->AddRequest(r).ok());
+  std::vector<int32_t> expected;
+  while (combined->HasWork()) {
+    const std::vector<RequestOutput> outs = combined->Step().value();
+    for (const auto& o : outs) expected.insert(expected.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+
+  auto prefill = MakeEngine(SchedulerRole::kPrefill);
+  auto decode = MakeEngine(SchedulerRole::kDecode);
+  const KvEndpointInfo info{"tiny", model_->KvGeometry(0, 4)};
+  auto receiver = TcpKvReceiver::Create({"127.0.0.1", 0, decode->kv_storage(), info, absl::Seconds(5)}).value();
+  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(5)).value();
+  auto blocks = decode->Reserve("r", 29);
+  ASSERT_TRUE(blocks.ok());
+  ASSERT_TRUE(receiver->Expect("r", *blocks).ok());
+  std::vector<int64_t> layers_sent;
+  prefill->set_layer_listener([&](int64_t layer, const std::vector<std::string>& ids) {
+    for (const std::string& id : ids) {
+      if (layer == 0) ASSERT_TRUE(sender->Begin(id, 29).ok());
+      ASSERT_TRUE(sender->SendLayer(id, static_cast<int32_t>(layer), prefill->block_table(id), prefill->kv_storage()).ok());
+      layers_sent.push_back(layer);
+    }
+  });
+  ASSERT_TRUE(prefill->AddRequest(r).ok());
+  std::vector<int32_t> got;
+  while (prefill->HasWork()) {
+    const std::vector<RequestOutput> outs = prefill->Step().value();
+    for (const auto& o : outs) {
+      if (o.finish_reason != "prefill_done") continue;
+      ASSERT_TRUE(sender->End(o.id, o.new_token_ids[0]).ok());
+      ASSERT_TRUE(prefill->Release(o.id).ok());
+      got.push_back(receiver->Wait(o.id, absl::Seconds(5)).value());
+      ASSERT_TRUE(decode->AdmitPrefilled(r, got[0]).ok());
+    }
+  }
+  std::vector<int64_t> all_layers(model_->config().num_hidden_layers);
+  std::iota(all_layers.begin(), all_layers.end(), 0);
+  EXPECT_EQ(layers_sent, all_layers);  // one send per layer, in order, during the completing step
+  while (decode->HasWork()) {
+    const std::vector<RequestOutput> outs = decode->Step().value();
+    for (const auto& o : outs) got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+  }
+  EXPECT_EQ(got, expected);
   EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
 }
 
