@@ -82,19 +82,6 @@ json EntryToJson(const LogprobEntry& e) {
   return {{"token_id", e.token_id}, {"logprob", e.logprob}, {"rank", e.rank}, {"top", top}};
 }
 
-// "1,2,3" → ids; INVALID_ARGUMENT naming `flag` for a piece that is not an integer.
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std::string& text) {
-  std::vector<int32_t> ids;
-  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int32_t id;
-    if (!absl::SimpleAtoi(piece, &id)) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", piece, "' is not an integer"));
-    }
-    ids.push_back(id);
-  }
-  return ids;
-}
-
 // "id:bias,id:bias" → logit biases.
 absl::StatusOr<std::vector<LogitBias>> ParseLogitBias(const std::string& text) {
   std::vector<LogitBias> biases;
@@ -260,6 +247,18 @@ absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", piece, "' is not an integer token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
 
 int GenerateCommand() {
   using Clock = std::chrono::steady_clock;

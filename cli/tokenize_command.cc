@@ -102,19 +102,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer() {
   return Tokenizer::Load(model);
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
-  std::vector<int32_t> ids;
-  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int32_t id;
-    if (!absl::SimpleAtoi(piece, &id)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--ids: '", piece, "' is not an integer token id"));
-    }
-    ids.push_back(id);
-  }
-  return ids;
-}
-
 absl::StatusOr<std::vector<int32_t>> IdsFromJson(const json& j, const std::string& where) {
   if (!j.is_array())
     return absl::InvalidArgumentError(absl::StrCat(where, ": expected an array of ids"));
@@ -180,7 +167,7 @@ absl::Status Detokenize() {
   RETURN_IF_ERROR(RequireExactlyOne({{"--ids", !ids_flag.empty()}, {"--jsonl", !jsonl.empty()}}));
   std::vector<int32_t> ids;
   if (!ids_flag.empty()) {  // parsed before the (slower) load
-    ASSIGN_OR_RETURN(ids, ParseIds(ids_flag));
+    ASSIGN_OR_RETURN(ids, ParseIds("--ids", ids_flag));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer());
   const bool skip_special = absl::GetFlag(FLAGS_skip_special_tokens);

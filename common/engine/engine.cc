@@ -162,7 +162,9 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   ForwardInput in;
   struct RowUse {
     size_t chunk;
-    int64_t position;  // absolute position of the token in its sequence
+    int64_t position;    // absolute position of the token in its sequence
+    bool prompt_logprob;  // gives the distribution of prompt token position + 1
+    bool sample;          // the chunk's last row: the next token is sampled from it
   };
   std::vector<RowUse> rows;
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
@@ -179,7 +181,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       const bool sample_row = ch.samples && p == end - 1;
       if (prompt_row || sample_row) {
         in.logits_rows.push_back(static_cast<int32_t>(row0 + (p - begin)));
-        rows.push_back({ci, p});
+        rows.push_back({ci, p, prompt_row, sample_row});
       }
     }
   }
@@ -215,11 +217,11 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     Sequence& seq = sequences_.at(r->id);
     const float* row = logits.data() + k * vocab;
     const int64_t p = rows[k].position;
-    if (seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len && p + 1 >= seq.prompt_logprobs_sent_until) {
+    if (rows[k].prompt_logprob) {
       seq.prompt_logprobs[p + 1] = ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
       if (p + 2 == r->prompt_len) seq.prompt_logprobs_sent_until = r->prompt_len;
     }
-    if (ch.samples && p == r->num_computed_tokens + ch.num_new_tokens - 1 && seq.params.max_tokens == 0) {
+    if (rows[k].sample && seq.params.max_tokens == 0) {
       // Prompt only (max_tokens 0): the prompt is evaluated, nothing is sampled.
       RequestOutput& o = output_for(r->id);
       if (seq.params.prompt_logprobs >= 0) o.prompt_logprobs = seq.prompt_logprobs;
@@ -227,7 +229,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       o.finished = true;
       o.finish_reason = "length";
       prompt_only.push_back(r->id);
-    } else if (ch.samples && p == r->num_computed_tokens + ch.num_new_tokens - 1) {
+    } else if (rows[k].sample) {
       const int32_t token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
       seq.sampler->Accept(token);
       sampled[r->id] = token;

@@ -17,8 +17,12 @@ absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(const Opt
 KvCacheManager::KvCacheManager(const Options& o)
     : block_size_(o.block_size), salt_(o.cache_salt), pool_(o.num_blocks, o.enable_prefix_caching) {}
 
-uint64_t KvCacheManager::BlockHash(uint64_t parent, const std::vector<int32_t>& tokens, int64_t block) const {
-  return HashBlock(parent, tokens.data() + block * block_size_, block_size_, salt_);
+BlockKey KvCacheManager::MakeKey(uint64_t parent, const std::vector<int32_t>& tokens, int64_t block) const {
+  BlockKey key;
+  key.hash = HashBlock(parent, tokens.data() + block * block_size_, block_size_, salt_);
+  key.parent_hash = parent;
+  key.token_ids.assign(tokens.begin() + block * block_size_, tokens.begin() + (block + 1) * block_size_);
+  return key;
 }
 
 KvCacheManager::CacheHit KvCacheManager::FindCachedPrefix(const std::vector<int32_t>& token_ids) {
@@ -30,10 +34,7 @@ KvCacheManager::CacheHit KvCacheManager::FindCachedPrefix(const std::vector<int3
   const int64_t max_blocks = (n - 1) / block_size_;
   uint64_t parent = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {
-    BlockKey key;
-    key.hash = BlockHash(parent, token_ids, b);
-    key.parent_hash = parent;
-    key.token_ids.assign(token_ids.begin() + b * block_size_, token_ids.begin() + (b + 1) * block_size_);
+    const BlockKey key = MakeKey(parent, token_ids, b);
     auto found = pool_.Lookup(key);
     if (!found) break;
     hit.blocks.push_back(*found);
@@ -75,10 +76,7 @@ void KvCacheManager::CacheComputedBlocks(const std::string& id, const std::vecto
   const int64_t full = std::min<int64_t>(num_computed_tokens / block_size_, static_cast<int64_t>(r.blocks.size()));
   for (int64_t b = static_cast<int64_t>(r.hashes.size()); b < full; ++b) {
     const uint64_t parent = b == 0 ? 0 : r.hashes[b - 1];
-    BlockKey key;
-    key.hash = BlockHash(parent, token_ids, b);
-    key.parent_hash = parent;
-    key.token_ids.assign(token_ids.begin() + b * block_size_, token_ids.begin() + (b + 1) * block_size_);
+    BlockKey key = MakeKey(parent, token_ids, b);
     r.hashes.push_back(key.hash);
     pool_.Cache(r.blocks[b], std::move(key));
   }

@@ -69,7 +69,8 @@ class KvCacheManager {
     std::vector<int32_t> blocks;
     std::vector<uint64_t> hashes;  // of the leading full blocks already cached / hashed
   };
-  uint64_t BlockHash(uint64_t parent, const std::vector<int32_t>& tokens, int64_t block) const;
+  // The identity of full block `block` of `tokens` under `parent`.
+  BlockKey MakeKey(uint64_t parent, const std::vector<int32_t>& tokens, int64_t block) const;
 
   int32_t block_size_;
   uint64_t salt_;

@@ -150,17 +150,7 @@ class Replace final : public Decoder {
   Replace(std::unique_ptr<Regex> pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
   std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
-    for (std::string& t : tokens) {
-      std::string out;
-      size_t last = 0;
-      for (auto [b, e] : pattern_->FindAll(t)) {
-        out.append(t, last, b - last);
-        out += content_;
-        last = e;
-      }
-      out.append(t, last, std::string::npos);
-      t = std::move(out);
-    }
+    for (std::string& t : tokens) t = pattern_->ReplaceAll(t, content_);
     return tokens;
   }
 

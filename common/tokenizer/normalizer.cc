@@ -70,17 +70,7 @@ class Replace final : public Normalizer {
  public:
   Replace(std::unique_ptr<Regex> pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  std::string Normalize(std::string s) const override {
-    std::string out;
-    size_t last = 0;
-    for (auto [b, e] : pattern_->FindAll(s)) {
-      out.append(s, last, b - last);
-      out += content_;
-      last = e;
-    }
-    out.append(s, last, std::string::npos);
-    return out;
-  }
+  std::string Normalize(std::string s) const override { return pattern_->ReplaceAll(s, content_); }
 
  private:
   std::unique_ptr<Regex> pattern_;

@@ -82,4 +82,16 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
   return out;
 }
 
+std::string Regex::ReplaceAll(std::string_view text, std::string_view replacement) const {
+  std::string out;
+  size_t last = 0;
+  for (auto [b, e] : FindAll(text)) {
+    out.append(text.substr(last, b - last));
+    out.append(replacement);
+    last = e;
+  }
+  out.append(text.substr(last));
+  return out;
+}
+
 }  // namespace tandem

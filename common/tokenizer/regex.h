@@ -26,6 +26,8 @@ class Regex {
   // Non-overlapping matches [begin, end) left to right (empty matches skipped). `text` must be
   // valid UTF-8.
   std::vector<std::pair<size_t, size_t>> FindAll(std::string_view text) const;
+  // `text` with every match (as FindAll finds them) replaced by `replacement`.
+  std::string ReplaceAll(std::string_view text, std::string_view replacement) const;
   const std::string& pattern() const { return pattern_; }
 
  private:
