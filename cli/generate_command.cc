@@ -17,10 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "cli/generate_support.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/sampling_params.h"
+#include "common/serving/engine_flags.h"
+#include "common/base/status_macros.h"
 #include "common/tokenizer/incremental_detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -58,21 +61,9 @@ ABSL_FLAG(std::string, batch_file, "",
           "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": [...]}, "
           "optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"seed\", "
           "\"ignore_eos\"; other sampling flags apply to all)");
-ABSL_FLAG(int64_t, prefill_chunk, 0, "generate: alias of --max-prefill-chunk");
-ABSL_FLAG(int64_t, max_prefill_chunk, 512,
-          "engine: prompt tokens of one request per step (chunked prefill; 0 = whole prompt)");
-ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "engine: token budget of one step");
-ABSL_FLAG(int64_t, max_num_seqs, 128, "engine: sequences in one step");
-ABSL_FLAG(int64_t, max_queued_requests, 1024, "engine: waiting requests beyond which new ones are refused");
-ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
-ABSL_FLAG(std::string, kv_cache_memory, "0",
-          "engine: bytes of KV cache, e.g. 512M or 2G (0 = room for 8 sequences of max_model_len)");
-ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
-ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(bool, json, false, "generate, tokenize, detokenize: print JSON instead of text");
 
 namespace tandem::cli {
-namespace {
 
 using nlohmann::json;
 
@@ -98,32 +89,14 @@ absl::StatusOr<std::vector<LogitBias>> ParseLogitBias(const std::string& text) {
   return biases;
 }
 
-// "512M", "2G", "1048576" → bytes.
-absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
-  std::string digits = text;
-  int64_t scale = 1;
-  if (!digits.empty()) {
-    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
-    if (unit == 'K' || unit == 'M' || unit == 'G') {
-      scale = unit == 'K' ? (1 << 10) : unit == 'M' ? (1 << 20) : (int64_t{1} << 30);
-      digits.pop_back();
-    }
-  }
-  int64_t v;
-  if (!absl::SimpleAtoi(digits, &v) || v < 0 || v > (int64_t{1} << 50) / scale) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-memory: '", text, "' is not a size like 512M or 2G"));
-  }
-  return v * scale;
-}
-
-int Fail(const absl::Status& s) {
+int GenerateFail(const absl::Status& s) {
   std::fprintf(stderr, "tandem generate: %s\n", std::string(s.message()).c_str());
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-}  // namespace
-
 namespace {
+int Fail(const absl::Status& s) { return GenerateFail(s); }
+}  // namespace
 
 // Sampling parameters from the flags (the defaults of every request).
 absl::StatusOr<SamplingParams> ParamsFromFlags() {
@@ -150,38 +123,16 @@ absl::StatusOr<SamplingParams> ParamsFromFlags() {
   return p;
 }
 
+namespace {
+
 absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const ModelConfig& config) {
-  EngineOptions o;
-  o.block_size = absl::GetFlag(FLAGS_block_size);
-  auto memory = ParseBytes(absl::GetFlag(FLAGS_kv_cache_memory));
-  if (!memory.ok()) return memory.status();
-  o.kv_cache_memory = *memory;
-  o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
-  SchedulerConfig& sc = o.scheduler;
-  sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
-  sc.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  sc.max_prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
-                                                               : absl::GetFlag(FLAGS_max_prefill_chunk);
-  sc.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  sc.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  ASSIGN_OR_RETURN(EngineOptions o, tandem::EngineOptionsFromFlags());
   // Whole distributions are allowed here: the conformance tests compare them against llama.cpp.
   o.max_logprobs = static_cast<int32_t>(std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
   return o;
 }
 
-// Everything one request produced, gathered from the engine's step outputs.
-struct Collected {
-  std::vector<int32_t> prompt_token_ids;
-  std::vector<int32_t> token_ids;
-  std::vector<LogprobEntry> logprobs;
-  std::optional<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;
-  std::string finish_reason;
-  int64_t num_cached_tokens = 0;
-  std::optional<IncrementalDetokenizer> detokenizer;
-  std::string text;
-  double first_token_seconds = 0;
-  double finish_seconds = 0;
-};
+}  // namespace
 
 json ResultJson(const Collected& c, const SamplingParams& p) {
   json out;
@@ -208,7 +159,8 @@ json ResultJson(const Collected& c, const SamplingParams& p) {
 
 // Reads --batch-file: one request per line.
 absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile(
-    const std::string& path, const SamplingParams& defaults, const Tokenizer* tokenizer) {
+    const std::string& path, const SamplingParams& defaults, const Tokenizer* tokenizer,
+    std::map<std::string, std::vector<std::string>>* stops) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::vector<std::pair<EngineRequest, std::string>> out;
@@ -224,9 +176,9 @@ absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile
     std::string prompt_text;
     try {
       if (j.contains("prompt") && j["prompt"].is_string()) {
-        if (tokenizer == nullptr) return absl::InvalidArgumentError(where + "\"prompt\" needs the model's tokenizer.json");
         prompt_text = j["prompt"].get<std::string>();
-        r.prompt_token_ids = tokenizer->Encode(prompt_text, /*add_special_tokens=*/true);
+        // Without a tokenizer (a remote server tokenizes), the text travels as it is.
+        if (tokenizer != nullptr) r.prompt_token_ids = tokenizer->Encode(prompt_text, /*add_special_tokens=*/true);
       } else if (j.contains("token_ids") && j["token_ids"].is_array()) {
         r.prompt_token_ids = j["token_ids"].get<std::vector<int32_t>>();
       } else {
@@ -238,6 +190,8 @@ absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile
       if (j.contains("top_k")) r.params.top_k = j["top_k"].get<int32_t>();
       if (j.contains("seed")) r.params.seed = j["seed"].get<uint64_t>();
       if (j.contains("ignore_eos")) r.params.ignore_eos = j["ignore_eos"].get<bool>();
+      if (j.contains("logprobs")) r.params.logprobs = j["logprobs"].get<int32_t>();
+      if (j.contains("stop")) stops->emplace(r.id, j["stop"].get<std::vector<std::string>>());
     } catch (const json::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(where, "bad field: ", e.what()));
     }
@@ -245,8 +199,6 @@ absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile
   }
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std::string& text) {
   std::vector<int32_t> ids;
@@ -261,6 +213,7 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std
 }
 
 int GenerateCommand() {
+  if (!absl::GetFlag(FLAGS_server).empty()) return RemoteGenerateCommand();
   using Clock = std::chrono::steady_clock;
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
@@ -284,7 +237,8 @@ int GenerateCommand() {
 
   std::vector<std::pair<EngineRequest, std::string>> requests;
   if (!batch_file.empty()) {
-    auto read = ReadBatchFile(batch_file, *defaults, tok);
+    std::map<std::string, std::vector<std::string>> stops;
+    auto read = ReadBatchFile(batch_file, *defaults, tok, &stops);
     if (!read.ok()) return Fail(read.status());
     requests = *std::move(read);
     if (requests.empty()) return Fail(absl::InvalidArgumentError(batch_file + ": no requests"));

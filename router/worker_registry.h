@@ -31,6 +31,7 @@ struct WorkerRegistration {
 
 struct Heartbeat {
   int64_t waiting = 0, running = 0, free_blocks = 0;
+  bool draining = false;  // finishing in-flight work: no new work, yet not dead
 };
 
 class WorkerRegistry {

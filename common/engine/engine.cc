@@ -67,12 +67,9 @@ absl::Status Engine::ValidateParams(const EngineRequest& req) const {
   return req.params.Validate(limits);
 }
 
-absl::Status Engine::AddRequest(EngineRequest req) {
+absl::Status Engine::Validate(const EngineRequest& req) const {
   const ModelConfig& c = model_->config();
   if (req.id.empty()) return absl::InvalidArgumentError("request id must not be empty");
-  if (sequences_.contains(req.id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request id \"", req.id, "\" is already in use"));
-  }
   if (req.prompt_token_ids.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
   for (size_t i = 0; i < req.prompt_token_ids.size(); ++i) {
     const int32_t t = req.prompt_token_ids[i];
@@ -81,7 +78,15 @@ absl::Status Engine::AddRequest(EngineRequest req) {
                                                      " is outside the vocabulary [0, ", c.vocab_size, ")"));
     }
   }
-  RETURN_IF_ERROR(ValidateParams(req));
+  return ValidateParams(req);
+}
+
+absl::Status Engine::AddRequest(EngineRequest req) {
+  const ModelConfig& c = model_->config();
+  if (sequences_.contains(req.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request id \"", req.id, "\" is already in use"));
+  }
+  RETURN_IF_ERROR(Validate(req));
 
   auto r = std::make_unique<SchedRequest>();
   r->id = req.id;
@@ -99,8 +104,9 @@ absl::Status Engine::AddRequest(EngineRequest req) {
 
 absl::Status Engine::Release(const std::string& id) {
   SchedRequest* r = scheduler_->Find(id);
-  if (r == nullptr || r->state != RequestState::kHandedOut) {
-    return absl::NotFoundError(absl::StrCat("no handed-out request \"", id, "\""));
+  const bool reservation = r == nullptr && kv_->Has(id);
+  if (!reservation && (r == nullptr || r->state != RequestState::kHandedOut)) {
+    return absl::NotFoundError(absl::StrCat("no handed-out request or reservation \"", id, "\""));
   }
   scheduler_->Release(id);
   return absl::OkStatus();
@@ -115,7 +121,30 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   if (first_token < 0 || first_token >= c.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
   }
-  RETURN_IF_ERROR(ValidateParams(req));
+  RETURN_IF_ERROR(Validate(req));
+  const int64_t prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
+  auto sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  if (!req.params.greedy()) sampler->SkipDraw();  // the prefill worker drew for the first token
+  sampler->Accept(first_token);
+  // The first token may already end the request: it is reported by the next Step().
+  std::string reason;
+  if (sampler->IsStop(first_token, 1)) {
+    reason = "stop";
+  } else if (req.params.max_tokens <= 1 || prompt_len + 1 >= options_.scheduler.max_model_len) {
+    reason = "length";
+  }
+  if (!reason.empty()) {
+    if (!kv_->Has(req.id)) {
+      return absl::FailedPreconditionError(absl::StrCat("request \"", req.id, "\" has no reserved blocks"));
+    }
+    scheduler_->Finish(req.id);
+    RequestOutput o;
+    o.id = req.id;
+    o.finished = true;
+    o.finish_reason = reason;
+    pending_outputs_.push_back(std::move(o));
+    return absl::OkStatus();
+  }
   auto r = std::make_unique<SchedRequest>();
   r->id = req.id;
   r->token_ids = req.prompt_token_ids;
@@ -125,8 +154,7 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   RETURN_IF_ERROR(scheduler_->AdmitPrefilled(std::move(r)));
   Sequence seq;
   seq.params = req.params;
-  seq.sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
-  seq.sampler->Accept(first_token);
+  seq.sampler = std::move(sampler);
   sequences_.emplace(req.id, std::move(seq));
   return absl::OkStatus();
 }
@@ -134,7 +162,11 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
 absl::Status Engine::Abort(const std::string& id) {
   if (!sequences_.contains(id)) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
   FinishRequest(id);
-  pending_aborts_.push_back(id);
+  RequestOutput o;
+  o.id = id;
+  o.finished = true;
+  o.finish_reason = "abort";
+  pending_outputs_.push_back(std::move(o));
   return absl::OkStatus();
 }
 
@@ -145,17 +177,11 @@ void Engine::FinishRequest(const std::string& id) {
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
-  for (const std::string& id : pending_aborts_) {
-    RequestOutput o;
-    o.id = id;
-    o.finished = true;
-    o.finish_reason = "abort";
-    outputs.push_back(std::move(o));
-  }
-  pending_aborts_.clear();
+  outputs.swap(pending_outputs_);
 
   SchedulerStep step = scheduler_->Schedule();
   if (step.empty()) return outputs;
+  const absl::Time step_start = absl::Now();
   const int64_t vocab = model_->config().vocab_size;
 
   // Build the batch: each chunk's tokens, its blocks, and the rows whose logits are needed.
@@ -174,7 +200,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     const int64_t row0 = static_cast<int64_t>(in.token_ids.size());
     in.token_ids.insert(in.token_ids.end(), r->token_ids.begin() + begin, r->token_ids.begin() + end);
     in.seqs.push_back({ch.num_new_tokens, begin, scheduler_->kv()->BlockTable(r->id)});
-    const Sequence& seq = sequences_.at(r->id);
+    Sequence& seq = sequences_.at(r->id);
+    if (seq.first_scheduled == absl::InfinitePast()) seq.first_scheduled = step_start;
     for (int64_t p = begin; p < end; ++p) {
       const bool prompt_row = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
                               p + 1 >= seq.prompt_logprobs_sent_until;
@@ -240,6 +267,13 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
         o.prompt_logprobs = seq.prompt_logprobs;
       }
       o.num_cached_tokens = r->num_cached_tokens;
+    }
+  }
+  for (RequestOutput& o : outputs) {
+    auto it = sequences_.find(o.id);
+    if (it != sequences_.end() && !it->second.first_output_sent) {
+      it->second.first_output_sent = true;
+      o.first_scheduled = it->second.first_scheduled;
     }
   }
   scheduler_->Update(step, sampled);

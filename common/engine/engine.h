@@ -13,6 +13,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/llama_model.h"
@@ -47,6 +49,8 @@ struct RequestOutput {
   bool finished = false;
   std::string finish_reason;  // "stop", "length", "abort"
   int64_t num_cached_tokens = 0;
+  // With a request's first output: when its first prompt chunk was scheduled (queue time ends).
+  absl::Time first_scheduled = absl::InfinitePast();
 };
 
 struct EngineStats {
@@ -70,12 +74,15 @@ class Engine {
   // Validates every field (sampling parameters, ids, lengths) and queues the request.
   // INVALID_ARGUMENT / RESOURCE_EXHAUSTED (queue full) / ALREADY_EXISTS before any work.
   absl::Status AddRequest(EngineRequest request);
+  // The checks of AddRequest without queueing (ids, lengths, sampling parameters).
+  absl::Status Validate(const EngineRequest& request) const;
   // Ends a request wherever it is (waiting, mid-prefill, decoding); its blocks return to the pool.
   // NOT_FOUND when unknown. The abort is reported by the next Step() as finish_reason "abort".
   absl::Status Abort(const std::string& id);
   // Prefill role: a request is handed out after its first token (finish_reason "prefill_done")
   // with its KV blocks kept for the transfer; Release() returns them. Decode role: Reserve()
   // blocks for arriving KV, then AdmitPrefilled() the request (prompt + first token).
+  // Release() also drops a reservation that was never admitted (failed or cancelled transfer).
   absl::Status Release(const std::string& id);
   // Prefill role: called during Step() after each layer's KV is written, with the requests whose
   // prompt that step completes (their layer is then final and can be sent while the next layer
@@ -83,11 +90,13 @@ class Engine {
   using LayerListener = std::function<void(int64_t layer, const std::vector<std::string>& completed_ids)>;
   void set_layer_listener(LayerListener listener) { layer_listener_ = std::move(listener); }
   absl::StatusOr<std::vector<int32_t>> Reserve(const std::string& id, int64_t num_tokens);
+  // When the first token already ends the request (a stop, max_tokens 1, the context is full), the
+  // blocks are freed and the next Step() reports it finished with no new token.
   absl::Status AdmitPrefilled(EngineRequest request, int32_t first_token);
 
   // Runs one step. Returns the outputs of requests that progressed, finished or were aborted.
   absl::StatusOr<std::vector<RequestOutput>> Step();
-  bool HasWork() const { return scheduler_->has_work() || !pending_aborts_.empty(); }
+  bool HasWork() const { return scheduler_->has_work() || !pending_outputs_.empty(); }
   EngineStats stats() const;
   const KvCacheManager& kv() const { return *kv_; }
   // The device memory of the KV cache, and a request's blocks in it (for KV transfer: the blocks
@@ -101,6 +110,8 @@ class Engine {
     SamplingParams params;
     int64_t prompt_logprobs_sent_until = 1;  // prompt positions [1, this) already computed
     std::vector<std::optional<LogprobEntry>> prompt_logprobs;
+    absl::Time first_scheduled = absl::InfinitePast();
+    bool first_output_sent = false;
   };
   Engine() = default;
   void FinishRequest(const std::string& id);
@@ -112,7 +123,7 @@ class Engine {
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   absl::flat_hash_map<std::string, Sequence> sequences_;
-  std::vector<std::string> pending_aborts_;
+  std::vector<RequestOutput> pending_outputs_;  // aborts and admissions that ended at once
   std::vector<int32_t> eos_ids_;
   SamplingWorkspace workspace_;
   LayerListener layer_listener_;

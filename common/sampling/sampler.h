@@ -98,6 +98,9 @@ class SequenceSampler {
   bool IsStop(int32_t token, int32_t num_generated) const;
 
   int32_t num_generated() const { return num_generated_; }
+  // Advances the generator by the one draw a sampled step makes, for a step that ran elsewhere
+  // (the prefill worker sampled the first token with the same seed).
+  void SkipDraw() { NextUniform(); }
   const SamplingParams& params() const { return params_; }
 
  private:

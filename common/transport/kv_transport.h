@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,10 @@ class KvReceiver {
   virtual absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) = 0;
   // Forgets a reservation (cancelled request); data still arriving for it is discarded.
   virtual void Cancel(const std::string& request_id) = 0;
+  // Called (on a transport thread, without locks held) when an expected transfer completed or
+  // failed, so Wait() returns at once. Set before the first Expect().
+  using CompletionCallback = std::function<void(const std::string& request_id)>;
+  virtual void SetCompletionCallback(CompletionCallback callback) = 0;
 };
 
 }  // namespace tandem

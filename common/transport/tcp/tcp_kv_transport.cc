@@ -189,18 +189,29 @@ void TcpKvReceiver::AcceptLoop() {
 }
 
 void TcpKvReceiver::Fail(const std::string& id, const std::string& error) {
-  absl::MutexLock lock(&mu_);
-  auto it = transfers_.find(id);
-  if (it == transfers_.end() || it->second.done) return;
-  it->second.failed = true;
-  it->second.error = error;
-  changed_.SignalAll();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = transfers_.find(id);
+    if (it == transfers_.end() || it->second.done || it->second.failed) return;
+    it->second.failed = true;
+    it->second.error = error;
+    changed_.SignalAll();
+  }
+  if (on_complete_) on_complete_(id);
 }
 
 void TcpKvReceiver::ServeConnection(int fd) {
   std::vector<std::string> open;  // transfers begun on this connection and not ended
   auto finish = [&](const absl::Status& s) {
-    for (const std::string& id : open) Fail(id, std::string(s.message()));
+    for (const std::string& id : open) {
+      if (options_.keep_reservation_on_sender_loss) {
+        absl::MutexLock lock(&mu_);
+        auto it = transfers_.find(id);
+        if (it != transfers_.end() && !it->second.done) it->second.layers_received = 0;
+      } else {
+        Fail(id, std::string(s.message()));
+      }
+    }
     ::close(fd);
     absl::MutexLock lock(&mu_);
     std::erase(connection_fds_, fd);
@@ -234,6 +245,9 @@ void TcpKvReceiver::ServeConnection(int fd) {
         v1::KvTransferBegin m;
         if (!m.ParseFromString(bytes)) return finish(absl::DataLossError("malformed begin"));
         open.push_back(m.request_id());
+        absl::MutexLock lock(&mu_);
+        auto it = transfers_.find(m.request_id());
+        if (it != transfers_.end() && !it->second.done) it->second.layers_received = 0;
         continue;
       }
       if (type == kEnd) {
@@ -242,6 +256,7 @@ void TcpKvReceiver::ServeConnection(int fd) {
         std::erase(open, m.request_id());
         v1::KvTransferAck ack;
         ack.set_request_id(m.request_id());
+        bool notify = false;
         {
           absl::MutexLock lock(&mu_);
           auto it = transfers_.find(m.request_id());
@@ -253,13 +268,16 @@ void TcpKvReceiver::ServeConnection(int fd) {
             it->second.failed = true;
             it->second.error = absl::StrCat("transfer ended after ", it->second.layers_received, " of ", g.num_layers, " layers");
             ack.set_error(it->second.error);
+            notify = true;
           } else {
             it->second.done = true;
             it->second.first_token = m.first_token();
             ack.set_ok(true);
+            notify = true;
           }
           changed_.SignalAll();
         }
+        if (notify && on_complete_) on_complete_(m.request_id());
         if (absl::Status s = SendMessage(fd, kAck, ack); !s.ok()) return finish(s);
         continue;
       }
@@ -292,15 +310,15 @@ void TcpKvReceiver::ServeConnection(int fd) {
       }
       payload.resize(plen / sizeof(float));
       if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
-      absl::MutexLock lock(&mu_);
+      absl::ReleasableMutexLock lock(&mu_);
       auto it = transfers_.find(h.request_id());
       if (it == transfers_.end() || it->second.failed || it->second.done) continue;  // cancelled meanwhile
       Transfer& t = it->second;
       if (h.layer() < 0 || h.layer() >= g.num_layers || h.num_blocks() != static_cast<int32_t>(t.blocks.size())) {
-        t.failed = true;
-        t.error = absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(), " blocks does not fit the reservation of ",
-                               t.blocks.size(), " blocks");
-        changed_.SignalAll();
+        const std::string error = absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(),
+                                               " blocks does not fit the reservation of ", t.blocks.size(), " blocks");
+        lock.Release();
+        Fail(h.request_id(), error);
         continue;
       }
       float* k = options_.storage->k() + h.layer() * g.elements_per_layer();

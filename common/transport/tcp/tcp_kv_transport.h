@@ -25,6 +25,10 @@ class TcpKvReceiver final : public KvReceiver {
     KvCacheStorage* storage = nullptr;
     KvEndpointInfo info;
     absl::Duration io_timeout = absl::Seconds(10);
+    // When a sender's connection drops mid-transfer: false fails the transfer at once; true keeps
+    // the reservation for another sender (the router retries the prefill elsewhere) until Wait's
+    // timeout or Cancel. A new Begin for the request restarts it from layer 0 either way.
+    bool keep_reservation_on_sender_loss = false;
   };
   static absl::StatusOr<std::unique_ptr<TcpKvReceiver>> Create(const Options& options);
   ~TcpKvReceiver() override;
@@ -33,6 +37,7 @@ class TcpKvReceiver final : public KvReceiver {
   absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) override;
   absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) override;
   void Cancel(const std::string& request_id) override;
+  void SetCompletionCallback(CompletionCallback callback) override { on_complete_ = std::move(callback); }
 
  private:
   struct Transfer {
@@ -49,6 +54,7 @@ class TcpKvReceiver final : public KvReceiver {
   void Fail(const std::string& request_id, const std::string& error);
 
   Options options_;
+  CompletionCallback on_complete_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stopping_{false};

@@ -1,0 +1,56 @@
+// What `tandem generate` shares between its in-process mode (generate_command.cc) and its server
+// mode (remote_generate.cc): the request flags, the batch file, and the JSON output.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "common/sampling/sampler.h"
+#include "common/tokenizer/incremental_detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(std::string, token_ids);
+ABSL_DECLARE_FLAG(std::string, batch_file);
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace tandem::cli {
+
+// Everything one request produced.
+struct Collected {
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<int32_t> token_ids;
+  std::vector<LogprobEntry> logprobs;
+  std::optional<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;
+  std::string finish_reason;
+  int64_t num_cached_tokens = 0;
+  std::optional<IncrementalDetokenizer> detokenizer;
+  std::string text;
+  double first_token_seconds = 0;
+  double finish_seconds = 0;
+};
+
+nlohmann::json EntryToJson(const LogprobEntry& e);
+// {"prompt_token_ids", "token_ids", "text", "finish_reason", "prompt_logprobs", "logprobs"}.
+nlohmann::json ResultJson(const Collected& c, const SamplingParams& p);
+// Sampling parameters from the flags (the defaults of every request).
+absl::StatusOr<SamplingParams> ParamsFromFlags();
+// --batch-file: one request per line, with its prompt text ("" for token ids). Without a tokenizer
+// text prompts are not encoded (prompt_token_ids stays empty). Per-line "stop" lists go to `stops`.
+absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile(
+    const std::string& path, const SamplingParams& defaults, const Tokenizer* tokenizer,
+    std::map<std::string, std::vector<std::string>>* stops);
+// Prints the error; exit code 2 for INVALID_ARGUMENT, else 1.
+int GenerateFail(const absl::Status& s);
+
+int RemoteGenerateCommand();
+
+}  // namespace tandem::cli

@@ -1,0 +1,43 @@
+#include "common/rpc/server.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace tandem::rpc {
+
+void RunningServer::SetServing(bool serving) const {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);
+  for (const std::string& name : health_service_names) health->SetServingStatus(name, serving);
+}
+
+absl::StatusOr<RunningServer> StartServer(const ServerOptions& options) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  RunningServer running;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &running.port);
+  for (grpc::Service* s : options.services) builder.RegisterService(s);
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  running.health_service_names = options.health_service_names;
+  running.SetServing(false);
+  return running;
+}
+
+absl::StatusOr<int> PortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
+  }
+  return port;
+}
+
+}  // namespace tandem::rpc

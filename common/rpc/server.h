@@ -1,0 +1,34 @@
+// What every Tandem gRPC server has: the standard grpc.health.v1 health service (NOT_SERVING until
+// the process says otherwise) and server reflection (so grpcurl works without .proto files).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tandem::rpc {
+
+struct ServerOptions {
+  std::string listen_address = "0.0.0.0:0";  // port 0 picks a free one (see RunningServer::port)
+  std::vector<grpc::Service*> services;
+  // Services whose health status is reported besides the overall "" entry.
+  std::vector<std::string> health_service_names;
+};
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  // Sets the health status of "" and every named service.
+  void SetServing(bool serving) const;
+  std::vector<std::string> health_service_names;
+};
+
+absl::StatusOr<RunningServer> StartServer(const ServerOptions& options);
+
+// "host:port" → port; the host part must be non-empty. INVALID_ARGUMENT otherwise.
+absl::StatusOr<int> PortOf(const std::string& address);
+
+}  // namespace tandem::rpc

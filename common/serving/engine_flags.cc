@@ -1,0 +1,71 @@
+#include "common/serving/engine_flags.h"
+
+#include <cctype>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+ABSL_FLAG(int64_t, prefill_chunk, 0, "engine: alias of --max-prefill-chunk");
+ABSL_FLAG(int64_t, max_prefill_chunk, 512,
+          "engine: prompt tokens of one request per step (chunked prefill; 0 = whole prompt)");
+ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "engine: token budget of one step");
+ABSL_FLAG(int64_t, max_num_seqs, 128, "engine: sequences in one step");
+ABSL_FLAG(int64_t, max_queued_requests, 1024, "engine: waiting requests beyond which new ones are refused");
+ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
+ABSL_FLAG(std::string, kv_cache_memory, "0",
+          "engine: bytes of KV cache, e.g. 512M or 2G (0 = room for 8 sequences of max_model_len)");
+ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
+ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
+
+namespace tandem {
+
+absl::StatusOr<int64_t> ParseBytes(const std::string& flag, const std::string& text) {
+  std::string digits = text;
+  int64_t scale = 1;
+  if (!digits.empty()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+    if (unit == 'K' || unit == 'M' || unit == 'G') {
+      scale = unit == 'K' ? (1 << 10) : unit == 'M' ? (1 << 20) : (int64_t{1} << 30);
+      digits.pop_back();
+    }
+  }
+  int64_t v;
+  if (!absl::SimpleAtoi(digits, &v) || v < 0 || v > (int64_t{1} << 50) / scale) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", text, "' is not a size like 512M or 2G"));
+  }
+  return v * scale;
+}
+
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
+  EngineOptions o;
+  o.block_size = absl::GetFlag(FLAGS_block_size);
+  auto memory = ParseBytes("--kv-cache-memory", absl::GetFlag(FLAGS_kv_cache_memory));
+  if (!memory.ok()) return memory.status();
+  o.kv_cache_memory = *memory;
+  o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  SchedulerConfig& sc = o.scheduler;
+  sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  sc.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  sc.max_prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
+                                                               : absl::GetFlag(FLAGS_max_prefill_chunk);
+  sc.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  sc.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  return o;
+}
+
+std::vector<std::string> EngineFlagArguments() {
+  return {
+      absl::StrCat("--max-prefill-chunk=", absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
+                                                                                  : absl::GetFlag(FLAGS_max_prefill_chunk)),
+      absl::StrCat("--max-num-batched-tokens=", absl::GetFlag(FLAGS_max_num_batched_tokens)),
+      absl::StrCat("--max-num-seqs=", absl::GetFlag(FLAGS_max_num_seqs)),
+      absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests)),
+      absl::StrCat("--max-model-len=", absl::GetFlag(FLAGS_max_model_len)),
+      absl::StrCat("--kv-cache-memory=", absl::GetFlag(FLAGS_kv_cache_memory)),
+      absl::StrCat("--enable-prefix-caching=", absl::GetFlag(FLAGS_enable_prefix_caching) ? "true" : "false"),
+      absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
+  };
+}
+
+}  // namespace tandem

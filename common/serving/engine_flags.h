@@ -1,0 +1,26 @@
+// The engine's command-line flags, shared by `tandem generate`, the workers and `tandem up` (which
+// forwards them to the workers it starts): --kv-cache-memory, --block-size, --max-num-seqs,
+// --max-num-batched-tokens, --max-prefill-chunk (alias --prefill-chunk), --max-queued-requests,
+// --max-model-len, --enable-prefix-caching.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "common/model/config.h"
+
+namespace tandem {
+
+// Engine options from the flags; INVALID_ARGUMENT naming the flag for a bad value.
+absl::StatusOr<EngineOptions> EngineOptionsFromFlags();
+
+// The engine flags as "--name=value" arguments, to start another process with the same settings.
+std::vector<std::string> EngineFlagArguments();
+
+// "512M", "2G", "1048576" → bytes. INVALID_ARGUMENT naming `flag` otherwise.
+absl::StatusOr<int64_t> ParseBytes(const std::string& flag, const std::string& text);
+
+}  // namespace tandem

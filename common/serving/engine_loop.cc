@@ -1,0 +1,73 @@
+#include "common/serving/engine_loop.h"
+
+#include "common/base/logging.h"
+
+namespace tandem {
+
+EngineLoop::EngineLoop(Engine* engine, Handlers handlers) : engine_(engine), handlers_(std::move(handlers)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+EngineLoop::~EngineLoop() { Stop(); }
+
+void EngineLoop::Post(std::function<void(Engine&)> task) {
+  absl::MutexLock lock(&mu_);
+  if (!stopping_) tasks_.push_back(std::move(task));
+}
+
+EngineLoad EngineLoop::load() const {
+  absl::MutexLock lock(&mu_);
+  return load_;
+}
+
+void EngineLoop::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::Run() {
+  absl::Time next_tick = absl::Now();
+  bool stalled = false;  // the engine has work but the last step could schedule nothing
+  while (true) {
+    std::deque<std::function<void(Engine&)>> tasks;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      // Sleep until there is a task, the engine has work, or the next tick.
+      auto ready = [this] { return !tasks_.empty() || stopping_; };
+      if (!engine_->HasWork()) {
+        mu_.AwaitWithDeadline(absl::Condition(&ready), next_tick);
+      } else if (stalled) {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(2));
+      }
+      tasks.swap(tasks_);
+      stopping = stopping_;
+    }
+    for (auto& task : tasks) task(*engine_);
+    if (stopping) break;
+    stalled = false;
+    if (engine_->HasWork()) {
+      const int64_t steps_before = engine_->stats().steps;
+      absl::StatusOr<std::vector<RequestOutput>> outputs = engine_->Step();
+      if (!outputs.ok()) {
+        TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
+      } else if (!outputs->empty() && handlers_.on_outputs) {
+        handlers_.on_outputs(*outputs);
+      }
+      stalled = outputs.ok() && outputs->empty() && engine_->stats().steps == steps_before;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= next_tick) {
+      if (handlers_.on_tick) handlers_.on_tick();
+      next_tick = now + handlers_.tick;
+    }
+    const EngineStats s = engine_->stats();
+    absl::MutexLock lock(&mu_);
+    load_ = {s.waiting, s.running, s.free_blocks, s.num_blocks};
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,225 @@
+#include "common/serving/worker_host.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/base/logging.h"
+#include "common/model/fingerprint.h"
+#include "common/rpc/server.h"
+#include "common/rpc/status.h"
+#include "common/serving/engine_flags.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
+ABSL_FLAG(int32_t, port, 0, "gRPC port (0 = any free port; the chosen one is printed)");
+ABSL_FLAG(std::string, bind_address, "0.0.0.0", "address the gRPC server (and KV receiver) listen on");
+ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "host name or IP the router and peers use to reach this worker");
+ABSL_FLAG(std::string, router, "", "router host:port to register with (empty: the router lists this worker statically)");
+ABSL_FLAG(int32_t, heartbeat_interval_ms, 500, "milliseconds between heartbeats to the router");
+ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish after SIGTERM");
+
+namespace tandem {
+namespace {
+
+
+v1::WeightDType WeightDTypeOf(DType t) {
+  switch (t) {
+    case DType::kF32: return v1::WEIGHT_DTYPE_F32;
+    case DType::kF16: return v1::WEIGHT_DTYPE_F16;
+    case DType::kBF16: return v1::WEIGHT_DTYPE_BF16;
+  }
+  return v1::WEIGHT_DTYPE_UNSPECIFIED;
+}
+
+class StatusService final : public v1::WorkerStatus::CallbackService {
+ public:
+  StatusService(WorkerService* service, std::atomic<int>* state) : service_(service), state_(state) {}
+  void set_description(const v1::WorkerDescription& d) {
+    absl::MutexLock lock(&mu_);
+    description_ = d;
+  }
+  v1::WorkerInfo Info() const {
+    v1::WorkerInfo info;
+    {
+      absl::MutexLock lock(&mu_);
+      *info.mutable_worker() = description_;
+    }
+    const int state = state_->load();
+    info.set_state(state == 0 ? "LOADING" : state == 1 ? "SERVING" : "DRAINING");
+    if (state != 0) *info.mutable_load() = service_->load();
+    info.mutable_load()->set_draining(state == 2);
+    return info;
+  }
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context, const v1::GetStatusRequest*,
+                                      v1::WorkerInfo* response) override {
+    *response = Info();
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  WorkerService* service_;
+  std::atomic<int>* state_;  // 0 loading, 1 serving, 2 draining
+  mutable absl::Mutex mu_;
+  v1::WorkerDescription description_ ABSL_GUARDED_BY(mu_);
+};
+
+// Registers with the router and heartbeats until `stop`; registers again after NOT_FOUND.
+void RegistrationLoop(const std::string& router, const StatusService* status, int interval_ms,
+                      absl::Notification* stop) {
+  auto channel = grpc::CreateChannel(router, grpc::InsecureChannelCredentials());
+  auto stub = v1::Registration::NewStub(channel);
+  bool registered = false;
+  absl::Time last_warning = absl::InfinitePast();
+  while (!stop->WaitForNotificationWithTimeout(absl::Milliseconds(registered ? interval_ms : 250))) {
+    const v1::WorkerInfo info = status->Info();
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
+    grpc::Status s;
+    if (!registered) {
+      v1::RegisterRequest req;
+      *req.mutable_worker() = info.worker();
+      v1::RegisterResponse resp;
+      s = stub->Register(&ctx, req, &resp);
+      if (s.ok()) {
+        registered = true;
+        TANDEM_LOG(INFO) << "registered with router " << router;
+      }
+    } else {
+      v1::HeartbeatRequest req;
+      req.set_address(info.worker().address());
+      *req.mutable_load() = info.load();
+      v1::HeartbeatResponse resp;
+      s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) registered = false;  // router restarted
+    }
+    if (!s.ok() && absl::Now() - last_warning > absl::Seconds(10)) {
+      TANDEM_LOG(WARNING) << "router " << router << ": " << s.error_message();
+      last_warning = absl::Now();
+    }
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      TANDEM_LOG(ERROR) << "router " << router << " refused this worker: " << s.error_message();
+    }
+  }
+}
+
+}  // namespace
+
+int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* service) {
+  // Signals are taken by sigwait below; every thread started from here inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) {
+    std::fprintf(stderr, "tandem-%s: --model DIR is required\n", name.c_str());
+    return 2;
+  }
+  auto engine_options = EngineOptionsFromFlags();
+  if (!engine_options.ok()) {
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(engine_options.status().message()).c_str());
+    return 2;
+  }
+  engine_options->scheduler.role = role == v1::WORKER_ROLE_PREFILL  ? SchedulerRole::kPrefill
+                                   : role == v1::WORKER_ROLE_DECODE ? SchedulerRole::kDecode
+                                                                    : SchedulerRole::kCombined;
+
+  std::atomic<int> state{0};
+  StatusService status(service, &state);
+  rpc::ServerOptions server_options;
+  server_options.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
+  server_options.services = service->grpc_services();
+  server_options.services.push_back(&status);
+  server_options.health_service_names = service->health_service_names();
+  server_options.health_service_names.push_back("tandem.v1.WorkerStatus");
+  auto server = rpc::StartServer(server_options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(server.status().message()).c_str());
+    return 1;
+  }
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server->port);
+  std::printf("tandem-%s: listening on %s\n", name.c_str(), address.c_str());
+  std::fflush(stdout);
+
+  // Load (health says NOT_SERVING meanwhile).
+  const absl::Time t0 = absl::Now();
+  auto fail = [&](const absl::Status& s) {
+    TANDEM_LOG(ERROR) << name << ": " << s;
+    server->server->Shutdown(std::chrono::system_clock::now());
+    return 1;
+  };
+  auto backend = CpuBackend::Create({});
+  if (!backend.ok()) return fail(backend.status());
+  auto model = LlamaModel::Load(model_dir, backend->get());
+  if (!model.ok()) return fail(model.status());
+  auto fingerprint = ModelFingerprint(model_dir);
+  if (!fingerprint.ok()) return fail(fingerprint.status());
+  auto engine = Engine::Create(model->get(), *engine_options);
+  if (!engine.ok()) return fail(engine.status());
+  const ModelConfig& config = (*model)->config();
+  v1::WorkerDescription description;
+  description.set_address(address);
+  description.set_role(role);
+  v1::ModelInfo* info = description.mutable_model();
+  info->set_name(model_dir);
+  info->set_architecture(config.architecture);
+  info->set_fingerprint(*fingerprint);
+  info->set_vocab_size(static_cast<int32_t>(config.vocab_size));
+  info->set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
+  info->set_weight_dtype(WeightDTypeOf(config.torch_dtype));
+  const KvCacheGeometry g = (*engine)->kv_storage()->geometry();
+  v1::KvGeometry* kg = description.mutable_kv_geometry();
+  kg->set_num_layers(static_cast<int32_t>(g.num_layers));
+  kg->set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
+  kg->set_head_dim(static_cast<int32_t>(g.head_dim));
+  kg->set_block_size(static_cast<int32_t>(g.block_size));
+  kg->set_bytes_per_element(4);
+  description.set_total_blocks(g.num_blocks);
+  description.set_max_model_len((*engine)->stats().max_model_len);
+  if (absl::Status s = service->Start(model->get(), engine->get(), *fingerprint, &description); !s.ok()) return fail(s);
+  status.set_description(description);
+  state = 1;
+  server->SetServing(true);
+  TANDEM_LOG(INFO) << name << " serving " << model_dir << " on " << address << " (loaded in "
+                   << absl::FormatDuration(absl::Trunc(absl::Now() - t0, absl::Milliseconds(1))) << ")";
+
+  absl::Notification stop_registration;
+  std::thread registration;
+  if (!absl::GetFlag(FLAGS_router).empty()) {
+    registration = std::thread(RegistrationLoop, absl::GetFlag(FLAGS_router), &status,
+                               std::max(50, absl::GetFlag(FLAGS_heartbeat_interval_ms)), &stop_registration);
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  TANDEM_LOG(INFO) << name << ": " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining ("
+                   << service->in_flight() << " requests in flight)";
+  state = 2;
+  service->StartDraining();
+  server->SetServing(false);
+  const absl::Time grace_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s));
+  while (service->in_flight() > 0 && absl::Now() < grace_end) absl::SleepFor(absl::Milliseconds(20));
+  if (service->in_flight() > 0) {
+    TANDEM_LOG(WARNING) << name << ": grace period over, aborting " << service->in_flight() << " requests";
+  }
+  stop_registration.Notify();
+  if (registration.joinable()) registration.join();
+  service->Stop();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  TANDEM_LOG(INFO) << name << ": stopped";
+  return 0;
+}
+
+}  // namespace tandem

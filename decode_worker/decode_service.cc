@@ -1,0 +1,231 @@
+#include "decode_worker/decode_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/status.h"
+
+namespace tandem {
+
+DecodeService::~DecodeService() { Stop(); }
+
+absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
+                                  v1::WorkerDescription* description) {
+  engine_ = engine;
+  if (!options_.combined) {
+    TcpKvReceiver::Options ro;
+    ro.host = options_.bind_address;
+    ro.port = options_.kv_port;
+    ro.storage = engine->kv_storage();
+    ro.info = {fingerprint, engine->kv_storage()->geometry()};
+    ro.io_timeout = options_.kv_io_timeout;
+    ro.keep_reservation_on_sender_loss = true;  // the router may retry the prefill elsewhere
+    auto receiver = TcpKvReceiver::Create(ro);
+    if (!receiver.ok()) return receiver.status();
+    receiver_ = *std::move(receiver);
+    kv_address_ = absl::StrCat(options_.advertise_host, ":", receiver_->port());
+    description->set_kv_address(kv_address_);
+    TANDEM_LOG(INFO) << "KV receiver on " << kv_address_;
+  }
+  EngineLoop::Handlers handlers;
+  handlers.on_outputs = [this](std::vector<RequestOutput>& outputs) { OnOutputs(outputs); };
+  handlers.on_tick = [this] { OnTick(); };
+  loop_ = std::make_unique<EngineLoop>(engine, std::move(handlers));
+  if (receiver_) {
+    receiver_->SetCompletionCallback([this](const std::string& id) {
+      loop_->Post([this, id](Engine& e) { TransferDone(e, id); });
+    });
+  }
+  (void)model;
+  started_ = true;
+  return absl::OkStatus();
+}
+
+void DecodeService::Stop() {
+  if (!loop_) return;
+  loop_->Post([this](Engine& e) {
+    std::vector<std::string> ids;
+    for (const auto& [id, call] : calls_) ids.push_back(id);
+    for (const std::string& id : ids) CancelCall(e, id, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
+  });
+  loop_->Stop();
+  loop_.reset();
+  receiver_.reset();
+}
+
+v1::WorkerLoad DecodeService::load() const {
+  v1::WorkerLoad l;
+  if (!loop_) return l;
+  const EngineLoad e = loop_->load();
+  l.set_waiting(e.waiting);
+  l.set_running(e.running);
+  l.set_free_blocks(e.free_blocks);
+  l.set_total_blocks(e.total_blocks);
+  l.set_pending_transfers(pending_transfers_.load());
+  l.set_draining(draining_.load());
+  return l;
+}
+
+grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(grpc::CallbackServerContext* context,
+                                                                 const v1::DecodeRequest* request) {
+  const std::string id = request->request_id();
+  std::shared_ptr<Stream> stream;
+  auto* reactor = Stream::Start(
+      [this, id] {
+        if (loop_) {
+          loop_->Post([this, id](Engine& e) { CancelCall(e, id, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); });
+        }
+      },
+      &stream);
+  if (!started_ || draining_) {
+    stream->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, started_ ? "worker is draining" : "worker is loading"));
+    return reactor;
+  }
+  if (request->local_prefill() != options_.combined) {
+    stream->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                options_.combined ? "this combined worker only runs local prefill"
+                                                  : "this decode worker needs a KV transfer (not local_prefill)"));
+    return reactor;
+  }
+  ++in_flight_;
+  loop_->Post([this, stream, req = *request, deadline = rpc::DeadlineOf(*context)](Engine& e) mutable {
+    StartCall(e, std::move(stream), std::move(req), deadline);
+  });
+  return reactor;
+}
+
+void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream, v1::DecodeRequest request,
+                              absl::Time deadline) {
+  const std::string id = request.request_id();
+  auto refuse = [&](const absl::Status& s) {
+    --in_flight_;
+    stream->Finish(rpc::ToGrpc(s));
+  };
+  if (stream->cancelled()) return refuse(absl::CancelledError("cancelled"));
+  if (calls_.contains(id)) return refuse(absl::AlreadyExistsError(absl::StrCat("request \"", id, "\" is in flight")));
+  Call call;
+  call.stream = stream;
+  call.arrival = absl::Now();
+  call.request.id = id;
+  call.request.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  call.request.params = rpc::FromProto(request.sampling());
+  call.num_tokens = static_cast<int64_t>(call.request.prompt_token_ids.size());
+  if (absl::Status s = engine.Validate(call.request); !s.ok()) return refuse(s);
+  if (options_.combined) {
+    if (absl::Status s = engine.AddRequest(call.request); !s.ok()) return refuse(s);
+    calls_.emplace(id, std::move(call));
+    return;
+  }
+  absl::StatusOr<std::vector<int32_t>> blocks = engine.Reserve(id, call.num_tokens);
+  if (!blocks.ok()) return refuse(blocks.status());
+  if (absl::Status s = receiver_->Expect(id, *blocks); !s.ok()) {
+    (void)engine.Release(id);
+    return refuse(s);
+  }
+  call.awaiting_kv = true;
+  call.kv_deadline = std::min(deadline, call.arrival + options_.kv_transfer_timeout);
+  ++pending_transfers_;
+  v1::DecodeEvent event;
+  event.mutable_reserved()->set_kv_address(kv_address_);
+  event.mutable_reserved()->set_num_blocks(static_cast<int32_t>(blocks->size()));
+  stream->Write(std::move(event));
+  calls_.emplace(id, std::move(call));
+}
+
+void DecodeService::TransferDone(Engine& engine, const std::string& id) {
+  auto it = calls_.find(id);
+  if (it == calls_.end() || !it->second.awaiting_kv) return;  // cancelled meanwhile
+  Call& call = it->second;
+  call.awaiting_kv = false;
+  --pending_transfers_;
+  absl::StatusOr<int32_t> first = receiver_->Wait(id, absl::ZeroDuration());
+  absl::Status s = first.status();
+  if (s.ok()) s = engine.AdmitPrefilled(call.request, *first);
+  if (!s.ok()) {
+    (void)engine.Release(id);
+    return EndCall(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(s.message())), "transfer failed");
+  }
+  call.kv_done = absl::Now();
+}
+
+void DecodeService::CancelCall(Engine& engine, const std::string& id, const grpc::Status& status) {
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return;
+  if (it->second.awaiting_kv) {
+    receiver_->Cancel(id);
+    (void)engine.Release(id);
+    --pending_transfers_;
+    it->second.awaiting_kv = false;
+  } else {
+    (void)engine.Abort(id);  // NOT_FOUND when it already finished at admission
+  }
+  EndCall(id, status, status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled" : status.error_message());
+}
+
+void DecodeService::EndCall(const std::string& id, const grpc::Status& status, const std::string& reason) {
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return;
+  const Call& c = it->second;
+  TANDEM_LOG(INFO) << "request " << id << " " << reason << ": prompt " << c.num_tokens << " tokens, "
+                   << absl::FormatDuration(absl::Trunc(absl::Now() - c.arrival, absl::Milliseconds(1)));
+  c.stream->Finish(status);
+  calls_.erase(it);
+  --in_flight_;
+}
+
+void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
+  const absl::Time now = absl::Now();
+  for (RequestOutput& o : outputs) {
+    auto it = calls_.find(o.id);
+    if (it == calls_.end()) continue;  // an abort we already answered
+    Call& call = it->second;
+    if (o.first_scheduled != absl::InfinitePast()) call.first_scheduled = o.first_scheduled;
+    call.cached_tokens = std::max(call.cached_tokens, o.num_cached_tokens);
+    if (!o.new_token_ids.empty() || o.prompt_logprobs) {
+      v1::DecodeEvent event;
+      v1::DecodeTokens* t = event.mutable_tokens();
+      for (int32_t id : o.new_token_ids) t->add_token_ids(id);
+      for (const LogprobEntry& e : o.new_logprobs) *t->add_logprobs() = rpc::ToProto(e);
+      if (o.prompt_logprobs) rpc::AppendPromptLogprobs(*o.prompt_logprobs, call.request.prompt_token_ids, t->mutable_prompt_logprobs());
+      call.stream->Write(std::move(event));
+    }
+    if (o.finished) {
+      v1::DecodeEvent event;
+      v1::DecodeFinished* f = event.mutable_finished();
+      f->set_finish_reason(rpc::FinishReasonFromString(o.finish_reason));
+      f->set_cached_prompt_tokens(static_cast<int32_t>(call.cached_tokens));
+      if (options_.combined) {
+        if (call.first_scheduled != absl::InfinitePast()) {
+          f->set_prefill_queue_seconds(absl::ToDoubleSeconds(call.first_scheduled - call.arrival));
+        }
+      } else {
+        f->set_kv_wait_seconds(absl::ToDoubleSeconds(call.kv_done - call.arrival));
+        if (call.first_scheduled != absl::InfinitePast()) {
+          f->set_decode_queue_seconds(absl::ToDoubleSeconds(call.first_scheduled - call.kv_done));
+        }
+      }
+      call.stream->Write(std::move(event));
+      EndCall(o.id, grpc::Status::OK, o.finish_reason);
+    }
+  }
+  (void)now;
+}
+
+void DecodeService::OnTick() {
+  const absl::Time now = absl::Now();
+  std::vector<std::string> expired;
+  for (const auto& [id, call] : calls_) {
+    if (call.awaiting_kv && now >= call.kv_deadline) expired.push_back(id);
+  }
+  for (const std::string& id : expired) {
+    Call& call = calls_.at(id);
+    receiver_->Cancel(id);
+    (void)engine_->Release(id);
+    --pending_transfers_;
+    call.awaiting_kv = false;
+    EndCall(id, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the KV transfer did not arrive in time"),
+            "KV transfer timed out");
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,83 @@
+// The decode worker's service (tandem.v1.Decode), and the combined role's.
+//
+// Decode role: a Decode call reserves KV blocks for the prompt (RESOURCE_EXHAUSTED when the pool
+// cannot hold it: backpressure before any prefill work), tells the KV receiver to expect the
+// transfer, and answers Reserved with the receiver's address. When the prefill worker's transfer
+// completes, the request joins the running batch with its first token; tokens stream back; the call
+// ends with Finished. A failed transfer ends the call with UNAVAILABLE; one that does not complete
+// within --kv-transfer-timeout-s (or the call's deadline) with DEADLINE_EXCEEDED. Cancelling the call
+// aborts the request. Every path frees the request's blocks.
+// Combined role (local_prefill): the prompt is computed here; no reservation, no transfer.
+//
+// Threads: gRPC handlers only post to the engine loop; all per-request state lives on its thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/rpc/reactors.h"
+#include "common/serving/engine_loop.h"
+#include "common/serving/worker_host.h"
+#include "common/transport/tcp/tcp_kv_transport.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+
+class DecodeService final : public v1::Decode::CallbackService, public WorkerService {
+ public:
+  struct Options {
+    bool combined = false;
+    std::string bind_address = "0.0.0.0";
+    std::string advertise_host = "127.0.0.1";
+    int kv_port = 0;
+    absl::Duration kv_transfer_timeout = absl::Seconds(30);
+    absl::Duration kv_io_timeout = absl::Seconds(10);
+  };
+  explicit DecodeService(const Options& options) : options_(options) {}
+  ~DecodeService() override;
+
+  grpc::ServerWriteReactor<v1::DecodeEvent>* Decode(grpc::CallbackServerContext* context,
+                                                    const v1::DecodeRequest* request) override;
+
+  std::vector<grpc::Service*> grpc_services() override { return {this}; }
+  std::vector<std::string> health_service_names() const override { return {"tandem.v1.Decode"}; }
+  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
+                     v1::WorkerDescription* description) override;
+  v1::WorkerLoad load() const override;
+  int64_t in_flight() const override { return in_flight_.load(); }
+  void StartDraining() override { draining_ = true; }
+  void Stop() override;
+
+ private:
+  using Stream = rpc::ServerStream<v1::DecodeEvent>;
+  struct Call {
+    std::shared_ptr<Stream> stream;
+    EngineRequest request;
+    bool awaiting_kv = false;
+    absl::Time arrival, kv_deadline, kv_done, first_scheduled = absl::InfinitePast();
+    int64_t num_tokens = 0;
+    int64_t cached_tokens = 0;
+  };
+  // Loop-thread handlers.
+  void StartCall(Engine& engine, std::shared_ptr<Stream> stream, v1::DecodeRequest request, absl::Time deadline);
+  void TransferDone(Engine& engine, const std::string& id);
+  void CancelCall(Engine& engine, const std::string& id, const grpc::Status& status);
+  void OnOutputs(std::vector<RequestOutput>& outputs);
+  void OnTick();
+  void EndCall(const std::string& id, const grpc::Status& status, const std::string& reason);
+
+  Options options_;
+  std::unique_ptr<TcpKvReceiver> receiver_;
+  std::unique_ptr<EngineLoop> loop_;
+  Engine* engine_ = nullptr;
+  std::string kv_address_;
+  std::atomic<bool> started_{false};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> pending_transfers_{0};
+  absl::flat_hash_map<std::string, Call> calls_;  // loop thread only
+};
+
+}  // namespace tandem

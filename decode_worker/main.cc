@@ -1,0 +1,29 @@
+// tandem-decode-worker: runs the engine in the decode role (or, with --combined, prefill and decode
+// in one process) and serves tandem.v1.Decode. See decode_service.h and common/serving/worker_host.h.
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "common/backend/cpu/openblas_setup.h"
+#include "common/base/command_line.h"
+#include "common/serving/worker_host.h"
+#include "decode_worker/decode_service.h"
+
+ABSL_FLAG(bool, combined, false, "combined role: compute prompts here too (no KV transfer), the baseline");
+ABSL_FLAG(int32_t, kv_port, 0, "TCP port of the KV receiver (0 = any free port; registered with the router)");
+ABSL_FLAG(double, kv_transfer_timeout_s, 30, "seconds a reservation waits for its KV transfer");
+
+int main(int argc, char** argv) {
+  tandem::MaybeReexecWithFasterOpenBlasCore(argv);
+  absl::SetProgramUsageMessage(
+      "tandem-decode-worker --model DIR [--port P] [--router HOST:PORT] [--combined] [--kv-port P] ...\n"
+      "Decode worker of a Tandem cluster; --helpfull lists every flag.");
+  tandem::ParseCommandLine(argc, argv);
+  tandem::DecodeService::Options o;
+  o.combined = absl::GetFlag(FLAGS_combined);
+  o.bind_address = absl::GetFlag(FLAGS_bind_address);
+  o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  o.kv_port = absl::GetFlag(FLAGS_kv_port);
+  o.kv_transfer_timeout = absl::Seconds(absl::GetFlag(FLAGS_kv_transfer_timeout_s));
+  tandem::DecodeService service(o);
+  return tandem::RunWorker(o.combined ? "combined-worker" : "decode-worker",
+                           o.combined ? tandem::v1::WORKER_ROLE_COMBINED : tandem::v1::WORKER_ROLE_DECODE, &service);
+}

@@ -1,0 +1,120 @@
+#include "prefill_worker/kv_transfer_lanes.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/transport/tcp/tcp_kv_transport.h"
+
+namespace tandem {
+
+KvTransferLanes::~KvTransferLanes() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  for (auto& [address, lane] : lanes_) lane->thread.join();
+}
+
+void KvTransferLanes::Begin(const std::string& address, const std::string& id, int64_t num_tokens) {
+  Job j{Job::kBegin, id};
+  j.num_tokens = num_tokens;
+  Enqueue(address, std::move(j));
+}
+
+void KvTransferLanes::SendLayer(const std::string& address, const std::string& id, int32_t layer,
+                                std::vector<int32_t> blocks) {
+  Job j{Job::kLayer, id};
+  j.layer = layer;
+  j.blocks = std::move(blocks);
+  Enqueue(address, std::move(j));
+}
+
+void KvTransferLanes::End(const std::string& address, const std::string& id, int32_t first_token, Done done) {
+  Job j{Job::kEnd, id};
+  j.first_token = first_token;
+  j.done = std::move(done);
+  Enqueue(address, std::move(j));
+}
+
+void KvTransferLanes::Cancel(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  cancelled_.insert(id);
+}
+
+void KvTransferLanes::Enqueue(const std::string& address, Job job) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    if (job.done) job.done(absl::UnavailableError("worker shutting down"), 0);
+    return;
+  }
+  std::unique_ptr<Lane>& lane = lanes_[address];
+  if (!lane) {
+    lane = std::make_unique<Lane>();
+    lane->address = address;
+    lane->thread = std::thread([this, l = lane.get()] { Run(l); });
+  }
+  lane->jobs.push_back(std::move(job));
+  changed_.SignalAll();
+}
+
+absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
+  if (lane->sender == nullptr) {
+    auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout);
+    if (!sender.ok()) return sender.status();
+    lane->sender = *std::move(sender);
+  }
+  switch (job.kind) {
+    case Job::kBegin: return lane->sender->Begin(job.id, job.num_tokens);
+    case Job::kLayer: return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage);
+    case Job::kEnd: return lane->sender->End(job.id, job.first_token);
+  }
+  return absl::InternalError("unknown job");
+}
+
+void KvTransferLanes::Run(Lane* lane) {
+  while (true) {
+    Job job;
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      while (lane->jobs.empty() && !stopping_) changed_.Wait(&mu_);
+      if (lane->jobs.empty()) return;
+      if (stopping_) {  // fail what is left without sending
+        for (Job& j : lane->jobs) {
+          if (j.done) j.done(absl::UnavailableError("worker shutting down"), 0);
+        }
+        lane->jobs.clear();
+        return;
+      }
+      job = std::move(lane->jobs.front());
+      lane->jobs.pop_front();
+      cancelled = cancelled_.contains(job.id);
+      if (cancelled && job.kind == Job::kEnd) cancelled_.erase(job.id);
+    }
+    if (job.kind == Job::kBegin) lane->started[job.id] = absl::Now();
+    absl::Status status;
+    auto failed = lane->failed.find(job.id);
+    if (cancelled) {
+      status = absl::CancelledError("cancelled");
+    } else if (failed != lane->failed.end()) {
+      status = failed->second;
+    } else {
+      status = Execute(lane, job);
+      if (!status.ok()) {
+        lane->sender.reset();  // the connection is in an unknown state: reconnect next time
+        status = absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address, " failed: ", status.message()));
+        lane->failed[job.id] = status;
+      }
+    }
+    if (job.kind == Job::kEnd) {
+      double seconds = 0;
+      if (auto it = lane->started.find(job.id); it != lane->started.end()) {
+        seconds = absl::ToDoubleSeconds(absl::Now() - it->second);
+        lane->started.erase(it);
+      }
+      lane->failed.erase(job.id);
+      job.done(status, seconds);
+    }
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,73 @@
+// The prefill worker's outgoing KV transfers: one lane (a thread, a FIFO of jobs and a cached
+// connection) per decode worker, so a slow or hung decode worker delays only its own transfers.
+// The engine thread enqueues Begin / layer / End jobs as layers are computed; the lane sends them
+// while the engine computes the next layer (layer-wise overlap). A failed job fails the rest of its
+// request's jobs and drops the connection (reconnected on next use); End reports the outcome of
+// the whole transfer through its callback, on the lane's thread.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "common/transport/kv_transport.h"
+
+namespace tandem {
+
+class KvTransferLanes {
+ public:
+  struct Options {
+    KvEndpointInfo info;      // this worker's model and geometry, checked at each handshake
+    KvCacheStorage* storage;  // the engine's KV cache (blocks of handed-out requests are stable)
+    absl::Duration io_timeout = absl::Seconds(10);
+  };
+  using Done = std::function<void(const absl::Status& status, double send_seconds)>;
+
+  explicit KvTransferLanes(const Options& options) : options_(options) {}
+  ~KvTransferLanes();  // finishes queued jobs' callbacks with UNAVAILABLE and joins the lanes
+
+  void Begin(const std::string& address, const std::string& id, int64_t num_tokens);
+  void SendLayer(const std::string& address, const std::string& id, int32_t layer, std::vector<int32_t> blocks);
+  // Ends the transfer; `done` gets OK once the receiver acknowledged every layer.
+  void End(const std::string& address, const std::string& id, int32_t first_token, Done done);
+  // Skips the request's remaining jobs; its End callback then gets CANCELLED.
+  void Cancel(const std::string& id);
+
+ private:
+  struct Job {
+    enum Kind { kBegin, kLayer, kEnd } kind;
+    std::string id;
+    int64_t num_tokens = 0;
+    int32_t layer = 0;
+    std::vector<int32_t> blocks;
+    int32_t first_token = 0;
+    Done done;
+  };
+  struct Lane {
+    std::string address;
+    std::thread thread;
+    std::deque<Job> jobs;
+    std::unique_ptr<KvSender> sender;
+    absl::flat_hash_map<std::string, absl::Status> failed;  // request → first error
+    absl::flat_hash_map<std::string, absl::Time> started;   // request → Begin sent
+  };
+  void Enqueue(const std::string& address, Job job);
+  void Run(Lane* lane);
+  absl::Status Execute(Lane* lane, const Job& job);
+
+  Options options_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem

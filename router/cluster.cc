@@ -1,0 +1,220 @@
+#include "router/cluster.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/rpc/status.h"
+
+namespace tandem::router {
+namespace {
+
+WorkerRole RoleOf(v1::WorkerRole r) {
+  switch (r) {
+    case v1::WORKER_ROLE_PREFILL: return WorkerRole::kPrefill;
+    case v1::WORKER_ROLE_DECODE: return WorkerRole::kDecode;
+    default: return WorkerRole::kCombined;
+  }
+}
+
+}  // namespace
+
+Cluster::Cluster(const Options& options)
+    : options_(options),
+      registry_({options.model_fingerprint, options.heartbeat_timeout, [] { return absl::Now(); }}),
+      prefill_policy_(options.prefill_policy) {
+  if (!options_.static_workers.empty()) poller_ = std::thread([this] { PollStatic(); });
+}
+
+Cluster::~Cluster() {
+  stop_.Notify();
+  if (poller_.joinable()) poller_.join();
+}
+
+absl::Status Cluster::Register(const v1::WorkerDescription& w) {
+  if (w.role() == v1::WORKER_ROLE_UNSPECIFIED) return absl::InvalidArgumentError("worker role is unspecified");
+  if (w.role() == v1::WORKER_ROLE_DECODE && w.kv_address().empty()) {
+    return absl::InvalidArgumentError("a decode worker registers with its KV receiver address");
+  }
+  WorkerRegistration r;
+  r.address = w.address();
+  r.role = RoleOf(w.role());
+  r.model_fingerprint = w.model().fingerprint();
+  r.num_layers = w.kv_geometry().num_layers();
+  r.num_kv_heads = w.kv_geometry().num_kv_heads();
+  r.head_dim = w.kv_geometry().head_dim();
+  r.block_size = w.kv_geometry().block_size();
+  r.total_blocks = w.total_blocks();
+  RETURN_IF_ERROR(registry_.Register(r));
+  absl::MutexLock lock(&mu_);
+  const bool known = descriptions_.contains(w.address());
+  descriptions_[w.address()] = w;
+  if (!known) {
+    TANDEM_LOG(INFO) << "worker " << w.address() << " registered (" << v1::WorkerRole_Name(w.role()) << ", "
+                     << w.total_blocks() << " KV blocks)";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Heartbeat(const std::string& address, const v1::WorkerLoad& load) {
+  router::Heartbeat h;
+  h.waiting = load.waiting();
+  h.running = load.running();
+  h.free_blocks = load.free_blocks();
+  h.draining = load.draining();
+  RETURN_IF_ERROR(registry_.Heartbeat(address, h));
+  absl::MutexLock lock(&mu_);
+  loads_[address] = load;
+  return absl::OkStatus();
+}
+
+void Cluster::MarkUnhealthy(const std::string& address) {
+  if (IsHealthy(address)) TANDEM_LOG(WARNING) << "worker " << address << " marked unhealthy";
+  registry_.MarkUnhealthy(address);
+}
+
+bool Cluster::IsHealthy(const std::string& address) const {
+  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode}) {
+    for (const WorkerLoad& w : registry_.Snapshot(role)) {
+      if (w.id == address) return w.healthy;
+    }
+  }
+  return false;
+}
+
+std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role, const absl::flat_hash_set<std::string>& exclude) const {
+  std::vector<WorkerLoad> out;
+  const WorkerRole r = role == v1::WORKER_ROLE_PREFILL ? WorkerRole::kPrefill : WorkerRole::kDecode;
+  absl::MutexLock lock(&mu_);
+  for (WorkerLoad& w : registry_.Snapshot(r)) {
+    auto it = descriptions_.find(w.id);
+    if (it == descriptions_.end() || it->second.role() != role || !w.healthy || exclude.contains(w.id)) continue;
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+absl::StatusOr<Cluster::Worker> Cluster::ChoosePrefill(const std::vector<int32_t>& prompt,
+                                                       const absl::flat_hash_set<std::string>& exclude) const {
+  std::vector<WorkerLoad> live = Live(v1::WORKER_ROLE_PREFILL, exclude);
+  if (live.empty()) return absl::UnavailableError("no live prefill worker");
+  std::string address;
+  {
+    absl::MutexLock lock(&policy_mu_);
+    prefill_policy_.SetWorkers(live);
+    ASSIGN_OR_RETURN(address, prefill_policy_.Choose(prompt));
+  }
+  absl::MutexLock lock(&mu_);
+  return Worker{address, descriptions_.at(address)};
+}
+
+absl::StatusOr<Cluster::Worker> Cluster::ChooseDecode(const DecodeDemand& demand, bool combined,
+                                                      const absl::flat_hash_set<std::string>& exclude) const {
+  std::vector<WorkerLoad> live = Live(combined ? v1::WORKER_ROLE_COMBINED : v1::WORKER_ROLE_DECODE, exclude);
+  if (live.empty()) return absl::UnavailableError(combined ? "no live combined worker" : "no live decode worker");
+  ASSIGN_OR_RETURN(std::string address, ChooseDecodeWorker(live, demand));
+  absl::MutexLock lock(&mu_);
+  return Worker{address, descriptions_.at(address)};
+}
+
+absl::StatusOr<bool> Cluster::UseDisaggregated() const {
+  if (num_live(v1::WORKER_ROLE_PREFILL) > 0 && num_live(v1::WORKER_ROLE_DECODE) > 0) return true;
+  if (num_live(v1::WORKER_ROLE_COMBINED) > 0) return false;
+  return absl::UnavailableError(absl::StrCat("no live workers (prefill ", num_live(v1::WORKER_ROLE_PREFILL), ", decode ",
+                                             num_live(v1::WORKER_ROLE_DECODE), ", combined ",
+                                             num_live(v1::WORKER_ROLE_COMBINED), ")"));
+}
+
+int64_t Cluster::num_live(v1::WorkerRole role) const { return static_cast<int64_t>(Live(role, {}).size()); }
+
+int64_t Cluster::max_model_len() const {
+  absl::MutexLock lock(&mu_);
+  int64_t m = 0;
+  for (const auto& [address, d] : descriptions_) {
+    if (d.max_model_len() > 0 && (m == 0 || d.max_model_len() < m)) m = d.max_model_len();
+  }
+  return m;
+}
+
+std::shared_ptr<grpc::Channel> Cluster::Channel(const std::string& address) {
+  std::shared_ptr<grpc::Channel>& c = channels_[address];
+  if (!c) {
+    grpc::ChannelArguments args;
+    // Detect a dead peer on an idle connection: keepalive pings, failing within a few seconds.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    c = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  return c;
+}
+
+v1::Prefill::Stub* Cluster::prefill_stub(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& s = prefill_stubs_[address];
+  if (!s) s = v1::Prefill::NewStub(Channel(address));
+  return s.get();
+}
+
+v1::Decode::Stub* Cluster::decode_stub(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& s = decode_stubs_[address];
+  if (!s) s = v1::Decode::NewStub(Channel(address));
+  return s.get();
+}
+
+v1::ListWorkersResponse Cluster::List() const {
+  v1::ListWorkersResponse out;
+  absl::flat_hash_set<std::string> live;
+  for (v1::WorkerRole r : {v1::WORKER_ROLE_PREFILL, v1::WORKER_ROLE_DECODE, v1::WORKER_ROLE_COMBINED}) {
+    for (const WorkerLoad& w : Live(r, {})) live.insert(w.id);
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> addresses;
+  for (const auto& [address, d] : descriptions_) addresses.push_back(address);
+  std::sort(addresses.begin(), addresses.end());
+  for (const std::string& a : addresses) {
+    v1::WorkerInfo* info = out.add_workers();
+    *info->mutable_worker() = descriptions_.at(a);
+    if (auto it = loads_.find(a); it != loads_.end()) *info->mutable_load() = it->second;
+    info->set_state(live.contains(a) ? "SERVING" : "UNHEALTHY");
+    if (live.contains(a)) out.add_live(a);
+  }
+  return out;
+}
+
+void Cluster::PollStatic() {
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::WorkerStatus::Stub>> stubs;
+  for (const std::string& a : options_.static_workers) {
+    std::shared_ptr<grpc::Channel> channel;
+    {
+      absl::MutexLock lock(&mu_);
+      channel = Channel(a);
+    }
+    stubs[a] = v1::WorkerStatus::NewStub(channel);
+  }
+  absl::flat_hash_map<std::string, bool> registered;
+  do {
+    for (auto& [address, stub] : stubs) {
+      grpc::ClientContext ctx;
+      rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
+      v1::WorkerInfo info;
+      const grpc::Status s = stub->GetStatus(&ctx, v1::GetStatusRequest(), &info);
+      if (!s.ok() || info.state() == "LOADING") continue;  // no heartbeat: liveness runs out
+      if (!registered[address]) {
+        v1::WorkerDescription d = info.worker();
+        d.set_address(address);  // the address we reach it by
+        if (absl::Status r = Register(d); !r.ok()) {
+          TANDEM_LOG(ERROR) << "static worker " << address << ": " << r;
+          continue;
+        }
+        registered[address] = true;
+      }
+      (void)Heartbeat(address, info.load());
+    }
+  } while (!stop_.WaitForNotificationWithTimeout(options_.poll_interval));
+}
+
+}  // namespace tandem::router

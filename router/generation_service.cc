@@ -1,0 +1,304 @@
+#include "router/generation_service.h"
+
+#include <atomic>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/reactors.h"
+#include "common/rpc/status.h"
+#include "router/stop_strings.h"
+
+namespace tandem::router {
+namespace {
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const absl::Status& status) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(rpc::ToGrpc(status));
+  return reactor;
+}
+
+std::string NewRequestId() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  return absl::StrFormat("req-%08x-%d", salt & 0xffffffff, counter.fetch_add(1));
+}
+
+// Streams deltas and the final message to a GenerateStream call.
+class StreamSink final : public FlowSink {
+ public:
+  StreamSink(std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream, std::string id)
+      : stream_(std::move(stream)), id_(std::move(id)) {}
+  void Delta(v1::TextDelta delta) override {
+    if (delta.text().empty() && delta.token_ids_size() == 0) return;
+    v1::GenerateStreamResponse r;
+    r.set_request_id(id_);
+    *r.mutable_delta() = std::move(delta);
+    stream_->Write(std::move(r));
+  }
+  void Finish(const grpc::Status& status, v1::GenerateResponse final) override {
+    if (status.ok()) {
+      v1::GenerateStreamResponse r;
+      r.set_request_id(id_);
+      *r.mutable_final() = std::move(final);
+      stream_->Write(std::move(r));
+    }
+    stream_->Finish(status);
+  }
+
+ private:
+  std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream_;
+  std::string id_;
+};
+
+// Gathers a whole response for the unary Generate.
+class UnarySink final : public FlowSink {
+ public:
+  explicit UnarySink(std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call) : call_(std::move(call)) {}
+  void Delta(v1::TextDelta delta) override {
+    text_ += delta.text();
+    for (int32_t id : delta.token_ids()) ids_.push_back(id);
+    for (auto& l : *delta.mutable_logprobs()) logprobs_.push_back(std::move(l));
+  }
+  void Finish(const grpc::Status& status, v1::GenerateResponse final) override {
+    final.set_text(text_);
+    *final.mutable_token_ids() = {ids_.begin(), ids_.end()};
+    for (auto& l : logprobs_) *final.add_logprobs() = std::move(l);
+    call_->Finish(status, &final);
+  }
+
+ private:
+  std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call_;
+  std::string text_;
+  std::vector<int32_t> ids_;
+  std::vector<v1::PositionLogprobs> logprobs_;
+};
+
+}  // namespace
+
+GenerationService::GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer)
+    : options_(options), cluster_(cluster), tokenizer_(tokenizer), env_{cluster, tokenizer} {
+  for (int i = 0; i < std::max(1, options_.max_concurrent_requests); ++i) threads_.emplace_back([this] { FlowThread(); });
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+GenerationService::~GenerationService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (const auto& c : active_) c->Cancel();
+  }
+  for (auto& t : threads_) t.join();
+  watchdog_.join();
+}
+
+int64_t GenerationService::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return running_ + static_cast<int64_t>(queue_.size());
+}
+
+absl::Status GenerationService::CheckModel(const std::string& model) const {
+  if (model.empty() || model == options_.model.name()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("unknown model \"", model, "\"; this router serves \"",
+                                                 options_.model.name(), "\""));
+}
+
+absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateRequest& req, absl::Time deadline) const {
+  RETURN_IF_ERROR(CheckModel(req.model()));
+  FlowRequest r;
+  r.id = req.request_id().empty() ? NewRequestId() : req.request_id();
+  if (r.id.size() > 256) return absl::InvalidArgumentError("request_id is longer than 256 bytes");
+  for (unsigned char c : r.id) {
+    if (c < 0x20 || c == 0x7f) return absl::InvalidArgumentError("request_id contains control characters");
+  }
+  const int64_t vocab = options_.model.vocab_size();
+  switch (req.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      if (req.prompt().empty()) return absl::InvalidArgumentError("prompt is empty");
+      if (req.prompt().size() > (64u << 20)) return absl::InvalidArgumentError("prompt is larger than 64 MiB");
+      r.prompt = tokenizer_->Encode(req.prompt(), req.add_special_tokens());
+      if (r.prompt.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");
+      break;
+    case v1::GenerateRequest::kPromptTokenIds:
+      if (req.prompt_token_ids().ids_size() == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
+      r.prompt.assign(req.prompt_token_ids().ids().begin(), req.prompt_token_ids().ids().end());
+      for (size_t i = 0; i < r.prompt.size(); ++i) {
+        if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", r.prompt[i],
+                                                         " is outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("give prompt or prompt_token_ids");
+  }
+  r.params = rpc::FromProto(req.sampling());
+  r.proto_params = req.sampling();
+  r.proto_params.clear_stop();
+  r.proto_params.clear_skip_special_tokens();
+  SamplingLimits limits;
+  limits.vocab_size = vocab;
+  limits.max_model_len = cluster_->max_model_len() > 0 ? cluster_->max_model_len() : options_.model.max_position_embeddings();
+  limits.prompt_len = static_cast<int64_t>(r.prompt.size());
+  limits.max_logprobs = options_.max_logprobs;
+  if (limits.prompt_len >= limits.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", limits.prompt_len, " tokens; the context holds ",
+                                                   limits.max_model_len, " (prompt and output)"));
+  }
+  RETURN_IF_ERROR(r.params.Validate(limits));
+  r.stop.assign(req.sampling().stop().begin(), req.sampling().stop().end());
+  RETURN_IF_ERROR(StopStringMatcher::Validate(r.stop));
+  r.skip_special_tokens = req.sampling().skip_special_tokens();
+  r.arrival = absl::Now();
+  r.deadline = std::min(deadline, r.arrival + options_.request_timeout);
+  if (r.deadline <= r.arrival) return absl::DeadlineExceededError("the deadline passed before the request arrived");
+  return r;
+}
+
+absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
+                                      std::shared_ptr<FlowSink> sink, int32_t priority) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the router is shutting down");
+  const int64_t waiting = static_cast<int64_t>(queue_.size());
+  if (running_ + waiting >= options_.max_concurrent_requests + options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", running_, " requests running and ", waiting,
+                                                     " queued (--max-queued-requests ", options_.max_queued_requests,
+                                                     "); retry later"));
+  }
+  if (!ids_.insert(request->id).second) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id \"", request->id, "\" is already in flight"));
+  }
+  Job job{priority, next_order_++, [this, request, control, sink] {
+            {
+              absl::MutexLock l(&mu_);
+              active_.insert(control);
+            }
+            if (control->cancelled()) {
+              sink->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while queued"), {});
+            } else if (absl::Now() >= request->deadline) {
+              sink->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded while queued"), {});
+            } else {
+              RunFlow(env_, *request, control.get(), sink.get());
+            }
+            absl::MutexLock l(&mu_);
+            active_.erase(control);
+            ids_.erase(request->id);
+          }};
+  auto pos = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) { return j.priority < priority; });
+  queue_.insert(pos, std::move(job));
+  return absl::OkStatus();
+}
+
+void GenerationService::FlowThread() {
+  while (true) {
+    Job job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this] { return !queue_.empty() || stopping_; };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      ++running_;
+    }
+    job.run();
+    absl::MutexLock lock(&mu_);
+    --running_;
+  }
+}
+
+void GenerationService::Watchdog() {
+  while (true) {
+    std::vector<std::shared_ptr<FlowControl>> active;
+    {
+      absl::MutexLock lock(&mu_);
+      auto stop = [this] { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(100))) return;
+      active.assign(active_.begin(), active_.end());
+    }
+    for (const auto& c : active) c->CancelUnhealthy([this](const std::string& w) { return cluster_->IsHealthy(w); });
+  }
+}
+
+grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::GenerateStream(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto control = std::make_shared<FlowControl>();
+  std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream;
+  auto* reactor = rpc::ServerStream<v1::GenerateStreamResponse>::Start([control] { control->Cancel(); }, &stream);
+  absl::StatusOr<FlowRequest> r = Validate(*request, rpc::DeadlineOf(*context));
+  if (!r.ok()) {
+    stream->Finish(rpc::ToGrpc(r.status()));
+    return reactor;
+  }
+  auto flow = std::make_shared<FlowRequest>(*std::move(r));
+  auto sink = std::make_shared<StreamSink>(stream, flow->id);
+  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) stream->Finish(rpc::ToGrpc(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
+                                                      const v1::GenerateRequest* request,
+                                                      v1::GenerateResponse* response) {
+  auto control = std::make_shared<FlowControl>();
+  std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call;
+  auto* reactor = rpc::UnaryCall<v1::GenerateResponse>::Start(response, [control] { control->Cancel(); }, &call);
+  absl::StatusOr<FlowRequest> r = Validate(*request, rpc::DeadlineOf(*context));
+  if (!r.ok()) {
+    call->Finish(rpc::ToGrpc(r.status()));
+    return reactor;
+  }
+  auto flow = std::make_shared<FlowRequest>(*std::move(r));
+  auto sink = std::make_shared<UnarySink>(call);
+  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) call->Finish(rpc::ToGrpc(s));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                      const v1::TokenizeRequest* request,
+                                                      v1::TokenizeResponse* response) {
+  if (absl::Status s = CheckModel(request->model()); !s.ok()) return Answer(context, s);
+  if (request->text().size() > (64u << 20)) return Answer(context, absl::InvalidArgumentError("text is larger than 64 MiB"));
+  for (int32_t id : tokenizer_->Encode(request->text(), request->add_special_tokens())) response->add_ids(id);
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
+                                                        const v1::DetokenizeRequest* request,
+                                                        v1::DetokenizeResponse* response) {
+  if (absl::Status s = CheckModel(request->model()); !s.ok()) return Answer(context, s);
+  std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
+  absl::StatusOr<std::string> text = tokenizer_->Decode(ids, request->skip_special_tokens());
+  if (!text.ok()) return Answer(context, absl::InvalidArgumentError(text.status().message()));
+  response->set_text(*text);
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
+                                                        const v1::ListModelsRequest*, v1::ListModelsResponse* response) {
+  *response->add_models() = options_.model;
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RegistrationService::Register(grpc::CallbackServerContext* context,
+                                                        const v1::RegisterRequest* request,
+                                                        v1::RegisterResponse* response) {
+  response->set_heartbeat_interval_ms(500);
+  return Answer(context, cluster_->Register(request->worker()));
+}
+
+grpc::ServerUnaryReactor* RegistrationService::Heartbeat(grpc::CallbackServerContext* context,
+                                                         const v1::HeartbeatRequest* request, v1::HeartbeatResponse*) {
+  return Answer(context, cluster_->Heartbeat(request->address(), request->load()));
+}
+
+grpc::ServerUnaryReactor* RegistrationService::ListWorkers(grpc::CallbackServerContext* context,
+                                                           const v1::ListWorkersRequest*,
+                                                           v1::ListWorkersResponse* response) {
+  *response = cluster_->List();
+  return Answer(context, absl::OkStatus());
+}
+
+}  // namespace tandem::router

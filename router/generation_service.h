@@ -1,0 +1,95 @@
+// The public API (tandem.v1.Generation) and the worker registration API (tandem.v1.Registration)
+// of the router. Translators only: requests are validated here (every field, before any queue:
+// INVALID_ARGUMENT with a message), admitted or refused at once (RESOURCE_EXHAUSTED when
+// max_concurrent_requests run and max_queued_requests wait), and run by RunFlow on a fixed pool of
+// flow threads, higher priority first. A watchdog cancels child calls to workers that stopped being
+// healthy, so a hung worker costs a request a retry or an UNAVAILABLE, never its whole deadline.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/config.h"
+#include "common/tokenizer/tokenizer.h"
+#include "router/cluster.h"
+#include "router/request_flow.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::router {
+
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  struct Options {
+    v1::ModelInfo model;  // name, fingerprint, vocabulary, context
+    int64_t max_queued_requests = 1024;
+    int max_concurrent_requests = 256;
+    absl::Duration request_timeout = absl::Minutes(10);  // deadline of requests that set none
+    int32_t max_logprobs = 20;
+  };
+  GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer);
+  ~GenerationService() override;
+
+  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(grpc::CallbackServerContext* context,
+                                                                       const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context, const v1::GenerateRequest* request,
+                                     v1::GenerateResponse* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context, const v1::DetokenizeRequest* request,
+                                       v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+
+  int64_t in_flight() const;
+
+ private:
+  struct Job {
+    int32_t priority;
+    uint64_t order;
+    std::function<void()> run;
+  };
+  absl::StatusOr<FlowRequest> Validate(const v1::GenerateRequest& request, absl::Time deadline) const;
+  absl::Status CheckModel(const std::string& model) const;
+  // Queues the flow or refuses it (RESOURCE_EXHAUSTED, ALREADY_EXISTS for an id in flight).
+  absl::Status Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
+                     std::shared_ptr<FlowSink> sink, int32_t priority);
+  void FlowThread();
+  void Watchdog();
+
+  Options options_;
+  Cluster* cluster_;
+  const Tokenizer* tokenizer_;
+  FlowEnvironment env_;
+  mutable absl::Mutex mu_;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);  // by priority, then arrival
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<std::string> ids_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::shared_ptr<FlowControl>> active_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+  std::thread watchdog_;
+};
+
+class RegistrationService final : public v1::Registration::CallbackService {
+ public:
+  explicit RegistrationService(Cluster* cluster) : cluster_(cluster) {}
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context, const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
+
+ private:
+  Cluster* cluster_;
+};
+
+}  // namespace tandem::router

@@ -1,0 +1,101 @@
+// tandem-router: the public gRPC endpoint of a Tandem cluster (tandem.v1.Generation) and the
+// registry its workers register with (tandem.v1.Registration). See generation_service.h, cluster.h
+// and request_flow.h.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/base/command_line.h"
+#include "common/base/logging.h"
+#include "common/model/config.h"
+#include "common/model/fingerprint.h"
+#include "common/rpc/server.h"
+#include "common/tokenizer/tokenizer.h"
+#include "router/generation_service.h"
+
+ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, tokenizer.json; weights' headers)");
+ABSL_FLAG(std::string, model_name, "", "name clients use for the model (default: the directory's name)");
+ABSL_FLAG(int32_t, port, 50051, "gRPC port (0 = any free port; the chosen one is printed)");
+ABSL_FLAG(std::string, bind_address, "0.0.0.0", "address to listen on");
+ABSL_FLAG(std::string, workers, "", "static workers, comma-separated host:port (polled; they need no --router)");
+ABSL_FLAG(int64_t, max_queued_requests, 1024, "requests waiting for a flow thread beyond which new ones are refused");
+ABSL_FLAG(int32_t, max_concurrent_requests, 256, "requests in flight through the cluster at once");
+ABSL_FLAG(double, request_timeout_s, 600, "deadline of requests that set none");
+ABSL_FLAG(double, heartbeat_timeout_s, 3, "a worker silent this long receives no new work");
+ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a request may ask for");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("tandem-router --model DIR [--port 50051] [--workers HOST:PORT,...] ...\n"
+                               "Router of a Tandem cluster; --helpfull lists every flag.");
+  tandem::ParseCommandLine(argc, argv);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "tandem-router: %s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  if (dir.empty()) return fail(absl::InvalidArgumentError("--model DIR is required"));
+  auto config = tandem::LoadModelConfig(dir);
+  if (!config.ok()) return fail(config.status());
+  auto tokenizer = tandem::Tokenizer::Load(dir);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  auto fingerprint = tandem::ModelFingerprint(dir);
+  if (!fingerprint.ok()) return fail(fingerprint.status());
+
+  tandem::router::Cluster::Options co;
+  co.model_fingerprint = *fingerprint;
+  co.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace())) {
+    co.static_workers.emplace_back(w);
+  }
+  co.prefill_policy.block_size = 16;
+  tandem::router::Cluster cluster(co);
+
+  tandem::router::GenerationService::Options go;
+  std::string name = absl::GetFlag(FLAGS_model_name);
+  if (name.empty()) {
+    std::string trimmed = dir;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    name = trimmed.substr(trimmed.find_last_of('/') + 1);
+  }
+  go.model.set_name(name);
+  go.model.set_architecture(config->architecture);
+  go.model.set_fingerprint(*fingerprint);
+  go.model.set_vocab_size(static_cast<int32_t>(config->vocab_size));
+  go.model.set_max_position_embeddings(static_cast<int32_t>(config->max_position_embeddings));
+  go.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  go.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  go.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
+  go.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
+  tandem::router::GenerationService generation(go, &cluster, tokenizer->get());
+  tandem::router::RegistrationService registration(&cluster);
+
+  tandem::rpc::ServerOptions so;
+  so.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
+  so.services = {&generation, &registration};
+  so.health_service_names = {"tandem.v1.Generation", "tandem.v1.Registration"};
+  auto server = tandem::rpc::StartServer(so);
+  if (!server.ok()) return fail(server.status());
+  server->SetServing(true);
+  std::printf("tandem-router: listening on %s:%d\n", absl::GetFlag(FLAGS_bind_address).c_str(), server->port);
+  std::fflush(stdout);
+  TANDEM_LOG(INFO) << "router serving " << name << " (" << config->architecture << ", fingerprint " << *fingerprint
+                   << ") on port " << server->port;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  TANDEM_LOG(INFO) << "router: shutting down (" << generation.in_flight() << " requests in flight)";
+  server->SetServing(false);
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return 0;
+}

@@ -1,0 +1,86 @@
+// One request's path through the cluster, run on a router thread (request_flow.cc):
+//   disaggregated: choose a decode worker and open its Decode stream (it reserves KV blocks and
+//     answers Reserved); choose a prefill worker (prefix affinity) and call Prefill naming the
+//     decode worker's KV receiver; the first token comes back from the prefill worker (TTFT); then
+//     the decode stream delivers the rest. A prefill worker that dies or hangs before the transfer
+//     completed is marked unhealthy and the prefill retried on another one while the deadline
+//     allows; a failed transfer or decode worker fails the request with UNAVAILABLE.
+//   combined: one Decode stream with local_prefill.
+// The router detokenizes incrementally, applies stop strings (cancelling the decode stream on a
+// match), and reports text deltas and a final response to the sink. Client cancellation and the
+// deadline propagate to every child call; every exit cancels what is still open, so the workers
+// free the request's blocks.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/sampling/sampling_params.h"
+#include "common/tokenizer/tokenizer.h"
+#include "grpcpp/grpcpp.h"
+#include "router/cluster.h"
+#include "tandem/v1/generation.pb.h"
+
+namespace tandem::router {
+
+struct FlowRequest {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  v1::SamplingParameters proto_params;  // as forwarded to the workers
+  std::vector<std::string> stop;
+  bool skip_special_tokens = false;
+  absl::Time arrival;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// Receives a flow's output. Delta() may be called many times, then Finish() exactly once.
+class FlowSink {
+ public:
+  virtual ~FlowSink() = default;
+  virtual void Delta(v1::TextDelta delta) = 0;
+  // `final` is meaningful when `status` is OK.
+  virtual void Finish(const grpc::Status& status, v1::GenerateResponse final) = 0;
+};
+
+// Cancellation shared between the client's call (which may cancel at any time, from a gRPC thread),
+// the router's watchdog (which cancels calls to workers that stopped being healthy: a hung worker
+// must not hold a request until its deadline) and the flow's child calls.
+class FlowControl {
+ public:
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers a child call to `worker`; it is cancelled at once when the flow already is.
+  void Attach(grpc::ClientContext* context, const std::string& worker) ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels the child calls to workers `healthy` rejects, remembering them as lost.
+  void CancelUnhealthy(const std::function<bool(const std::string&)>& healthy) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the watchdog cancelled this child call because its worker was lost.
+  bool lost(const grpc::ClientContext* context) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Child {
+    grpc::ClientContext* context;
+    std::string worker;
+  };
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Child> children_ ABSL_GUARDED_BY(mu_);
+  std::vector<const grpc::ClientContext*> lost_ ABSL_GUARDED_BY(mu_);
+};
+
+struct FlowEnvironment {
+  Cluster* cluster;
+  const Tokenizer* tokenizer;
+  absl::Duration prefill_retry_min_time_left = absl::Milliseconds(200);
+};
+
+// Runs the request to its end; calls sink->Finish exactly once.
+void RunFlow(const FlowEnvironment& env, const FlowRequest& request, FlowControl* control, FlowSink* sink);
+
+}  // namespace tandem::router
