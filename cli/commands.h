@@ -16,5 +16,6 @@ int MakeModelCommand();
 int GenerateCommand();
 int TokenizeCommand();
 int DetokenizeCommand();
+int UpCommand();
 
 }  // namespace tandem::cli

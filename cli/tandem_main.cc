@@ -21,12 +21,20 @@ Commands:
                --preset P --out DIR [--seed N] [--dtype bf16|f16|f32] [--tokenizer FILE]
                [--shard-size-mb N]
                --list-presets prints the presets.
-  generate     Generate in-process from a Hugging Face model directory.
+  up           Start a cluster on this machine: a router and prefill and decode workers.
+               [--model DIR] [--prefill N] [--decode M] [--combined K] [--port 50051]
+               [--log-dir DIR] [--ready-file F] [--worker-args=--flag,...] [engine flags]
+               Waits until every worker serves, prints the endpoints; Ctrl-C drains and stops.
+               Without --model: the embedded default (models-cache/tiny-llama, written on first use).
+  generate     Generate in-process from a Hugging Face model directory, or from a router.
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]
                [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
                [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--min-tokens N] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
+               [--batch-file F.jsonl]
+               --server HOST:PORT streams from a Tandem router instead (no --model needed), with
+               [--stop S1,S2] [--timeout-s T] [--priority P] besides the flags above.
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
                PATH is a model directory or a tokenizer.json file. --jsonl F: one JSON string per
@@ -60,6 +68,7 @@ int main(int argc, char** argv) {
   }
   if (command == "make-model") return tandem::cli::MakeModelCommand();
   if (command == "generate") return tandem::cli::GenerateCommand();
+  if (command == "up") return tandem::cli::UpCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);

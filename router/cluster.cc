@@ -64,7 +64,21 @@ absl::Status Cluster::Heartbeat(const std::string& address, const v1::WorkerLoad
   RETURN_IF_ERROR(registry_.Heartbeat(address, h));
   absl::MutexLock lock(&mu_);
   loads_[address] = load;
+  accounting_[address].blocks_since_heartbeat = 0;
   return absl::OkStatus();
+}
+
+Cluster::Assignment::Assignment(Cluster* cluster, std::string address, int64_t blocks)
+    : cluster_(cluster), address_(std::move(address)) {
+  absl::MutexLock lock(&cluster_->mu_);
+  Accounting& a = cluster_->accounting_[address_];
+  ++a.active;
+  a.blocks_since_heartbeat += blocks;
+}
+
+Cluster::Assignment::~Assignment() {
+  absl::MutexLock lock(&cluster_->mu_);
+  --cluster_->accounting_[address_].active;
 }
 
 void Cluster::MarkUnhealthy(const std::string& address) {
@@ -87,7 +101,14 @@ std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role, const absl::flat_hash
   absl::MutexLock lock(&mu_);
   for (WorkerLoad& w : registry_.Snapshot(r)) {
     auto it = descriptions_.find(w.id);
-    if (it == descriptions_.end() || it->second.role() != role || !w.healthy || exclude.contains(w.id)) continue;
+    if (it == descriptions_.end() || it->second.role() != role || !w.healthy || w.draining || exclude.contains(w.id)) {
+      continue;
+    }
+    if (auto a = accounting_.find(w.id); a != accounting_.end()) {
+      w.running = std::max(w.running + w.waiting, a->second.active);
+      w.waiting = 0;
+      w.free_blocks = std::max<int64_t>(0, w.free_blocks - a->second.blocks_since_heartbeat);
+    }
     out.push_back(std::move(w));
   }
   return out;

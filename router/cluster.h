@@ -40,6 +40,8 @@ class Cluster {
   absl::Status Register(const v1::WorkerDescription& worker);
   absl::Status Heartbeat(const std::string& address, const v1::WorkerLoad& load);
   void MarkUnhealthy(const std::string& address);
+  // Alive (heard from in time, no failed call since). A draining worker is healthy: its calls in
+  // flight continue, it just gets no new ones.
   bool IsHealthy(const std::string& address) const;
 
   struct Worker {
@@ -60,6 +62,21 @@ class Cluster {
   // The smallest max_model_len over registered workers (0 when none).
   int64_t max_model_len() const;
 
+  // The router's own count of work it sent a worker, so that choices made between two heartbeats
+  // see each other: while held, the worker counts one more sequence and `blocks` fewer free blocks
+  // (until its next heartbeat reports them itself).
+  class Assignment {
+   public:
+    Assignment(Cluster* cluster, std::string address, int64_t blocks);
+    ~Assignment();
+    Assignment(const Assignment&) = delete;
+    Assignment& operator=(const Assignment&) = delete;
+
+   private:
+    Cluster* cluster_;
+    std::string address_;
+  };
+
   v1::Prefill::Stub* prefill_stub(const std::string& address);
   v1::Decode::Stub* decode_stub(const std::string& address);
   v1::ListWorkersResponse List() const;
@@ -74,6 +91,11 @@ class Cluster {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, v1::WorkerDescription> descriptions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, v1::WorkerLoad> loads_ ABSL_GUARDED_BY(mu_);
+  struct Accounting {
+    int64_t active = 0;                  // router flows holding an Assignment
+    int64_t blocks_since_heartbeat = 0;  // blocks assigned after the last heartbeat
+  };
+  absl::flat_hash_map<std::string, Accounting> accounting_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> prefill_stubs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> decode_stubs_ ABSL_GUARDED_BY(mu_);

@@ -109,6 +109,12 @@ class Flow {
     return RunDisaggregated();
   }
 
+  // KV blocks the request takes on a decode worker at first.
+  int64_t Blocks(const Cluster::Worker& w) const {
+    const int64_t bs = std::max<int32_t>(1, w.description.kv_geometry().block_size());
+    return (static_cast<int64_t>(req_.prompt.size()) + bs) / bs;
+  }
+
   DecodeDemand Demand() const {
     return {static_cast<int64_t>(req_.prompt.size()), req_.params.max_tokens, 0.25};
   }
@@ -164,6 +170,7 @@ class Flow {
     while (true) {
       absl::StatusOr<Cluster::Worker> w = env_.cluster->ChooseDecode(Demand(), /*combined=*/true, tried);
       if (!w.ok()) return rpc::ToGrpc(w.status());
+      Cluster::Assignment assigned(env_.cluster, w->address, Blocks(*w));
       ChildCall call(control_, w->address, req_.deadline);
       auto reader = env_.cluster->decode_stub(w->address)->Decode(&call.context, MakeDecodeRequest(true));
       grpc::Status s = ReadDecode(call, reader.get(), w->address);
@@ -192,6 +199,7 @@ class Flow {
     while (true) {
       absl::StatusOr<Cluster::Worker> w = env_.cluster->ChoosePrefill(req_.prompt, tried);
       if (!w.ok()) return rpc::ToGrpc(w.status());
+      Cluster::Assignment assigned(env_.cluster, w->address, 0);
       ChildCall call(control_, w->address, req_.deadline);
       grpc::Status s = env_.cluster->prefill_stub(w->address)->Prefill(&call.context, p, response);
       if (s.ok()) return s;
@@ -232,6 +240,7 @@ class Flow {
     while (true) {
       absl::StatusOr<Cluster::Worker> w = env_.cluster->ChooseDecode(Demand(), /*combined=*/false, tried);
       if (!w.ok()) return rpc::ToGrpc(w.status());
+      Cluster::Assignment assigned(env_.cluster, w->address, Blocks(*w));
       ChildCall call(control_, w->address, req_.deadline);
       auto reader = env_.cluster->decode_stub(w->address)->Decode(&call.context, MakeDecodeRequest(false));
       v1::DecodeEvent event;

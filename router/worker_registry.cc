@@ -61,7 +61,8 @@ std::vector<WorkerLoad> WorkerRegistry::Snapshot(WorkerRole role) const {
     if (r != role && r != WorkerRole::kCombined) continue;
     WorkerLoad w;
     w.id = address;
-    w.healthy = !e.failed_check && !e.load.draining && now - e.last_heard <= options_.heartbeat_timeout;
+    w.healthy = !e.failed_check && now - e.last_heard <= options_.heartbeat_timeout;
+    w.draining = e.load.draining;
     w.waiting = e.load.waiting;
     w.running = e.load.running;
     w.free_blocks = e.load.free_blocks;

@@ -84,16 +84,37 @@ TEST(PrefillPolicyTest, RemovingAWorkerOnlyMovesItsKeys) {
   EXPECT_GT(moved, 0);
 }
 
-TEST(DecodePolicyTest, MostFreeBlocksThenFewestRunning) {
+TEST(DecodePolicyTest, WeighsKvUsageAgainstRunningSequences) {
   auto w = Workers(3);
-  w[0].free_blocks = 10;
+  for (auto& x : w) x.total_blocks = 100;
+  w[0].free_blocks = 10;  // 90% used
   w[1].free_blocks = 50;
   w[2].free_blocks = 50;
   w[1].running = 9;
   w[2].running = 3;
+  // Same KV usage: the one with fewer sequences.
   EXPECT_EQ(ChooseDecodeWorker(w, {100, 64}).value(), "w2");
   w[2].healthy = false;
+  // w0: 0.9 + 0/10; w1: 0.5 + 9/10 — the nearly full pool still wins against a busy one.
+  EXPECT_EQ(ChooseDecodeWorker(w, {100, 64}).value(), "w0");
+  w[0].running = 4;  // 0.9 + 4/14 > 0.5 + 9/14
   EXPECT_EQ(ChooseDecodeWorker(w, {100, 64}).value(), "w1");
+}
+
+TEST(DecodePolicyTest, IdleEqualWorkersTakeTurnsAsLoadIsCounted) {
+  auto w = Workers(2);
+  for (auto& x : w) {
+    x.total_blocks = 100;
+    x.free_blocks = 100;
+  }
+  std::map<std::string, int> count;
+  for (int i = 0; i < 10; ++i) {
+    const std::string chosen = ChooseDecodeWorker(w, {10, 10}).value();
+    ++count[chosen];
+    ++w[chosen == "w0" ? 0 : 1].running;  // what the router's own accounting adds between heartbeats
+  }
+  EXPECT_EQ(count["w0"], 5);
+  EXPECT_EQ(count["w1"], 5);
 }
 
 TEST(DecodePolicyTest, RefusesWhenNoWorkerHasRoom) {

@@ -76,5 +76,16 @@ TEST_F(WorkerRegistryTest, CombinedWorkersServeBothRoles) {
   EXPECT_EQ(registry_.Snapshot(WorkerRole::kDecode).size(), 1u);
 }
 
+TEST_F(WorkerRegistryTest, DrainingWorkersStayHealthyButSayTheyDrain) {
+  ASSERT_TRUE(registry_.Register(Worker("d1:1", WorkerRole::kDecode)).ok());
+  router::Heartbeat h{0, 3, 50};
+  h.draining = true;
+  ASSERT_TRUE(registry_.Heartbeat("d1:1", h).ok());
+  auto decode = registry_.Snapshot(WorkerRole::kDecode);
+  ASSERT_EQ(decode.size(), 1u);
+  EXPECT_TRUE(decode[0].healthy);  // its streams in flight must not be cut
+  EXPECT_TRUE(decode[0].draining);
+}
+
 }  // namespace
 }  // namespace tandem::router

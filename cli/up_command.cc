@@ -1,0 +1,201 @@
+// `tandem up`: a whole cluster on this machine — a router and N prefill and M decode workers (or K
+// combined workers) — started as child processes, waited on until every worker serves, printed, and
+// shut down cleanly (SIGTERM, drain, then SIGKILL after a grace period) on Ctrl-C or SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/commands.h"
+#include "common/base/subprocess.h"
+#include "common/model/presets.h"
+#include "common/model/random_model.h"
+#include "common/rpc/status.h"
+#include "common/serving/engine_flags.h"
+#include "grpcpp/grpcpp.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int64_t, max_queued_requests);
+ABSL_FLAG(int32_t, prefill, 1, "up: prefill workers to start");
+ABSL_FLAG(int32_t, decode, 1, "up: decode workers to start");
+ABSL_FLAG(int32_t, combined, 0, "up: combined (prefill + decode, no transfer) workers to start");
+ABSL_FLAG(int32_t, port, 50051, "up: the router's gRPC port");
+ABSL_FLAG(std::string, log_dir, "", "up: directory for the processes' logs (default: a new one under /tmp)");
+ABSL_FLAG(std::string, ready_file, "", "up: once every worker serves, write the router's address to this file");
+ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
+ABSL_FLAG(std::vector<std::string>, worker_args, {},
+          "up: extra flags for every worker, comma-separated (e.g. --worker-args=--layerwise-transfer=false)");
+
+namespace tandem::cli {
+namespace {
+
+std::string FindBinary(const std::string& name, const std::string& subdir) {
+  const std::string here = ExecutableDir();
+  for (const std::string& p : {here + "/" + name, here + "/../" + subdir + "/" + name}) {
+    if (::access(p.c_str(), X_OK) == 0) return std::filesystem::weakly_canonical(p).string();
+  }
+  return here + "/" + name;
+}
+
+// The embedded default model: a random tiny Llama, written on first use.
+absl::StatusOr<std::string> DefaultModel() {
+  const char* env = std::getenv("TANDEM_DEFAULT_MODEL");
+  const std::string dir = env != nullptr ? env : "models-cache/tiny-llama";
+  if (std::filesystem::exists(dir + "/config.json")) return dir;
+  std::fprintf(stderr, "tandem up: writing the default model to %s\n", dir.c_str());
+  RandomModelOptions o;
+  auto preset = FindModelPreset("tiny-llama");
+  if (!preset.ok()) return preset.status();
+  o.config = preset->config;
+  o.out_dir = dir;
+  o.seed = 0;
+  if (absl::Status s = WriteRandomModel(o); !s.ok()) return s;
+  return dir;
+}
+
+volatile sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+}  // namespace
+
+int UpCommand() {
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "tandem up: %s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  };
+  const int n_prefill = absl::GetFlag(FLAGS_prefill), n_decode = absl::GetFlag(FLAGS_decode),
+            n_combined = absl::GetFlag(FLAGS_combined);
+  if (n_prefill < 0 || n_decode < 0 || n_combined < 0 || n_prefill > 64 || n_decode > 64 || n_combined > 64) {
+    return fail(absl::InvalidArgumentError("--prefill, --decode and --combined must be in [0, 64]"));
+  }
+  if ((n_prefill > 0) != (n_decode > 0)) {
+    return fail(absl::InvalidArgumentError("prefill and decode workers come together (--prefill N --decode M, both > 0)"));
+  }
+  if (n_prefill + n_combined == 0) return fail(absl::InvalidArgumentError("no workers to start"));
+  if (auto o = EngineOptionsFromFlags(); !o.ok()) return fail(o.status());
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) {
+    auto m = DefaultModel();
+    if (!m.ok()) return fail(m.status());
+    model = *m;
+  }
+  if (!std::filesystem::exists(model + "/config.json")) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(model, " is not a model directory (no config.json)")));
+  }
+  std::string log_dir = absl::GetFlag(FLAGS_log_dir);
+  if (log_dir.empty()) log_dir = absl::StrCat("/tmp/tandem-up-", ::getpid());
+  std::filesystem::create_directories(log_dir);
+  const int port = absl::GetFlag(FLAGS_port);
+  const std::string router_address = absl::StrCat("127.0.0.1:", port);
+
+  struct Child {
+    std::string name, log;
+    std::unique_ptr<Subprocess> process;
+  };
+  std::vector<Child> children;
+  auto stop_all = [&] {
+    for (auto it = children.rbegin(); it != children.rend(); ++it) it->process->Signal(SIGTERM);
+    for (auto it = children.rbegin(); it != children.rend(); ++it) it->process->Stop(absl::Seconds(10));
+  };
+  auto spawn = [&](const std::string& name, std::vector<std::string> argv) -> absl::Status {
+    const std::string log = absl::StrCat(log_dir, "/", name, ".log");
+    auto p = Subprocess::Spawn(argv, log);
+    if (!p.ok()) return p.status();
+    children.push_back({name, log, std::make_unique<Subprocess>(*std::move(p))});
+    return absl::OkStatus();
+  };
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+
+  std::vector<std::string> router_argv = {FindBinary("tandem-router", "router"), "--model=" + model,
+                                          absl::StrCat("--port=", port),
+                                          absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
+  if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
+  std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
+  for (const std::string& a : EngineFlagArguments()) common.push_back(a);
+  for (const std::string& a : absl::GetFlag(FLAGS_worker_args)) common.push_back(a);
+  auto start_workers = [&](int n, const std::string& role, const std::string& binary, const std::string& subdir,
+                           std::vector<std::string> extra) -> absl::Status {
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> argv = {FindBinary(binary, subdir)};
+      argv.insert(argv.end(), common.begin(), common.end());
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      if (absl::Status s = spawn(absl::StrCat(role, "-", i), argv); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  absl::Status started = start_workers(n_prefill, "prefill", "tandem-prefill-worker", "prefill_worker", {});
+  if (started.ok()) started = start_workers(n_decode, "decode", "tandem-decode-worker", "decode_worker", {});
+  if (started.ok()) started = start_workers(n_combined, "combined", "tandem-decode-worker", "decode_worker", {"--combined"});
+  if (!started.ok()) {
+    stop_all();
+    return fail(started);
+  }
+
+  // Wait until the router lists every worker as live.
+  auto stub = v1::Registration::NewStub(grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+  const int expected = n_prefill + n_decode + n_combined;
+  const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+  v1::ListWorkersResponse workers;
+  while (true) {
+    for (Child& c : children) {
+      if (!c.process->running()) {
+        std::fprintf(stderr, "tandem up: %s exited during start-up; its log (%s):\n%s\n", c.name.c_str(), c.log.c_str(),
+                     ReadFileFrom(c.log).c_str());
+        stop_all();
+        return 1;
+      }
+    }
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
+    if (stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok() && workers.live_size() >= expected) break;
+    if (g_stop || absl::Now() > give_up) {
+      std::fprintf(stderr, "tandem up: %s; logs in %s\n", g_stop ? "interrupted" : "workers did not all start in time",
+                   log_dir.c_str());
+      stop_all();
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::printf("Tandem cluster serving %s\n", model.c_str());
+  std::printf("  router    %-22s pid %-8d log %s\n", router_address.c_str(), children[0].process->pid(), children[0].log.c_str());
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    std::string role = v1::WorkerRole_Name(w.worker().role()).substr(std::string("WORKER_ROLE_").size());
+    for (char& ch : role) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    std::printf("  %-9s %-22s %s\n", role.c_str(), w.worker().address().c_str(),
+                w.worker().kv_address().empty() ? "" : ("KV receiver " + w.worker().kv_address()).c_str());
+  }
+  std::printf("Stream a completion:  tandem generate --server %s --prompt \"Hello\"\nCtrl-C stops the cluster.\n",
+              router_address.c_str());
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_ready_file).empty()) {
+    const std::string tmp = absl::GetFlag(FLAGS_ready_file) + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      std::fprintf(f, "%s\n", router_address.c_str());
+      std::fclose(f);
+      std::filesystem::rename(tmp, absl::GetFlag(FLAGS_ready_file));
+    }
+  }
+  while (!g_stop) {
+    for (Child& c : children) {
+      if (c.process->running()) continue;
+      std::fprintf(stderr, "tandem up: %s exited unexpectedly (log %s)\n", c.name.c_str(), c.log.c_str());
+    }
+    std::erase_if(children, [](Child& c) { return !c.process->running(); });
+    if (children.empty()) return 1;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::fprintf(stderr, "tandem up: stopping (workers drain first)\n");
+  stop_all();
+  return 0;
+}
+
+}  // namespace tandem::cli

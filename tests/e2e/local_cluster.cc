@@ -1,0 +1,182 @@
+#include "tests/e2e/local_cluster.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/rpc/status.h"
+#include "gtest/gtest.h"
+
+namespace tandem::e2e {
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+LocalCluster::LocalCluster(ClusterOptions options) : options_(std::move(options)) {
+  static int counter = 0;
+  dir_ = absl::StrCat(::testing::TempDir(), "/cluster_", ::getpid(), "_", counter++);
+  std::filesystem::create_directories(dir_);
+}
+
+LocalCluster::~LocalCluster() {
+  for (Proc& w : workers_) w.process->Stop(absl::Seconds(5));
+  // An open client connection holds the router's shutdown until its grace period ends.
+  generation_.reset();
+  registration_.reset();
+  if (router_) router_->Stop(absl::Seconds(5));
+}
+
+absl::Status LocalCluster::Start() {
+  const int port = FreePort();
+  router_address_ = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::string> argv = {TANDEM_ROUTER_BIN, "--model=" + options_.model_dir, absl::StrCat("--port=", port),
+                                   "--bind-address=127.0.0.1"};
+  argv.insert(argv.end(), options_.router_args.begin(), options_.router_args.end());
+  auto router = Subprocess::Spawn(argv, dir_ + "/router.log");
+  if (!router.ok()) return router.status();
+  router_ = std::make_unique<Subprocess>(*std::move(router));
+  // Connect once it listens: a channel whose first attempt was refused backs off for seconds.
+  for (const absl::Time end = absl::Now() + absl::Seconds(30);
+       ReadFileFrom(dir_ + "/router.log").find("listening on") == std::string::npos;) {
+    if (!router_->running() || absl::Now() > end) {
+      return absl::InternalError("the router did not start:\n" + ReadFileFrom(dir_ + "/router.log"));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+  auto channel = grpc::CreateCustomChannel(router_address_, grpc::InsecureChannelCredentials(), args);
+  generation_ = v1::Generation::NewStub(channel);
+  registration_ = v1::Registration::NewStub(channel);
+  for (int i = 0; i < options_.prefill; ++i) {
+    if (auto w = SpawnWorker("prefill"); !w.ok()) return w.status();
+  }
+  for (int i = 0; i < options_.decode; ++i) {
+    if (auto w = SpawnWorker("decode"); !w.ok()) return w.status();
+  }
+  for (int i = 0; i < options_.combined; ++i) {
+    if (auto w = SpawnWorker("combined"); !w.ok()) return w.status();
+  }
+  return WaitLive(workers_.size(), absl::Seconds(60));
+}
+
+absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role) {
+  auto address = SpawnWorker(role);
+  if (!address.ok()) return address.status();
+  if (absl::Status s = WaitLive(Live().size() + 1, absl::Seconds(30)); !s.ok()) return s;
+  return address;
+}
+
+absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
+  const int port = FreePort();
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::string> argv = {role == "prefill" ? TANDEM_PREFILL_WORKER_BIN : TANDEM_DECODE_WORKER_BIN,
+                                   "--model=" + options_.model_dir,
+                                   absl::StrCat("--port=", port),
+                                   "--bind-address=127.0.0.1",
+                                   "--router=" + router_address_,
+                                   "--heartbeat-interval-ms=200"};
+  if (role == "combined") argv.push_back("--combined");
+  argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
+  if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  const std::string log = absl::StrCat(dir_, "/", role, "-", next_++, ".log");
+  auto p = Subprocess::Spawn(argv, log);
+  if (!p.ok()) return p.status();
+  workers_.push_back({role, address, log, std::make_unique<Subprocess>(*std::move(p))});
+  return address;
+}
+
+absl::Status LocalCluster::WaitLive(size_t n, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  while (absl::Now() < end) {
+    if (Live().size() >= n) return absl::OkStatus();
+    for (Proc& w : workers_) {
+      if (!w.process->running() && w.process->pid() > 0 && Live().size() < n) {
+        return absl::InternalError(absl::StrCat(w.role, " worker exited during start-up:\n", ReadFileFrom(w.log)));
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("workers not live in time; router log:\n", ReadFileFrom(dir_ + "/router.log")));
+}
+
+std::vector<std::string> LocalCluster::workers(const std::string& role) const {
+  std::vector<std::string> out;
+  for (const Proc& w : workers_) {
+    if (w.role == role) out.push_back(w.address);
+  }
+  return out;
+}
+
+Subprocess* LocalCluster::process(const std::string& address) {
+  for (Proc& w : workers_) {
+    if (w.address == address) return w.process.get();
+  }
+  return nullptr;
+}
+
+std::string LocalCluster::Log(const std::string& address) const {
+  for (const Proc& w : workers_) {
+    if (w.address == address) return ReadFileFrom(w.log);
+  }
+  return ReadFileFrom(dir_ + "/router.log");
+}
+
+absl::StatusOr<v1::WorkerInfo> LocalCluster::Status(const std::string& address) {
+  auto stub = v1::WorkerStatus::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(2));
+  v1::WorkerInfo info;
+  grpc::Status s = stub->GetStatus(&ctx, v1::GetStatusRequest(), &info);
+  if (!s.ok()) return rpc::FromGrpc(s);
+  return info;
+}
+
+bool LocalCluster::WaitIdle(absl::Duration timeout, std::string* why) {
+  const absl::Time end = absl::Now() + timeout;
+  std::string last;
+  do {
+    last.clear();
+    for (Proc& w : workers_) {
+      if (!w.process->running()) continue;
+      auto info = Status(w.address);
+      if (!info.ok()) {
+        last += absl::StrCat(w.address, ": ", info.status().message(), "; ");
+        continue;
+      }
+      const v1::WorkerLoad& l = info->load();
+      if (l.free_blocks() != l.total_blocks() || l.running() != 0 || l.waiting() != 0 || l.pending_transfers() != 0) {
+        last += absl::StrCat(w.role, " ", w.address, ": free ", l.free_blocks(), "/", l.total_blocks(), " running ",
+                             l.running(), " waiting ", l.waiting(), " transfers ", l.pending_transfers(), "; ");
+      }
+    }
+    if (last.empty()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < end);
+  if (why != nullptr) *why = last;
+  return false;
+}
+
+std::vector<std::string> LocalCluster::Live() {
+  grpc::ClientContext ctx;
+  rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
+  v1::ListWorkersResponse r;
+  if (!registration_->ListWorkers(&ctx, v1::ListWorkersRequest(), &r).ok()) return {};
+  return {r.live().begin(), r.live().end()};
+}
+
+}  // namespace tandem::e2e

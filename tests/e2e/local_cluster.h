@@ -1,0 +1,72 @@
+// A Tandem cluster on loopback for the end-to-end tests: a router and workers as real processes
+// (the binaries CMake built), with logs in the test's temp dir. Workers can be killed, stopped and
+// terminated one by one; their pools are read through their WorkerStatus service.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/base/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::e2e {
+
+struct ClusterOptions {
+  std::string model_dir;
+  int prefill = 1, decode = 1, combined = 0;
+  std::vector<std::string> router_args;  // e.g. --max-queued-requests=2
+  std::vector<std::string> worker_args;  // engine flags for every worker
+  std::vector<std::string> prefill_args;  // for prefill workers only
+};
+
+class LocalCluster {
+ public:
+  explicit LocalCluster(ClusterOptions options);
+  ~LocalCluster();  // stops every process
+
+  // Starts the router and workers; returns once the router lists every worker as live.
+  absl::Status Start();
+  // Starts one more worker ("prefill", "decode" or "combined") and waits until it is live.
+  absl::StatusOr<std::string> AddWorker(const std::string& role);
+
+  std::string router_address() const { return router_address_; }
+  v1::Generation::Stub* generation() { return generation_.get(); }
+  v1::Registration::Stub* registration() { return registration_.get(); }
+  // Worker addresses by role, in start order.
+  std::vector<std::string> workers(const std::string& role) const;
+  Subprocess* process(const std::string& address);
+  // The worker's own view of its load (free blocks etc.).
+  absl::StatusOr<v1::WorkerInfo> Status(const std::string& address);
+  // Polls until every worker's pool is fully free and nothing runs or waits; false after `timeout`.
+  bool WaitIdle(absl::Duration timeout, std::string* why = nullptr);
+  // Addresses the router currently routes to.
+  std::vector<std::string> Live();
+  std::string Log(const std::string& address) const;
+
+ private:
+  struct Proc {
+    std::string role, address, log;
+    std::unique_ptr<Subprocess> process;
+  };
+  absl::StatusOr<std::string> SpawnWorker(const std::string& role);
+  absl::Status WaitLive(size_t n, absl::Duration timeout);
+
+  ClusterOptions options_;
+  std::string dir_;
+  std::string router_address_;
+  std::unique_ptr<Subprocess> router_;
+  std::vector<Proc> workers_;
+  std::unique_ptr<v1::Generation::Stub> generation_;
+  std::unique_ptr<v1::Registration::Stub> registration_;
+  int next_ = 0;
+};
+
+// A free TCP port on loopback (bound and released: fine for tests).
+int FreePort();
+
+}  // namespace tandem::e2e

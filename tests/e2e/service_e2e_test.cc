@@ -1,0 +1,494 @@
+// End-to-end tests of the disaggregated service on loopback: real router, prefill and decode worker
+// processes, driven through the public gRPC API. Each test starts its own cluster.
+#include <signal.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/engine/engine.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "health.grpc.pb.h"
+#include "tests/e2e/local_cluster.h"
+#include "tests/unit/tiny_models.h"
+
+namespace tandem::e2e {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  std::vector<v1::PositionLogprobs> logprobs;
+  std::string text;
+  v1::GenerateResponse final;
+  absl::Time start, end;
+};
+
+// Streams one request to its end. `context` (optional) lets the caller cancel it.
+StreamResult Stream(v1::Generation::Stub* stub, const v1::GenerateRequest& req,
+                    absl::Time deadline = absl::InfiniteFuture(), grpc::ClientContext* context = nullptr) {
+  StreamResult r;
+  grpc::ClientContext own;
+  grpc::ClientContext* ctx = context != nullptr ? context : &own;
+  rpc::SetDeadline(ctx, deadline);
+  r.start = absl::Now();
+  auto reader = stub->GenerateStream(ctx, req);
+  v1::GenerateStreamResponse m;
+  while (reader->Read(&m)) {
+    if (m.has_delta()) {
+      r.ids.insert(r.ids.end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
+      r.logprobs.insert(r.logprobs.end(), m.delta().logprobs().begin(), m.delta().logprobs().end());
+      r.text += m.delta().text();
+    } else {
+      r.final = m.final();
+    }
+  }
+  r.status = reader->Finish();
+  r.end = absl::Now();
+  return r;
+}
+
+v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens, bool ignore_eos = true) {
+  v1::GenerateRequest g;
+  *g.mutable_prompt_token_ids()->mutable_ids() = {prompt.begin(), prompt.end()};
+  g.mutable_sampling()->set_temperature(0);
+  g.mutable_sampling()->set_max_tokens(max_tokens);
+  g.mutable_sampling()->set_ignore_eos(ignore_eos);
+  return g;
+}
+
+std::vector<int32_t> RandomPrompt(std::mt19937& rng, int len, int vocab) {
+  std::vector<int32_t> p(len);
+  for (auto& t : p) t = static_cast<int32_t>(rng() % vocab);
+  return p;
+}
+
+// Runs `n` calls of `fn(i)` on `threads` threads.
+void ParallelFor(int n, int threads, const std::function<void(int)>& fn) {
+  std::atomic<int> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i; (i = next++) < n;) fn(i);
+    });
+  }
+  for (auto& t : pool) t.join();
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { setenv("TANDEM_NUM_THREADS", "1", 1); }
+  void SetUp() override { model_dir_ = testing_util::TinyModel("tiny-llama", 21); }
+
+  std::unique_ptr<LocalCluster> StartCluster(ClusterOptions o) {
+    o.model_dir = model_dir_;
+    auto c = std::make_unique<LocalCluster>(o);
+    absl::Status s = c->Start();
+    EXPECT_TRUE(s.ok()) << s;
+    return c;
+  }
+  std::string model_dir_;
+  const int vocab_ = 512;
+};
+
+// ---------------------------------------------------------------- equivalence
+
+struct Expected {
+  std::vector<int32_t> ids;
+  std::vector<LogprobEntry> logprobs;
+};
+
+// The in-process engine's outputs (same engine settings as the workers' defaults).
+std::vector<Expected> Reference(const std::string& model_dir, const std::vector<v1::GenerateRequest>& reqs) {
+  auto backend = CpuBackend::Create({}).value();
+  auto model = LlamaModel::Load(model_dir, backend.get()).value();
+  EngineOptions o;
+  auto engine = Engine::Create(model.get(), o).value();
+  std::vector<Expected> out(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EngineRequest r;
+    r.id = absl::StrCat(i);
+    r.prompt_token_ids.assign(reqs[i].prompt_token_ids().ids().begin(), reqs[i].prompt_token_ids().ids().end());
+    r.params = rpc::FromProto(reqs[i].sampling());
+    EXPECT_TRUE(engine->AddRequest(r).ok());
+  }
+  while (engine->HasWork()) {
+    std::vector<RequestOutput> outs = engine->Step().value();
+    for (const RequestOutput& o : outs) {
+      Expected& e = out[std::stoi(o.id)];
+      e.ids.insert(e.ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      e.logprobs.insert(e.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+    }
+  }
+  return out;
+}
+
+void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, int num_requests) {
+  std::mt19937 rng(77);
+  std::vector<v1::GenerateRequest> reqs;
+  for (int i = 0; i < num_requests; ++i) {
+    const int len = i % 10 == 0 ? 200 + static_cast<int>(rng() % 500) : 1 + static_cast<int>(rng() % 60);
+    v1::GenerateRequest g = TokenRequest(RandomPrompt(rng, len, 512), 1 + static_cast<int>(rng() % 24), i % 3 != 0);
+    g.set_request_id(absl::StrCat("eq-", i));
+    g.mutable_sampling()->set_logprobs(3);
+    if (i % 5 == 4) {  // seeded sampling must match too (the prefill worker draws the first token)
+      g.mutable_sampling()->set_temperature(0.8f);
+      g.mutable_sampling()->set_seed(1000 + i);
+    }
+    reqs.push_back(g);
+  }
+  const std::vector<Expected> expected = Reference(model_dir, reqs);
+  std::vector<StreamResult> got(reqs.size());
+  ParallelFor(num_requests, 12, [&](int i) { got[i] = Stream(stub, reqs[i]); });
+  int mismatches = 0;
+  for (int i = 0; i < num_requests; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    if (got[i].ids != expected[i].ids) {
+      ++mismatches;
+      ADD_FAILURE() << "request " << i << ": token ids differ";
+      continue;
+    }
+    ASSERT_EQ(got[i].logprobs.size(), expected[i].logprobs.size()) << i;
+    for (size_t k = 0; k < got[i].logprobs.size(); ++k) {
+      const v1::PositionLogprobs& g = got[i].logprobs[k];
+      const LogprobEntry& e = expected[i].logprobs[k];
+      EXPECT_EQ(g.token_id(), e.token_id);
+      EXPECT_EQ(g.logprob(), e.logprob) << "request " << i << " position " << k;
+      EXPECT_EQ(g.rank(), e.rank);
+      ASSERT_EQ(g.top_size(), static_cast<int>(e.top.size()));
+      for (size_t t = 0; t < e.top.size(); ++t) {
+        EXPECT_EQ(g.top(t).token_id(), e.top[t].token_id);
+        EXPECT_EQ(g.top(t).logprob(), e.top[t].logprob);
+      }
+    }
+    EXPECT_EQ(got[i].final.usage().completion_tokens(), static_cast<int>(expected[i].ids.size()));
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST_F(ServiceTest, OnePrefillOneDecodeMatchesTheInProcessEngine) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  ExpectEquivalent(c->generation(), model_dir_, 100);
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+TEST_F(ServiceTest, TwoPrefillTwoDecodeMatchesTheInProcessEngine) {
+  auto c = StartCluster({.prefill = 2, .decode = 2});
+  ExpectEquivalent(c->generation(), model_dir_, 100);
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+TEST_F(ServiceTest, CombinedRoleMatchesTheInProcessEngine) {
+  auto c = StartCluster({.prefill = 0, .decode = 0, .combined = 1});
+  ExpectEquivalent(c->generation(), model_dir_, 40);
+}
+
+TEST_F(ServiceTest, LayerwiseOverlapOffGivesTheSameOutputs) {
+  auto c = StartCluster({.prefill = 1, .decode = 1, .prefill_args = {"--layerwise-transfer=false"}});
+  ExpectEquivalent(c->generation(), model_dir_, 30);
+}
+
+// ---------------------------------------------------------------- text, stops, unary
+
+TEST_F(ServiceTest, TextPromptStopStringsAndUnaryGenerate) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  v1::GenerateRequest g;
+  g.set_prompt("Once upon a time");
+  g.mutable_sampling()->set_temperature(0);
+  g.mutable_sampling()->set_max_tokens(40);
+  g.mutable_sampling()->set_ignore_eos(true);
+  g.mutable_sampling()->set_prompt_logprobs(1);
+  StreamResult full = Stream(c->generation(), g);
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  EXPECT_EQ(full.final.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(full.final.usage().completion_tokens(), 40);
+  EXPECT_EQ(full.final.prompt_logprobs_size(), full.final.usage().prompt_tokens());
+  EXPECT_GT(full.final.timings().time_to_first_token(), 0);
+  EXPECT_GT(full.final.timings().prefill_compute(), 0);
+  // The same through the unary call.
+  v1::GenerateResponse unary;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(c->generation()->Generate(&ctx, g, &unary).ok());
+  EXPECT_EQ(unary.text(), full.text);
+  EXPECT_EQ(std::vector<int32_t>(unary.token_ids().begin(), unary.token_ids().end()), full.ids);
+  // A stop string taken from the middle of that text ends generation there.
+  ASSERT_GT(full.text.size(), 12u);
+  size_t cut = full.text.size() / 2;
+  while (cut < full.text.size() && (static_cast<unsigned char>(full.text[cut]) & 0xC0) == 0x80) ++cut;
+  size_t end = cut + 1;
+  while (end < full.text.size() && (static_cast<unsigned char>(full.text[end]) & 0xC0) == 0x80) ++end;
+  const std::string stop = full.text.substr(cut, end - cut);
+  g.mutable_sampling()->add_stop(stop);
+  StreamResult stopped = Stream(c->generation(), g);
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status.error_message();
+  EXPECT_EQ(stopped.final.finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(stopped.text, full.text.substr(0, full.text.find(stop)));
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << why;
+}
+
+TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  std::vector<std::string> addresses = {c->router_address()};
+  for (const std::string& role : {"prefill", "decode"}) {
+    for (const std::string& a : c->workers(role)) addresses.push_back(a);
+  }
+  for (const std::string& a : addresses) {
+    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    ASSERT_TRUE(health->Check(&ctx, req, &resp).ok()) << a;
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << a;
+  }
+}
+
+// ---------------------------------------------------------------- bad requests, overload
+
+TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  const v1::GenerateRequest good = TokenRequest({1, 2, 3, 4}, 4);
+  using Mutation = std::function<void(v1::GenerateRequest&)>;
+  const std::vector<std::pair<std::string, Mutation>> cases = {
+      {"no input", [](auto& g) { g.clear_input(); }},
+      {"empty prompt", [](auto& g) { g.set_prompt(""); }},
+      {"empty token ids", [](auto& g) { g.mutable_prompt_token_ids()->clear_ids(); }},
+      {"negative token id", [](auto& g) { g.mutable_prompt_token_ids()->set_ids(0, -1); }},
+      {"token id past the vocabulary", [](auto& g) { g.mutable_prompt_token_ids()->set_ids(0, 512); }},
+      {"prompt over the context", [](auto& g) {
+         for (int i = 0; i < 2100; ++i) g.mutable_prompt_token_ids()->add_ids(7);
+       }},
+      {"prompt + max_tokens over the context", [](auto& g) { g.mutable_sampling()->set_max_tokens(2046); }},
+      {"unknown model", [](auto& g) { g.set_model("no-such-model"); }},
+      {"negative temperature", [](auto& g) { g.mutable_sampling()->set_temperature(-1); }},
+      {"NaN temperature", [](auto& g) { g.mutable_sampling()->set_temperature(std::nanf("")); }},
+      {"top_p 0", [](auto& g) { g.mutable_sampling()->set_top_p(0); }},
+      {"top_p above 1", [](auto& g) { g.mutable_sampling()->set_top_p(1.5f); }},
+      {"top_k -2", [](auto& g) { g.mutable_sampling()->set_top_k(-2); }},
+      {"min_p above 1", [](auto& g) { g.mutable_sampling()->set_min_p(1.5f); }},
+      {"repetition_penalty 0", [](auto& g) { g.mutable_sampling()->set_repetition_penalty(0); }},
+      {"presence_penalty 3", [](auto& g) { g.mutable_sampling()->set_presence_penalty(3); }},
+      {"frequency_penalty -3", [](auto& g) { g.mutable_sampling()->set_frequency_penalty(-3); }},
+      {"logit_bias id outside", [](auto& g) {
+         auto* b = g.mutable_sampling()->add_logit_bias();
+         b->set_token_id(9999);
+         b->set_bias(1);
+       }},
+      {"logit_bias 200", [](auto& g) {
+         auto* b = g.mutable_sampling()->add_logit_bias();
+         b->set_token_id(3);
+         b->set_bias(200);
+       }},
+      {"stop token id -5", [](auto& g) { g.mutable_sampling()->add_stop_token_ids(-5); }},
+      {"max_tokens -1", [](auto& g) { g.mutable_sampling()->set_max_tokens(-1); }},
+      {"min_tokens above max_tokens", [](auto& g) { g.mutable_sampling()->set_min_tokens(10); }},
+      {"logprobs above the cap", [](auto& g) { g.mutable_sampling()->set_logprobs(21); }},
+      {"prompt_logprobs -2", [](auto& g) { g.mutable_sampling()->set_prompt_logprobs(-2); }},
+      {"empty stop string", [](auto& g) { g.mutable_sampling()->add_stop(""); }},
+      {"17 stop strings", [](auto& g) {
+         for (int i = 0; i < 17; ++i) g.mutable_sampling()->add_stop(absl::StrCat("s", i));
+       }},
+      {"control characters in the request id", [](auto& g) { g.set_request_id("a\nb"); }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    v1::GenerateRequest bad = good;
+    mutate(bad);
+    StreamResult r = Stream(c->generation(), bad);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name << ": " << r.status.error_message();
+    EXPECT_FALSE(r.status.error_message().empty()) << name;
+    v1::GenerateResponse unary;
+    grpc::ClientContext ctx;
+    EXPECT_EQ(c->generation()->Generate(&ctx, bad, &unary).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
+    StreamResult ok = Stream(c->generation(), good);
+    EXPECT_TRUE(ok.status.ok()) << "after " << name << ": " << ok.status.error_message();
+    EXPECT_EQ(ok.ids.size(), 4u);
+  }
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << why;
+}
+
+TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
+  auto c = StartCluster({.prefill = 1, .decode = 1,
+                         .router_args = {"--max-concurrent-requests=2", "--max-queued-requests=2"}});
+  constexpr int kAdmitted = 4, kSent = 3 * kAdmitted;
+  std::vector<StreamResult> results(kSent);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSent; ++i) {
+    threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({5, 6, 7, i}, 600)); });
+  }
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (const StreamResult& r : results) {
+    if (r.status.ok()) {
+      ++ok;
+      EXPECT_EQ(r.ids.size(), 600u);
+    } else {
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.status.error_message();
+      EXPECT_LT(r.end - r.start, absl::Milliseconds(50)) << "refusal took " << (r.end - r.start);
+      ++refused;
+    }
+  }
+  EXPECT_EQ(ok, kAdmitted);
+  EXPECT_EQ(refused, kSent - kAdmitted);
+}
+
+// ---------------------------------------------------------------- cancellation, deadlines
+
+TEST_F(ServiceTest, CancellationAtEveryPhaseFreesTheBlocksOnBothWorkers) {
+  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--max-prefill-chunk=64"}});
+  std::mt19937 rng(5);
+  const std::vector<int32_t> long_prompt = RandomPrompt(rng, 1500, vocab_);
+  int cancelled = 0;
+  // From before the request reaches a worker, through chunked prefill and the transfer, into decode.
+  for (int delay_ms : {0, 1, 2, 3, 5, 8, 12, 18, 25, 40, 60, 100, 200}) {
+    std::vector<int32_t> prompt = long_prompt;
+    prompt[0] = delay_ms;  // no prefix-cache shortcut between rounds
+    grpc::ClientContext ctx;
+    std::thread canceller([&] {
+      absl::SleepFor(absl::Milliseconds(delay_ms));
+      ctx.TryCancel();
+    });
+    StreamResult r = Stream(c->generation(), TokenRequest(prompt, 400), absl::InfiniteFuture(), &ctx);
+    canceller.join();
+    if (r.status.error_code() == grpc::StatusCode::CANCELLED) ++cancelled;
+    std::string why;
+    EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << "cancelled after " << delay_ms << " ms: " << why;
+  }
+  EXPECT_GE(cancelled, 10);
+  // The cluster still serves.
+  EXPECT_TRUE(Stream(c->generation(), TokenRequest({1, 2, 3}, 5)).status.ok());
+}
+
+TEST_F(ServiceTest, DeadlineOnALongRequestEndsItInTimeAndOrphansNothing) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  std::mt19937 rng(6);
+  const StreamResult r =
+      Stream(c->generation(), TokenRequest(RandomPrompt(rng, 1500, vocab_), 540), absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << r.status.error_message();
+  EXPECT_LT(r.end - r.start, absl::Milliseconds(1200));
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << why;
+}
+
+// ---------------------------------------------------------------- worker faults
+
+TEST_F(ServiceTest, KilledDecodeWorkerFailsOnlyItsStreamsAndIsRoutedAround) {
+  auto c = StartCluster({.prefill = 2, .decode = 2});
+  const std::string victim = c->workers("decode")[0];
+  constexpr int kStreams = 8;
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({9, 8, 7, i}, 1500)); });
+  }
+  absl::SleepFor(absl::Milliseconds(400));
+  const absl::Time killed = absl::Now();
+  c->process(victim)->Signal(SIGKILL);
+  for (auto& t : threads) t.join();
+  int ok = 0, unavailable = 0;
+  for (const StreamResult& r : results) {
+    if (r.status.ok()) {
+      ++ok;
+      EXPECT_EQ(r.ids.size(), 1500u);
+    } else {
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+      EXPECT_LT(r.end - killed, absl::Seconds(5));
+      ++unavailable;
+    }
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(unavailable, 0);
+  EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(victim)));
+  std::vector<StreamResult> after(8);
+  ParallelFor(8, 8, [&](int i) { after[i] = Stream(c->generation(), TokenRequest({4, 4, i}, 8)); });
+  for (const StreamResult& r : after) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+TEST_F(ServiceTest, KilledPrefillWorkerIsRetriedElsewhere) {
+  auto c = StartCluster({.prefill = 2, .decode = 1});
+  c->process(c->workers("prefill")[0])->Signal(SIGKILL);
+  // The router has not noticed yet: requests routed to the dead worker must be retried.
+  std::mt19937 rng(8);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 16; ++i) prompts.push_back(RandomPrompt(rng, 70, vocab_));
+  std::vector<StreamResult> results(16);
+  ParallelFor(16, 16, [&](int i) {
+    results[i] = Stream(c->generation(), TokenRequest(prompts[i], 8), absl::Now() + absl::Seconds(10));
+  });
+  for (const StreamResult& r : results) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+// A hung worker (SIGSTOP: its sockets stay open) is detected by missed heartbeats, its calls are
+// cancelled and retried elsewhere, and no request outlives its deadline.
+void HungWorkerTest(LocalCluster* c, const std::string& victim) {
+  c->process(victim)->Signal(SIGSTOP);
+  std::mt19937 rng(3);
+  auto batch = [&](int n) {
+    std::vector<StreamResult> results(n);
+    std::vector<absl::Time> deadlines(n);
+    ParallelFor(n, n, [&](int i) {
+      deadlines[i] = absl::Now() + absl::Seconds(8);
+      results[i] = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, 512), 8), deadlines[i]);
+    });
+    for (int i = 0; i < n; ++i) EXPECT_LT(results[i].end, deadlines[i] + absl::Milliseconds(200));
+    return results;
+  };
+  for (const StreamResult& r : batch(8)) {
+    EXPECT_TRUE(r.status.ok() || r.status.error_code() == grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  }
+  EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(victim)));
+  for (const StreamResult& r : batch(8)) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  c->process(victim)->Signal(SIGCONT);
+}
+
+TEST_F(ServiceTest, HungDecodeWorkerIsRoutedAround) {
+  auto c = StartCluster({.prefill = 1, .decode = 2});
+  HungWorkerTest(c.get(), c->workers("decode")[0]);
+}
+
+TEST_F(ServiceTest, HungPrefillWorkerIsRoutedAround) {
+  auto c = StartCluster({.prefill = 2, .decode = 1});
+  HungWorkerTest(c.get(), c->workers("prefill")[0]);
+}
+
+TEST_F(ServiceTest, SigtermDrainsInFlightStreams) {
+  auto c = StartCluster({.prefill = 1, .decode = 2});
+  const std::string victim = c->workers("decode")[0];
+  std::vector<StreamResult> results(6);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({3, 1, 4, i}, 800)); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  c->process(victim)->Signal(SIGTERM);
+  for (auto& t : threads) t.join();
+  for (const StreamResult& r : results) {
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 800u);
+  }
+  auto status = c->process(victim)->Wait(absl::Seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << c->Log(victim);
+  EXPECT_THAT(c->Log(victim), HasSubstr("draining"));
+  EXPECT_TRUE(Stream(c->generation(), TokenRequest({2, 7}, 8)).status.ok());
+}
+
+}  // namespace
+}  // namespace tandem::e2e
