@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
+#include "reflection.grpc.pb.h"
 #include "tests/e2e/local_cluster.h"
 #include "tests/unit/tiny_models.h"
 
@@ -253,6 +254,37 @@ TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
     grpc::health::v1::HealthCheckResponse resp;
     ASSERT_TRUE(health->Check(&ctx, req, &resp).ok()) << a;
     EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << a;
+  }
+}
+
+TEST_F(ServiceTest, EveryProcessServesReflectionSoGrpcurlWorks) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  const std::vector<std::pair<std::string, std::vector<std::string>>> expected = {
+      {c->router_address(), {"tandem.v1.Generation", "tandem.v1.Registration", "grpc.health.v1.Health"}},
+      {c->workers("prefill")[0], {"tandem.v1.Prefill", "tandem.v1.WorkerStatus"}},
+      {c->workers("decode")[0], {"tandem.v1.Decode", "tandem.v1.WorkerStatus"}},
+  };
+  for (const auto& [address, services] : expected) {
+    namespace refl = grpc::reflection::v1alpha;
+    auto stub = refl::ServerReflection::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    auto stream = stub->ServerReflectionInfo(&ctx);
+    refl::ServerReflectionRequest list;
+    list.set_list_services("*");
+    ASSERT_TRUE(stream->Write(list));
+    refl::ServerReflectionResponse resp;
+    ASSERT_TRUE(stream->Read(&resp));
+    std::vector<std::string> names;
+    for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+    for (const std::string& s : services) EXPECT_THAT(names, ::testing::Contains(s)) << address;
+    // What grpcurl asks next: the file that defines a service, to build requests from.
+    refl::ServerReflectionRequest file;
+    file.set_file_containing_symbol(services[0]);
+    ASSERT_TRUE(stream->Write(file));
+    ASSERT_TRUE(stream->Read(&resp));
+    EXPECT_GT(resp.file_descriptor_response().file_descriptor_proto_size(), 0) << address;
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
   }
 }
 

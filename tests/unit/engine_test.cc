@@ -292,6 +292,87 @@ TEST_P(EngineTest, PrefillAndDecodeRoles) {
   EXPECT_EQ(decode->stats().free_blocks, 64);
 }
 
+TEST_P(EngineTest, DecodeRoleReleasesReservationsAndEndsAtAFinalFirstToken) {
+  EngineOptions o;
+  o.block_size = 4;
+  o.kv_cache_memory = 16 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
+  o.scheduler.role = SchedulerRole::kDecode;
+  auto decode = Engine::Create(model_.get(), o).value();
+  // A reservation that never becomes a request (failed or cancelled transfer) is released.
+  ASSERT_TRUE(decode->Reserve("gone", 10).ok());
+  EXPECT_EQ(decode->stats().free_blocks, 16 - 3);
+  ASSERT_TRUE(decode->Release("gone").ok());
+  EXPECT_EQ(decode->stats().free_blocks, 16);
+  EXPECT_EQ(decode->Release("gone").code(), absl::StatusCode::kNotFound);
+  // max_tokens 1: the prefill worker's token is the whole output; the blocks free at admission.
+  EngineRequest r;
+  r.id = "one";
+  r.prompt_token_ids = Prompt(7, 9);
+  r.params.max_tokens = 1;
+  r.params.ignore_eos = true;
+  ASSERT_TRUE(decode->Reserve("one", 9).ok());
+  ASSERT_TRUE(decode->AdmitPrefilled(r, 3).ok());
+  EXPECT_EQ(decode->stats().free_blocks, 16);
+  std::vector<RequestOutput> outs = decode->Step().value();
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_TRUE(outs[0].finished);
+  EXPECT_EQ(outs[0].finish_reason, "length");
+  EXPECT_TRUE(outs[0].new_token_ids.empty());
+  // A first token that is a stop token ends the request the same way.
+  r.id = "stop";
+  r.params.max_tokens = 5;
+  r.params.stop_token_ids = {3};
+  ASSERT_TRUE(decode->Reserve("stop", 9).ok());
+  ASSERT_TRUE(decode->AdmitPrefilled(r, 3).ok());
+  outs = decode->Step().value();
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_EQ(outs[0].finish_reason, "stop");
+  EXPECT_EQ(decode->stats().free_blocks, 16);
+}
+
+TEST_P(EngineTest, SeededSamplingContinuesAcrossTheHandOff) {
+  EngineRequest r;
+  r.id = "s";
+  r.prompt_token_ids = Prompt(11, 12);
+  r.params.temperature = 1.0f;
+  r.params.seed = 1234;
+  r.params.max_tokens = 8;
+  r.params.ignore_eos = true;
+  auto combined = MakeEngine(64, 512, 0);
+  ASSERT_TRUE(combined->AddRequest(r).ok());
+  const auto expected = RunAll(combined.get()).at("s");
+  EngineOptions po;
+  po.block_size = 4;
+  po.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
+  po.scheduler.role = SchedulerRole::kPrefill;
+  auto prefill = Engine::Create(model_.get(), po).value();
+  ASSERT_TRUE(prefill->AddRequest(r).ok());
+  const auto first = RunAll(prefill.get()).at("s");
+  ASSERT_EQ(first.size(), 1u);
+  // Hand the KV over block by block (the transport's job, done by hand here) and continue on the
+  // decode engine: with the same seed, the tokens after the first must be the combined engine's.
+  EngineOptions dopt = po;
+  dopt.scheduler.role = SchedulerRole::kDecode;
+  auto decode = Engine::Create(model_.get(), dopt).value();
+  const std::vector<int32_t> src = prefill->block_table("s");
+  const std::vector<int32_t> dst = decode->Reserve("s", 12).value();
+  ASSERT_EQ(src.size(), dst.size());
+  const KvCacheGeometry g = prefill->kv_storage()->geometry();
+  for (int64_t l = 0; l < g.num_layers; ++l) {
+    for (size_t b = 0; b < src.size(); ++b) {
+      const int64_t from = l * g.elements_per_layer() + src[b] * g.elements_per_block();
+      const int64_t to = l * g.elements_per_layer() + dst[b] * g.elements_per_block();
+      std::copy_n(prefill->kv_storage()->k() + from, g.elements_per_block(), decode->kv_storage()->k() + to);
+      std::copy_n(prefill->kv_storage()->v() + from, g.elements_per_block(), decode->kv_storage()->v() + to);
+    }
+  }
+  ASSERT_TRUE(decode->AdmitPrefilled(r, first[0]).ok());
+  std::vector<int32_t> got = first;
+  const auto rest = RunAll(decode.get()).at("s");
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, expected);
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, EngineTest, testing_util::TinyPresets(),
                          testing_util::PresetName);
 

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 
@@ -215,6 +216,50 @@ TEST_F(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations
   EXPECT_THAT(w.status().message(), HasSubstr("does not match"));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
   ::close(fd);
+}
+
+TEST_F(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
+  TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  o.keep_reservation_on_sender_loss = true;
+  auto receiver = TcpKvReceiver::Create(o).value();
+  std::atomic<int> completions{0};
+  receiver->SetCompletionCallback([&](const std::string& id) {
+    EXPECT_EQ(id, "r");
+    ++completions;
+  });
+  const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
+  ASSERT_TRUE(receiver->Expect("r", {4, 1}).ok());
+  {
+    auto dying = TcpKvSender::Connect(address, info_, absl::Seconds(2)).value();
+    ASSERT_TRUE(dying->Begin("r", 8).ok());
+    ASSERT_TRUE(dying->SendLayer("r", 0, {2, 3}, src_.get()).ok());
+    ASSERT_TRUE(dying->SendLayer("r", 1, {2, 3}, src_.get()).ok());
+  }  // a prefill worker dies mid-transfer: the reservation waits for another sender
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(completions.load(), 0);
+  auto retry = TcpKvSender::Connect(address, info_, absl::Seconds(2)).value();
+  ASSERT_TRUE(retry->Begin("r", 8).ok());  // starts again from layer 0
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(retry->SendLayer("r", l, {2, 3}, src_.get()).ok());
+  ASSERT_TRUE(retry->End("r", 11).ok());
+  EXPECT_EQ(completions.load(), 1);  // before Wait: the callback lets the owner poll without blocking
+  EXPECT_EQ(receiver->Wait("r", absl::ZeroDuration()).value(), 11);
+  EXPECT_TRUE(SameBlock(2, 4));
+  EXPECT_TRUE(SameBlock(3, 1));
+}
+
+TEST_F(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
+  TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  o.keep_reservation_on_sender_loss = true;
+  auto receiver = TcpKvReceiver::Create(o).value();
+  const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
+  ASSERT_TRUE(receiver->Expect("r", {4}).ok());
+  auto first = TcpKvSender::Connect(address, info_, absl::Seconds(2)).value();
+  ASSERT_TRUE(first->Begin("r", 4).ok());
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(first->SendLayer("r", l, {2}, src_.get()).ok());
+  ASSERT_TRUE(first->Begin("r", 4).ok());  // a new Begin forgets the layers already received
+  ASSERT_TRUE(first->SendLayer("r", 0, {2}, src_.get()).ok());
+  EXPECT_FALSE(first->End("r", 1).ok());
+  EXPECT_EQ(receiver->Wait("r", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace
