@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "common/base/signals.h"
 #include "common/base/subprocess.h"
 #include "common/model/presets.h"
 #include "common/model/random_model.h"
@@ -60,9 +61,6 @@ absl::StatusOr<std::string> DefaultModel() {
   if (absl::Status s = WriteRandomModel(o); !s.ok()) return s;
   return dir;
 }
-
-volatile sig_atomic_t g_stop = 0;
-void OnSignal(int) { g_stop = 1; }
 
 }  // namespace
 
@@ -112,8 +110,7 @@ int UpCommand() {
     children.push_back({name, log, std::make_unique<Subprocess>(*std::move(p))});
     return absl::OkStatus();
   };
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  InstallTerminationHandlers();  // Ctrl-C: stop in order; a second Ctrl-C: exit at once
 
   std::vector<std::string> router_argv = {FindBinary("tandem-router", "router"), "--model=" + model,
                                           absl::StrCat("--port=", port),
@@ -157,8 +154,8 @@ int UpCommand() {
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
     if (stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok() && workers.live_size() >= expected) break;
-    if (g_stop || absl::Now() > give_up) {
-      std::fprintf(stderr, "tandem up: %s; logs in %s\n", g_stop ? "interrupted" : "workers did not all start in time",
+    if (TerminationRequested() || absl::Now() > give_up) {
+      std::fprintf(stderr, "tandem up: %s; logs in %s\n", TerminationRequested() ? "interrupted" : "workers did not all start in time",
                    log_dir.c_str());
       stop_all();
       return 1;
@@ -184,7 +181,7 @@ int UpCommand() {
       std::filesystem::rename(tmp, absl::GetFlag(FLAGS_ready_file));
     }
   }
-  while (!g_stop) {
+  while (!TerminationRequested()) {
     for (Child& c : children) {
       if (c.process->running()) continue;
       std::fprintf(stderr, "tandem up: %s exited unexpectedly (log %s)\n", c.name.c_str(), c.log.c_str());

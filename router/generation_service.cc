@@ -100,6 +100,11 @@ int64_t GenerationService::in_flight() const {
   return running_ + static_cast<int64_t>(queue_.size());
 }
 
+void GenerationService::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
 absl::Status GenerationService::CheckModel(const std::string& model) const {
   if (model.empty() || model == options_.model.name()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("unknown model \"", model, "\"; this router serves \"",
@@ -161,7 +166,7 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
 absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
                                       std::shared_ptr<FlowSink> sink, int32_t priority) {
   absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::UnavailableError("the router is shutting down");
+  if (stopping_ || draining_) return absl::UnavailableError("the router is shutting down");
   const int64_t waiting = static_cast<int64_t>(queue_.size());
   if (running_ + waiting >= options_.max_concurrent_requests + options_.max_queued_requests) {
     return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", running_, " requests running and ", waiting,

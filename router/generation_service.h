@@ -48,6 +48,8 @@ class GenerationService final : public v1::Generation::CallbackService {
                                        v1::ListModelsResponse* response) override;
 
   int64_t in_flight() const;
+  // New requests are refused with UNAVAILABLE; those admitted run to their end.
+  void StartDraining();
 
  private:
   struct Job {
@@ -72,6 +74,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<std::string> ids_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::shared_ptr<FlowControl>> active_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;

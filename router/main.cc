@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/base/command_line.h"
 #include "common/base/logging.h"
+#include "common/base/signals.h"
 #include "common/model/config.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
@@ -27,17 +28,13 @@ ABSL_FLAG(int32_t, max_concurrent_requests, 256, "requests in flight through the
 ABSL_FLAG(double, request_timeout_s, 600, "deadline of requests that set none");
 ABSL_FLAG(double, heartbeat_timeout_s, 3, "a worker silent this long receives no new work");
 ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a request may ask for");
+ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("tandem-router --model DIR [--port 50051] [--workers HOST:PORT,...] ...\n"
                                "Router of a Tandem cluster; --helpfull lists every flag.");
   tandem::ParseCommandLine(argc, argv);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  tandem::InstallTerminationHandlers();
 
   const std::string dir = absl::GetFlag(FLAGS_model);
   auto fail = [](const absl::Status& s) {
@@ -92,10 +89,14 @@ int main(int argc, char** argv) {
   TANDEM_LOG(INFO) << "router serving " << name << " (" << config->architecture << ", fingerprint " << *fingerprint
                    << ") on port " << server->port;
 
-  int sig = 0;
-  sigwait(&signals, &sig);
-  TANDEM_LOG(INFO) << "router: shutting down (" << generation.in_flight() << " requests in flight)";
+  tandem::WaitForTerminationSignal();
+  TANDEM_LOG(INFO) << "router: draining (" << generation.in_flight() << " requests in flight)";
   server->SetServing(false);
-  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  generation.StartDraining();
+  const absl::Time grace_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s));
+  while (generation.in_flight() > 0 && absl::Now() < grace_end) absl::SleepFor(absl::Milliseconds(20));
+  // Idle client connections hold Shutdown until its deadline: keep it short once nothing runs.
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  TANDEM_LOG(INFO) << "router: stopped";
   return 0;
 }

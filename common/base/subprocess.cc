@@ -35,6 +35,9 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+    // Its own process group: a terminal's Ctrl-C reaches the parent only, which then stops its
+    // children in order (a second signal would skip their drain).
+    ::setpgid(0, 0);
     // Signals blocked by the parent (sigwait-based servers) must not stay blocked in the child.
     sigset_t none;
     sigemptyset(&none);
@@ -50,8 +53,13 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   return Subprocess(pid);
 }
 
-void Subprocess::Signal(int sig) const {
-  if (pid_ > 0) ::kill(pid_, sig);
+void Subprocess::Signal(int sig) {
+  if (pid_ <= 0 || status_) return;
+  if (sig == SIGTERM || sig == SIGINT) {
+    if (terminated_) return;
+    terminated_ = true;
+  }
+  ::kill(pid_, sig);
 }
 
 std::optional<int> Subprocess::Wait(absl::Duration timeout) {
@@ -76,7 +84,7 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
 int Subprocess::Stop(absl::Duration grace) {
   if (status_) return *status_;
   Signal(SIGCONT);  // a stopped child cannot handle SIGTERM
-  Signal(SIGTERM);
+  if (!terminated_) Signal(SIGTERM);  // a second SIGTERM would skip the child's drain
   if (auto s = Wait(grace)) return *s;
   Signal(SIGKILL);
   return Wait(absl::Seconds(5)).value_or(-1);

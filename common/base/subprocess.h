@@ -20,7 +20,9 @@ class Subprocess {
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv, const std::string& log_path);
 
   pid_t pid() const { return pid_; }
-  void Signal(int sig) const;
+  // Sends `sig`, except a second SIGTERM/SIGINT (the child's drain would be cut short) and
+  // anything after the child ended.
+  void Signal(int sig);
   // The exit status (as from waitpid) once the child ended; nullopt after `timeout`.
   std::optional<int> Wait(absl::Duration timeout);
   // SIGTERM, then SIGKILL after `grace`; returns the exit status.
@@ -31,6 +33,7 @@ class Subprocess {
   explicit Subprocess(pid_t pid) : pid_(pid) {}
   pid_t pid_ = -1;
   std::optional<int> status_;
+  bool terminated_ = false;
 };
 
 // The directory of the running executable (/proc/self/exe).

@@ -11,6 +11,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/base/logging.h"
+#include "common/base/signals.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
@@ -114,13 +115,7 @@ void RegistrationLoop(const std::string& router, const StatusService* status, in
 }  // namespace
 
 int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* service) {
-  // Signals are taken by sigwait below; every thread started from here inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  InstallTerminationHandlers();
 
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   if (model_dir.empty()) {
@@ -202,8 +197,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
                                std::max(50, absl::GetFlag(FLAGS_heartbeat_interval_ms)), &stop_registration);
   }
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForTerminationSignal();
   TANDEM_LOG(INFO) << name << ": " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining ("
                    << service->in_flight() << " requests in flight)";
   state = 2;

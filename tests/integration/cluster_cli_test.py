@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""`tandem up` and `tandem generate --server` end to end: the cluster starts and reports ready, the
+streamed results (ids, text, logprobs, prompt logprobs, seeded sampling, a batch file) equal the
+in-process `tandem generate --json` output, and Ctrl-C stops every process cleanly.
+
+Usage: cluster_cli_test.py PATH_TO_TANDEM WORK_DIR
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+TANDEM, WORK = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+model = os.path.join(WORK, "tiny-llama")
+subprocess.run([TANDEM, "make-model", "--preset", "tiny-llama", "--out", model, "--seed", "3"],
+               check=True, capture_output=True)
+ready = os.path.join(WORK, "ready")
+logs = os.path.join(WORK, "logs")
+port = free_port()
+env = dict(os.environ, TANDEM_NUM_THREADS="1")
+up = subprocess.Popen([TANDEM, "up", "--model", model, "--port", str(port), "--prefill", "2", "--decode", "1",
+                       "--ready-file", ready, "--log-dir", logs], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True, env=env)
+deadline = time.time() + 60
+while not os.path.exists(ready) and time.time() < deadline and up.poll() is None:
+    time.sleep(0.05)
+if not os.path.exists(ready):
+    up.kill()
+    out, err = up.communicate()
+    print(f"tandem up did not get ready:\n{out}\n{err}")
+    sys.exit(1)
+address = open(ready).read().strip()
+check(address == f"127.0.0.1:{port}", f"ready file holds {address}")
+
+
+def generate(*args, server=True):
+    cmd = [TANDEM, "generate", "--json", *args]
+    cmd += ["--server", address] if server else ["--model", model]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        failures.append(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr}")
+        return None
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+cases = [
+    ["--prompt", "The quick brown fox", "--max-tokens", "24", "--temperature", "0", "--logprobs", "2",
+     "--prompt-logprobs", "1", "--ignore-eos"],
+    ["--token-ids", "5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21", "--max-tokens", "16",
+     "--temperature", "0.9", "--seed", "11", "--top-k", "50", "--ignore-eos"],
+    ["--token-ids", "1,2,3", "--max-tokens", "1", "--temperature", "0"],
+]
+for args in cases:
+    remote, local = generate(*args), generate(*args, server=False)
+    if not remote or not local:
+        continue
+    r, l = remote[0], local[0]
+    for key in ["prompt_token_ids", "token_ids", "text", "finish_reason", "logprobs", "prompt_logprobs"]:
+        check(r.get(key) == l.get(key), f"{args}: {key} differs:\n server  {r.get(key)}\n in-proc {l.get(key)}")
+    check(r["timings"]["time_to_first_token"] > 0, f"{args}: no TTFT in the server timings")
+
+batch = os.path.join(WORK, "batch.jsonl")
+with open(batch, "w") as f:
+    for i in range(12):
+        f.write(json.dumps({"id": f"b{i}", "token_ids": [i + 1, 2 * i + 3, 7], "max_tokens": 5 + i,
+                            "temperature": 0, "ignore_eos": True}) + "\n")
+remote, local = generate("--batch-file", batch), generate("--batch-file", batch, server=False)
+if remote and local:
+    check([x["id"] for x in remote] == [x["id"] for x in local], "batch ids/order differ")
+    for r, l in zip(remote, local):
+        check(r["token_ids"] == l["token_ids"], f"batch {r['id']}: token ids differ")
+
+# A bad request is refused with exit code 2 and a message.
+p = subprocess.run([TANDEM, "generate", "--server", address, "--token-ids", "1,2", "--top-p", "0"],
+                   capture_output=True, text=True, timeout=60)
+check(p.returncode == 2 and "top_p" in p.stderr, f"bad request: exit {p.returncode}, stderr {p.stderr!r}")
+
+up.send_signal(signal.SIGINT)
+try:
+    out, err = up.communicate(timeout=30)
+    check(up.returncode == 0, f"tandem up exited with {up.returncode}: {err}")
+    check("Tandem cluster serving" in out, "tandem up did not print the endpoints")
+except subprocess.TimeoutExpired:
+    up.kill()
+    failures.append("tandem up did not stop within 30 s of Ctrl-C")
+for name in sorted(os.listdir(logs)):
+    text = open(os.path.join(logs, name)).read()
+    if name != "router.log":
+        check("stopped" in text, f"{name} does not end with a clean stop:\n{text[-500:]}")
+
+if failures:
+    print("\n".join(failures))
+    sys.exit(1)
+print("cluster CLI checks passed")
