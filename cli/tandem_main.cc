@@ -24,6 +24,7 @@ Commands:
   up           Start a cluster on this machine: a router and prefill and decode workers.
                [--model DIR] [--prefill N] [--decode M] [--combined K] [--port 50051]
                [--log-dir DIR] [--ready-file F] [--worker-args=--flag,...] [engine flags]
+               [--prefill-worker-args=--flag,...] [--decode-worker-args=--flag,...]
                Waits until every worker serves, prints the endpoints; Ctrl-C drains and stops.
                Without --model: the embedded default (models-cache/tiny-llama, written on first use).
   generate     Generate in-process from a Hugging Face model directory, or from a router.

@@ -33,7 +33,11 @@ ABSL_FLAG(std::string, log_dir, "", "up: directory for the processes' logs (defa
 ABSL_FLAG(std::string, ready_file, "", "up: once every worker serves, write the router's address to this file");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
 ABSL_FLAG(std::vector<std::string>, worker_args, {},
-          "up: extra flags for every worker, comma-separated (e.g. --worker-args=--layerwise-transfer=false)");
+          "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
+ABSL_FLAG(std::vector<std::string>, prefill_worker_args, {},
+          "up: extra flags for prefill workers (e.g. --prefill-worker-args=--layerwise-transfer=false)");
+ABSL_FLAG(std::vector<std::string>, decode_worker_args, {},
+          "up: extra flags for decode and combined workers (e.g. --decode-worker-args=--kv-transfer-timeout-s=10)");
 
 namespace tandem::cli {
 namespace {
@@ -129,9 +133,12 @@ int UpCommand() {
     }
     return absl::OkStatus();
   };
-  absl::Status started = start_workers(n_prefill, "prefill", "tandem-prefill-worker", "prefill_worker", {});
-  if (started.ok()) started = start_workers(n_decode, "decode", "tandem-decode-worker", "decode_worker", {});
-  if (started.ok()) started = start_workers(n_combined, "combined", "tandem-decode-worker", "decode_worker", {"--combined"});
+  const std::vector<std::string> prefill_args = absl::GetFlag(FLAGS_prefill_worker_args);
+  std::vector<std::string> decode_args = absl::GetFlag(FLAGS_decode_worker_args);
+  absl::Status started = start_workers(n_prefill, "prefill", "tandem-prefill-worker", "prefill_worker", prefill_args);
+  if (started.ok()) started = start_workers(n_decode, "decode", "tandem-decode-worker", "decode_worker", decode_args);
+  decode_args.push_back("--combined");
+  if (started.ok()) started = start_workers(n_combined, "combined", "tandem-decode-worker", "decode_worker", decode_args);
   if (!started.ok()) {
     stop_all();
     return fail(started);

@@ -15,21 +15,27 @@ KvTransferLanes::~KvTransferLanes() {
 }
 
 void KvTransferLanes::Begin(const std::string& address, const std::string& id, int64_t num_tokens) {
-  Job j{Job::kBegin, id};
+  Job j;
+  j.kind = Job::kBegin;
+  j.id = id;
   j.num_tokens = num_tokens;
   Enqueue(address, std::move(j));
 }
 
 void KvTransferLanes::SendLayer(const std::string& address, const std::string& id, int32_t layer,
                                 std::vector<int32_t> blocks) {
-  Job j{Job::kLayer, id};
+  Job j;
+  j.kind = Job::kLayer;
+  j.id = id;
   j.layer = layer;
   j.blocks = std::move(blocks);
   Enqueue(address, std::move(j));
 }
 
 void KvTransferLanes::End(const std::string& address, const std::string& id, int32_t first_token, Done done) {
-  Job j{Job::kEnd, id};
+  Job j;
+  j.kind = Job::kEnd;
+  j.id = id;
   j.first_token = first_token;
   j.done = std::move(done);
   Enqueue(address, std::move(j));

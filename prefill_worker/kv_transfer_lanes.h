@@ -42,7 +42,7 @@ class KvTransferLanes {
 
  private:
   struct Job {
-    enum Kind { kBegin, kLayer, kEnd } kind;
+    enum Kind { kBegin, kLayer, kEnd } kind = kBegin;
     std::string id;
     int64_t num_tokens = 0;
     int32_t layer = 0;

@@ -161,8 +161,9 @@ std::shared_ptr<grpc::Channel> Cluster::Channel(const std::string& address) {
   if (!c) {
     grpc::ChannelArguments args;
     // Detect a dead peer on an idle connection: keepalive pings, failing within a few seconds.
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+    const int keepalive_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_timeout)));
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);

@@ -28,6 +28,9 @@ ABSL_FLAG(int32_t, max_concurrent_requests, 256, "requests in flight through the
 ABSL_FLAG(double, request_timeout_s, 600, "deadline of requests that set none");
 ABSL_FLAG(double, heartbeat_timeout_s, 3, "a worker silent this long receives no new work");
 ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a request may ask for");
+ABSL_FLAG(int32_t, worker_keepalive_ms, 2000, "keepalive ping interval on connections to workers");
+ABSL_FLAG(int32_t, worker_keepalive_timeout_ms, 2000,
+          "a worker connection whose ping is not answered in this time is dropped (its calls fail UNAVAILABLE)");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
 
 int main(int argc, char** argv) {
@@ -56,6 +59,8 @@ int main(int argc, char** argv) {
     co.static_workers.emplace_back(w);
   }
   co.prefill_policy.block_size = 16;
+  co.keepalive = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_worker_keepalive_ms)));
+  co.keepalive_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_worker_keepalive_timeout_ms)));
   tandem::router::Cluster cluster(co);
 
   tandem::router::GenerationService::Options go;

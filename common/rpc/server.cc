@@ -20,6 +20,12 @@ absl::StatusOr<RunningServer> StartServer(const ServerOptions& options) {
   grpc::ServerBuilder builder;
   RunningServer running;
   builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &running.port);
+  // Peers ping idle connections to detect dead ones (the router its workers, every few seconds,
+  // also while a long prefill keeps a stream silent). gRPC's default policy answers pings without
+  // data more often than every 5 minutes with GOAWAY "too_many_pings", which kills the streams.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 50);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   for (grpc::Service* s : options.services) builder.RegisterService(s);
   running.server = builder.BuildAndStart();
   if (running.server == nullptr || running.port == 0) {

@@ -500,6 +500,25 @@ TEST_F(ServiceTest, HungPrefillWorkerIsRoutedAround) {
   HungWorkerTest(c.get(), c->workers("prefill")[0]);
 }
 
+// A worker that stalls briefly (well within the heartbeat timeout) under frequent keepalive pings
+// delays its requests but fails none.
+TEST_F(ServiceTest, ABrieflyPausedPrefillDelaysButDoesNotFailRequests) {
+  auto c = StartCluster({.prefill = 1,
+                         .decode = 1,
+                         .router_args = {"--worker-keepalive-ms=100", "--worker-keepalive-timeout-ms=2500"}});
+  const std::string prefill = c->workers("prefill")[0];
+  c->process(prefill)->Signal(SIGSTOP);
+  std::thread resume([&] {
+    absl::SleepFor(absl::Milliseconds(1500));  // well within the 3 s heartbeat timeout
+    c->process(prefill)->Signal(SIGCONT);
+  });
+  const StreamResult r = Stream(c->generation(), TokenRequest({1, 2, 3, 4, 5}, 8));
+  resume.join();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_GT(r.end - r.start, absl::Milliseconds(1000));
+  EXPECT_EQ(r.ids.size(), 8u);
+}
+
 TEST_F(ServiceTest, SigtermDrainsInFlightStreams) {
   auto c = StartCluster({.prefill = 1, .decode = 2});
   const std::string victim = c->workers("decode")[0];

@@ -6,11 +6,14 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -48,6 +51,29 @@ absl::Status WriteAll(int fd, const void* data, size_t n) {
     }
     p += w;
     n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+// Writes every buffer of `iov` (consumed as it goes), IOV_MAX at a time.
+absl::Status WriteVector(int fd, std::vector<iovec>& iov) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr m{};
+    m.msg_iov = iov.data() + first;
+    m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return IoError("send");
+    }
+    while (w > 0 && first < iov.size()) {
+      const size_t n = std::min<size_t>(static_cast<size_t>(w), iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + n;
+      iov[first].iov_len -= n;
+      w -= static_cast<ssize_t>(n);
+      if (iov[first].iov_len == 0) ++first;
+    }
   }
   return absl::OkStatus();
 }
@@ -109,6 +135,11 @@ void SetTimeouts(int fd, absl::Duration timeout) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Layers are megabytes: large socket buffers keep the pipe full (the kernel caps them at
+  // net.core.{w,r}mem_max).
+  int buffer = 8 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
 }
 
 v1::KvGeometry ToProto(const KvCacheGeometry& g) {
@@ -427,23 +458,34 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
                                     KvCacheStorage* storage) {
   const KvCacheGeometry& g = storage->geometry();
   if (layer < 0 || layer >= g.num_layers) return absl::InvalidArgumentError("layer out of range");
-  const size_t block_floats = static_cast<size_t>(g.elements_per_block());
-  staging_.resize(2 * src_blocks.size() * block_floats);
-  const float* k = storage->k() + layer * g.elements_per_layer();
-  const float* v = storage->v() + layer * g.elements_per_layer();
-  for (size_t b = 0; b < src_blocks.size(); ++b) {
-    if (src_blocks[b] < 0 || src_blocks[b] >= g.num_blocks) return absl::InvalidArgumentError("block out of range");
-    std::memcpy(staging_.data() + b * block_floats, k + src_blocks[b] * block_floats, block_floats * sizeof(float));
-    std::memcpy(staging_.data() + (src_blocks.size() + b) * block_floats, v + src_blocks[b] * block_floats,
-                block_floats * sizeof(float));
+  const size_t block_bytes = static_cast<size_t>(g.elements_per_block()) * sizeof(float);
+  for (int32_t b : src_blocks) {
+    if (b < 0 || b >= g.num_blocks) return absl::InvalidArgumentError("block out of range");
   }
+  const size_t payload = 2 * src_blocks.size() * block_bytes;
+  if (payload > std::numeric_limits<uint32_t>::max()) return absl::InvalidArgumentError("layer payload over 4 GiB");
   v1::KvLayerHeader h;
   h.set_request_id(request_id);
   h.set_layer(layer);
   h.set_num_blocks(static_cast<int32_t>(src_blocks.size()));
-  h.set_payload_bytes(static_cast<int64_t>(staging_.size() * sizeof(float)));
+  h.set_payload_bytes(static_cast<int64_t>(payload));
   RETURN_IF_ERROR(SendMessage(fd_, kLayerHeader, h));
-  return SendFrame(fd_, kLayerPayload, staging_.data(), staging_.size() * sizeof(float));
+  // The payload goes out straight from the cache blocks (K blocks, then V blocks): the sender's
+  // blocks stay allocated until End() returns, so no staging copy is needed.
+  unsigned char header[5];
+  const uint32_t len = static_cast<uint32_t>(payload);
+  std::memcpy(header, &len, 4);
+  header[4] = kLayerPayload;
+  iov_.clear();
+  iov_.push_back({header, sizeof(header)});
+  const float* k = storage->k() + layer * g.elements_per_layer();
+  const float* v = storage->v() + layer * g.elements_per_layer();
+  for (const float* base : {k, v}) {
+    for (int32_t b : src_blocks) {
+      iov_.push_back({const_cast<float*>(base + b * g.elements_per_block()), block_bytes});
+    }
+  }
+  return WriteVector(fd_, iov_);
 }
 
 absl::Status TcpKvSender::End(const std::string& request_id, int32_t first_token) {

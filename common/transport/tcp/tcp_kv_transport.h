@@ -4,6 +4,8 @@
 // receive timeouts, so a silent peer fails the transfer instead of hanging a thread.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -84,7 +86,7 @@ class TcpKvSender final : public KvSender {
   TcpKvSender(int fd, const KvEndpointInfo& info) : fd_(fd), info_(info) {}
   int fd_;
   KvEndpointInfo info_;
-  std::vector<float> staging_;  // [2][num_blocks][block elements]
+  std::vector<iovec> iov_;  // frame header, then K blocks, then V blocks of one layer
 };
 
 }  // namespace tandem
