@@ -10,7 +10,7 @@ namespace tandem {
 DecodeService::~DecodeService() { Stop(); }
 
 absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
-                                  v1::WorkerDescription* description) {
+                                  WorkerMetrics* metrics, v1::WorkerDescription* description) {
   engine_ = engine;
   if (!options_.combined) {
     TcpKvReceiver::Options ro;
@@ -28,6 +28,7 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
     TANDEM_LOG(INFO) << "KV receiver on " << kv_address_;
   }
   EngineLoop::Handlers handlers;
+  handlers.metrics = metrics;
   handlers.on_outputs = [this](std::vector<RequestOutput>& outputs) { OnOutputs(outputs); };
   handlers.on_tick = [this] { OnTick(); };
   loop_ = std::make_unique<EngineLoop>(engine, std::move(handlers));
@@ -53,17 +54,11 @@ void DecodeService::Stop() {
   receiver_.reset();
 }
 
-v1::WorkerLoad DecodeService::load() const {
-  v1::WorkerLoad l;
-  if (!loop_) return l;
-  const EngineLoad e = loop_->load();
-  l.set_waiting(e.waiting);
-  l.set_running(e.running);
-  l.set_free_blocks(e.free_blocks);
-  l.set_total_blocks(e.total_blocks);
-  l.set_pending_transfers(pending_transfers_.load());
-  l.set_draining(draining_.load());
-  return l;
+EngineSnapshot DecodeService::snapshot() const {
+  if (!loop_) return {};
+  EngineSnapshot s = loop_->snapshot();
+  s.pending_transfers = pending_transfers_.load();
+  return s;
 }
 
 grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(grpc::CallbackServerContext* context,

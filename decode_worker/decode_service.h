@@ -43,9 +43,9 @@ class DecodeService final : public v1::Decode::CallbackService, public WorkerSer
 
   std::vector<grpc::Service*> grpc_services() override { return {this}; }
   std::vector<std::string> health_service_names() const override { return {"tandem.v1.Decode"}; }
-  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
+  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint, WorkerMetrics* metrics,
                      v1::WorkerDescription* description) override;
-  v1::WorkerLoad load() const override;
+  EngineSnapshot snapshot() const override;
   int64_t in_flight() const override { return in_flight_.load(); }
   void StartDraining() override { draining_ = true; }
   void Stop() override;

@@ -10,16 +10,18 @@ namespace tandem {
 PrefillService::~PrefillService() { Stop(); }
 
 absl::Status PrefillService::Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
-                                   v1::WorkerDescription* description) {
+                                   WorkerMetrics* metrics, v1::WorkerDescription* description) {
   (void)model;
   (void)description;
   engine_ = engine;
+  metrics_ = metrics;
   lanes_ = std::make_unique<KvTransferLanes>(KvTransferLanes::Options{
       {fingerprint, engine->kv_storage()->geometry()}, engine->kv_storage(), options_.kv_io_timeout});
   if (options_.layerwise_transfer) {
     engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) { OnLayer(layer, completed); });
   }
   EngineLoop::Handlers handlers;
+  handlers.metrics = metrics;
   handlers.on_outputs = [this](std::vector<RequestOutput>& outputs) { OnOutputs(outputs); };
   loop_ = std::make_unique<EngineLoop>(engine, std::move(handlers));
   started_ = true;
@@ -38,17 +40,7 @@ void PrefillService::Stop() {
   loop_.reset();
 }
 
-v1::WorkerLoad PrefillService::load() const {
-  v1::WorkerLoad l;
-  if (!loop_) return l;
-  const EngineLoad e = loop_->load();
-  l.set_waiting(e.waiting);
-  l.set_running(e.running);
-  l.set_free_blocks(e.free_blocks);
-  l.set_total_blocks(e.total_blocks);
-  l.set_draining(draining_.load());
-  return l;
-}
+EngineSnapshot PrefillService::snapshot() const { return loop_ ? loop_->snapshot() : EngineSnapshot{}; }
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const v1::PrefillRequest* request, v1::PrefillResponse* response) {
@@ -152,7 +144,11 @@ void PrefillService::TransferDone(Engine& engine, const std::string& id, const a
     return;
   }
   r.response.set_transfer_seconds(absl::ToDoubleSeconds(absl::Now() - r.first_token_at));
-  (void)seconds;
+  if (metrics_ != nullptr) {
+    const KvCacheGeometry& g = engine.kv_storage()->geometry();
+    const int64_t blocks = (r.num_tokens + g.block_size - 1) / g.block_size;
+    metrics_->ObserveTransfer(2 * blocks * g.num_layers * g.elements_per_block() * 4, seconds, status.ok());
+  }
   if (!status.ok()) {
     r.context->AddTrailingMetadata(kKvFailureKey, "1");
     return Answer(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(status.message())), "transfer failed");

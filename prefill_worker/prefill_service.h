@@ -41,9 +41,9 @@ class PrefillService final : public v1::Prefill::CallbackService, public WorkerS
 
   std::vector<grpc::Service*> grpc_services() override { return {this}; }
   std::vector<std::string> health_service_names() const override { return {"tandem.v1.Prefill"}; }
-  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
+  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint, WorkerMetrics* metrics,
                      v1::WorkerDescription* description) override;
-  v1::WorkerLoad load() const override;
+  EngineSnapshot snapshot() const override;
   int64_t in_flight() const override { return in_flight_.load(); }
   void StartDraining() override { draining_ = true; }
   void Stop() override;
@@ -71,6 +71,7 @@ class PrefillService final : public v1::Prefill::CallbackService, public WorkerS
 
   Options options_;
   Engine* engine_ = nullptr;
+  WorkerMetrics* metrics_ = nullptr;
   std::unique_ptr<KvTransferLanes> lanes_;
   std::unique_ptr<EngineLoop> loop_;
   std::atomic<bool> started_{false};

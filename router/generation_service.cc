@@ -77,10 +77,34 @@ class UnarySink final : public FlowSink {
   std::vector<v1::PositionLogprobs> logprobs_;
 };
 
+// Observes a flow for the router's metrics, then forwards to the client's sink.
+class MeteredSink final : public FlowSink {
+ public:
+  MeteredSink(std::shared_ptr<FlowSink> inner, RouterMetrics* metrics) : inner_(std::move(inner)), metrics_(metrics) {}
+  void Delta(v1::TextDelta delta) override {
+    if (delta.token_ids_size() > 0) {
+      const absl::Time now = absl::Now();
+      if (last_ != absl::InfinitePast()) metrics_->ObserveInterToken(absl::ToDoubleSeconds(now - last_), delta.token_ids_size());
+      last_ = now;
+    }
+    inner_->Delta(std::move(delta));
+  }
+  void Finish(const grpc::Status& status, v1::GenerateResponse final) override {
+    metrics_->Finished(status, final, /*admitted=*/true);
+    inner_->Finish(status, std::move(final));
+  }
+
+ private:
+  std::shared_ptr<FlowSink> inner_;
+  RouterMetrics* metrics_;
+  absl::Time last_ = absl::InfinitePast();
+};
+
 }  // namespace
 
-GenerationService::GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer)
-    : options_(options), cluster_(cluster), tokenizer_(tokenizer), env_{cluster, tokenizer} {
+GenerationService::GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer,
+                                     RouterMetrics* metrics)
+    : options_(options), cluster_(cluster), tokenizer_(tokenizer), metrics_(metrics), env_{cluster, tokenizer} {
   for (int i = 0; i < std::max(1, options_.max_concurrent_requests); ++i) threads_.emplace_back([this] { FlowThread(); });
   watchdog_ = std::thread([this] { Watchdog(); });
 }
@@ -98,6 +122,10 @@ GenerationService::~GenerationService() {
 int64_t GenerationService::in_flight() const {
   absl::MutexLock lock(&mu_);
   return running_ + static_cast<int64_t>(queue_.size());
+}
+
+void GenerationService::Refused(const absl::Status& status) {
+  if (metrics_ != nullptr) metrics_->Finished(rpc::ToGrpc(status), v1::GenerateResponse(), /*admitted=*/false);
 }
 
 void GenerationService::StartDraining() {
@@ -176,6 +204,10 @@ absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request, std:
   if (!ids_.insert(request->id).second) {
     return absl::AlreadyExistsError(absl::StrCat("request_id \"", request->id, "\" is already in flight"));
   }
+  if (metrics_ != nullptr) {
+    metrics_->Admitted();
+    sink = std::make_shared<MeteredSink>(std::move(sink), metrics_);
+  }
   Job job{priority, next_order_++, [this, request, control, sink] {
             {
               absl::MutexLock l(&mu_);
@@ -235,12 +267,16 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::Generat
   auto* reactor = rpc::ServerStream<v1::GenerateStreamResponse>::Start([control] { control->Cancel(); }, &stream);
   absl::StatusOr<FlowRequest> r = Validate(*request, rpc::DeadlineOf(*context));
   if (!r.ok()) {
+    Refused(r.status());
     stream->Finish(rpc::ToGrpc(r.status()));
     return reactor;
   }
   auto flow = std::make_shared<FlowRequest>(*std::move(r));
   auto sink = std::make_shared<StreamSink>(stream, flow->id);
-  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) stream->Finish(rpc::ToGrpc(s));
+  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) {
+    Refused(s);
+    stream->Finish(rpc::ToGrpc(s));
+  }
   return reactor;
 }
 
@@ -252,12 +288,16 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
   auto* reactor = rpc::UnaryCall<v1::GenerateResponse>::Start(response, [control] { control->Cancel(); }, &call);
   absl::StatusOr<FlowRequest> r = Validate(*request, rpc::DeadlineOf(*context));
   if (!r.ok()) {
+    Refused(r.status());
     call->Finish(rpc::ToGrpc(r.status()));
     return reactor;
   }
   auto flow = std::make_shared<FlowRequest>(*std::move(r));
   auto sink = std::make_shared<UnarySink>(call);
-  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) call->Finish(rpc::ToGrpc(s));
+  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) {
+    Refused(s);
+    call->Finish(rpc::ToGrpc(s));
+  }
   return reactor;
 }
 

@@ -19,6 +19,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "router/cluster.h"
 #include "router/request_flow.h"
+#include "router/router_metrics.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -33,7 +34,9 @@ class GenerationService final : public v1::Generation::CallbackService {
     absl::Duration request_timeout = absl::Minutes(10);  // deadline of requests that set none
     int32_t max_logprobs = 20;
   };
-  GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer);
+  // `metrics` may be null.
+  GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer,
+                    RouterMetrics* metrics = nullptr);
   ~GenerationService() override;
 
   grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(grpc::CallbackServerContext* context,
@@ -62,12 +65,14 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Queues the flow or refuses it (RESOURCE_EXHAUSTED, ALREADY_EXISTS for an id in flight).
   absl::Status Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
                      std::shared_ptr<FlowSink> sink, int32_t priority);
+  void Refused(const absl::Status& status);
   void FlowThread();
   void Watchdog();
 
   Options options_;
   Cluster* cluster_;
   const Tokenizer* tokenizer_;
+  RouterMetrics* metrics_;
   FlowEnvironment env_;
   mutable absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);  // by priority, then arrival

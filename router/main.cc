@@ -12,6 +12,7 @@
 #include "common/base/command_line.h"
 #include "common/base/logging.h"
 #include "common/base/signals.h"
+#include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
@@ -31,6 +32,7 @@ ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a reque
 ABSL_FLAG(int32_t, worker_keepalive_ms, 2000, "keepalive ping interval on connections to workers");
 ABSL_FLAG(int32_t, worker_keepalive_timeout_ms, 2000,
           "a worker connection whose ping is not answered in this time is dropped (its calls fail UNAVAILABLE)");
+ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
 
 int main(int argc, char** argv) {
@@ -79,7 +81,17 @@ int main(int argc, char** argv) {
   go.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   go.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   go.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
-  tandem::router::GenerationService generation(go, &cluster, tokenizer->get());
+  tandem::Metrics::Options mo;
+  mo.model = name;
+  mo.role = "router";
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    mo.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
+  }
+  auto metrics = tandem::Metrics::Create(mo);
+  if (!metrics.ok()) return fail(metrics.status());
+  (*metrics)->SetBuildInfo("none", "router");
+  tandem::router::RouterMetrics router_metrics(metrics->get(), &cluster);
+  tandem::router::GenerationService generation(go, &cluster, tokenizer->get(), &router_metrics);
   tandem::router::RegistrationService registration(&cluster);
 
   tandem::rpc::ServerOptions so;
@@ -90,6 +102,10 @@ int main(int argc, char** argv) {
   if (!server.ok()) return fail(server.status());
   server->SetServing(true);
   std::printf("tandem-router: listening on %s:%d\n", absl::GetFlag(FLAGS_bind_address).c_str(), server->port);
+  if (!mo.listen_address.empty()) {
+    std::printf("tandem-router: metrics on %s:%d/metrics\n", absl::GetFlag(FLAGS_bind_address).c_str(),
+                (*metrics)->port());
+  }
   std::fflush(stdout);
   TANDEM_LOG(INFO) << "router serving " << name << " (" << config->architecture << ", fingerprint " << *fingerprint
                    << ") on port " << server->port;
@@ -103,5 +119,6 @@ int main(int argc, char** argv) {
   // Idle client connections hold Shutdown until its deadline: keep it short once nothing runs.
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "router: stopped";
+  metrics->reset();  // its refresher reads the cluster
   return 0;
 }

@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   python3
+  prometheus  # promtool and a real Prometheus for the metrics and dashboard tests
 )
 # Node.js runs the conformance oracles (node-llama-cpp); the machine image may already carry a newer one.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

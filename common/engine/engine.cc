@@ -225,6 +225,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits));
   ++steps_;
   computed_tokens_ += step.num_tokens;
+  last_step_tokens_ = step.num_tokens;
+  last_step_sequences_ = static_cast<int64_t>(step.chunks.size());
 
   // Postprocess: prompt logprobs, sampling, stop conditions.
   absl::flat_hash_map<std::string, int32_t> sampled;
@@ -317,6 +319,8 @@ EngineStats Engine::stats() const {
   s.steps = steps_;
   s.computed_tokens = computed_tokens_;
   s.max_model_len = options_.scheduler.max_model_len;
+  s.last_step_tokens = last_step_tokens_;
+  s.last_step_sequences = last_step_sequences_;
   return s;
 }
 

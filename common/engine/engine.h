@@ -64,6 +64,8 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t computed_tokens = 0;
   int64_t max_model_len = 0;
+  int64_t last_step_tokens = 0;     // tokens computed by the last step
+  int64_t last_step_sequences = 0;  // sequences in the last step
 };
 
 class Engine {
@@ -129,6 +131,8 @@ class Engine {
   LayerListener layer_listener_;
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;
+  int64_t last_step_tokens_ = 0;
+  int64_t last_step_sequences_ = 0;
 };
 
 }  // namespace tandem

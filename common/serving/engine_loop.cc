@@ -1,5 +1,7 @@
 #include "common/serving/engine_loop.h"
 
+#include <algorithm>
+
 #include "common/base/logging.h"
 
 namespace tandem {
@@ -15,9 +17,9 @@ void EngineLoop::Post(std::function<void(Engine&)> task) {
   if (!stopping_) tasks_.push_back(std::move(task));
 }
 
-EngineLoad EngineLoop::load() const {
+EngineSnapshot EngineLoop::snapshot() const {
   absl::MutexLock lock(&mu_);
-  return load_;
+  return snapshot_;
 }
 
 void EngineLoop::Stop() {
@@ -31,6 +33,7 @@ void EngineLoop::Stop() {
 void EngineLoop::Run() {
   absl::Time next_tick = absl::Now();
   bool stalled = false;  // the engine has work but the last step could schedule nothing
+  int64_t peak_used_since_publish = 0;
   while (true) {
     std::deque<std::function<void(Engine&)>> tasks;
     bool stopping;
@@ -51,7 +54,14 @@ void EngineLoop::Run() {
     stalled = false;
     if (engine_->HasWork()) {
       const int64_t steps_before = engine_->stats().steps;
+      const absl::Time step_start = absl::Now();
       absl::StatusOr<std::vector<RequestOutput>> outputs = engine_->Step();
+      const EngineStats after = engine_->stats();
+      peak_used_since_publish = std::max(peak_used_since_publish, after.num_blocks - after.free_blocks);
+      if (handlers_.metrics != nullptr && after.steps > steps_before) {
+        handlers_.metrics->ObserveStep(after.last_step_tokens, after.last_step_sequences,
+                                       absl::ToDoubleSeconds(absl::Now() - step_start));
+      }
       if (!outputs.ok()) {
         TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
       } else if (!outputs->empty() && handlers_.on_outputs) {
@@ -66,7 +76,15 @@ void EngineLoop::Run() {
     }
     const EngineStats s = engine_->stats();
     absl::MutexLock lock(&mu_);
-    load_ = {s.waiting, s.running, s.free_blocks, s.num_blocks};
+    snapshot_.waiting = s.waiting;
+    snapshot_.running = s.running;
+    snapshot_.free_blocks = s.free_blocks;
+    snapshot_.total_blocks = s.num_blocks;
+    snapshot_.prefix_queries = s.prefix_queries;
+    snapshot_.prefix_hits = s.prefix_hits;
+    snapshot_.preemptions = s.preemptions;
+    snapshot_.peak_used_blocks =
+        std::max({snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});
   }
 }
 

@@ -2,7 +2,8 @@
 // gRPC handlers (add, reserve, admit, abort) run before the next step, then the engine steps while
 // it has work, and its outputs go to the output handler, also on this thread. Services keep their
 // per-request state on this thread too, so it needs no locks. The loop wakes at least every
-// `tick` to run the tick handler (timeouts), and publishes a load snapshot for heartbeats.
+// `tick` to run the tick handler (timeouts), and publishes a snapshot of the engine's state for
+// heartbeats and metrics.
 #pragma once
 
 #include <atomic>
@@ -16,12 +17,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/engine/engine.h"
+#include "common/metrics/worker_metrics.h"
 
 namespace tandem {
-
-struct EngineLoad {
-  int64_t waiting = 0, running = 0, free_blocks = 0, total_blocks = 0;
-};
 
 class EngineLoop {
  public:
@@ -29,6 +27,7 @@ class EngineLoop {
     std::function<void(std::vector<RequestOutput>& outputs)> on_outputs;
     std::function<void()> on_tick;  // at least every `tick`
     absl::Duration tick = absl::Milliseconds(50);
+    WorkerMetrics* metrics = nullptr;  // per-step histograms when set
   };
   // Starts the thread. `engine` must outlive the loop.
   EngineLoop(Engine* engine, Handlers handlers);
@@ -38,7 +37,7 @@ class EngineLoop {
 
   // Runs `task` on the loop thread before the next step. Dropped after Stop().
   void Post(std::function<void(Engine&)> task) ABSL_LOCKS_EXCLUDED(mu_);
-  EngineLoad load() const ABSL_LOCKS_EXCLUDED(mu_);
+  EngineSnapshot snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the remaining tasks, then joins the thread.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -50,7 +49,7 @@ class EngineLoop {
   mutable absl::Mutex mu_;
   std::deque<std::function<void(Engine&)>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  EngineLoad load_ ABSL_GUARDED_BY(mu_);
+  EngineSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

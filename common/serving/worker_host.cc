@@ -12,6 +12,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/base/logging.h"
 #include "common/base/signals.h"
+#include "common/metrics/metrics.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
@@ -25,6 +26,7 @@ ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "host name or IP the router 
 ABSL_FLAG(std::string, router, "", "router host:port to register with (empty: the router lists this worker statically)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 500, "milliseconds between heartbeats to the router");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish after SIGTERM");
+ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 
 namespace tandem {
 namespace {
@@ -54,7 +56,15 @@ class StatusService final : public v1::WorkerStatus::CallbackService {
     }
     const int state = state_->load();
     info.set_state(state == 0 ? "LOADING" : state == 1 ? "SERVING" : "DRAINING");
-    if (state != 0) *info.mutable_load() = service_->load();
+    if (state != 0) {
+      const EngineSnapshot s = service_->snapshot();
+      v1::WorkerLoad* l = info.mutable_load();
+      l->set_waiting(s.waiting);
+      l->set_running(s.running);
+      l->set_free_blocks(s.free_blocks);
+      l->set_total_blocks(s.total_blocks);
+      l->set_pending_transfers(s.pending_transfers);
+    }
     info.mutable_load()->set_draining(state == 2);
     return info;
   }
@@ -146,7 +156,27 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server->port);
   std::printf("tandem-%s: listening on %s\n", name.c_str(), address.c_str());
+  const std::string role_name = role == v1::WORKER_ROLE_PREFILL  ? "prefill"
+                                : role == v1::WORKER_ROLE_DECODE ? "decode"
+                                                                 : "combined";
+  Metrics::Options mo;
+  mo.model = model_dir.substr(model_dir.find_last_of('/', model_dir.size() > 1 ? model_dir.size() - 2 : 0) + 1);
+  while (!mo.model.empty() && mo.model.back() == '/') mo.model.pop_back();
+  mo.role = role_name;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    mo.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
+  }
+  auto metrics = Metrics::Create(mo);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(metrics.status().message()).c_str());
+    return 1;
+  }
+  if (!mo.listen_address.empty()) {
+    std::printf("tandem-%s: metrics on %s:%d/metrics\n", name.c_str(), absl::GetFlag(FLAGS_advertise_host).c_str(),
+                (*metrics)->port());
+  }
   std::fflush(stdout);
+  WorkerMetrics worker_metrics(metrics->get());
 
   // Load (health says NOT_SERVING meanwhile).
   const absl::Time t0 = absl::Now();
@@ -183,7 +213,14 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   kg->set_bytes_per_element(4);
   description.set_total_blocks(g.num_blocks);
   description.set_max_model_len((*engine)->stats().max_model_len);
-  if (absl::Status s = service->Start(model->get(), engine->get(), *fingerprint, &description); !s.ok()) return fail(s);
+  (*metrics)->SetBuildInfo("cpu", (*backend)->device_description());
+  if (absl::Status s = service->Start(model->get(), engine->get(), *fingerprint, &worker_metrics, &description);
+      !s.ok()) {
+    return fail(s);
+  }
+  (*metrics)->OnRefresh([&] {
+    if (state.load() != 0) worker_metrics.Refresh(service->snapshot());
+  });
   status.set_description(description);
   state = 1;
   server->SetServing(true);
@@ -211,6 +248,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   stop_registration.Notify();
   if (registration.joinable()) registration.join();
   service->Stop();
+  metrics->reset();  // its refresher reads the service and worker_metrics
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   TANDEM_LOG(INFO) << name << ": stopped";
   return 0;

@@ -14,6 +14,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
 #include "common/engine/engine.h"
+#include "common/metrics/worker_metrics.h"
 #include "common/model/llama_model.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/worker.pb.h"
@@ -31,9 +32,11 @@ class WorkerService {
   virtual std::vector<std::string> health_service_names() const = 0;
   // Once the model and engine exist: start serving; fill the role's part of the description
   // (e.g. the KV receiver's address). Calls before Start() are refused with UNAVAILABLE.
+  // `metrics` outlives the service.
   virtual absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
-                             v1::WorkerDescription* description) = 0;
-  virtual v1::WorkerLoad load() const = 0;
+                             WorkerMetrics* metrics, v1::WorkerDescription* description) = 0;
+  // The engine's state as its loop last published it (heartbeats, WorkerStatus, metrics).
+  virtual EngineSnapshot snapshot() const = 0;
   virtual int64_t in_flight() const = 0;
   // Refuse new calls (UNAVAILABLE, "draining"); in-flight ones continue.
   virtual void StartDraining() = 0;
@@ -42,8 +45,8 @@ class WorkerService {
 };
 
 // Runs a worker process until SIGTERM/SIGINT and drain; returns the exit code. Flags: --model,
-// --port, --bind-address, --advertise-host, --router, --heartbeat-interval-ms, --drain-grace-s and
-// the engine flags. `name` is used in logs ("prefill-worker").
+// --port, --bind-address, --advertise-host, --router, --heartbeat-interval-ms, --drain-grace-s,
+// --metrics-port and the engine flags. `name` is used in logs ("prefill-worker").
 int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* service);
 
 }  // namespace tandem

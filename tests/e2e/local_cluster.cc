@@ -44,6 +44,17 @@ absl::Status LocalCluster::Start() {
   router_address_ = absl::StrCat("127.0.0.1:", port);
   std::vector<std::string> argv = {TANDEM_ROUTER_BIN, "--model=" + options_.model_dir, absl::StrCat("--port=", port),
                                    "--bind-address=127.0.0.1"};
+  if (options_.static_workers) {
+    for (int i = 0; i < options_.prefill; ++i) {
+      if (auto w = SpawnWorker("prefill"); !w.ok()) return w.status();
+    }
+    for (int i = 0; i < options_.decode; ++i) {
+      if (auto w = SpawnWorker("decode"); !w.ok()) return w.status();
+    }
+    std::string list;
+    for (const Proc& w : workers_) list += (list.empty() ? "" : ",") + w.address;
+    argv.push_back("--workers=" + list);
+  }
   argv.insert(argv.end(), options_.router_args.begin(), options_.router_args.end());
   auto router = Subprocess::Spawn(argv, dir_ + "/router.log");
   if (!router.ok()) return router.status();
@@ -62,10 +73,10 @@ absl::Status LocalCluster::Start() {
   auto channel = grpc::CreateCustomChannel(router_address_, grpc::InsecureChannelCredentials(), args);
   generation_ = v1::Generation::NewStub(channel);
   registration_ = v1::Registration::NewStub(channel);
-  for (int i = 0; i < options_.prefill; ++i) {
+  for (int i = 0; i < options_.prefill && !options_.static_workers; ++i) {
     if (auto w = SpawnWorker("prefill"); !w.ok()) return w.status();
   }
-  for (int i = 0; i < options_.decode; ++i) {
+  for (int i = 0; i < options_.decode && !options_.static_workers; ++i) {
     if (auto w = SpawnWorker("decode"); !w.ok()) return w.status();
   }
   for (int i = 0; i < options_.combined; ++i) {
@@ -88,8 +99,8 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
                                    "--model=" + options_.model_dir,
                                    absl::StrCat("--port=", port),
                                    "--bind-address=127.0.0.1",
-                                   "--router=" + router_address_,
                                    "--heartbeat-interval-ms=200"};
+  if (!options_.static_workers) argv.push_back("--router=" + router_address_);
   if (role == "combined") argv.push_back("--combined");
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());

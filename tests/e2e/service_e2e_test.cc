@@ -192,6 +192,20 @@ TEST_F(ServiceTest, TwoPrefillTwoDecodeMatchesTheInProcessEngine) {
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
 }
 
+TEST_F(ServiceTest, StaticWorkerListsWorkWithoutRegistration) {
+  auto c = StartCluster({.prefill = 1, .decode = 2, .static_workers = true});
+  ExpectEquivalent(c->generation(), model_dir_, 20);
+  // A static worker that dies is polled out of the live set like a silent registered one.
+  const std::string victim = c->workers("decode")[0];
+  c->process(victim)->Signal(SIGKILL);
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < end && ::testing::Matches(::testing::Contains(victim))(c->Live())) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(victim)));
+  EXPECT_TRUE(Stream(c->generation(), TokenRequest({1, 2, 3}, 4)).status.ok());
+}
+
 TEST_F(ServiceTest, CombinedRoleMatchesTheInProcessEngine) {
   auto c = StartCluster({.prefill = 0, .decode = 0, .combined = 1});
   ExpectEquivalent(c->generation(), model_dir_, 40);

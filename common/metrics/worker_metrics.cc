@@ -1,0 +1,64 @@
+#include "common/metrics/worker_metrics.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+WorkerMetrics::WorkerMetrics(Metrics* m)
+    : m_(m),
+      batch_tokens_(m->Histogram("tandem_batch_tokens", "Tokens computed per engine step.", Metrics::CountBuckets())),
+      batch_size_(m->Histogram("tandem_batch_size", "Sequences per engine step.", Metrics::CountBuckets())),
+      step_seconds_(m->Histogram("tandem_step_seconds", "Wall time of one engine step.", Metrics::TokenLatencyBuckets())),
+      waiting_(m->Gauge("tandem_requests_waiting", "Requests waiting to be scheduled.")),
+      running_(m->Gauge("tandem_requests_running", "Requests in the running batch.")),
+      blocks_used_(m->Gauge("tandem_kv_blocks_used", "KV cache blocks in use.")),
+      blocks_free_(m->Gauge("tandem_kv_blocks_free", "KV cache blocks free (including evictable cached ones).")),
+      usage_(m->Gauge("tandem_kv_usage_ratio", "Share of the KV cache blocks in use.")),
+      usage_peak_(m->Gauge("tandem_kv_usage_peak_ratio", "Highest KV usage ratio since the process started.")),
+      pending_transfers_(m->Gauge("tandem_kv_transfers_pending", "Reservations waiting for their KV transfer.")),
+      prefix_queries_(m->Counter("tandem_prefix_cache_queries_tokens_total", "Prompt tokens looked up in the prefix cache.")),
+      prefix_hits_(m->Counter("tandem_prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.")),
+      preemptions_(m->Counter("tandem_preemptions_total", "Requests preempted (blocks freed, recomputed later).")),
+      transfer_bytes_(m->Counter("tandem_kv_transfer_bytes_total", "KV bytes sent to decode workers.")),
+      transfer_failures_(m->Counter("tandem_kv_transfer_failures_total", "KV transfers that failed.")),
+      transfers_(m->Counter("tandem_kv_transfers_total", "KV transfers finished, failed or not.")),
+      transfer_seconds_(m->Histogram("tandem_kv_transfer_seconds", "Seconds from the first layer sent to the acknowledgement.",
+                                     Metrics::LatencyBuckets())) {
+  // Speculative decoding lands later; the counters exist (at zero) so dashboards and alerts resolve.
+  m->Counter("tandem_spec_decode_draft_tokens_total", "Draft tokens proposed by speculative decoding.");
+  m->Counter("tandem_spec_decode_accepted_tokens_total", "Draft tokens accepted by the target model.");
+}
+
+void WorkerMetrics::ObserveStep(int64_t tokens, int64_t sequences, double seconds) {
+  batch_tokens_.Observe(static_cast<double>(tokens));
+  batch_size_.Observe(static_cast<double>(sequences));
+  step_seconds_.Observe(seconds);
+}
+
+void WorkerMetrics::Refresh(const EngineSnapshot& s) {
+  absl::MutexLock lock(&mu_);
+  waiting_.Set(static_cast<double>(s.waiting));
+  running_.Set(static_cast<double>(s.running));
+  blocks_used_.Set(static_cast<double>(s.total_blocks - s.free_blocks));
+  blocks_free_.Set(static_cast<double>(s.free_blocks));
+  const double usage = s.total_blocks > 0 ? 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks : 0.0;
+  usage_.Set(usage);
+  usage_peak_.Set(s.total_blocks > 0 ? static_cast<double>(s.peak_used_blocks) / s.total_blocks : 0.0);
+  pending_transfers_.Set(static_cast<double>(s.pending_transfers));
+  prefix_queries_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_queries - last_.prefix_queries)));
+  prefix_hits_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_hits - last_.prefix_hits)));
+  preemptions_.Increment(static_cast<double>(std::max<int64_t>(0, s.preemptions - last_.preemptions)));
+  last_ = s;
+}
+
+void WorkerMetrics::ObserveTransfer(int64_t bytes, double seconds, bool ok) {
+  transfers_.Increment();
+  if (!ok) {
+    transfer_failures_.Increment();
+    return;
+  }
+  transfer_bytes_.Increment(static_cast<double>(bytes));
+  transfer_seconds_.Observe(seconds);
+}
+
+}  // namespace tandem

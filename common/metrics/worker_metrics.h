@@ -1,0 +1,57 @@
+// The metrics of a worker (prefill, decode or combined role) over the process's Metrics object:
+// queue and batch gauges, per-step histograms, KV pool usage and its peak, prefix-cache and
+// preemption counters, KV transfers, speculative decoding. Gauges and counters that mirror engine
+// state are refreshed from the engine loop's published snapshot (never from the engine itself,
+// which belongs to its thread); per-step histograms are observed by the engine loop.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/synchronization/mutex.h"
+#include "common/metrics/metrics.h"
+
+namespace tandem {
+
+// What the engine loop publishes after each iteration.
+struct EngineSnapshot {
+  int64_t waiting = 0, running = 0, free_blocks = 0, total_blocks = 0;
+  int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;  // cumulative
+  int64_t pending_transfers = 0;
+  int64_t peak_used_blocks = 0;  // highest blocks in use seen after any step since start
+};
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(Metrics* metrics);
+
+  // One engine step: tokens computed, sequences in the batch, wall time.
+  void ObserveStep(int64_t tokens, int64_t sequences, double seconds);
+  // Gauges and counters from the latest snapshot (called by the refresher).
+  void Refresh(const EngineSnapshot& s);
+  // One finished KV transfer (prefill side): bytes sent, seconds from Begin to acknowledgement.
+  void ObserveTransfer(int64_t bytes, double seconds, bool ok);
+
+ private:
+  Metrics* m_;
+  prometheus::Histogram& batch_tokens_;
+  prometheus::Histogram& batch_size_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Gauge& waiting_;
+  prometheus::Gauge& running_;
+  prometheus::Gauge& blocks_used_;
+  prometheus::Gauge& blocks_free_;
+  prometheus::Gauge& usage_;
+  prometheus::Gauge& usage_peak_;
+  prometheus::Gauge& pending_transfers_;
+  prometheus::Counter& prefix_queries_;
+  prometheus::Counter& prefix_hits_;
+  prometheus::Counter& preemptions_;
+  prometheus::Counter& transfer_bytes_;
+  prometheus::Counter& transfer_failures_;
+  prometheus::Counter& transfers_;
+  prometheus::Histogram& transfer_seconds_;
+  absl::Mutex mu_;
+  EngineSnapshot last_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem

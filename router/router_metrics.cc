@@ -1,0 +1,97 @@
+#include "router/router_metrics.h"
+
+#include "common/rpc/convert.h"
+
+namespace tandem::router {
+namespace {
+
+std::string CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    default: return "UNKNOWN";
+  }
+}
+
+}  // namespace
+
+RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
+    : m_(m),
+      in_flight_(m->Gauge("tandem_requests_in_flight", "Requests admitted and not finished (queued or running).")),
+      ttft_(m->Histogram("tandem_time_to_first_token_seconds", "Arrival at the router to the first token.",
+                         Metrics::LatencyBuckets())),
+      itl_(m->Histogram("tandem_inter_token_latency_seconds", "Time between consecutive output tokens.",
+                        Metrics::TokenLatencyBuckets())),
+      tpot_(m->Histogram("tandem_time_per_output_token_seconds",
+                         "(end to end - TTFT) / (output tokens - 1), per request.", Metrics::TokenLatencyBuckets())),
+      e2e_(m->Histogram("tandem_e2e_request_latency_seconds", "Arrival at the router to the last token.",
+                        Metrics::LatencyBuckets())),
+      router_queue_(m->Histogram("tandem_router_queue_seconds", "Time a request waited in the router's queue.",
+                                 Metrics::LatencyBuckets())),
+      prefill_queue_(m->Histogram("tandem_prefill_queue_seconds", "TTFT part: waiting in the prefill worker.",
+                                  Metrics::LatencyBuckets())),
+      prefill_compute_(m->Histogram("tandem_prefill_compute_seconds", "TTFT part: computing the prompt.",
+                                    Metrics::LatencyBuckets())),
+      kv_transfer_(m->Histogram("tandem_request_kv_transfer_seconds",
+                                "TTFT part: first token sampled to the decode worker's acknowledgement of the KV.",
+                                Metrics::LatencyBuckets())),
+      decode_queue_(m->Histogram("tandem_decode_queue_seconds",
+                                 "After the transfer: waiting for the decode worker's first step.", Metrics::LatencyBuckets())),
+      prompt_tokens_(m->Counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests.")),
+      generation_tokens_(m->Counter("tandem_generation_tokens_total", "Tokens generated.")) {
+  for (const char* role : {"prefill", "decode", "combined"}) {
+    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", role}});
+  }
+  m->OnRefresh([m, cluster] {
+    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", "prefill"}})
+        .Set(static_cast<double>(cluster->num_live(v1::WORKER_ROLE_PREFILL)));
+    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", "decode"}})
+        .Set(static_cast<double>(cluster->num_live(v1::WORKER_ROLE_DECODE)));
+    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", "combined"}})
+        .Set(static_cast<double>(cluster->num_live(v1::WORKER_ROLE_COMBINED)));
+  });
+  // The common outcomes exist from the start, so rate() queries have series before traffic.
+  for (const char* outcome : {"stop", "length"}) {
+    m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.", {{"outcome", outcome}, {"code", "OK"}});
+  }
+  m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.", {{"outcome", "error"}, {"code", "UNAVAILABLE"}});
+}
+
+void RouterMetrics::Admitted() { in_flight_.Increment(); }
+
+void RouterMetrics::Finished(const grpc::Status& status, const v1::GenerateResponse& final, bool admitted) {
+  if (admitted) in_flight_.Decrement();
+  std::string outcome = status.ok() ? rpc::FinishReasonName(final.finish_reason()) : "error";
+  if (outcome.empty()) outcome = "unknown";
+  m_->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
+              {{"outcome", outcome}, {"code", CodeName(status.error_code())}})
+      .Increment();
+  if (!status.ok()) return;
+  const v1::Timings& t = final.timings();
+  const int completion = final.usage().completion_tokens();
+  prompt_tokens_.Increment(final.usage().prompt_tokens());
+  generation_tokens_.Increment(completion);
+  router_queue_.Observe(t.router_queue());
+  e2e_.Observe(t.end_to_end());
+  if (completion > 0) ttft_.Observe(t.time_to_first_token());
+  if (completion > 1) tpot_.Observe((t.end_to_end() - t.time_to_first_token()) / (completion - 1));
+  prefill_queue_.Observe(t.prefill_queue());
+  prefill_compute_.Observe(t.prefill_compute());
+  kv_transfer_.Observe(t.kv_transfer());
+  decode_queue_.Observe(t.decode_queue());
+}
+
+void RouterMetrics::ObserveInterToken(double seconds, int tokens) {
+  if (tokens <= 0) return;
+  for (int i = 0; i < tokens; ++i) itl_.Observe(seconds / tokens);
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,42 @@
+// The router's metrics: requests by outcome and gRPC code, latency histograms (TTFT, inter-token
+// latency, time per output token, end to end, router queue) and TTFT taken apart (prefill queue,
+// prefill compute, KV transfer, decode queue — one histogram each, so a dashboard can stack them),
+// prompt and generation tokens, requests in flight, and live workers by role.
+#pragma once
+
+#include "common/metrics/metrics.h"
+#include "grpcpp/grpcpp.h"
+#include "router/cluster.h"
+#include "tandem/v1/generation.pb.h"
+
+namespace tandem::router {
+
+class RouterMetrics {
+ public:
+  // Registers a refresher for the live-worker gauges; `cluster` must outlive `metrics`' refresher.
+  RouterMetrics(Metrics* metrics, Cluster* cluster);
+
+  void Admitted();
+  // A request's end. `final` is meaningful when status is OK; `admitted` requests leave the
+  // in-flight gauge.
+  void Finished(const grpc::Status& status, const v1::GenerateResponse& final, bool admitted);
+  // Time between two streamed deltas, spread over the tokens of the later one.
+  void ObserveInterToken(double seconds, int tokens);
+
+ private:
+  Metrics* m_;
+  prometheus::Gauge& in_flight_;
+  prometheus::Histogram& ttft_;
+  prometheus::Histogram& itl_;
+  prometheus::Histogram& tpot_;
+  prometheus::Histogram& e2e_;
+  prometheus::Histogram& router_queue_;
+  prometheus::Histogram& prefill_queue_;
+  prometheus::Histogram& prefill_compute_;
+  prometheus::Histogram& kv_transfer_;
+  prometheus::Histogram& decode_queue_;
+  prometheus::Counter& prompt_tokens_;
+  prometheus::Counter& generation_tokens_;
+};
+
+}  // namespace tandem::router
