@@ -58,6 +58,8 @@ EngineSnapshot DecodeService::snapshot() const {
   if (!loop_) return {};
   EngineSnapshot s = loop_->snapshot();
   s.pending_transfers = pending_transfers_.load();
+  s.kv_full = s.total_blocks > 0 &&
+              static_cast<double>(s.total_blocks - s.free_blocks) > options_.kv_high_water * s.total_blocks;
   return s;
 }
 

@@ -34,6 +34,9 @@ class DecodeService final : public v1::Decode::CallbackService, public WorkerSer
     int kv_port = 0;
     absl::Duration kv_transfer_timeout = absl::Seconds(30);
     absl::Duration kv_io_timeout = absl::Seconds(10);
+    // Above this share of the KV pool in use the worker reports itself full in its heartbeats and
+    // the router sends it no new work; preemption stays the last resort.
+    double kv_high_water = 0.95;
   };
   explicit DecodeService(const Options& options) : options_(options) {}
   ~DecodeService() override;

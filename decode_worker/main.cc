@@ -1,5 +1,7 @@
 // tandem-decode-worker: runs the engine in the decode role (or, with --combined, prefill and decode
 // in one process) and serves tandem.v1.Decode. See decode_service.h and common/serving/worker_host.h.
+#include <cstdio>
+
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "common/backend/cpu/openblas_setup.h"
@@ -10,6 +12,9 @@
 ABSL_FLAG(bool, combined, false, "combined role: compute prompts here too (no KV transfer), the baseline");
 ABSL_FLAG(int32_t, kv_port, 0, "TCP port of the KV receiver (0 = any free port; registered with the router)");
 ABSL_FLAG(double, kv_transfer_timeout_s, 30, "seconds a reservation waits for its KV transfer");
+ABSL_FLAG(double, kv_high_water, 0.95,
+          "share of the KV pool in use above which the worker reports itself full and the router sends it "
+          "nothing new (1 = never)");
 
 int main(int argc, char** argv) {
   tandem::MaybeReexecWithFasterOpenBlasCore(argv);
@@ -23,6 +28,11 @@ int main(int argc, char** argv) {
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.kv_port = absl::GetFlag(FLAGS_kv_port);
   o.kv_transfer_timeout = absl::Seconds(absl::GetFlag(FLAGS_kv_transfer_timeout_s));
+  o.kv_high_water = absl::GetFlag(FLAGS_kv_high_water);
+  if (!(o.kv_high_water > 0 && o.kv_high_water <= 1)) {
+    std::fprintf(stderr, "tandem-decode-worker: --kv-high-water must be in (0, 1]\n");
+    return 2;
+  }
   tandem::DecodeService service(o);
   return tandem::RunWorker(o.combined ? "combined-worker" : "decode-worker",
                            o.combined ? tandem::v1::WORKER_ROLE_COMBINED : tandem::v1::WORKER_ROLE_DECODE, &service);

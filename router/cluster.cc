@@ -61,6 +61,7 @@ absl::Status Cluster::Heartbeat(const std::string& address, const v1::WorkerLoad
   h.running = load.running();
   h.free_blocks = load.free_blocks();
   h.draining = load.draining();
+  h.kv_full = load.kv_full();
   RETURN_IF_ERROR(registry_.Heartbeat(address, h));
   absl::MutexLock lock(&mu_);
   loads_[address] = load;
@@ -132,6 +133,12 @@ absl::StatusOr<Cluster::Worker> Cluster::ChooseDecode(const DecodeDemand& demand
                                                       const absl::flat_hash_set<std::string>& exclude) const {
   std::vector<WorkerLoad> live = Live(combined ? v1::WORKER_ROLE_COMBINED : v1::WORKER_ROLE_DECODE, exclude);
   if (live.empty()) return absl::UnavailableError(combined ? "no live combined worker" : "no live decode worker");
+  // KV pressure degrades service instead of toppling it: a worker above its high-water mark takes
+  // no new work; when all are, the request is refused at once (the client retries later).
+  std::erase_if(live, [](const WorkerLoad& w) { return w.kv_full; });
+  if (live.empty()) {
+    return absl::ResourceExhaustedError("every decode worker is above its KV high-water mark; retry later");
+  }
   ASSIGN_OR_RETURN(std::string address, ChooseDecodeWorker(live, demand));
   absl::MutexLock lock(&mu_);
   return Worker{address, descriptions_.at(address)};

@@ -11,6 +11,7 @@ struct WorkerLoad {
   std::string id;            // stable identity, e.g. "host:port"
   bool healthy = true;       // false once heartbeats stop or health checks fail
   bool draining = false;     // alive and finishing its work, but taking nothing new
+  bool kv_full = false;      // KV usage above its high-water mark: taking nothing new
   int64_t waiting = 0;       // queued requests
   int64_t running = 0;       // requests in the running batch
   int64_t free_blocks = 0;   // free KV blocks

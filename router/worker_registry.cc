@@ -63,6 +63,7 @@ std::vector<WorkerLoad> WorkerRegistry::Snapshot(WorkerRole role) const {
     w.id = address;
     w.healthy = !e.failed_check && now - e.last_heard <= options_.heartbeat_timeout;
     w.draining = e.load.draining;
+    w.kv_full = e.load.kv_full;
     w.waiting = e.load.waiting;
     w.running = e.load.running;
     w.free_blocks = e.load.free_blocks;

@@ -32,6 +32,7 @@ struct WorkerRegistration {
 struct Heartbeat {
   int64_t waiting = 0, running = 0, free_blocks = 0;
   bool draining = false;  // finishing in-flight work: no new work, yet not dead
+  bool kv_full = false;   // KV usage above the worker's high-water mark: no new work
 };
 
 class WorkerRegistry {

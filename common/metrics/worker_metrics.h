@@ -18,6 +18,7 @@ struct EngineSnapshot {
   int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;  // cumulative
   int64_t pending_transfers = 0;
   int64_t peak_used_blocks = 0;  // highest blocks in use seen after any step since start
+  bool kv_full = false;          // above the worker's KV high-water mark
 };
 
 class WorkerMetrics {

@@ -64,6 +64,7 @@ class StatusService final : public v1::WorkerStatus::CallbackService {
       l->set_free_blocks(s.free_blocks);
       l->set_total_blocks(s.total_blocks);
       l->set_pending_transfers(s.pending_transfers);
+      l->set_kv_full(s.kv_full);
     }
     info.mutable_load()->set_draining(state == 2);
     return info;

@@ -104,6 +104,7 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
   if (role == "combined") argv.push_back("--combined");
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  if (role != "prefill") argv.insert(argv.end(), options_.decode_args.begin(), options_.decode_args.end());
   const std::string log = absl::StrCat(dir_, "/", role, "-", next_++, ".log");
   auto p = Subprocess::Spawn(argv, log);
   if (!p.ok()) return p.status();

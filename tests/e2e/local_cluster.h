@@ -22,6 +22,7 @@ struct ClusterOptions {
   std::vector<std::string> router_args;  // e.g. --max-queued-requests=2
   std::vector<std::string> worker_args;  // engine flags for every worker
   std::vector<std::string> prefill_args;  // for prefill workers only
+  std::vector<std::string> decode_args;   // for decode and combined workers only
   // Workers start without --router and the router lists them with --workers (polled, no heartbeats).
   bool static_workers = false;
 };

@@ -255,6 +255,38 @@ TEST_F(ServiceTest, TextPromptStopStringsAndUnaryGenerate) {
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << why;
 }
 
+TEST_F(ServiceTest, ASlowReaderDoesNotStallOtherStreams) {
+  auto c = StartCluster({.prefill = 1, .decode = 1});
+  std::atomic<bool> slow_done{false};
+  absl::Time slow_end;
+  int slow_tokens = 0;
+  std::thread slow([&] {
+    grpc::ClientContext ctx;
+    auto reader = c->generation()->GenerateStream(&ctx, TokenRequest({5, 5, 5}, 200));
+    v1::GenerateStreamResponse m;
+    while (reader->Read(&m)) {
+      slow_tokens += m.delta().token_ids_size();
+      absl::SleepFor(absl::Milliseconds(10));  // a client that cannot keep up
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    slow_end = absl::Now();
+    slow_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  std::vector<StreamResult> fast(4);
+  ParallelFor(4, 4, [&](int i) { fast[i] = Stream(c->generation(), TokenRequest({6, 7, i}, 300)); });
+  const absl::Time fast_end = absl::Now();
+  for (const StreamResult& r : fast) {
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 300u);
+  }
+  EXPECT_FALSE(slow_done.load()) << "the slow reader finished first: the test proves nothing";
+  slow.join();
+  EXPECT_EQ(slow_tokens, 200);
+  EXPECT_LT(fast_end - start, (slow_end - start) / 2);
+}
+
 TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
   std::vector<std::string> addresses = {c->router_address()};
@@ -389,6 +421,35 @@ TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
   }
   EXPECT_EQ(ok, kAdmitted);
   EXPECT_EQ(refused, kSent - kAdmitted);
+}
+
+TEST_F(ServiceTest, KvPressureRefusesNewWorkInsteadOfFallingOver) {
+  // 64 blocks of 16 tokens; above half of them in use the decode worker reports itself full.
+  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--kv-cache-memory=1M"},
+                         .decode_args = {"--kv-high-water=0.5"}});
+  std::mt19937 rng(12);
+  StreamResult first;
+  std::thread t([&] { first = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 400, vocab_), 590)); });
+  bool full = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(3); !full && absl::Now() < end;) {
+    grpc::ClientContext ctx;
+    v1::ListWorkersResponse workers;
+    ASSERT_TRUE(c->registration()->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok());
+    for (const auto& w : workers.workers()) full |= w.load().kv_full();
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(full) << "the decode worker never reported itself full";
+  const StreamResult refused = Stream(c->generation(), TokenRequest({1, 2, 3}, 10));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.status.error_message();
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("high-water"));
+  EXPECT_LT(refused.end - refused.start, absl::Milliseconds(50));
+  t.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.ids.size(), 590u);
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+  absl::SleepFor(absl::Milliseconds(500));  // a heartbeat reports the pool free again
+  EXPECT_TRUE(Stream(c->generation(), TokenRequest({1, 2, 3}, 10)).status.ok());
 }
 
 // ---------------------------------------------------------------- cancellation, deadlines
