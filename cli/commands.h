@@ -17,5 +17,6 @@ int GenerateCommand();
 int TokenizeCommand();
 int DetokenizeCommand();
 int UpCommand();
+int BenchCommand();
 
 }  // namespace tandem::cli

@@ -27,6 +27,10 @@ Commands:
                [--prefill-worker-args=--flag,...] [--decode-worker-args=--flag,...]
                Waits until every worker serves, prints the endpoints; Ctrl-C drains and stops.
                Without --model: the embedded default (models-cache/tiny-llama, written on first use).
+  bench        Load-test a router: --server HOST:PORT (--concurrency N | --request-rate R
+               [--burstiness B] | --sweep-concurrency 1,4,16) [--num-requests N | --duration-s T]
+               [--workload random|shared-prefix|multi-turn|jsonl] [--input-len N] [--output-len N]
+               [--slo-ttft-ms T] [--slo-tpot-ms T] [--json-out F] [--chart F.svg]
   generate     Generate in-process from a Hugging Face model directory, or from a router.
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]
                [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
   if (command == "make-model") return tandem::cli::MakeModelCommand();
   if (command == "generate") return tandem::cli::GenerateCommand();
   if (command == "up") return tandem::cli::UpCommand();
+  if (command == "bench") return tandem::cli::BenchCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);
