@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -31,6 +32,11 @@ ABSL_FLAG(int32_t, combined, 0, "up: combined (prefill + decode, no transfer) wo
 ABSL_FLAG(int32_t, port, 50051, "up: the router's gRPC port");
 ABSL_FLAG(std::string, log_dir, "", "up: directory for the processes' logs (default: a new one under /tmp)");
 ABSL_FLAG(std::string, ready_file, "", "up: once every worker serves, write the router's address to this file");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "up: serve GET /metrics: the router on this port, the workers on the ports after it (-1 = off)");
+ABSL_FLAG(std::string, prometheus_targets, "",
+          "up: with --metrics-port, write every process's /metrics address to this file in Prometheus "
+          "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
 ABSL_FLAG(std::vector<std::string>, worker_args, {},
           "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
@@ -116,9 +122,18 @@ int UpCommand() {
   };
   InstallTerminationHandlers();  // Ctrl-C: stop in order; a second Ctrl-C: exit at once
 
+  const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  int next_metrics_port = metrics_port;
+  std::vector<std::string> metrics_targets;  // "job target"
+  auto metrics_arg = [&](const std::string& job) -> std::vector<std::string> {
+    if (metrics_port < 0) return {};
+    metrics_targets.push_back(absl::StrCat(job, " 127.0.0.1:", next_metrics_port));
+    return {absl::StrCat("--metrics-port=", next_metrics_port++)};
+  };
   std::vector<std::string> router_argv = {FindBinary("tandem-router", "router"), "--model=" + model,
                                           absl::StrCat("--port=", port),
                                           absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
+  for (const std::string& a : metrics_arg("tandem-router")) router_argv.push_back(a);
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);
@@ -129,6 +144,7 @@ int UpCommand() {
       std::vector<std::string> argv = {FindBinary(binary, subdir)};
       argv.insert(argv.end(), common.begin(), common.end());
       argv.insert(argv.end(), extra.begin(), extra.end());
+      for (const std::string& a : metrics_arg("tandem-" + role)) argv.push_back(a);
       if (absl::Status s = spawn(absl::StrCat(role, "-", i), argv); !s.ok()) return s;
     }
     return absl::OkStatus();
@@ -180,6 +196,27 @@ int UpCommand() {
   std::printf("Stream a completion:  tandem generate --server %s --prompt \"Hello\"\nCtrl-C stops the cluster.\n",
               router_address.c_str());
   std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_prometheus_targets).empty() && !metrics_targets.empty()) {
+    // [{"targets": ["127.0.0.1:9400"], "labels": {"component": "router"}}, ...]
+    std::string text = "[\n";
+    for (size_t i = 0; i < metrics_targets.size(); ++i) {
+      const std::string& t = metrics_targets[i];
+      const size_t space = t.find(' ');
+      absl::StrAppend(&text, "  {\"targets\": [\"", t.substr(space + 1), "\"], \"labels\": {\"component\": \"",
+                      t.substr(std::string("tandem-").size(), space - std::string("tandem-").size()), "\"}}",
+                      i + 1 < metrics_targets.size() ? ",\n" : "\n");
+    }
+    text += "]\n";
+    const std::string path = absl::GetFlag(FLAGS_prometheus_targets);
+    if (FILE* f = std::fopen((path + ".tmp").c_str(), "w")) {
+      std::fputs(text.c_str(), f);
+      std::fclose(f);
+      std::filesystem::rename(path + ".tmp", path);
+    }
+  }
+  if (metrics_port >= 0) {
+    std::printf("Metrics: GET /metrics on ports %d-%d\n", metrics_port, next_metrics_port - 1);
+  }
   if (!absl::GetFlag(FLAGS_ready_file).empty()) {
     const std::string tmp = absl::GetFlag(FLAGS_ready_file) + ".tmp";
     if (FILE* f = std::fopen(tmp.c_str(), "w")) {
