@@ -55,8 +55,7 @@ void DecodeService::Stop() {
 }
 
 EngineSnapshot DecodeService::snapshot() const {
-  if (!loop_) return {};
-  EngineSnapshot s = loop_->snapshot();
+  EngineSnapshot s = EngineService::snapshot();
   s.pending_transfers = pending_transfers_.load();
   s.kv_full = s.total_blocks > 0 &&
               static_cast<double>(s.total_blocks - s.free_blocks) > options_.kv_high_water * s.total_blocks;
@@ -74,8 +73,8 @@ grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(grpc::CallbackS
         }
       },
       &stream);
-  if (!started_ || draining_) {
-    stream->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, started_ ? "worker is draining" : "worker is loading"));
+  if (grpc::Status s = Admission(); !s.ok()) {
+    stream->Finish(s);
     return reactor;
   }
   if (request->local_prefill() != options_.combined) {

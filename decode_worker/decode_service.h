@@ -19,13 +19,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/rpc/reactors.h"
 #include "common/serving/engine_loop.h"
-#include "common/serving/worker_host.h"
+#include "common/serving/engine_service.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
 
-class DecodeService final : public v1::Decode::CallbackService, public WorkerService {
+class DecodeService final : public v1::Decode::CallbackService, public EngineService {
  public:
   struct Options {
     bool combined = false;
@@ -49,8 +49,6 @@ class DecodeService final : public v1::Decode::CallbackService, public WorkerSer
   absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint, WorkerMetrics* metrics,
                      v1::WorkerDescription* description) override;
   EngineSnapshot snapshot() const override;
-  int64_t in_flight() const override { return in_flight_.load(); }
-  void StartDraining() override { draining_ = true; }
   void Stop() override;
 
  private:
@@ -73,12 +71,8 @@ class DecodeService final : public v1::Decode::CallbackService, public WorkerSer
 
   Options options_;
   std::unique_ptr<TcpKvReceiver> receiver_;
-  std::unique_ptr<EngineLoop> loop_;
   Engine* engine_ = nullptr;
   std::string kv_address_;
-  std::atomic<bool> started_{false};
-  std::atomic<bool> draining_{false};
-  std::atomic<int64_t> in_flight_{0};
   std::atomic<int64_t> pending_transfers_{0};
   absl::flat_hash_map<std::string, Call> calls_;  // loop thread only
 };

@@ -40,8 +40,6 @@ void PrefillService::Stop() {
   loop_.reset();
 }
 
-EngineSnapshot PrefillService::snapshot() const { return loop_ ? loop_->snapshot() : EngineSnapshot{}; }
-
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const v1::PrefillRequest* request, v1::PrefillResponse* response) {
   const std::string id = request->request_id();
@@ -52,8 +50,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         if (loop_) loop_->Post([this, id](Engine& e) { CancelCall(e, id); });
       },
       &call);
-  if (!started_ || draining_) {
-    call->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, started_ ? "worker is draining" : "worker is loading"));
+  if (grpc::Status s = Admission(); !s.ok()) {
+    call->Finish(s);
     return reactor;
   }
   ++in_flight_;

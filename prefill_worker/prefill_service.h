@@ -19,13 +19,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/rpc/reactors.h"
 #include "common/serving/engine_loop.h"
-#include "common/serving/worker_host.h"
+#include "common/serving/engine_service.h"
 #include "prefill_worker/kv_transfer_lanes.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
 
-class PrefillService final : public v1::Prefill::CallbackService, public WorkerService {
+class PrefillService final : public v1::Prefill::CallbackService, public EngineService {
  public:
   struct Options {
     bool layerwise_transfer = true;
@@ -43,9 +43,6 @@ class PrefillService final : public v1::Prefill::CallbackService, public WorkerS
   std::vector<std::string> health_service_names() const override { return {"tandem.v1.Prefill"}; }
   absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint, WorkerMetrics* metrics,
                      v1::WorkerDescription* description) override;
-  EngineSnapshot snapshot() const override;
-  int64_t in_flight() const override { return in_flight_.load(); }
-  void StartDraining() override { draining_ = true; }
   void Stop() override;
 
  private:
@@ -73,10 +70,6 @@ class PrefillService final : public v1::Prefill::CallbackService, public WorkerS
   Engine* engine_ = nullptr;
   WorkerMetrics* metrics_ = nullptr;
   std::unique_ptr<KvTransferLanes> lanes_;
-  std::unique_ptr<EngineLoop> loop_;
-  std::atomic<bool> started_{false};
-  std::atomic<bool> draining_{false};
-  std::atomic<int64_t> in_flight_{0};
   absl::flat_hash_map<std::string, Request> requests_;  // loop thread only
 };
 

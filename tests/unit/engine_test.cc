@@ -38,6 +38,15 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return Engine::Create(model_.get(), o).value();
   }
 
+  // An engine of 64 blocks of 4 tokens in a prefill or decode role.
+  std::unique_ptr<Engine> RoleEngine(SchedulerRole role, int64_t kv_blocks = 64) {
+    EngineOptions o;
+    o.block_size = 4;
+    o.kv_cache_memory = kv_blocks * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
+    o.scheduler.role = role;
+    return Engine::Create(model_.get(), o).value();
+  }
+
   // Runs the engine until idle; returns each request's tokens (and its outputs).
   std::map<std::string, std::vector<int32_t>> RunAll(Engine* e, std::map<std::string, std::vector<RequestOutput>>* all = nullptr) {
     std::map<std::string, std::vector<int32_t>> tokens;
@@ -261,11 +270,7 @@ TEST_P(EngineTest, PrefillAndDecodeRoles) {
   ASSERT_TRUE(combined->AddRequest(r).ok());
   const auto expected = RunAll(combined.get()).at("r");
 
-  EngineOptions po;
-  po.block_size = 4;
-  po.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
-  po.scheduler.role = SchedulerRole::kPrefill;
-  auto prefill = Engine::Create(model_.get(), po).value();
+  auto prefill = RoleEngine(SchedulerRole::kPrefill);
   ASSERT_TRUE(prefill->AddRequest(r).ok());
   std::map<std::string, std::vector<RequestOutput>> outs;
   const auto first = RunAll(prefill.get(), &outs).at("r");
@@ -278,9 +283,7 @@ TEST_P(EngineTest, PrefillAndDecodeRoles) {
   // Decode role: reserve blocks for the arriving KV and admit the request with its first token.
   // Moving the KV itself is the transport's job (service issue); here only the bookkeeping is
   // checked: reservation, double reservation refused, admission, abort returning every block.
-  EngineOptions dopt = po;
-  dopt.scheduler.role = SchedulerRole::kDecode;
-  auto decode = Engine::Create(model_.get(), dopt).value();
+  auto decode = RoleEngine(SchedulerRole::kDecode);
   auto table = decode->Reserve("r", 21);
   ASSERT_TRUE(table.ok());
   EXPECT_EQ(table->size(), 6u);
@@ -293,11 +296,7 @@ TEST_P(EngineTest, PrefillAndDecodeRoles) {
 }
 
 TEST_P(EngineTest, DecodeRoleReleasesReservationsAndEndsAtAFinalFirstToken) {
-  EngineOptions o;
-  o.block_size = 4;
-  o.kv_cache_memory = 16 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
-  o.scheduler.role = SchedulerRole::kDecode;
-  auto decode = Engine::Create(model_.get(), o).value();
+  auto decode = RoleEngine(SchedulerRole::kDecode, 16);
   // A reservation that never becomes a request (failed or cancelled transfer) is released.
   ASSERT_TRUE(decode->Reserve("gone", 10).ok());
   EXPECT_EQ(decode->stats().free_blocks, 16 - 3);
@@ -341,19 +340,13 @@ TEST_P(EngineTest, SeededSamplingContinuesAcrossTheHandOff) {
   auto combined = MakeEngine(64, 512, 0);
   ASSERT_TRUE(combined->AddRequest(r).ok());
   const auto expected = RunAll(combined.get()).at("s");
-  EngineOptions po;
-  po.block_size = 4;
-  po.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
-  po.scheduler.role = SchedulerRole::kPrefill;
-  auto prefill = Engine::Create(model_.get(), po).value();
+  auto prefill = RoleEngine(SchedulerRole::kPrefill);
   ASSERT_TRUE(prefill->AddRequest(r).ok());
   const auto first = RunAll(prefill.get()).at("s");
   ASSERT_EQ(first.size(), 1u);
   // Hand the KV over block by block (the transport's job, done by hand here) and continue on the
   // decode engine: with the same seed, the tokens after the first must be the combined engine's.
-  EngineOptions dopt = po;
-  dopt.scheduler.role = SchedulerRole::kDecode;
-  auto decode = Engine::Create(model_.get(), dopt).value();
+  auto decode = RoleEngine(SchedulerRole::kDecode);
   const std::vector<int32_t> src = prefill->block_table("s");
   const std::vector<int32_t> dst = decode->Reserve("s", 12).value();
   ASSERT_EQ(src.size(), dst.size());
