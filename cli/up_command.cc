@@ -56,10 +56,15 @@ std::string FindBinary(const std::string& name, const std::string& subdir) {
   return here + "/" + name;
 }
 
-// The embedded default model: a random tiny Llama, written on first use.
+// The embedded default model: $TANDEM_DEFAULT_MODEL, else the trained kjv-target shipped in the
+// repository's models/ (from the working directory or the source tree this binary was built from),
+// else a random tiny Llama written on first use.
 absl::StatusOr<std::string> DefaultModel() {
-  const char* env = std::getenv("TANDEM_DEFAULT_MODEL");
-  const std::string dir = env != nullptr ? env : "models-cache/tiny-llama";
+  if (const char* env = std::getenv("TANDEM_DEFAULT_MODEL")) return std::string(env);
+  for (const std::string& d : {std::string("models/kjv-target"), std::string(TANDEM_SOURCE_DIR) + "/models/kjv-target"}) {
+    if (std::filesystem::exists(d + "/config.json")) return d;
+  }
+  const std::string dir = "models-cache/tiny-llama";
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   std::fprintf(stderr, "tandem up: writing the default model to %s\n", dir.c_str());
   RandomModelOptions o;

