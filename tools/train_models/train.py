@@ -96,6 +96,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (same recipe, minutes)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -109,7 +110,7 @@ def main():
     held_ids = json.load(open(os.path.join(args.ids, "heldout.json")))
     train = torch.tensor(train_ids, dtype=torch.long)
     c = config_for(args.size, vocab, bos, eos)
-    model = Llama(c)
+    model = Llama(c).to(args.device)
     n_params = model.num_parameters()
     print(f"train {args.size}: {n_params / 1e6:.2f}M parameters, {len(train)} training tokens, "
           f"{args.threads} threads", file=sys.stderr)
@@ -126,7 +127,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, len(train) - args.seq_len - 1, (args.batch,), generator=gen)
-        batch = torch.stack([train[s:s + args.seq_len + 1] for s in starts.tolist()])
+        batch = torch.stack([train[s:s + args.seq_len + 1] for s in starts.tolist()]).to(args.device)
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -140,7 +141,8 @@ def main():
             print(f"stopping at step {step}: --max-minutes reached", file=sys.stderr)
             break
 
-    # Export, then evaluate the exported BF16 weights (what every engine loads).
+    # Export, then evaluate the exported BF16 weights (what every engine loads), on the CPU.
+    model = model.cpu()
     os.makedirs(args.out, exist_ok=True)
     state = {k: v for k, v in model.state_dict().items() if not (c["tie_word_embeddings"] and k == "lm_head.weight")}
     write_safetensors(os.path.join(args.out, "model.safetensors"), state)
@@ -175,7 +177,7 @@ architecture, {n_params / 1e6:.2f}M parameters ({c['num_hidden_layers']} layers,
   chapter held out ({len(train_ids)} training tokens).
 - Tokenizer: byte-level BPE with {vocab} tokens trained on the training chapters (tools/train_models/bpe.py).
 - Training: {step} steps of {args.batch} × {args.seq_len} tokens, AdamW (lr {args.lr}, cosine, weight decay 0.1),
-  seed {args.seed}, PyTorch {torch.__version__} on the CPU ({(time.time() - t0) / 60:.1f} min).
+  seed {args.seed}, PyTorch {torch.__version__} on {args.device} ({(time.time() - t0) / 60:.1f} min).
 - Held-out perplexity: **{ppl:.2f}** over {tokens} tokens ({len(wins)} windows of {args.seq_len}), PyTorch on the
   exported BF16 weights (heldout_eval.json holds the per-window values Tandem is tested against).
 

@@ -32,7 +32,9 @@ $PY tools/train_models/corpus.py "$WORK/corpus"
 $PY tools/train_models/bpe.py "$WORK/corpus/train.txt" "$WORK/tokenizer" --vocab-size 4096
 $PY tools/train_models/tokenize_corpus.py "$BUILD_DIR/cli/tandem" "$WORK/corpus" "$WORK/tokenizer" "$WORK/ids"
 $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out models/kjv-target \
-  --size target --steps "$TARGET_STEPS" --batch 16 --seq-len 128 --lr 2e-3 --seed "$SEED" --threads "$(nproc)"
+  --size target --steps "$TARGET_STEPS" --batch 16 --seq-len 128 --lr 2e-3 --seed "$SEED" --threads "$(nproc)" \
+  --device "${TANDEM_TRAIN_DEVICE:-cpu}"
 $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out models/kjv-draft \
-  --size draft --steps "$DRAFT_STEPS" --batch 16 --seq-len 128 --lr 3e-3 --seed "$SEED" --threads "$(nproc)"
+  --size draft --steps "$DRAFT_STEPS" --batch 16 --seq-len 128 --lr 3e-3 --seed "$SEED" --threads "$(nproc)" \
+  --device "${TANDEM_TRAIN_DEVICE:-cpu}"
 du -sh models/kjv-target models/kjv-draft
