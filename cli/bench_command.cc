@@ -239,8 +239,8 @@ json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concu
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   auto record = [&](Sample s) {
-    (s.ok ? progress.done : progress.failed)++;
-    if (!s.ok) progress.done++;
+    progress.done++;
+    if (!s.ok) progress.failed++;
     std::lock_guard<std::mutex> lock(mu);
     samples.push_back(std::move(s));
   };

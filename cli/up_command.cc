@@ -129,16 +129,16 @@ int UpCommand() {
 
   const int metrics_port = absl::GetFlag(FLAGS_metrics_port);
   int next_metrics_port = metrics_port;
-  std::vector<std::string> metrics_targets;  // "job target"
-  auto metrics_arg = [&](const std::string& job) -> std::vector<std::string> {
+  std::vector<std::pair<std::string, std::string>> metrics_targets;  // component, host:port
+  auto metrics_arg = [&](const std::string& component) -> std::vector<std::string> {
     if (metrics_port < 0) return {};
-    metrics_targets.push_back(absl::StrCat(job, " 127.0.0.1:", next_metrics_port));
+    metrics_targets.emplace_back(component, absl::StrCat("127.0.0.1:", next_metrics_port));
     return {absl::StrCat("--metrics-port=", next_metrics_port++)};
   };
   std::vector<std::string> router_argv = {FindBinary("tandem-router", "router"), "--model=" + model,
                                           absl::StrCat("--port=", port),
                                           absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
-  for (const std::string& a : metrics_arg("tandem-router")) router_argv.push_back(a);
+  for (const std::string& a : metrics_arg("router")) router_argv.push_back(a);
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);
@@ -149,7 +149,7 @@ int UpCommand() {
       std::vector<std::string> argv = {FindBinary(binary, subdir)};
       argv.insert(argv.end(), common.begin(), common.end());
       argv.insert(argv.end(), extra.begin(), extra.end());
-      for (const std::string& a : metrics_arg("tandem-" + role)) argv.push_back(a);
+      for (const std::string& a : metrics_arg(role)) argv.push_back(a);
       if (absl::Status s = spawn(absl::StrCat(role, "-", i), argv); !s.ok()) return s;
     }
     return absl::OkStatus();
@@ -205,10 +205,8 @@ int UpCommand() {
     // [{"targets": ["127.0.0.1:9400"], "labels": {"component": "router"}}, ...]
     std::string text = "[\n";
     for (size_t i = 0; i < metrics_targets.size(); ++i) {
-      const std::string& t = metrics_targets[i];
-      const size_t space = t.find(' ');
-      absl::StrAppend(&text, "  {\"targets\": [\"", t.substr(space + 1), "\"], \"labels\": {\"component\": \"",
-                      t.substr(std::string("tandem-").size(), space - std::string("tandem-").size()), "\"}}",
+      const auto& [component, target] = metrics_targets[i];
+      absl::StrAppend(&text, "  {\"targets\": [\"", target, "\"], \"labels\": {\"component\": \"", component, "\"}}",
                       i + 1 < metrics_targets.size() ? ",\n" : "\n");
     }
     text += "]\n";

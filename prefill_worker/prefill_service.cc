@@ -145,7 +145,7 @@ void PrefillService::TransferDone(Engine& engine, const std::string& id, const a
   if (metrics_ != nullptr) {
     const KvCacheGeometry& g = engine.kv_storage()->geometry();
     const int64_t blocks = (r.num_tokens + g.block_size - 1) / g.block_size;
-    metrics_->ObserveTransfer(2 * blocks * g.num_layers * g.elements_per_block() * 4, seconds, status.ok());
+    metrics_->ObserveTransfer(blocks * KvCacheStorage::BytesPerBlock(g), seconds, status.ok());
   }
   if (!status.ok()) {
     r.context->AddTrailingMetadata(kKvFailureKey, "1");

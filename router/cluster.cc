@@ -87,14 +87,7 @@ void Cluster::MarkUnhealthy(const std::string& address) {
   registry_.MarkUnhealthy(address);
 }
 
-bool Cluster::IsHealthy(const std::string& address) const {
-  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode}) {
-    for (const WorkerLoad& w : registry_.Snapshot(role)) {
-      if (w.id == address) return w.healthy;
-    }
-  }
-  return false;
-}
+bool Cluster::IsHealthy(const std::string& address) const { return registry_.IsHealthy(address); }
 
 std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role, const absl::flat_hash_set<std::string>& exclude) const {
   std::vector<WorkerLoad> out;

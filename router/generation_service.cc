@@ -124,8 +124,17 @@ int64_t GenerationService::in_flight() const {
   return running_ + static_cast<int64_t>(queue_.size());
 }
 
-void GenerationService::Refused(const absl::Status& status) {
-  if (metrics_ != nullptr) metrics_->Finished(rpc::ToGrpc(status), v1::GenerateResponse(), /*admitted=*/false);
+absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl::Time deadline,
+                                       std::shared_ptr<FlowControl> control, const SinkFactory& make_sink) {
+  absl::StatusOr<FlowRequest> r = Validate(request, deadline);
+  absl::Status s = r.status();
+  if (s.ok()) {
+    auto flow = std::make_shared<FlowRequest>(*std::move(r));
+    std::shared_ptr<FlowSink> sink = make_sink(flow->id);
+    s = Admit(std::move(flow), std::move(control), std::move(sink), request.priority());
+  }
+  if (!s.ok() && metrics_ != nullptr) metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
+  return s;
 }
 
 void GenerationService::StartDraining() {
@@ -265,18 +274,9 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::Generat
   auto control = std::make_shared<FlowControl>();
   std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream;
   auto* reactor = rpc::ServerStream<v1::GenerateStreamResponse>::Start([control] { control->Cancel(); }, &stream);
-  absl::StatusOr<FlowRequest> r = Validate(*request, rpc::DeadlineOf(*context));
-  if (!r.ok()) {
-    Refused(r.status());
-    stream->Finish(rpc::ToGrpc(r.status()));
-    return reactor;
-  }
-  auto flow = std::make_shared<FlowRequest>(*std::move(r));
-  auto sink = std::make_shared<StreamSink>(stream, flow->id);
-  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) {
-    Refused(s);
-    stream->Finish(rpc::ToGrpc(s));
-  }
+  absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control,
+                          [&](const std::string& id) { return std::make_shared<StreamSink>(stream, id); });
+  if (!s.ok()) stream->Finish(rpc::ToGrpc(s));
   return reactor;
 }
 
@@ -286,18 +286,9 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
   auto control = std::make_shared<FlowControl>();
   std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call;
   auto* reactor = rpc::UnaryCall<v1::GenerateResponse>::Start(response, [control] { control->Cancel(); }, &call);
-  absl::StatusOr<FlowRequest> r = Validate(*request, rpc::DeadlineOf(*context));
-  if (!r.ok()) {
-    Refused(r.status());
-    call->Finish(rpc::ToGrpc(r.status()));
-    return reactor;
-  }
-  auto flow = std::make_shared<FlowRequest>(*std::move(r));
-  auto sink = std::make_shared<UnarySink>(call);
-  if (absl::Status s = Admit(flow, control, sink, request->priority()); !s.ok()) {
-    Refused(s);
-    call->Finish(rpc::ToGrpc(s));
-  }
+  absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control,
+                          [&](const std::string&) { return std::make_shared<UnarySink>(call); });
+  if (!s.ok()) call->Finish(rpc::ToGrpc(s));
   return reactor;
 }
 

@@ -65,7 +65,11 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Queues the flow or refuses it (RESOURCE_EXHAUSTED, ALREADY_EXISTS for an id in flight).
   absl::Status Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
                      std::shared_ptr<FlowSink> sink, int32_t priority);
-  void Refused(const absl::Status& status);
+  // Validates and admits a request; a refusal is counted and returned for the caller to finish its
+  // call with.
+  using SinkFactory = std::function<std::shared_ptr<FlowSink>(const std::string& request_id)>;
+  absl::Status Submit(const v1::GenerateRequest& request, absl::Time deadline, std::shared_ptr<FlowControl> control,
+                      const SinkFactory& make_sink);
   void FlowThread();
   void Watchdog();
 

@@ -67,11 +67,7 @@ int main(int argc, char** argv) {
 
   tandem::router::GenerationService::Options go;
   std::string name = absl::GetFlag(FLAGS_model_name);
-  if (name.empty()) {
-    std::string trimmed = dir;
-    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    name = trimmed.substr(trimmed.find_last_of('/') + 1);
-  }
+  if (name.empty()) name = tandem::ModelDirName(dir);
   go.model.set_name(name);
   go.model.set_architecture(config->architecture);
   go.model.set_fingerprint(*fingerprint);

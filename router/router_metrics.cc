@@ -1,27 +1,9 @@
 #include "router/router_metrics.h"
 
+#include "absl/status/status.h"
 #include "common/rpc/convert.h"
 
 namespace tandem::router {
-namespace {
-
-std::string CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    default: return "UNKNOWN";
-  }
-}
-
-}  // namespace
 
 RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
     : m_(m),
@@ -47,17 +29,12 @@ RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
                                  "After the transfer: waiting for the decode worker's first step.", Metrics::LatencyBuckets())),
       prompt_tokens_(m->Counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests.")),
       generation_tokens_(m->Counter("tandem_generation_tokens_total", "Tokens generated.")) {
-  for (const char* role : {"prefill", "decode", "combined"}) {
-    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", role}});
+  const std::pair<const char*, v1::WorkerRole> roles[] = {
+      {"prefill", v1::WORKER_ROLE_PREFILL}, {"decode", v1::WORKER_ROLE_DECODE}, {"combined", v1::WORKER_ROLE_COMBINED}};
+  for (const auto& [name, role] : roles) {
+    prometheus::Gauge& live = m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", name}});
+    m->OnRefresh([&live, cluster, role = role] { live.Set(static_cast<double>(cluster->num_live(role))); });
   }
-  m->OnRefresh([m, cluster] {
-    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", "prefill"}})
-        .Set(static_cast<double>(cluster->num_live(v1::WORKER_ROLE_PREFILL)));
-    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", "decode"}})
-        .Set(static_cast<double>(cluster->num_live(v1::WORKER_ROLE_DECODE)));
-    m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", "combined"}})
-        .Set(static_cast<double>(cluster->num_live(v1::WORKER_ROLE_COMBINED)));
-  });
   // The common outcomes exist from the start, so rate() queries have series before traffic.
   for (const char* outcome : {"stop", "length"}) {
     m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.", {{"outcome", outcome}, {"code", "OK"}});
@@ -72,7 +49,7 @@ void RouterMetrics::Finished(const grpc::Status& status, const v1::GenerateRespo
   std::string outcome = status.ok() ? rpc::FinishReasonName(final.finish_reason()) : "error";
   if (outcome.empty()) outcome = "unknown";
   m_->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
-              {{"outcome", outcome}, {"code", CodeName(status.error_code())}})
+              {{"outcome", outcome}, {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}})
       .Increment();
   if (!status.ok()) return;
   const v1::Timings& t = final.timings();

@@ -61,7 +61,7 @@ std::vector<WorkerLoad> WorkerRegistry::Snapshot(WorkerRole role) const {
     if (r != role && r != WorkerRole::kCombined) continue;
     WorkerLoad w;
     w.id = address;
-    w.healthy = !e.failed_check && now - e.last_heard <= options_.heartbeat_timeout;
+    w.healthy = Alive(e, now);
     w.draining = e.load.draining;
     w.kv_full = e.load.kv_full;
     w.waiting = e.load.waiting;
@@ -73,6 +73,17 @@ std::vector<WorkerLoad> WorkerRegistry::Snapshot(WorkerRole role) const {
   }
   std::sort(out.begin(), out.end(), [](const WorkerLoad& a, const WorkerLoad& b) { return a.id < b.id; });
   return out;
+}
+
+bool WorkerRegistry::Alive(const Entry& e, absl::Time now) const {
+  return !e.failed_check && now - e.last_heard <= options_.heartbeat_timeout;
+}
+
+bool WorkerRegistry::IsHealthy(const std::string& address) const {
+  const absl::Time now = options_.clock();
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(address);
+  return it != workers_.end() && Alive(it->second, now);
 }
 
 int64_t WorkerRegistry::num_live(WorkerRole role) const {

@@ -57,6 +57,8 @@ class WorkerRegistry {
   // Workers able to serve `role` (combined workers serve both), with liveness applied.
   std::vector<WorkerLoad> Snapshot(WorkerRole role) const;
   int64_t num_live(WorkerRole role) const;
+  // One worker's liveness (heard from in time, no failed check); false when unknown.
+  bool IsHealthy(const std::string& address) const;
 
  private:
   struct Entry {
@@ -65,6 +67,8 @@ class WorkerRegistry {
     absl::Time last_heard;
     bool failed_check = false;
   };
+  bool Alive(const Entry& e, absl::Time now) const;
+
   Options options_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);

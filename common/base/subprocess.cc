@@ -84,7 +84,7 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
 int Subprocess::Stop(absl::Duration grace) {
   if (status_) return *status_;
   Signal(SIGCONT);  // a stopped child cannot handle SIGTERM
-  if (!terminated_) Signal(SIGTERM);  // a second SIGTERM would skip the child's drain
+  Signal(SIGTERM);  // not again when already sent: a second one would skip the child's drain
   if (auto s = Wait(grace)) return *s;
   Signal(SIGKILL);
   return Wait(absl::Seconds(5)).value_or(-1);

@@ -44,11 +44,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
     const std::vector<int> ports = m->exposer_->GetListeningPorts();
     if (!ports.empty()) m->port_ = ports[0];
   }
-  m->Gauge("tandem_process_resident_memory_bytes", "Resident set size of the process.");
-  m->OnRefresh([p = m.get()] {
-    p->Gauge("tandem_process_resident_memory_bytes", "Resident set size of the process.")
-        .Set(static_cast<double>(ResidentMemoryBytes()));
-  });
+  prometheus::Gauge& rss = m->Gauge("tandem_process_resident_memory_bytes", "Resident set size of the process.");
+  m->OnRefresh([&rss] { rss.Set(static_cast<double>(ResidentMemoryBytes())); });
   m->refresher_ = std::thread([p = m.get()] {
     do {
       p->Refresh();

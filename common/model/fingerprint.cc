@@ -26,6 +26,12 @@ struct Fnv128 {
 
 }  // namespace
 
+std::string ModelDirName(const std::string& model_dir) {
+  std::string trimmed = model_dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  return trimmed.substr(trimmed.find_last_of('/') + 1);
+}
+
 absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir) {
   const std::string config_path = model_dir + "/config.json";
   std::ifstream in(config_path, std::ios::binary);

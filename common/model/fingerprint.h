@@ -10,6 +10,10 @@
 
 namespace tandem {
 
+// The name a model directory goes by (ListModels, the `model` metric label): its last path
+// component, trailing slashes ignored ("models/kjv-target/" → "kjv-target").
+std::string ModelDirName(const std::string& model_dir);
+
 // 32 hex digits. NOT_FOUND / INVALID_ARGUMENT as Checkpoint::Open reports them.
 absl::StatusOr<std::string> ModelFingerprint(const std::string& model_dir);
 

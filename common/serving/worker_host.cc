@@ -161,8 +161,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
                                 : role == v1::WORKER_ROLE_DECODE ? "decode"
                                                                  : "combined";
   Metrics::Options mo;
-  mo.model = model_dir.substr(model_dir.find_last_of('/', model_dir.size() > 1 ? model_dir.size() - 2 : 0) + 1);
-  while (!mo.model.empty() && mo.model.back() == '/') mo.model.pop_back();
+  mo.model = ModelDirName(model_dir);
   mo.role = role_name;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     mo.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
