@@ -18,7 +18,6 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/generate_support.h"
-#include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/sampling_params.h"
@@ -226,7 +225,7 @@ int GenerateCommand() {
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return Fail(defaults.status());
   const auto t0 = Clock::now();
-  auto backend = CpuBackend::Create({});
+  auto backend = BackendFromFlags();
   if (!backend.ok()) return Fail(backend.status());
   auto model = LlamaModel::Load(model_dir, backend->get());
   if (!model.ok()) return Fail(model.status());

@@ -78,6 +78,10 @@ class Backend {
   // Human-readable device description for logs and build info.
   virtual std::string device_description() const = 0;
 
+  // Waits for enqueued work and returns the first failure of any of it (a kernel launch, a library
+  // call); OK when none. Sticky: a failed backend stays failed. Ops themselves return nothing.
+  virtual absl::Status CheckErrors() { return absl::OkStatus(); }
+
   // --- Memory ---
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;

@@ -296,12 +296,12 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv,
     b->Add(x, h, n * hidden);
   }
   logits->assign(static_cast<size_t>(m * c.vocab_size), 0.f);
-  if (m == 0) return absl::OkStatus();
+  if (m == 0) return b->CheckErrors();
   b->GatherRows(x, md_dev + off_rows, m, hidden, rows);
   b->RmsNorm(rows, final_norm_, eps, m, hidden, logit_in);
   b->Linear(logit_in, m, lm_head_, nullptr, logits_dev);
   b->CopyToHost(logits->data(), logits_dev, logits->size() * sizeof(float));
-  return absl::OkStatus();
+  return b->CheckErrors();
 }
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/backend/create_backend.h"
 
 ABSL_FLAG(int64_t, prefill_chunk, 0, "engine: alias of --max-prefill-chunk");
 ABSL_FLAG(int64_t, max_prefill_chunk, 512,
@@ -17,6 +18,7 @@ ABSL_FLAG(std::string, kv_cache_memory, "0",
           "engine: bytes of KV cache, e.g. 512M or 2G (0 = room for 8 sequences of max_model_len)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
+ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
 
 namespace tandem {
 
@@ -54,8 +56,13 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   return o;
 }
 
+std::string DeviceFromFlags() { return absl::GetFlag(FLAGS_device); }
+
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() { return CreateBackend(DeviceFromFlags()); }
+
 std::vector<std::string> EngineFlagArguments() {
   return {
+      absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--max-prefill-chunk=", absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
                                                                                   : absl::GetFlag(FLAGS_max_prefill_chunk)),
       absl::StrCat("--max-num-batched-tokens=", absl::GetFlag(FLAGS_max_num_batched_tokens)),

@@ -1,14 +1,16 @@
 // The engine's command-line flags, shared by `tandem generate`, the workers and `tandem up` (which
 // forwards them to the workers it starts): --kv-cache-memory, --block-size, --max-num-seqs,
 // --max-num-batched-tokens, --max-prefill-chunk (alias --prefill-chunk), --max-queued-requests,
-// --max-model-len, --enable-prefix-caching.
+// --max-model-len, --enable-prefix-caching, --device.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/backend/backend.h"
 #include "common/engine/engine.h"
 #include "common/model/config.h"
 
@@ -16,6 +18,11 @@ namespace tandem {
 
 // Engine options from the flags; INVALID_ARGUMENT naming the flag for a bad value.
 absl::StatusOr<EngineOptions> EngineOptionsFromFlags();
+
+// --device as given ("cpu", "cuda", "cuda:N").
+std::string DeviceFromFlags();
+// The backend --device names; FAILED_PRECONDITION when it is not available here.
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
 
 // The engine flags as "--name=value" arguments, to start another process with the same settings.
 std::vector<std::string> EngineFlagArguments();

@@ -9,7 +9,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/backend/cpu/cpu_backend.h"
 #include "common/base/logging.h"
 #include "common/base/signals.h"
 #include "common/metrics/metrics.h"
@@ -185,8 +184,15 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
     server->server->Shutdown(std::chrono::system_clock::now());
     return 1;
   };
-  auto backend = CpuBackend::Create({});
+  auto backend = BackendFromFlags();
   if (!backend.ok()) return fail(backend.status());
+  if ((*backend)->name() != "cpu" && role != v1::WORKER_ROLE_COMBINED) {
+    // The TCP KV transport reads and writes cache blocks in host memory; the NCCL transport that
+    // moves them between GPUs is not built yet.
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "--device ", DeviceFromFlags(), " works with --combined workers only for now: KV transfer between "
+        "prefill and decode workers needs the cache in host memory (--device cpu)")));
+  }
   auto model = LlamaModel::Load(model_dir, backend->get());
   if (!model.ok()) return fail(model.status());
   auto fingerprint = ModelFingerprint(model_dir);

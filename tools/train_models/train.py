@@ -9,6 +9,7 @@ Deterministic given --seed on one machine (single-threaded data order; torch CPU
 Usage: train.py --ids DIR --tokenizer DIR --out DIR --size target|draft [--steps N] [--max-minutes M]
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -82,6 +83,17 @@ def heldout_nll(model, wins):
     return out
 
 
+def param_digest(model):
+    """SHA-256 of every parameter's float32 bytes, in name order: the determinism witness."""
+    h = hashlib.sha256()
+    for _, p in sorted(model.named_parameters()):
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+TRACE_EVERY = 100
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ids", required=True, help="DIR with train.json and heldout.json token ids")
@@ -97,6 +109,10 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (same recipe, minutes)")
+    ap.add_argument("--check-trace", metavar="FILE",
+                    help="re-run the first --check-steps steps and compare the parameter digests recorded every "
+                         f"{TRACE_EVERY} steps in FILE (a model's training_trace.json); exports nothing")
+    ap.add_argument("--check-steps", type=int, default=300)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -120,6 +136,12 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95))
     warmup = max(1, args.steps // 20)
     gen = torch.Generator().manual_seed(args.seed)
+    expected = None
+    if args.check_trace:
+        expected = {int(k): v for k, v in json.load(open(args.check_trace))["digests"].items()}
+        if int(json.load(open(args.check_trace))["steps"]) != args.steps:
+            sys.exit("--steps must equal the traced run's steps (the learning-rate schedule depends on it)")
+    trace = {}
     t0 = time.time()
     step = 0
     for step in range(1, args.steps + 1):
@@ -135,6 +157,15 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         elapsed = time.time() - t0
+        if step % TRACE_EVERY == 0:
+            trace[step] = {"loss": round(loss.item(), 6), "params_sha256": param_digest(model)}
+            if expected is not None:
+                want = expected.get(step, {}).get("params_sha256")
+                if want != trace[step]["params_sha256"]:
+                    sys.exit(f"step {step}: parameters differ from the trace ({trace[step]['params_sha256']} vs {want})")
+                print(f"step {step}: parameters identical to the trace", file=sys.stderr)
+                if step >= args.check_steps:
+                    return
         if step % 50 == 0 or step == 1:
             print(f"step {step}/{args.steps} loss {loss.item():.3f} lr {lr:.2e} {elapsed / 60:.1f} min", file=sys.stderr)
         if args.max_minutes > 0 and elapsed > args.max_minutes * 60:
@@ -162,6 +193,10 @@ def main():
         f.write("\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(args.tokenizer, name), os.path.join(args.out, name))
+    with open(os.path.join(args.out, "training_trace.json"), "w") as f:
+        json.dump({"steps": args.steps, "seed": args.seed, "threads": args.threads, "device": args.device,
+                   "torch": torch.__version__, "digests": trace}, f, indent=1)
+        f.write("\n")
     with open(os.path.join(args.out, "heldout_eval.json"), "w") as f:
         json.dump({"reference": f"PyTorch {torch.__version__}, float32 compute over the BF16 weights",
                    "windows": wins, "nll": nll, "tokens": tokens, "perplexity": ppl}, f)

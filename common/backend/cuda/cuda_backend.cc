@@ -1,0 +1,265 @@
+#include "common/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/smoke_kernel.h"
+
+namespace tandem {
+namespace {
+
+class CudaBuffer final : public DeviceBuffer {
+ public:
+  CudaBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  ~CudaBuffer() override { cudaFree(data_); }
+  void* data() override { return data_; }
+  size_t size() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+// Device memory freed when the last DeviceWeight copy referring to it goes.
+absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes, cudaStream_t stream) {
+  void* dev = nullptr;
+  if (cudaError_t e = cudaMalloc(&dev, std::max<size_t>(bytes, 1)); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory for a weight: ",
+                                                     cudaGetErrorString(e)));
+  }
+  std::shared_ptr<void> owner(dev, [](void* p) { cudaFree(p); });
+  if (cudaError_t e = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, stream); e != cudaSuccess) {
+    return CudaStatus(e, "uploading a weight");
+  }
+  return owner;
+}
+
+}  // namespace
+
+void CudaBackend::Bind() const {
+  // The current device is per host thread, and the engine loop is not the thread that created us.
+  thread_local int bound = -1;
+  if (bound != device_) {
+    cudaSetDevice(device_);
+    bound = device_;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& options) {
+  const int count = cuda::DeviceCount();
+  if (count == 0) return absl::FailedPreconditionError("--device cuda: no CUDA device is visible (no driver or no GPU)");
+  if (options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
+  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
+  auto description = cuda::DeviceDescription(options.device);
+  if (!description.ok()) return description.status();
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    return CudaStatus(e, "cudaStreamCreate");
+  }
+  cublasHandle_t cublas = nullptr;
+  if (cublasStatus_t s = cublasCreate(&cublas); s != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream);
+    return absl::InternalError(absl::StrCat("cublasCreate: ", cublasGetStatusString(s)));
+  }
+  cublasSetStream(cublas, stream);
+  // Exact FP32 for F32 weights (no TF32); 16-bit GEMMs use the tensor cores regardless.
+  cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH);
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(options.device, absl::StrCat("cuda:", options.device, " ", *description), stream, cublas));
+}
+
+CudaBackend::~CudaBackend() {
+  Bind();
+  cudaStreamSynchronize(stream_);
+  if (half_scratch_) cudaFree(half_scratch_);
+  cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::Check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = CudaStatus(e, what);
+}
+
+void CudaBackend::Check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusString(s)));
+}
+
+absl::Status CudaBackend::CheckErrors() {
+  Bind();
+  Check(cudaStreamSynchronize(stream_), "synchronising the stream");
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
+  Bind();
+  void* dev = nullptr;
+  bytes = std::max<size_t>(bytes, 256);
+  if (cudaError_t e = cudaMalloc(&dev, bytes); e != cudaSuccess) {
+    cudaGetLastError();  // out-of-memory is not sticky; clear it
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory: ", cudaGetErrorString(e)));
+  }
+  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns.
+  Check(cudaMemsetAsync(dev, 0, bytes, stream_), "cudaMemset");
+  return std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes));
+}
+
+void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return;
+  // From pageable memory the copy is staged before this returns, so `src` may be reused at once.
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+}
+
+void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  Bind();
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  Check(cudaStreamSynchronize(stream_), "copy to host");
+}
+
+absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
+  Bind();
+  DeviceWeight w;
+  if (t.shape.size() == 1) {
+    w.rows = 1;
+    w.cols = t.shape[0];
+    w.dtype = DType::kF32;
+    std::vector<float> host(static_cast<size_t>(std::max<int64_t>(w.cols, 1)));
+    ConvertToF32(t.dtype, t.data, host.data(), static_cast<size_t>(w.cols));
+    auto owner = UploadBytes(host.data(), static_cast<size_t>(w.cols) * sizeof(float), stream_);
+    if (!owner.ok()) return owner.status();
+    w.owner = *std::move(owner);
+  } else if (t.shape.size() == 2) {
+    w.dtype = t.dtype;
+    w.rows = t.shape[0];
+    w.cols = t.shape[1];
+    auto owner = UploadBytes(t.data, t.nbytes, stream_);
+    if (!owner.ok()) return owner.status();
+    w.owner = *std::move(owner);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(t.file, ": tensor ", t.name, " has rank ", t.shape.size(), ", expected 1 or 2"));
+  }
+  w.data = w.owner.get();
+  // The host copy (a vector, or a mapping the caller may unmap) must outlive the staged copy.
+  if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) return CudaStatus(e, "uploading a weight");
+  return w;
+}
+
+void CudaBackend::Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) {
+  Bind();
+  Check(cuda::LaunchEmbedding(table.dtype, table.data, table.cols, ids, n, out, stream_), "embedding");
+}
+
+void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+                          float* out) {
+  Bind();
+  Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "rms norm");
+}
+
+void* CudaBackend::HalfScratch(size_t bytes) {
+  if (bytes <= half_scratch_bytes_) return half_scratch_;
+  if (half_scratch_) {
+    Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued GEMM still reads it
+    cudaFree(half_scratch_);
+  }
+  half_scratch_ = nullptr;
+  half_scratch_bytes_ = 0;
+  const size_t want = bytes + bytes / 4;
+  if (cudaError_t e = cudaMalloc(&half_scratch_, want); e != cudaSuccess) {
+    half_scratch_ = nullptr;
+    Check(e, "allocating GEMM input scratch");
+    return nullptr;
+  }
+  half_scratch_bytes_ = want;
+  return half_scratch_;
+}
+
+void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) {
+  Bind();
+  if (n == 0) return;
+  // Row-major out[n][rows] = x[n][cols] · W^T is column-major out^T = W^T(op T of W's column-major
+  // [cols][rows] view) · x^T (x's column-major [cols][n] view).
+  const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nn = static_cast<int>(n);
+  const float alpha = 1.f, beta = 0.f;
+  if (w.dtype == DType::kF32) {
+    Check(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, static_cast<const float*>(w.data), k, x, k,
+                      &beta, out, m),
+          "cublasSgemm");
+  } else {
+    void* xh = HalfScratch(static_cast<size_t>(n) * k * 2);
+    if (!xh) return;
+    Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
+    const cudaDataType type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
+                       CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+  if (bias) Check(cuda::LaunchAddBias(out, static_cast<const float*>(bias->data), n, m, stream_), "bias");
+}
+
+void CudaBackend::Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
+                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
+  Bind();
+  Check(cuda::LaunchRope(q, k, positions, inv_freq, n, num_q_heads, num_kv_heads, head_dim, stream_), "rope");
+}
+
+void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, float* k_cache, float* v_cache,
+                                 const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
+                                 int64_t num_q_heads, float scale, float* out) {
+  Bind();
+  cuda::PagedLayer pl;
+  pl.k_cache = k_cache + layer * g.elements_per_layer();
+  pl.v_cache = v_cache + layer * g.elements_per_layer();
+  pl.block_size = g.block_size;
+  pl.num_kv_heads = g.num_kv_heads;
+  pl.head_dim = g.head_dim;
+  Check(cuda::LaunchWriteKv(pl, k, v, md.slot_mapping, md.num_tokens, stream_), "writing the KV cache");
+  cuda::PagedAttentionArgs a;
+  a.layer = pl;
+  a.q = q;
+  a.num_tokens = md.num_tokens;
+  a.num_seqs = md.num_seqs;
+  a.num_q_heads = num_q_heads;
+  a.scale = scale;
+  a.seq_indptr = md.seq_indptr;
+  a.positions = md.positions;
+  a.context_lens = md.context_lens;
+  a.block_indptr = md.block_indptr;
+  a.block_indices = md.block_indices;
+  a.out = out;
+  Check(cuda::LaunchPagedAttention(a, stream_), "paged attention");
+}
+
+void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {
+  Bind();
+  Check(cuda::LaunchSiluMul(gate, up, n * d, out, stream_), "silu-mul");
+}
+
+void CudaBackend::Add(float* x, const float* y, int64_t n) {
+  Bind();
+  Check(cuda::LaunchAdd(x, y, n, stream_), "add");
+}
+
+void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {
+  Bind();
+  Check(cuda::LaunchGatherRows(x, rows, m, d, out, stream_), "gather rows");
+}
+
+}  // namespace tandem

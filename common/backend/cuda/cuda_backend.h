@@ -1,0 +1,76 @@
+// The CUDA backend: the Backend interface on one NVIDIA GPU. Weights stay in their checkpoint dtype on
+// the device (BF16/F16/F32); activations and the paged KV cache are f32 as the interface defines.
+// Linear runs on cuBLAS: 16-bit weights take their activations rounded to the same 16-bit type and
+// multiply on the tensor cores with f32 accumulation; F32 weights use SGEMM (no TF32). The other ops
+// are this backend's own kernels (kernels.cu). Every op is enqueued on one stream; CopyToHost waits
+// for it. A failed launch or cuBLAS call is kept as the backend's sticky error (Backend::CheckErrors).
+//
+// Thread-compatible: one thread drives a backend at a time (the engine loop).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/backend/backend.h"
+
+namespace tandem {
+
+class CudaBackend final : public Backend {
+ public:
+  struct Options {
+    int device = 0;  // CUDA device ordinal
+  };
+  // FAILED_PRECONDITION when there is no driver or no such device.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const Options& options);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  std::string device_description() const override { return description_; }
+  absl::Status CheckErrors() override;
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) override;
+
+  void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override;
+  void RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+               float* out) override;
+  void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+              float* out) override;
+  void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
+            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
+  void PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
+                      float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+                      const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                      float* out) override;
+  void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
+  void Add(float* x, const float* y, int64_t n) override;
+  void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
+
+ private:
+  CudaBackend(int device, std::string description, cudaStream_t stream, cublasHandle_t cublas)
+      : device_(device), description_(std::move(description)), stream_(stream), cublas_(cublas) {}
+  // Makes this backend's device current on the calling thread.
+  void Bind() const;
+  // Keeps the first failure; later ops still enqueue (their results are discarded by the caller).
+  void Check(cudaError_t e, const char* what);
+  void Check(cublasStatus_t s, const char* what);
+  // Device scratch of at least `bytes` for 16-bit GEMM inputs; nullptr (and a sticky error) on failure.
+  void* HalfScratch(size_t bytes);
+
+  int device_;
+  std::string description_;
+  cudaStream_t stream_;
+  cublasHandle_t cublas_;
+  void* half_scratch_ = nullptr;
+  size_t half_scratch_bytes_ = 0;
+  std::mutex mu_;
+  absl::Status error_;  // guarded by mu_
+};
+
+}  // namespace tandem

@@ -1,0 +1,75 @@
+// Launchers of the CUDA backend's own kernels (kernels.cu). Every pointer is device memory, every
+// launcher enqueues on `stream` and returns the launch error (cudaSuccess when enqueued). Activations
+// are f32 row-major, as in the Backend interface; shapes are written [outer]...[inner].
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/model/dtype.h"
+
+namespace tandem::cuda {
+
+// out[n][d] = f32(table[ids[i]][d]); table [rows][d] in `dtype`.
+cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int32_t* ids, int64_t n,
+                            float* out, cudaStream_t stream);
+
+// out[n][d] = x / sqrt(mean(x^2) + eps) * weight[d]; out may alias x.
+cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_t n, int64_t d,
+                          float* out, cudaStream_t stream);
+
+// out[count] = round-to-nearest-even(x) in `dtype` (kF16 or kBF16): GEMM inputs for 16-bit weights.
+cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out, cudaStream_t stream);
+
+// out[n][m] += bias[m].
+cudaError_t LaunchAddBias(float* out, const float* bias, int64_t n, int64_t m, cudaStream_t stream);
+
+// Rotate-half RoPE in place on q[n][num_q_heads][head_dim] and k[n][num_kv_heads][head_dim];
+// angle = positions[t] * inv_freq[i] for i < head_dim / 2.
+cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
+                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, cudaStream_t stream);
+
+// Paged-cache layout of one layer: [num_blocks][block_size][num_kv_heads][head_dim].
+struct PagedLayer {
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// k_cache/v_cache[slot_mapping[t]] = k/v[t] for t < n (each row [num_kv_heads][head_dim]).
+cudaError_t LaunchWriteKv(const PagedLayer& layer, const float* k, const float* v, const int32_t* slot_mapping,
+                          int64_t n, cudaStream_t stream);
+
+// Causal attention of every new token over its sequence's paged keys and values (metadata as in
+// backend.h's AttentionMetadata): out[n][num_q_heads][head_dim]. One thread block per (token, head),
+// online softmax over tiles of keys. head_dim ≤ 512.
+struct PagedAttentionArgs {
+  PagedLayer layer;
+  const float* q = nullptr;
+  int64_t num_tokens = 0;
+  int64_t num_seqs = 0;
+  int64_t num_q_heads = 0;
+  float scale = 1.f;
+  const int32_t* seq_indptr = nullptr;
+  const int32_t* positions = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_indptr = nullptr;
+  const int32_t* block_indices = nullptr;
+  float* out = nullptr;
+};
+cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, cudaStream_t stream);
+
+// out[count] = silu(gate) * up; out may alias gate.
+cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
+
+// x[count] += y[count].
+cudaError_t LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stream);
+
+// out[m][d] = x[rows[i]][d].
+cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out,
+                             cudaStream_t stream);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks, run on the GPU machine from the repository root over a bundle made by
+# scripts/gpu_bundle.sh (carried as .gpu_bundle). Writes logs to $OUT (or ./gpu-check-out).
+#   1. the CUDA smoke test and the CUDA backend test (every op and every tiny preset vs the CPU);
+#   2. `tandem generate` on models/kjv-target with --device cuda vs --device cpu, greedy, 64 tokens;
+#   3. a batch-1 decode timing of the same (tokens/s), for the record.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-check-out}"
+mkdir -p "$OUT" .gpu_bundle/run
+tar -C .gpu_bundle/run -xJf .gpu_bundle/bundle.tar.xz
+BIN=.gpu_bundle/run/bin
+# cuBLAS 13 from the toolkit, or from PyTorch's nvidia-cublas wheel.
+CUBLAS_DIR=$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+for d in site.getsitepackages():
+    for p in glob.glob(os.path.join(d, "nvidia", "cu*", "lib")) + glob.glob(os.path.join(d, "nvidia", "cublas", "lib")):
+        if glob.glob(os.path.join(p, "libcublas.so*")): print(p); raise SystemExit
+PY
+)
+export LD_LIBRARY_PATH="$PWD/.gpu_bundle/run/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
+ldd "$BIN/cuda_backend_test" | grep "not found" | tee "$OUT/missing-libs.txt"
+status=0
+"$BIN/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
+"$BIN/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
+gen() { "$BIN/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$1"; }
+gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
+gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
+python3 - "$OUT" <<'PY' || status=1
+import json, sys
+out = sys.argv[1]
+a, b = (json.load(open(f"{out}/generate-{d}.json")) for d in ("cpu", "cuda"))
+ta, tb = a["token_ids"], b["token_ids"]
+same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+print(f"greedy tokens identical for the first {same} of {len(ta)}")
+PY
+echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
+exit $status

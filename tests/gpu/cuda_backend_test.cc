@@ -1,0 +1,365 @@
+// The CUDA backend against the CPU backend (the reference), op by op on random inputs and then the
+// whole forward pass of every tiny preset. Exit code 77 (ctest: skipped, label "gpu") without a device.
+//
+// Tolerances: ops that round the same way (embedding, gather, add) must match exactly; f32 arithmetic
+// in another order (norm, rope, silu, SGEMM, attention) within 1e-4 of unit-scale values; GEMMs over
+// 16-bit weights are compared against the CPU on the same 16-bit-rounded activations. The whole model
+// in F32 agrees within 2e-3 on logits of magnitude ~10 and on every greedy choice; in BF16 (activations
+// rounded for the tensor cores) within |Δp| ≤ 1e-2 and the same top-1 wherever the CPU's margin is
+// clear.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/cuda/cuda_backend.h"
+#include "common/backend/cuda/smoke_kernel.h"
+#include "common/backend/kv_cache_storage.h"
+#include "common/model/llama_model.h"
+#include "gtest/gtest.h"
+#include "tests/unit/tiny_models.h"
+
+namespace tandem {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Max over i of |a - b| / (1 + |b|).
+float MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float d = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    d = std::max(d, std::fabs(a[i] - b[i]) / (1.f + std::fabs(b[i])));
+  }
+  return d;
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cpu_ = CpuBackend::Create({}).value();
+    auto cuda = CudaBackend::Create({});
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    gpu_ = std::move(cuda).value();
+  }
+  void TearDown() override {
+    if (gpu_) {
+      EXPECT_TRUE(gpu_->CheckErrors().ok()) << gpu_->CheckErrors();
+    }
+  }
+
+  // A device copy of `host` (ints or floats), kept alive by the fixture.
+  template <typename T>
+  T* Up(const std::vector<T>& host) {
+    auto buf = gpu_->Allocate(std::max<size_t>(host.size(), 1) * sizeof(T)).value();
+    gpu_->CopyToDevice(buf->data(), host.data(), host.size() * sizeof(T));
+    T* p = static_cast<T*>(buf->data());
+    buffers_.push_back(std::move(buf));
+    return p;
+  }
+  float* Zeros(size_t n) { return Up(std::vector<float>(n, 0.f)); }
+  std::vector<float> Down(const float* dev, size_t n) {
+    std::vector<float> host(n);
+    gpu_->CopyToHost(host.data(), dev, n * sizeof(float));
+    return host;
+  }
+  // Both backends' copies of a weight [rows][cols] stored as `dtype` (values rounded to it).
+  std::pair<DeviceWeight, DeviceWeight> Weights(const std::vector<float>& f32, int64_t rows, int64_t cols, DType dtype) {
+    auto bytes = std::make_shared<std::vector<uint16_t>>();
+    TensorView t;
+    t.name = "w";
+    t.dtype = dtype;
+    t.shape = rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
+    if (dtype == DType::kF32) {
+      t.data = reinterpret_cast<const std::byte*>(f32.data());
+      t.nbytes = f32.size() * 4;
+    } else {
+      for (float x : f32) bytes->push_back(dtype == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x));
+      t.data = reinterpret_cast<const std::byte*>(bytes->data());
+      t.nbytes = bytes->size() * 2;
+      host_bytes_.push_back(bytes);  // the CPU backend maps 2-D weights in place
+    }
+    return {cpu_->UploadWeight(t).value(), gpu_->UploadWeight(t).value()};
+  }
+
+  std::unique_ptr<CpuBackend> cpu_;
+  std::unique_ptr<CudaBackend> gpu_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+  std::vector<std::shared_ptr<std::vector<uint16_t>>> host_bytes_;
+};
+
+TEST_F(CudaBackendTest, EmbeddingIsExactInEveryDtype) {
+  const int64_t vocab = 300, d = 96, n = 37;
+  const auto table = Random(vocab * d, 1);
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 97) % vocab);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    auto [wc, wg] = Weights(table, vocab, d, dt);
+    std::vector<float> ref(n * d);
+    cpu_->Embedding(wc, ids.data(), n, ref.data());
+    float* out = Zeros(n * d);
+    gpu_->Embedding(wg, Up(ids), n, out);
+    EXPECT_EQ(Down(out, n * d), ref) << DTypeName(dt);
+  }
+}
+
+TEST_F(CudaBackendTest, RmsNormMatches) {
+  for (int64_t d : {64, 896, 4096}) {
+    const int64_t n = 19;
+    const auto x = Random(n * d, 2, 3.f), w = Random(d, 3);
+    auto [wc, wg] = Weights(w, 1, d, DType::kBF16);
+    std::vector<float> ref(n * d);
+    cpu_->RmsNorm(x.data(), wc, 1e-6f, n, d, ref.data());
+    float* xg = Up(x);
+    gpu_->RmsNorm(xg, wg, 1e-6f, n, d, xg);  // in place, as the model does for q/k norm
+    EXPECT_LE(MaxRelDiff(Down(xg, n * d), ref), 1e-5f) << "d " << d;
+  }
+}
+
+TEST_F(CudaBackendTest, LinearMatchesInEveryDtypeAndBatch) {
+  const int64_t rows = 96, cols = 160;
+  const auto w = Random(rows * cols, 4, 0.1f), bias = Random(rows, 5);
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    auto [wc, wg] = Weights(w, rows, cols, dt);
+    auto [bc, bg] = Weights(bias, 1, rows, DType::kF32);
+    for (int64_t n : {1, 7, 64, 300}) {
+      for (bool with_bias : {false, true}) {
+        auto x = Random(n * cols, 6 + n);
+        std::vector<float> x_ref = x;
+        // The GPU feeds 16-bit weights' GEMMs with activations rounded to the same type.
+        if (dt == DType::kBF16) for (float& v : x_ref) v = Bf16ToF32(F32ToBf16(v));
+        if (dt == DType::kF16) for (float& v : x_ref) v = F16ToF32(F32ToF16(v));
+        std::vector<float> ref(n * rows);
+        cpu_->Linear(x_ref.data(), n, wc, with_bias ? &bc : nullptr, ref.data());
+        float* out = Zeros(n * rows);
+        gpu_->Linear(Up(x), n, wg, with_bias ? &bg : nullptr, out);
+        EXPECT_LE(MaxRelDiff(Down(out, n * rows), ref), 1e-4f)
+            << DTypeName(dt) << " n " << n << " bias " << with_bias;
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, RopeMatches) {
+  const int64_t n = 23, hq = 8, hk = 2;
+  for (int64_t hd : {64, 128}) {
+    auto q = Random(n * hq * hd, 7), k = Random(n * hk * hd, 8);
+    std::vector<int32_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i * 173 % 4000);
+    std::vector<float> inv(hd / 2);
+    for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
+    float *qg = Up(q), *kg = Up(k);
+    gpu_->Rope(qg, kg, Up(pos), Up(inv), n, hq, hk, hd);
+    cpu_->Rope(q.data(), k.data(), pos.data(), inv.data(), n, hq, hk, hd);
+    EXPECT_LE(MaxRelDiff(Down(qg, q.size()), q), 1e-4f) << "head_dim " << hd;
+    EXPECT_LE(MaxRelDiff(Down(kg, k.size()), k), 1e-4f) << "head_dim " << hd;
+  }
+}
+
+TEST_F(CudaBackendTest, ElementwiseOpsMatch) {
+  const int64_t n = 17, d = 1000;
+  const auto gate = Random(n * d, 9, 3.f), up = Random(n * d, 10), y = Random(n * d, 11);
+  std::vector<float> ref(n * d);
+  cpu_->SiluMul(gate.data(), up.data(), n, d, ref.data());
+  float* g = Up(gate);
+  gpu_->SiluMul(g, Up(up), n, d, g);
+  EXPECT_LE(MaxRelDiff(Down(g, n * d), ref), 1e-6f);
+
+  std::vector<float> x = gate;
+  cpu_->Add(x.data(), y.data(), n * d);
+  float* xg = Up(gate);
+  gpu_->Add(xg, Up(y), n * d);
+  EXPECT_EQ(Down(xg, n * d), x);
+
+  const std::vector<int32_t> rows = {16, 0, 3, 3, 9};
+  std::vector<float> gathered(rows.size() * d);
+  cpu_->GatherRows(gate.data(), rows.data(), rows.size(), d, gathered.data());
+  float* out = Zeros(rows.size() * d);
+  gpu_->GatherRows(Up(gate), Up(rows), rows.size(), d, out);
+  EXPECT_EQ(Down(out, rows.size() * d), gathered);
+}
+
+// A batch mixing a fresh prefill, a chunk after a cached prefix, and decode tokens over contexts
+// longer than one tile of keys, with scattered block tables and grouped-query heads.
+TEST_F(CudaBackendTest, PagedAttentionMatches) {
+  struct Seq {
+    int64_t cached, fresh;
+  };
+  const std::vector<Seq> seqs = {{0, 37}, {300, 1}, {150, 20}, {700, 1}, {5, 3}};
+  for (int64_t hd : {64, 128, 256}) {
+    KvCacheGeometry g;
+    g.num_layers = 2;
+    g.num_blocks = 128;
+    g.block_size = 16;
+    g.num_kv_heads = 2;
+    g.head_dim = hd;
+    const int64_t hq = 8, layer = 1;
+    std::vector<int32_t> perm(g.num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(hd));
+    std::vector<int32_t> seq_indptr{0}, positions, context_lens, block_indptr{0}, blocks, slots;
+    size_t next_block = 0;
+    int64_t max_context = 0;
+    for (const Seq& s : seqs) {
+      const int64_t context = s.cached + s.fresh, nblocks = (context + g.block_size - 1) / g.block_size;
+      const size_t first = blocks.size();
+      for (int64_t b = 0; b < nblocks; ++b) blocks.push_back(perm[next_block++]);
+      for (int64_t i = 0; i < s.fresh; ++i) {
+        const int64_t p = s.cached + i;
+        positions.push_back(static_cast<int32_t>(p));
+        slots.push_back(static_cast<int32_t>(blocks[first + p / g.block_size] * g.block_size + p % g.block_size));
+      }
+      seq_indptr.push_back(seq_indptr.back() + static_cast<int32_t>(s.fresh));
+      context_lens.push_back(static_cast<int32_t>(context));
+      block_indptr.push_back(static_cast<int32_t>(blocks.size()));
+      max_context = std::max(max_context, context);
+    }
+    const int64_t n = seq_indptr.back();
+    const size_t cache_elems = g.num_layers * g.elements_per_layer();
+    auto kc = Random(cache_elems, 12), vc = Random(cache_elems, 13);  // the cached prefixes
+    const auto q = Random(n * hq * hd, 14), k = Random(n * g.num_kv_heads * hd, 15),
+               v = Random(n * g.num_kv_heads * hd, 16);
+    float *kcg = Up(kc), *vcg = Up(vc), *out = Zeros(n * hq * hd);
+    AttentionMetadata md;
+    md.num_seqs = static_cast<int64_t>(seqs.size());
+    md.num_tokens = n;
+    md.max_context_len = max_context;
+    md.seq_indptr = Up(seq_indptr);
+    md.positions = Up(positions);
+    md.context_lens = Up(context_lens);
+    md.block_indptr = Up(block_indptr);
+    md.block_indices = Up(blocks);
+    md.slot_mapping = Up(slots);
+    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+    gpu_->PagedAttention(Up(q), Up(k), Up(v), kcg, vcg, g, layer, md, hq, scale, out);
+
+    AttentionMetadata mh = md;
+    mh.seq_indptr = seq_indptr.data();
+    mh.positions = positions.data();
+    mh.context_lens = context_lens.data();
+    mh.block_indptr = block_indptr.data();
+    mh.block_indices = blocks.data();
+    mh.slot_mapping = slots.data();
+    std::vector<float> ref(n * hq * hd);
+    cpu_->PagedAttention(q.data(), k.data(), v.data(), kc.data(), vc.data(), g, layer, mh, hq, scale, ref.data());
+    EXPECT_LE(MaxRelDiff(Down(out, ref.size()), ref), 1e-4f) << "head_dim " << hd;
+    EXPECT_EQ(Down(kcg, cache_elems), kc) << "K cache writes, head_dim " << hd;
+    EXPECT_EQ(Down(vcg, cache_elems), vc) << "V cache writes, head_dim " << hd;
+  }
+}
+
+TEST_F(CudaBackendTest, BadLaunchBecomesTheStickyError) {
+  // head_dim beyond what the attention kernel supports: refused at launch, reported by CheckErrors.
+  auto other = CudaBackend::Create({}).value();
+  KvCacheGeometry g;
+  g.num_layers = 1;
+  g.num_blocks = 1;
+  g.block_size = 16;
+  g.num_kv_heads = 1;
+  g.head_dim = 1024;
+  AttentionMetadata md;
+  md.num_seqs = 1;
+  md.num_tokens = 1;
+  auto buf = other->Allocate(1 << 20).value();
+  other->PagedAttention(buf->f32(), buf->f32(), buf->f32(), buf->f32(), buf->f32(), g, 0, md, 1, 1.f, buf->f32());
+  const absl::Status s = other->CheckErrors();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("paged attention"), std::string_view::npos) << s;
+}
+
+// --- The whole forward pass ---
+
+class CudaForwardTest : public ::testing::TestWithParam<std::string> {};
+
+// Prefill in chunks of 16 then 8 single-token decode steps; logits of every row.
+std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std::vector<int32_t>& tokens) {
+  auto model = LlamaModel::Load(dir, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  auto kv = KvCacheStorage::Create(backend, (*model)->KvGeometry(16, 16)).value();
+  std::vector<int32_t> table = {7, 3, 11, 0, 5};
+  std::vector<float> all, step;
+  size_t begin = 0;
+  while (begin < tokens.size()) {
+    const size_t end = std::min(tokens.size(), begin + (begin < 40 ? 16 : 1));
+    ForwardInput in;
+    in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
+    in.seqs.push_back({static_cast<int64_t>(end - begin), static_cast<int64_t>(begin), table});
+    for (size_t i = 0; i < end - begin; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
+    const absl::Status s = (*model)->Forward(in, kv.get(), &step);
+    EXPECT_TRUE(s.ok()) << s;
+    all.insert(all.end(), step.begin(), step.end());
+    begin = end;
+  }
+  return all;
+}
+
+void CompareModels(const std::string& preset, DType dtype) {
+  const std::string dir = testing_util::TinyModel(preset, 7, dtype);
+  auto cpu = CpuBackend::Create({}).value();
+  auto gpu = CudaBackend::Create({}).value();
+  const int64_t vocab = LlamaModel::Load(dir, cpu.get()).value()->config().vocab_size;
+  std::vector<int32_t> tokens(48);
+  std::mt19937 rng(3);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  const auto a = AllLogits(cpu.get(), dir, tokens), b = AllLogits(gpu.get(), dir, tokens);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), tokens.size() * vocab);
+  float max_logit_diff = 0, max_dp = 0;
+  int clear_rows = 0;
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    const float* x = a.data() + r * vocab;
+    const float* y = b.data() + r * vocab;
+    const float mx = *std::max_element(x, x + vocab), my = *std::max_element(y, y + vocab);
+    double sx = 0, sy = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      sx += std::exp(x[i] - mx);
+      sy += std::exp(y[i] - my);
+      max_logit_diff = std::max(max_logit_diff, std::fabs(x[i] - y[i]));
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      max_dp = std::max(max_dp, static_cast<float>(std::fabs(std::exp(x[i] - mx) / sx - std::exp(y[i] - my) / sy)));
+    }
+    std::vector<float> sorted(x, x + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    const int64_t top_x = std::max_element(x, x + vocab) - x, top_y = std::max_element(y, y + vocab) - y;
+    const float margin = sorted[0] - sorted[1];
+    if (dtype == DType::kF32 || margin > 0.1f) {
+      ++clear_rows;
+      EXPECT_EQ(top_x, top_y) << preset << " row " << r << " margin " << margin;
+    }
+  }
+  std::printf("%s %s: max |Δlogit| %.3g, max |Δp| %.3g, top-1 checked on %d of %zu rows\n", preset.c_str(),
+              std::string(DTypeName(dtype)).c_str(), max_logit_diff, max_dp, clear_rows, tokens.size());
+  if (dtype == DType::kF32) {
+    EXPECT_LE(max_logit_diff, 2e-3f) << preset;
+  }
+  EXPECT_LE(max_dp, 1e-2f) << preset;
+  EXPECT_TRUE(gpu->CheckErrors().ok());
+}
+
+TEST_P(CudaForwardTest, MatchesCpuInF32) { CompareModels(GetParam(), DType::kF32); }
+TEST_P(CudaForwardTest, MatchesCpuInBf16) { CompareModels(GetParam(), DType::kBF16); }
+
+INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest, testing_util::TinyPresets(), testing_util::PresetName);
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (tandem::cuda::DeviceCount() == 0) {
+    std::printf("SKIPPED: no CUDA device visible\n");
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}
