@@ -3,7 +3,9 @@
 # scripts/gpu_bundle.sh (carried as .gpu_bundle). Writes logs to $OUT (or ./gpu-check-out).
 #   1. the CUDA smoke test and the CUDA backend test (every op and every tiny preset vs the CPU);
 #   2. `tandem generate` on models/kjv-target with --device cuda vs --device cpu, greedy, 64 tokens;
-#   3. a batch-1 decode timing of the same (tokens/s), for the record.
+#   3. forward_bench on CUDA (prefill and batch-1 decode with the device's measured ceilings) over
+#      random BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b
+#      (written by `tandem make-model` there; each 7-8B model takes ~16 GB of disk).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check-out}"
@@ -35,5 +37,15 @@ ta, tb = a["token_ids"], b["token_ids"]
 same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
 print(f"greedy tokens identical for the first {same} of {len(ta)}")
 PY
+presets=(qwen2.5-0.5b)
+[[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
+for p in "${presets[@]}"; do
+  dir=/tmp/tandem-models/$p
+  [[ -f $dir/config.json ]] || "$BIN/tandem" make-model --preset "$p" --out "$dir" >/dev/null || status=1
+  for b in 1 16 64; do
+    "$BIN/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
+      2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
+done
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status

@@ -31,7 +31,9 @@ struct ForwardInput {
   std::vector<SequenceStep> seqs;
   std::vector<int32_t> logits_rows;   // rows of token_ids whose next-token logits are returned
   // Called after layer l's KV for this step is written (before layer l+1 runs): a prefill worker
-  // sends the layer then, overlapping the transfer with the rest of the forward pass.
+  // sends the layer then, overlapping the transfer with the rest of the forward pass. On an
+  // asynchronous backend (CUDA) the write is only enqueued at that point: a consumer must order
+  // itself after it on the device (an event), not read the cache from the host at once.
   std::function<void(int64_t layer)> on_layer_done;
 };
 

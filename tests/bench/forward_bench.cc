@@ -1,8 +1,11 @@
-// Forward-pass throughput on the CPU backend: prefill tokens/s for a prompt and decode tokens/s at
-// batch 1 (and optionally batch N), plus the effective weight bandwidth of decode (bytes of weights
-// read per token ÷ time per token), which is what batch-1 decode is bound by.
+// Forward-pass throughput: prefill tokens/s for a prompt and decode tokens/s at batch 1 (and
+// optionally batch N), plus the effective weight bandwidth of decode (bytes of weights read per token
+// ÷ time per token), which is what batch-1 decode is bound by. On CUDA it also measures the device's
+// ceilings in the same run (copy-kernel bandwidth, BF16 cuBLAS GEMM throughput) and prints decode's
+// share of the memory roofline and prefill's share of tensor-core peak.
 //
-//   forward_bench --model DIR [--prompt-len 128] [--decode-tokens 32] [--decode-batch 1] [--repeats 3]
+//   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
+//                 [--decode-batch 1] [--repeats 3]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +16,10 @@
 
 #include "absl/flags/flag.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/create_backend.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "common/backend/cuda/roofline.h"
+#endif
 #include "common/backend/cpu/openblas_setup.h"
 #include "common/base/command_line.h"
 #include "common/model/llama_model.h"
@@ -22,6 +29,7 @@ ABSL_FLAG(int64_t, prompt_len, 128, "prompt tokens for the prefill measurement")
 ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(bool, batch_invariant, true,
           "CPU backend: batch-invariant Linear (default) or OpenBLAS GEMM for large batches");
 
@@ -36,7 +44,18 @@ int Run() {
   const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
-  auto backend = CpuBackend::Create({nullptr, absl::GetFlag(FLAGS_batch_invariant)}).value();
+  const std::string device = absl::GetFlag(FLAGS_device);
+  std::unique_ptr<Backend> backend;
+  if (device == "cpu") {
+    backend = CpuBackend::Create({nullptr, absl::GetFlag(FLAGS_batch_invariant)}).value();
+  } else {
+    auto b = CreateBackend(device);
+    if (!b.ok()) {
+      std::fprintf(stderr, "forward_bench: %s\n", std::string(b.status().message()).c_str());
+      return 1;
+    }
+    backend = std::move(b).value();
+  }
   auto model_or = LlamaModel::Load(dir, backend.get());
   if (!model_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(model_or.status().message()).c_str());
@@ -98,6 +117,22 @@ int Run() {
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9);
+#ifdef TANDEM_HAVE_CUDA
+  if (backend->name() == "cuda") {
+    // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths).
+    const double params = step_bytes / dtype_bytes;
+    auto bandwidth = cuda::MeasureCopyBandwidth();
+    auto tflops = cuda::MeasureBf16GemmTflops();
+    if (!bandwidth.ok() || !tflops.ok()) {
+      std::fprintf(stderr, "forward_bench: roofline measurement failed\n");
+      return 1;
+    }
+    std::printf("roofline: copy kernel %.0f GB/s -> decode at %.1f%% of it; BF16 GEMM %.0f TFLOP/s -> "
+                "prefill at %.1f%% of it\n",
+                *bandwidth, 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth, *tflops,
+                100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops);
+  }
+#endif
   return 0;
 }
 

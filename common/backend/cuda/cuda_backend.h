@@ -56,7 +56,7 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, std::string description, cudaStream_t stream, cublasHandle_t cublas)
       : device_(device), description_(std::move(description)), stream_(stream), cublas_(cublas) {}
   // Makes this backend's device current on the calling thread.
-  void Bind() const;
+  void Bind();
   // Keeps the first failure; later ops still enqueue (their results are discarded by the caller).
   void Check(cudaError_t e, const char* what);
   void Check(cublasStatus_t s, const char* what);

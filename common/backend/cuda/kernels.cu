@@ -112,7 +112,7 @@ __host__ __device__ int64_t SlotsOffset(int64_t head_dim) { return (head_dim + k
 // the block agrees on the tile's max and sum (online softmax), then each thread accumulates its
 // head dimensions over the tile's values.
 __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   float* qs = smem;                                                   // [head_dim]
   float* probs = qs + a.layer.head_dim;                               // [kAttentionThreads]
   int64_t* slots = reinterpret_cast<int64_t*>(smem + SlotsOffset(a.layer.head_dim));  // [kAttentionThreads]
@@ -206,6 +206,8 @@ cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int
     case DType::kF16:
       EmbeddingKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(table), d, ids, n, out);
       break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -245,21 +247,15 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float
   return cudaGetLastError();
 }
 
-cudaError_t LaunchWriteKv(const PagedLayer& layer, const float* k, const float* v, const int32_t* slot_mapping,
-                          int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  WriteKvKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(layer.k_cache, layer.v_cache, k, v, slot_mapping,
-                                                                    layer.num_kv_heads * layer.head_dim);
-  return cudaGetLastError();
-}
-
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return cudaSuccess;
   if (a.layer.head_dim > kAttentionThreads * kMaxDimsPerThread || a.num_tokens > 0x7fffffff ||
-      a.num_q_heads > 65535 || a.layer.num_kv_heads <= 0 || a.num_q_heads % a.layer.num_kv_heads != 0) {
+      a.num_q_heads <= 0 || a.num_q_heads > 65535 || a.layer.num_kv_heads <= 0 ||
+      a.num_q_heads % a.layer.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
+  WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
+      a.layer.k_cache, a.layer.v_cache, a.k, a.v, a.slot_mapping, a.layer.num_kv_heads * a.layer.head_dim);
   const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
   PagedAttentionKernel<<<grid, kAttentionThreads, smem, stream>>>(a);

@@ -39,16 +39,17 @@ struct PagedLayer {
   int64_t head_dim = 0;
 };
 
-// k_cache/v_cache[slot_mapping[t]] = k/v[t] for t < n (each row [num_kv_heads][head_dim]).
-cudaError_t LaunchWriteKv(const PagedLayer& layer, const float* k, const float* v, const int32_t* slot_mapping,
-                          int64_t n, cudaStream_t stream);
-
-// Causal attention of every new token over its sequence's paged keys and values (metadata as in
-// backend.h's AttentionMetadata): out[n][num_q_heads][head_dim]. One thread block per (token, head),
-// online softmax over tiles of keys. head_dim ≤ 512.
+// First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
+// [num_kv_heads][head_dim]), then runs causal attention of every new token over its sequence's paged
+// keys and values (metadata as in backend.h's AttentionMetadata): out[n][num_q_heads][head_dim]. One
+// thread block per (token, head), online softmax over tiles of keys. cudaErrorInvalidValue, with
+// nothing launched, for head_dim > 512 or heads that do not group.
 struct PagedAttentionArgs {
   PagedLayer layer;
   const float* q = nullptr;
+  const float* k = nullptr;  // [num_tokens][num_kv_heads][head_dim]
+  const float* v = nullptr;
+  const int32_t* slot_mapping = nullptr;
   int64_t num_tokens = 0;
   int64_t num_seqs = 0;
   int64_t num_q_heads = 0;
