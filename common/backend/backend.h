@@ -69,6 +69,12 @@ struct AttentionMetadata {
   const int32_t* slot_mapping = nullptr;
 };
 
+// Memory of the device a backend computes on.
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -83,6 +89,11 @@ class Backend {
   virtual absl::Status CheckErrors() { return absl::OkStatus(); }
 
   // --- Memory ---
+  // Free and total memory of the device (all processes' use counted). UNIMPLEMENTED where the
+  // backend computes in host memory (CPU), whose KV cache is sized by --kv-cache-memory instead.
+  virtual absl::StatusOr<DeviceMemory> Memory() {
+    return absl::UnimplementedError("this backend does not report device memory");
+  }
   virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) = 0;
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   // Waits for enqueued work, then copies.

@@ -3,12 +3,64 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
 namespace tandem {
 
 Engine::~Engine() = default;
+
+namespace {
+
+std::string Size(int64_t bytes) {
+  return bytes >= (int64_t{1} << 30) ? absl::StrFormat("%.2f GiB", bytes / double(int64_t{1} << 30))
+                                     : absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+}
+
+// Runs the largest step the scheduler can build (max_num_batched_tokens prompt tokens, logits for
+// max_num_seqs rows) once on a scratch cache, so the model's activation buffers reach their peak,
+// and returns the KV bytes that gpu_memory_utilization leaves. Everything else the engine allocates
+// later is the KV cache itself.
+absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, const SchedulerConfig& sc,
+                                     const DeviceMemory& before) {
+  const double util = o.gpu_memory_utilization;
+  if (!(util > 0.0 && util <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", util));
+  }
+  const int64_t tokens = std::max<int64_t>(1, std::min(sc.max_num_batched_tokens, sc.max_model_len));
+  const int64_t rows = std::max<int64_t>(1, std::min(sc.max_num_seqs, tokens));
+  const int64_t blocks = (tokens + o.block_size - 1) / o.block_size;
+  {
+    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(), model->KvGeometry(blocks, o.block_size)));
+    ForwardInput in;
+    in.token_ids.assign(static_cast<size_t>(tokens), 0);
+    std::vector<int32_t> table(static_cast<size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
+    in.seqs.push_back({tokens, 0, table});
+    for (int64_t r = tokens - rows; r < tokens; ++r) in.logits_rows.push_back(static_cast<int32_t>(r));
+    std::vector<float> logits;
+    absl::Status s = model->Forward(in, scratch.get(), &logits);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("profiling the activation peak: ", s.message()));
+  }
+  ASSIGN_OR_RETURN(const DeviceMemory after, model->backend()->Memory());
+  const int64_t used = after.total_bytes - after.free_bytes;
+  const int64_t budget = static_cast<int64_t>(util * static_cast<double>(after.total_bytes));
+  const int64_t activations = std::max<int64_t>(0, (before.free_bytes - after.free_bytes));
+  TANDEM_LOG(INFO) << "memory plan: device " << Size(after.total_bytes) << " × " << util << " = " << Size(budget)
+                   << "; in use " << Size(used) << " (weights and other processes " << Size(used - activations)
+                   << ", activations of a " << tokens << "-token step " << Size(activations) << "); KV cache gets "
+                   << Size(std::max<int64_t>(0, budget - used));
+  if (budget - used <= 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--gpu-memory-utilization ", util, " leaves no room for the KV cache: ", Size(used),
+        " of the device are already in use (weights, activations, other processes) out of ", Size(budget),
+        " allowed; raise it, lower --max-num-batched-tokens, or give --kv-cache-memory"));
+  }
+  return budget - used;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
@@ -25,7 +77,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   const int64_t bytes_per_block = KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size));
   int64_t memory = options.kv_cache_memory;
   if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
-  if (memory == 0) {
+  absl::StatusOr<DeviceMemory> device_memory = model->backend()->Memory();
+  if (memory == 0 && device_memory.ok()) {
+    ASSIGN_OR_RETURN(memory, PlanKvMemory(model, options, sc, *device_memory));
+  } else if (memory == 0) {
     memory = bytes_per_block * ((sc.max_model_len + options.block_size - 1) / options.block_size) *
              std::min<int64_t>(sc.max_num_seqs, 8);
   }

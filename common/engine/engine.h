@@ -26,8 +26,12 @@ namespace tandem {
 
 struct EngineOptions {
   int64_t block_size = 16;
-  // Bytes of KV cache (K and V, all layers). 0: room for max_num_seqs sequences of max_model_len.
+  // Bytes of KV cache (K and V, all layers). 0: on a backend that reports device memory (CUDA), what
+  // gpu_memory_utilization leaves after the weights and the profiled activation peak; elsewhere (CPU)
+  // room for min(max_num_seqs, 8) sequences of max_model_len.
   int64_t kv_cache_memory = 0;
+  // Share of the device's total memory this engine may use: weights + activations + KV cache.
+  double gpu_memory_utilization = 0.9;
   bool enable_prefix_caching = true;
   SchedulerConfig scheduler;  // max_model_len 0 → the model's max_position_embeddings
   int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request

@@ -16,6 +16,9 @@ ABSL_FLAG(int64_t, max_queued_requests, 1024, "engine: waiting requests beyond w
 ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
 ABSL_FLAG(std::string, kv_cache_memory, "0",
           "engine: bytes of KV cache, e.g. 512M or 2G (0 = room for 8 sequences of max_model_len)");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "engine: share of the GPU's memory for weights, activations and KV cache when --kv-cache-memory is 0 "
+          "(GPU backends only)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
@@ -45,6 +48,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   auto memory = ParseBytes("--kv-cache-memory", absl::GetFlag(FLAGS_kv_cache_memory));
   if (!memory.ok()) return memory.status();
   o.kv_cache_memory = *memory;
+  o.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   SchedulerConfig& sc = o.scheduler;
   sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
@@ -70,6 +74,7 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests)),
       absl::StrCat("--max-model-len=", absl::GetFlag(FLAGS_max_model_len)),
       absl::StrCat("--kv-cache-memory=", absl::GetFlag(FLAGS_kv_cache_memory)),
+      absl::StrCat("--gpu-memory-utilization=", absl::GetFlag(FLAGS_gpu_memory_utilization)),
       absl::StrCat("--enable-prefix-caching=", absl::GetFlag(FLAGS_enable_prefix_caching) ? "true" : "false"),
       absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
   };

@@ -1,7 +1,7 @@
 // The engine's command-line flags, shared by `tandem generate`, the workers and `tandem up` (which
 // forwards them to the workers it starts): --kv-cache-memory, --block-size, --max-num-seqs,
 // --max-num-batched-tokens, --max-prefill-chunk (alias --prefill-chunk), --max-queued-requests,
-// --max-model-len, --enable-prefix-caching, --device.
+// --max-model-len, --enable-prefix-caching, --device, --gpu-memory-utilization.
 #pragma once
 
 #include <cstdint>

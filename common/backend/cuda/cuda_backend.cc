@@ -105,6 +105,13 @@ absl::Status CudaBackend::CheckErrors() {
   return error_;
 }
 
+absl::StatusOr<DeviceMemory> CudaBackend::Memory() {
+  Bind();
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
   Bind();
   void* dev = nullptr;

@@ -32,6 +32,7 @@ class CudaBackend final : public Backend {
   std::string device_description() const override { return description_; }
   absl::Status CheckErrors() override;
 
+  absl::StatusOr<DeviceMemory> Memory() override;
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;

@@ -1,0 +1,174 @@
+// The KV memory plan of a backend that reports device memory (as CUDA does): weights, then a
+// profiled activation peak, then the KV block pool from gpu_memory_utilization. The device here is
+// the CPU backend under an accounting wrapper that counts every byte the model and engine allocate
+// against a pretend capacity, so the plan's arithmetic and its promise (the largest step never takes
+// memory past the budget) are checked without a GPU.
+#include <algorithm>
+#include <memory>
+
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/engine/engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/tiny_models.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Forwards every op to a CPU backend; Memory() reports `capacity` minus what is allocated through it
+// (2-D weights count as uploaded) and the high-water mark is kept.
+class AccountingBackend final : public Backend {
+ public:
+  explicit AccountingBackend(int64_t capacity) : capacity_(capacity), cpu_(CpuBackend::Create({}).value()) {}
+
+  int64_t used() const { return used_; }
+  int64_t peak() const { return peak_; }
+  void set_capacity(int64_t c) { capacity_ = c; }
+
+  std::string name() const override { return "accounting"; }
+  std::string device_description() const override { return "cpu with a pretend memory capacity"; }
+  absl::StatusOr<DeviceMemory> Memory() override { return DeviceMemory{capacity_ - used_, capacity_}; }
+
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override {
+    if (used_ + static_cast<int64_t>(bytes) > capacity_) return absl::ResourceExhaustedError("pretend device is full");
+    auto inner = cpu_->Allocate(bytes);
+    if (!inner.ok()) return inner.status();
+    Charge(static_cast<int64_t>(bytes));
+    return std::unique_ptr<DeviceBuffer>(new Counted(std::move(*inner), this, static_cast<int64_t>(bytes)));
+  }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override { cpu_->CopyToDevice(dst, src, bytes); }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override { cpu_->CopyToHost(dst, src, bytes); }
+  absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& t) override {
+    Charge(static_cast<int64_t>(t.nbytes));
+    return cpu_->UploadWeight(t);
+  }
+  void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override {
+    cpu_->Embedding(table, ids, n, out);
+  }
+  void RmsNorm(const float* x, const DeviceWeight& w, float eps, int64_t n, int64_t d, float* out) override {
+    cpu_->RmsNorm(x, w, eps, n, d, out);
+  }
+  void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) override {
+    cpu_->Linear(x, n, w, bias, out);
+  }
+  void Rope(float* q, float* k, const int32_t* pos, const float* inv, int64_t n, int64_t hq, int64_t hk,
+            int64_t hd) override {
+    cpu_->Rope(q, k, pos, inv, n, hq, hk, hd);
+  }
+  void PagedAttention(const float* q, const float* k, const float* v, float* kc, float* vc, const KvCacheGeometry& g,
+                      int64_t layer, const AttentionMetadata& md, int64_t hq, float scale, float* out) override {
+    cpu_->PagedAttention(q, k, v, kc, vc, g, layer, md, hq, scale, out);
+  }
+  void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override {
+    cpu_->SiluMul(gate, up, n, d, out);
+  }
+  void Add(float* x, const float* y, int64_t n) override { cpu_->Add(x, y, n); }
+  void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override {
+    cpu_->GatherRows(x, rows, m, d, out);
+  }
+
+ private:
+  class Counted final : public DeviceBuffer {
+   public:
+    Counted(std::unique_ptr<DeviceBuffer> inner, AccountingBackend* owner, int64_t bytes)
+        : inner_(std::move(inner)), owner_(owner), bytes_(bytes) {}
+    ~Counted() override { owner_->used_ -= bytes_; }
+    void* data() override { return inner_->data(); }
+    size_t size() const override { return inner_->size(); }
+
+   private:
+    std::unique_ptr<DeviceBuffer> inner_;
+    AccountingBackend* owner_;
+    int64_t bytes_;
+  };
+  void Charge(int64_t bytes) {
+    used_ += bytes;
+    peak_ = std::max(peak_, used_);
+  }
+
+  int64_t capacity_;
+  int64_t used_ = 0;
+  int64_t peak_ = 0;
+  std::unique_ptr<CpuBackend> cpu_;
+};
+
+class MemoryPlanTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kCapacity = int64_t{64} << 20;
+  void SetUp() override {
+    backend_ = std::make_unique<AccountingBackend>(kCapacity);
+    model_ = LlamaModel::Load(testing_util::TinyModel("tiny-llama", 5), backend_.get()).value();
+    weights_ = backend_->used();
+  }
+  EngineOptions Options(double util) {
+    EngineOptions o;
+    o.block_size = 16;
+    o.gpu_memory_utilization = util;
+    o.scheduler.max_num_batched_tokens = 512;
+    o.scheduler.max_num_seqs = 32;
+    return o;
+  }
+
+  std::unique_ptr<AccountingBackend> backend_;
+  std::unique_ptr<LlamaModel> model_;
+  int64_t weights_ = 0;
+};
+
+TEST_F(MemoryPlanTest, KvPoolFillsTheBudgetLeftByWeightsAndActivations) {
+  ASSERT_GT(weights_, 0);
+  const double util = 0.5;
+  auto engine = Engine::Create(model_.get(), Options(util));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int64_t budget = static_cast<int64_t>(util * kCapacity);
+  const int64_t per_block = KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 16));
+  const int64_t kv_bytes = (*engine)->stats().num_blocks * per_block;
+  // The profile grew the activation buffers before the pool was sized: weights + activations + KV.
+  EXPECT_GT(backend_->used() - weights_ - kv_bytes, 0) << "no activation memory was profiled";
+  EXPECT_LE(backend_->used(), budget);
+  EXPECT_GT(backend_->used() + per_block, budget) << "the pool leaves a whole block of the budget unused";
+}
+
+TEST_F(MemoryPlanTest, LargestStepStaysWithinTheBudget) {
+  const double util = 0.5;
+  auto engine = Engine::Create(model_.get(), Options(util)).value();
+  // Fill the step: 32 requests whose prompts add up to more than the 512-token budget.
+  for (int i = 0; i < 32; ++i) {
+    EngineRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_token_ids.assign(40, static_cast<int32_t>(i + 1));
+    r.params.max_tokens = 4;
+    ASSERT_TRUE(engine->AddRequest(r).ok());
+  }
+  for (int guard = 0; engine->HasWork() && guard < 1000; ++guard) ASSERT_TRUE(engine->Step().ok());
+  EXPECT_LE(backend_->peak(), static_cast<int64_t>(util * kCapacity));
+}
+
+TEST_F(MemoryPlanTest, TooSmallAUtilizationIsRefusedWithTheNumbers) {
+  const double util = static_cast<double>(weights_) / kCapacity;  // the weights alone fill it
+  auto engine = Engine::Create(model_.get(), Options(util));
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(engine.status().message(), HasSubstr("leaves no room for the KV cache"));
+}
+
+TEST_F(MemoryPlanTest, UtilizationOutsideTheUnitIntervalIsRejected) {
+  for (double util : {0.0, -0.5, 1.5}) {
+    auto engine = Engine::Create(model_.get(), Options(util));
+    ASSERT_FALSE(engine.ok()) << util;
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(engine.status().message(), HasSubstr("--gpu-memory-utilization"));
+  }
+}
+
+TEST_F(MemoryPlanTest, ExplicitKvCacheMemoryWins) {
+  EngineOptions o = Options(0.5);
+  const int64_t per_block = KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 16));
+  o.kv_cache_memory = 40 * per_block;
+  auto engine = Engine::Create(model_.get(), o).value();
+  EXPECT_EQ(engine->stats().num_blocks, 40);
+}
+
+}  // namespace
+}  // namespace tandem
