@@ -5,7 +5,9 @@
 #   2. `tandem generate` on models/kjv-target with --device cuda vs --device cpu, greedy, 64 tokens;
 #   3. forward_bench on CUDA (prefill and batch-1 decode with the device's measured ceilings) over
 #      random BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b
-#      (written by `tandem make-model` there; each 7-8B model takes ~16 GB of disk).
+#      (written by `tandem make-model` there; each 7-8B model takes ~16 GB of disk);
+#   4. output-token throughput of a combined CUDA worker against transformers' generate()
+#      (tests/bench/throughput_vs_hf.py) on the same models.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check-out}"
@@ -46,6 +48,10 @@ for p in "${presets[@]}"; do
     "$BIN/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
+  levels=1,16,64; hf_levels=1,16
+  [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
+  python3 tests/bench/throughput_vs_hf.py "$BIN/tandem" "$dir" --device cuda --concurrency $levels \
+    --hf-concurrency $hf_levels --json-out "$OUT/throughput-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
 done
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status
