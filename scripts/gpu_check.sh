@@ -14,6 +14,12 @@ OUT="${OUT:-gpu-check-out}"
 mkdir -p "$OUT" .gpu_bundle/run
 tar -C .gpu_bundle/run -xJf .gpu_bundle/bundle.tar.xz
 BIN=.gpu_bundle/run/bin
+# Debian 12's libstdc++ in the bundle needs glibc 2.36; on an older system use the system's own
+# (the binaries need GLIBCXX_3.4.29 at most, which GCC 11's libstdc++ provides).
+glibc=$(ldd --version | head -1 | grep -o "[0-9]*\.[0-9]*$")
+if [[ "$(printf '%s\n' "$glibc" 2.36 | sort -V | head -1)" != 2.36 ]]; then
+  rm -f .gpu_bundle/run/lib/libstdc++.so.6 .gpu_bundle/run/lib/libgcc_s.so.1
+fi
 # cuBLAS 13 from the toolkit, or from PyTorch's nvidia-cublas wheel.
 CUBLAS_DIR=$(python3 - <<'PY' 2>/dev/null
 import glob, os, site
