@@ -94,6 +94,18 @@ def param_digest(model):
 TRACE_EVERY = 100
 
 
+def cpu_description():
+    """The processor model and its widest vector extension: PyTorch's CPU kernels depend on both."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return "unknown"
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown")
+    flags = next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), [])
+    vec = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
+    return f"{model} ({vec})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ids", required=True, help="DIR with train.json and heldout.json token ids")
@@ -195,6 +207,7 @@ def main():
         shutil.copy(os.path.join(args.tokenizer, name), os.path.join(args.out, name))
     with open(os.path.join(args.out, "training_trace.json"), "w") as f:
         json.dump({"steps": args.steps, "seed": args.seed, "threads": args.threads, "device": args.device,
+                   "cpu": cpu_description(),
                    "torch": torch.__version__, "digests": trace}, f, indent=1)
         f.write("\n")
     with open(os.path.join(args.out, "heldout_eval.json"), "w") as f:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Checks that the shipped models are what the recipe makes, without retraining them in full:
+#   1. corpus extraction, tokenizer training and tokenization run again into a scratch directory and
+#      must give the committed tokenizer.json byte for byte;
+#   2. each model's training re-runs its first CHECK_STEPS steps (default 100) and the parameters must
+#      equal, bit for bit, the digests its training recorded (models/*/training_trace.json, taken
+#      every 100 steps on the same thread count);
+#   3. with FULL=1, the draft (the cheaper one, ~17 min on 2 cores) is retrained in full and its
+#      model.safetensors compared byte for byte with the shipped one.
+# PyTorch's CPU kernels pick their vector code by processor, so bit equality is promised for the same
+# thread count on the same kind of processor as the trace records (x86-64 with AVX-512 here); elsewhere
+# the last bits may differ and step 2 says so.
+#   tools/train_models/verify.sh [CHECK_STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CHECK_STEPS="${1:-100}"
+BUILD_DIR="${TANDEM_BUILD_DIR:-build}"
+WORK="$(mktemp -d /tmp/tandem-verify-XXXXXX)"
+PY=/usr/bin/python3
+cmake --build "$BUILD_DIR" --target tandem >/dev/null
+echo "== data and tokenizer (in $WORK)"
+$PY tools/train_models/corpus.py "$WORK/corpus"
+$PY tools/train_models/bpe.py "$WORK/corpus/train.txt" "$WORK/tokenizer" --vocab-size 4096
+$PY tools/train_models/tokenize_corpus.py "$BUILD_DIR/cli/tandem" "$WORK/corpus" "$WORK/tokenizer" "$WORK/ids"
+for m in kjv-target kjv-draft; do
+  cmp "$WORK/tokenizer/tokenizer.json" "models/$m/tokenizer.json"
+done
+echo "tokenizer.json identical to the shipped one"
+# The recipe's arguments for each model, as train_all.sh passes them (steps from the trace).
+declare -A LR=([target]=2e-3 [draft]=3e-3)
+for size in target draft; do
+  trace="models/kjv-$size/training_trace.json"
+  steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$trace")
+  threads=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['threads'])" "$trace")
+  echo "== kjv-$size: first $CHECK_STEPS of $steps steps against its trace ($threads threads)"
+  $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out "$WORK/unused" \
+    --size "$size" --steps "$steps" --batch 16 --seq-len 128 --lr "${LR[$size]}" --seed "${TANDEM_TRAIN_SEED:-0}" \
+    --threads "$threads" --device cpu --check-trace "$trace" --check-steps "$CHECK_STEPS"
+done
+if [[ "${FULL:-0}" == 1 ]]; then
+  steps=$($PY -c "import json; print(json.load(open('models/kjv-draft/training_trace.json'))['steps'])")
+  threads=$($PY -c "import json; print(json.load(open('models/kjv-draft/training_trace.json'))['threads'])")
+  echo "== kjv-draft: full retraining ($steps steps)"
+  $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out "$WORK/kjv-draft" \
+    --size draft --steps "$steps" --batch 16 --seq-len 128 --lr 3e-3 --seed "${TANDEM_TRAIN_SEED:-0}" --threads "$threads" --device cpu
+  cmp "$WORK/kjv-draft/model.safetensors" models/kjv-draft/model.safetensors
+  echo "kjv-draft/model.safetensors identical to the shipped one"
+fi
+rm -rf "$WORK"
+echo "verify: the shipped models match the recipe"
