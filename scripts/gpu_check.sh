@@ -20,21 +20,31 @@ glibc=$(ldd --version | head -1 | grep -o "[0-9]*\.[0-9]*$")
 if [[ "$(printf '%s\n' "$glibc" 2.36 | sort -V | head -1)" != 2.36 ]]; then
   rm -f .gpu_bundle/run/lib/libstdc++.so.6 .gpu_bundle/run/lib/libgcc_s.so.1
 fi
-# cuBLAS 13 from the toolkit, or from PyTorch's nvidia-cublas wheel.
-CUBLAS_DIR=$(python3 - <<'PY' 2>/dev/null
+# CUDA 13's runtime and cuBLAS from the toolkit, or from PyTorch's nvidia-* wheels. Only Tandem's
+# programs get the bundle's libraries (through wrappers): Python keeps the system's own.
+CUDA_DIRS=$(python3 - <<'PY' 2>/dev/null
 import glob, os, site
+dirs = []
 for d in site.getsitepackages():
-    for p in glob.glob(os.path.join(d, "nvidia", "cu*", "lib")) + glob.glob(os.path.join(d, "nvidia", "cublas", "lib")):
-        if glob.glob(os.path.join(p, "libcublas.so*")): print(p); raise SystemExit
+    for p in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib"))):
+        if glob.glob(os.path.join(p, "libcublas*.so*")) or glob.glob(os.path.join(p, "libcudart.so*")):
+            dirs.append(p)
+print(":".join(dirs))
 PY
 )
-export LD_LIBRARY_PATH="$PWD/.gpu_bundle/run/lib:/usr/local/cuda/lib64:${CUBLAS_DIR}:${LD_LIBRARY_PATH:-}"
+TLD="$PWD/.gpu_bundle/run/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${CUDA_DIRS:+:$CUDA_DIRS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p .gpu_bundle/run/wrap
+for b in "$BIN"/*; do
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$TLD" "$PWD/$b" > ".gpu_bundle/run/wrap/$(basename "$b")"
+  chmod +x ".gpu_bundle/run/wrap/$(basename "$b")"
+done
+W=.gpu_bundle/run/wrap
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
-ldd "$BIN/cuda_backend_test" | grep "not found" | tee "$OUT/missing-libs.txt"
+LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" | grep "not found" | tee "$OUT/missing-libs.txt"
 status=0
-"$BIN/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
-"$BIN/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
-gen() { "$BIN/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$1"; }
+"$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
+"$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
+gen() { "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$1"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
 python3 - "$OUT" <<'PY' || status=1
@@ -44,19 +54,21 @@ a, b = (json.load(open(f"{out}/generate-{d}.json")) for d in ("cpu", "cuda"))
 ta, tb = a["token_ids"], b["token_ids"]
 same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
 print(f"greedy tokens identical for the first {same} of {len(ta)}")
+# BF16 activations on the GPU against f32 on the CPU: near-ties may part them later, not at once.
+sys.exit(0 if same >= 8 else f"CUDA and CPU part after {same} tokens: expected at least 8 in common")
 PY
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
-  [[ -f $dir/config.json ]] || "$BIN/tandem" make-model --preset "$p" --out "$dir" >/dev/null || status=1
+  [[ -f $dir/config.json ]] || "$W/tandem" make-model --preset "$p" --out "$dir" >/dev/null || status=1
   for b in 1 16 64; do
-    "$BIN/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
+    "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
   levels=1,16,64; hf_levels=1,16
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
-  python3 tests/bench/throughput_vs_hf.py "$BIN/tandem" "$dir" --device cuda --concurrency $levels \
+  python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \
     --hf-concurrency $hf_levels --json-out "$OUT/throughput-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
 done
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"

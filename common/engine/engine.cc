@@ -18,46 +18,56 @@ std::string Size(int64_t bytes) {
                                      : absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
 }
 
-// Runs the largest step the scheduler can build (max_num_batched_tokens prompt tokens, logits for
-// max_num_seqs rows) once on a scratch cache, so the model's activation buffers reach their peak,
-// and returns the KV bytes that gpu_memory_utilization leaves. Everything else the engine allocates
-// later is the KV cache itself.
+// Runs the largest step the scheduler can build once on a scratch cache, so the model's activation
+// buffers reach their peak: max_num_batched_tokens prompt tokens (spread over as many sequences as
+// max_model_len and max_num_seqs require), each sequence with a block table of a full max_model_len,
+// and logits for every row (a prompt chunk with prompt_logprobs asks for all of them). Then the KV
+// cache gets what gpu_memory_utilization leaves of the device after this engine's own use (weights,
+// activations, library workspaces), and never more than is free.
 absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, const SchedulerConfig& sc,
                                      const DeviceMemory& before) {
   const double util = o.gpu_memory_utilization;
   if (!(util > 0.0 && util <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", util));
   }
-  const int64_t tokens = std::max<int64_t>(1, std::min(sc.max_num_batched_tokens, sc.max_model_len));
-  const int64_t rows = std::max<int64_t>(1, std::min(sc.max_num_seqs, tokens));
-  const int64_t blocks = (tokens + o.block_size - 1) / o.block_size;
+  const int64_t max_len = std::max<int64_t>(1, sc.max_model_len);
+  const int64_t tokens = std::max<int64_t>(
+      1, std::min(sc.max_num_batched_tokens, std::max<int64_t>(1, sc.max_num_seqs) * max_len));
+  const int64_t seqs = std::max((tokens + max_len - 1) / max_len, std::min<int64_t>(std::max<int64_t>(1, sc.max_num_seqs), tokens));
+  const int64_t table_len = (max_len + o.block_size - 1) / o.block_size;
   {
-    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(), model->KvGeometry(blocks, o.block_size)));
+    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(), model->KvGeometry(table_len, o.block_size)));
+    std::vector<int32_t> table(static_cast<size_t>(table_len));
+    for (int64_t b = 0; b < table_len; ++b) table[b] = static_cast<int32_t>(b);
     ForwardInput in;
     in.token_ids.assign(static_cast<size_t>(tokens), 0);
-    std::vector<int32_t> table(static_cast<size_t>(blocks));
-    for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
-    in.seqs.push_back({tokens, 0, table});
-    for (int64_t r = tokens - rows; r < tokens; ++r) in.logits_rows.push_back(static_cast<int32_t>(r));
+    for (int64_t s = 0; s < seqs; ++s) {  // the sequences share one table: only the shapes matter here
+      in.seqs.push_back({tokens / seqs + (s < tokens % seqs ? 1 : 0), 0, table});
+    }
+    for (int64_t r = 0; r < tokens; ++r) in.logits_rows.push_back(static_cast<int32_t>(r));
     std::vector<float> logits;
     absl::Status s = model->Forward(in, scratch.get(), &logits);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("profiling the activation peak: ", s.message()));
   }
   ASSIGN_OR_RETURN(const DeviceMemory after, model->backend()->Memory());
-  const int64_t used = after.total_bytes - after.free_bytes;
+  const int64_t own = after.own_bytes;
   const int64_t budget = static_cast<int64_t>(util * static_cast<double>(after.total_bytes));
-  const int64_t activations = std::max<int64_t>(0, (before.free_bytes - after.free_bytes));
+  const int64_t activations = std::max<int64_t>(0, after.own_bytes - before.own_bytes);
+  // Leave the device a little slack beyond what is free now (other processes, the driver).
+  const int64_t slack = std::min<int64_t>(int64_t{256} << 20, after.total_bytes / 100);
+  const int64_t available = std::max<int64_t>(0, after.free_bytes - slack);
+  const int64_t kv = std::min(budget - own, available);
   TANDEM_LOG(INFO) << "memory plan: device " << Size(after.total_bytes) << " × " << util << " = " << Size(budget)
-                   << "; in use " << Size(used) << " (weights and other processes " << Size(used - activations)
-                   << ", activations of a " << tokens << "-token step " << Size(activations) << "); KV cache gets "
-                   << Size(std::max<int64_t>(0, budget - used));
-  if (budget - used <= 0) {
+                   << "; this engine uses " << Size(own) << " (weights and other buffers " << Size(own - activations)
+                   << ", activations of a " << tokens << "-token step " << Size(activations) << "); free "
+                   << Size(after.free_bytes) << "; KV cache gets " << Size(std::max<int64_t>(0, kv));
+  if (kv <= 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "--gpu-memory-utilization ", util, " leaves no room for the KV cache: ", Size(used),
-        " of the device are already in use (weights, activations, other processes) out of ", Size(budget),
-        " allowed; raise it, lower --max-num-batched-tokens, or give --kv-cache-memory"));
+        "--gpu-memory-utilization ", util, " leaves no room for the KV cache: this engine already uses ", Size(own),
+        " (weights and activations) of the ", Size(budget), " allowed, and ", Size(after.free_bytes),
+        " of the device are free; raise it, lower --max-num-batched-tokens, or give --kv-cache-memory"));
   }
-  return budget - used;
+  return kv;
 }
 
 }  // namespace
@@ -78,7 +88,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   int64_t memory = options.kv_cache_memory;
   if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
   absl::StatusOr<DeviceMemory> device_memory = model->backend()->Memory();
-  if (memory == 0 && device_memory.ok()) {
+  if (!device_memory.ok() && !absl::IsUnimplemented(device_memory.status())) return device_memory.status();
+  const bool planned = memory == 0 && device_memory.ok();
+  if (planned) {
     ASSIGN_OR_RETURN(memory, PlanKvMemory(model, options, sc, *device_memory));
   } else if (memory == 0) {
     memory = bytes_per_block * ((sc.max_model_len + options.block_size - 1) / options.block_size) *
@@ -86,10 +98,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   }
   const int64_t num_blocks = memory / bytes_per_block;
   if (num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-memory of ", memory, " bytes holds no block (one block of ",
+    return absl::InvalidArgumentError(absl::StrCat(planned ? "the KV memory left by --gpu-memory-utilization (" : "--kv-cache-memory of ",
+                                                   memory, " bytes", planned ? ")" : "", " holds no block (one block of ",
                                                    options.block_size, " tokens takes ", bytes_per_block, " bytes)"));
   }
-  if (num_blocks > (1 << 30)) return absl::InvalidArgumentError("--kv-cache-memory is too large");
+  if (num_blocks > (1 << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(planned ? "the planned KV memory" : "--kv-cache-memory",
+                                                   " exceeds 2^30 blocks; use a larger --block-size"));
+  }
   // Every admitted request must fit the pool on its own (prompt + max_tokens <= max_model_len), so
   // preemption always lets the oldest request finish.
   if (num_blocks * options.block_size < sc.max_model_len) {

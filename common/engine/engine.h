@@ -30,7 +30,8 @@ struct EngineOptions {
   // gpu_memory_utilization leaves after the weights and the profiled activation peak; elsewhere (CPU)
   // room for min(max_num_seqs, 8) sequences of max_model_len.
   int64_t kv_cache_memory = 0;
-  // Share of the device's total memory this engine may use: weights + activations + KV cache.
+  // Share of the device's total memory this engine may take for itself (weights + activations + KV
+  // cache), whatever other processes hold; the pool never takes more than is free.
   double gpu_memory_utilization = 0.9;
   bool enable_prefix_caching = true;
   SchedulerConfig scheduler;  // max_model_len 0 → the model's max_position_embeddings

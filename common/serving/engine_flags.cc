@@ -15,10 +15,11 @@ ABSL_FLAG(int64_t, max_num_seqs, 128, "engine: sequences in one step");
 ABSL_FLAG(int64_t, max_queued_requests, 1024, "engine: waiting requests beyond which new ones are refused");
 ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
 ABSL_FLAG(std::string, kv_cache_memory, "0",
-          "engine: bytes of KV cache, e.g. 512M or 2G (0 = room for 8 sequences of max_model_len)");
+          "engine: bytes of KV cache, e.g. 512M or 2G (0 = on a GPU, from --gpu-memory-utilization; on the CPU, "
+          "room for 8 sequences of max_model_len)");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
-          "engine: share of the GPU's memory for weights, activations and KV cache when --kv-cache-memory is 0 "
-          "(GPU backends only)");
+          "engine: share of the GPU's memory this process takes for weights, activations and KV cache when "
+          "--kv-cache-memory is 0 (GPU backends only; other processes' memory does not count against it)");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
@@ -49,6 +50,10 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   if (!memory.ok()) return memory.status();
   o.kv_cache_memory = *memory;
   o.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", o.gpu_memory_utilization));
+  }
   o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   SchedulerConfig& sc = o.scheduler;
   sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);

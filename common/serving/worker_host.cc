@@ -219,7 +219,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   kg->set_bytes_per_element(4);
   description.set_total_blocks(g.num_blocks);
   description.set_max_model_len((*engine)->stats().max_model_len);
-  (*metrics)->SetBuildInfo("cpu", (*backend)->device_description());
+  (*metrics)->SetBuildInfo((*backend)->name(), (*backend)->device_description());
   if (absl::Status s = service->Start(model->get(), engine->get(), *fingerprint, &worker_metrics, &description);
       !s.ok()) {
     return fail(s);

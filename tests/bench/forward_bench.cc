@@ -119,8 +119,9 @@ int Run() {
               step_bytes / step_seconds / 1e9);
 #ifdef TANDEM_HAVE_CUDA
   if (backend->name() == "cuda") {
-    // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths).
-    const double params = step_bytes / dtype_bytes;
+    // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths), except
+    // the LM head, which it runs for the last token only.
+    const double params = step_bytes / dtype_bytes - static_cast<double>(c.vocab_size) * c.hidden_size;
     auto bandwidth = cuda::MeasureCopyBandwidth();
     auto tflops = cuda::MeasureBf16GemmTflops();
     if (!bandwidth.ok() || !tflops.ok()) {

@@ -43,14 +43,18 @@ hf_levels = [int(c) for c in (args.hf_concurrency or args.concurrency).split(","
 def tandem_throughput():
     work = tempfile.mkdtemp(prefix="tandem-vs-hf-")
     ready = os.path.join(work, "ready")
-    cmd = [args.tandem, "up", "--model", args.model, "--combined", "1", "--port", str(args.port), "--ready-file",
-           ready, "--log-dir", work, f"--device={args.device}", f"--max-num-seqs={max(levels)}",
-           f"--max-queued-requests={4 * max(levels) + 64}"] + [a for a in args.up_args.split(",") if a]
+    cmd = [args.tandem, "up", "--model", args.model, "--prefill", "0", "--decode", "0", "--combined", "1", "--port",
+           str(args.port), "--ready-file", ready, "--log-dir", work, "--start-timeout-s=900", f"--device={args.device}",
+           f"--max-num-seqs={max(levels)}", f"--max-queued-requests={4 * max(levels) + 64}"]
+    cmd += [a for a in args.up_args.split(",") if a]
     up = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
+    deadline = time.time() + 960
     while not os.path.exists(ready):
-        if up.poll() is not None or time.time() > deadline:
-            sys.exit(f"tandem up failed (logs in {work}): {up.stderr.read() if up.poll() is not None else 'timeout'}")
+        if up.poll() is not None:
+            sys.exit(f"tandem up failed (logs in {work}): {up.stderr.read()}")
+        if time.time() > deadline:
+            up.kill()
+            sys.exit(f"tandem up did not get ready in time (logs in {work})")
         time.sleep(0.2)
     out = {}
     try:
@@ -69,7 +73,10 @@ def tandem_throughput():
             print(f"tandem      concurrency {c:4d}: {out[c]:10.1f} output tok/s", file=sys.stderr)
     finally:
         up.send_signal(signal.SIGINT)
-        up.wait(timeout=120)
+        try:
+            up.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            up.kill()
     return out
 
 

@@ -29,10 +29,14 @@ class AccountingBackend final : public Backend {
 
   std::string name() const override { return "accounting"; }
   std::string device_description() const override { return "cpu with a pretend memory capacity"; }
-  absl::StatusOr<DeviceMemory> Memory() override { return DeviceMemory{capacity_ - used_, capacity_}; }
+  absl::StatusOr<DeviceMemory> Memory() override {
+    return DeviceMemory{capacity_ - used_ - others_, capacity_, used_};
+  }
+  // Memory held by other processes on the pretend device.
+  void set_others(int64_t bytes) { others_ = bytes; }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override {
-    if (used_ + static_cast<int64_t>(bytes) > capacity_) return absl::ResourceExhaustedError("pretend device is full");
+    if (used_ + others_ + static_cast<int64_t>(bytes) > capacity_) return absl::ResourceExhaustedError("pretend device is full");
     auto inner = cpu_->Allocate(bytes);
     if (!inner.ok()) return inner.status();
     Charge(static_cast<int64_t>(bytes));
@@ -90,6 +94,7 @@ class AccountingBackend final : public Backend {
 
   int64_t capacity_;
   int64_t used_ = 0;
+  int64_t others_ = 0;
   int64_t peak_ = 0;
   std::unique_ptr<CpuBackend> cpu_;
 };
@@ -130,19 +135,68 @@ TEST_F(MemoryPlanTest, KvPoolFillsTheBudgetLeftByWeightsAndActivations) {
   EXPECT_GT(backend_->used() + per_block, budget) << "the pool leaves a whole block of the budget unused";
 }
 
+// Runs `requests` to completion; returns the largest step in tokens.
+int64_t RunAll(Engine* engine, const std::vector<EngineRequest>& requests) {
+  for (const EngineRequest& r : requests) EXPECT_TRUE(engine->AddRequest(r).ok());
+  int64_t largest = 0;
+  for (int guard = 0; engine->HasWork() && guard < 10000; ++guard) {
+    EXPECT_TRUE(engine->Step().ok());
+    largest = std::max(largest, engine->stats().last_step_tokens);
+  }
+  return largest;
+}
+
+std::vector<EngineRequest> Requests(int n, int prompt_len, int prompt_logprobs = -1) {
+  std::vector<EngineRequest> out;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_token_ids.assign(prompt_len, static_cast<int32_t>(i + 1));
+    r.params.max_tokens = 4;
+    r.params.prompt_logprobs = prompt_logprobs;
+    out.push_back(r);
+  }
+  return out;
+}
+
 TEST_F(MemoryPlanTest, LargestStepStaysWithinTheBudget) {
   const double util = 0.5;
   auto engine = Engine::Create(model_.get(), Options(util)).value();
-  // Fill the step: 32 requests whose prompts add up to more than the 512-token budget.
-  for (int i = 0; i < 32; ++i) {
-    EngineRequest r;
-    r.id = "r" + std::to_string(i);
-    r.prompt_token_ids.assign(40, static_cast<int32_t>(i + 1));
-    r.params.max_tokens = 4;
-    ASSERT_TRUE(engine->AddRequest(r).ok());
-  }
-  for (int guard = 0; engine->HasWork() && guard < 1000; ++guard) ASSERT_TRUE(engine->Step().ok());
+  // 32 requests whose prompts add up to more than the 512-token step budget.
+  EXPECT_EQ(RunAll(engine.get(), Requests(32, 40)), 512);
   EXPECT_LE(backend_->peak(), static_cast<int64_t>(util * kCapacity));
+}
+
+TEST_F(MemoryPlanTest, FullStepOfShortSequencesStaysWithinTheBudget) {
+  // max_model_len far below the step budget: a full step spreads over many sequences.
+  EngineOptions o = Options(0.5);
+  o.scheduler.max_model_len = 64;
+  auto engine = Engine::Create(model_.get(), o).value();
+  EXPECT_EQ(RunAll(engine.get(), Requests(32, 40)), 512);
+  EXPECT_LE(backend_->peak(), static_cast<int64_t>(0.5 * kCapacity));
+}
+
+TEST_F(MemoryPlanTest, PromptLogprobsOverAWholeChunkStayWithinTheBudget) {
+  // Logits for every prompt position of a 500-token chunk.
+  auto engine = Engine::Create(model_.get(), Options(0.5)).value();
+  EXPECT_GE(RunAll(engine.get(), Requests(1, 500, /*prompt_logprobs=*/0)), 500);
+  EXPECT_LE(backend_->peak(), static_cast<int64_t>(0.5 * kCapacity));
+}
+
+TEST_F(MemoryPlanTest, OtherProcessesLimitThePoolOnlyThroughFreeMemory) {
+  const int64_t per_block = KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 16));
+  // Another process holds 20 MiB: this engine's share (half of 64 MiB) is still all its own.
+  backend_->set_others(int64_t{20} << 20);
+  const int64_t blocks_alone = [&] {
+    auto e = Engine::Create(model_.get(), Options(0.5)).value();
+    EXPECT_GT(backend_->used() + per_block, static_cast<int64_t>(0.5 * kCapacity));
+    return e->stats().num_blocks;
+  }();
+  // Another holds 50 MiB: what is free, less a little slack, caps the pool below the share.
+  backend_->set_others(int64_t{50} << 20);
+  auto engine = Engine::Create(model_.get(), Options(0.5)).value();
+  EXPECT_LT(engine->stats().num_blocks, blocks_alone);
+  EXPECT_LE(backend_->used() + (int64_t{50} << 20), kCapacity);
 }
 
 TEST_F(MemoryPlanTest, TooSmallAUtilizationIsRefusedWithTheNumbers) {

@@ -150,9 +150,14 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     expected = None
     if args.check_trace:
-        expected = {int(k): v for k, v in json.load(open(args.check_trace))["digests"].items()}
-        if int(json.load(open(args.check_trace))["steps"]) != args.steps:
+        traced = json.load(open(args.check_trace))
+        expected = {int(k): v for k, v in traced["digests"].items()}
+        if int(traced["steps"]) != args.steps:
             sys.exit("--steps must equal the traced run's steps (the learning-rate schedule depends on it)")
+        if not any(k <= args.check_steps for k in expected):
+            sys.exit(f"--check-steps {args.check_steps} reaches no recorded digest (every {TRACE_EVERY} steps)")
+        args.check_steps = min(args.check_steps, max(expected))
+        here = {"torch": torch.__version__, "threads": args.threads, "device": args.device, "cpu": cpu_description()}
     trace = {}
     t0 = time.time()
     step = 0
@@ -174,7 +179,9 @@ def main():
             if expected is not None:
                 want = expected.get(step, {}).get("params_sha256")
                 if want != trace[step]["params_sha256"]:
-                    sys.exit(f"step {step}: parameters differ from the trace ({trace[step]['params_sha256']} vs {want})")
+                    setting = "; ".join(f"{k}: traced {traced.get(k)!r}, here {v!r}" for k, v in here.items())
+                    sys.exit(f"step {step}: parameters differ from the trace ({trace[step]['params_sha256']} vs "
+                             f"{want}). {setting}")
                 print(f"step {step}: parameters identical to the trace", file=sys.stderr)
                 if step >= args.check_steps:
                     return
@@ -206,8 +213,9 @@ def main():
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(args.tokenizer, name), os.path.join(args.out, name))
     with open(os.path.join(args.out, "training_trace.json"), "w") as f:
-        json.dump({"steps": args.steps, "seed": args.seed, "threads": args.threads, "device": args.device,
-                   "cpu": cpu_description(),
+        json.dump({"size": args.size, "steps": args.steps, "steps_run": step, "batch": args.batch,
+                   "seq_len": args.seq_len, "lr": args.lr, "seed": args.seed, "threads": args.threads,
+                   "device": args.device, "cpu": cpu_description(),
                    "torch": torch.__version__, "digests": trace}, f, indent=1)
         f.write("\n")
     with open(os.path.join(args.out, "heldout_eval.json"), "w") as f:

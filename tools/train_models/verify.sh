@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 CHECK_STEPS="${1:-100}"
 BUILD_DIR="${TANDEM_BUILD_DIR:-build}"
 WORK="$(mktemp -d /tmp/tandem-verify-XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
 PY=/usr/bin/python3
 cmake --build "$BUILD_DIR" --target tandem >/dev/null
 echo "== data and tokenizer (in $WORK)"
@@ -26,25 +27,29 @@ for m in kjv-target kjv-draft; do
   cmp "$WORK/tokenizer/tokenizer.json" "models/$m/tokenizer.json"
 done
 echo "tokenizer.json identical to the shipped one"
-# The recipe's arguments for each model, as train_all.sh passes them (steps from the trace).
-declare -A LR=([target]=2e-3 [draft]=3e-3)
-for size in target draft; do
-  trace="models/kjv-$size/training_trace.json"
-  steps=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$trace")
-  threads=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['threads'])" "$trace")
-  echo "== kjv-$size: first $CHECK_STEPS of $steps steps against its trace ($threads threads)"
-  $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out "$WORK/unused" \
-    --size "$size" --steps "$steps" --batch 16 --seq-len 128 --lr "${LR[$size]}" --seed "${TANDEM_TRAIN_SEED:-0}" \
-    --threads "$threads" --device cpu --check-trace "$trace" --check-steps "$CHECK_STEPS"
+# The traced run's own settings (steps, batch, sequence length, learning rate, seed, threads, device).
+traced_args() {
+  $PY - "$1" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+print(f"--size {t['size']} --steps {t['steps']} --batch {t['batch']} --seq-len {t['seq_len']} --lr {t['lr']} "
+      f"--seed {t['seed']} --threads {t['threads']} --device {t['device']}")
+PY
+}
+for m in kjv-target kjv-draft; do
+  trace="models/$m/training_trace.json"
+  args=$(traced_args "$trace")
+  echo "== $m: the first $CHECK_STEPS steps against its trace ($args)"
+  # shellcheck disable=SC2086
+  $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out "$WORK/unused" $args \
+    --check-trace "$trace" --check-steps "$CHECK_STEPS"
 done
 if [[ "${FULL:-0}" == 1 ]]; then
-  steps=$($PY -c "import json; print(json.load(open('models/kjv-draft/training_trace.json'))['steps'])")
-  threads=$($PY -c "import json; print(json.load(open('models/kjv-draft/training_trace.json'))['threads'])")
-  echo "== kjv-draft: full retraining ($steps steps)"
-  $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out "$WORK/kjv-draft" \
-    --size draft --steps "$steps" --batch 16 --seq-len 128 --lr 3e-3 --seed "${TANDEM_TRAIN_SEED:-0}" --threads "$threads" --device cpu
+  args=$(traced_args models/kjv-draft/training_trace.json)
+  echo "== kjv-draft: full retraining ($args)"
+  # shellcheck disable=SC2086
+  $PY tools/train_models/train.py --ids "$WORK/ids" --tokenizer "$WORK/tokenizer" --out "$WORK/kjv-draft" $args
   cmp "$WORK/kjv-draft/model.safetensors" models/kjv-draft/model.safetensors
   echo "kjv-draft/model.safetensors identical to the shipped one"
 fi
-rm -rf "$WORK"
 echo "verify: the shipped models match the recipe"

@@ -74,8 +74,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     cudaStreamDestroy(stream);
     return absl::InternalError(absl::StrCat("cublasSetStream: ", cublasGetStatusString(s)));
   }
-  return std::unique_ptr<CudaBackend>(
+  auto backend = std::unique_ptr<CudaBackend>(
       new CudaBackend(options.device, absl::StrCat("cuda:", options.device, " ", *description), stream, cublas));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
+  backend->free_at_creation_ = static_cast<int64_t>(free_bytes);
+  return backend;
 }
 
 CudaBackend::~CudaBackend() {
@@ -109,7 +113,8 @@ absl::StatusOr<DeviceMemory> CudaBackend::Memory() {
   Bind();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
-  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes),
+                      free_at_creation_ - static_cast<int64_t>(free_bytes)};
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {

@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
   std::string description_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
+  int64_t free_at_creation_ = 0;  // device memory free when this backend was made
   void* half_scratch_ = nullptr;
   size_t half_scratch_bytes_ = 0;
   std::mutex mu_;
