@@ -94,11 +94,6 @@ int UpCommand() {
   }
   if (n_prefill + n_combined == 0) return fail(absl::InvalidArgumentError("no workers to start"));
   if (auto o = EngineOptionsFromFlags(); !o.ok()) return fail(o.status());
-  if (DeviceFromFlags() != "cpu" && n_prefill > 0) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "--device ", DeviceFromFlags(), " runs combined workers only for now (--prefill 0 --decode 0 --combined K): "
-        "KV transfer between prefill and decode workers needs the cache in host memory")));
-  }
   std::string model = absl::GetFlag(FLAGS_model);
   if (model.empty()) {
     auto m = DefaultModel();

@@ -86,6 +86,9 @@ class Backend {
   virtual std::string name() const = 0;
   // Human-readable device description for logs and build info.
   virtual std::string device_description() const = 0;
+  // Whether buffers of this backend are host memory that other threads may read and write directly
+  // (the CPU backend); otherwise data moves only through CopyToHost / CopyToDevice.
+  virtual bool host_memory() const { return false; }
 
   // Waits for enqueued work and returns the first failure of any of it (a kernel launch, a library
   // call); OK when none. Sticky: a failed backend stays failed. Ops themselves return nothing.

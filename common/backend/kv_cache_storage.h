@@ -1,9 +1,10 @@
 // Device memory of a paged KV cache: K and V, each [layers][num_blocks][block_size][kv_heads][head_dim]
 // in f32. Which blocks belong to which sequence is host-side bookkeeping (common/kv/); this object only
-// owns the memory. Non-copyable.
+// owns the memory, and moves blocks between it and the host for KV transfer. Non-copyable.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
@@ -18,6 +19,16 @@ class KvCacheStorage {
   KvCacheStorage& operator=(const KvCacheStorage&) = delete;
 
   const KvCacheGeometry& geometry() const { return geometry_; }
+  // Whether k() and v() may be read and written from host threads directly (the CPU backend's
+  // memory). Otherwise blocks move through ReadBlocks / WriteBlocks.
+  bool host_accessible() const { return backend_->host_memory() && !staging_forced_; }
+  // Makes host_accessible() false, so the staged path is exercised on the CPU backend too (tests).
+  void ForceStagingForTesting() { staging_forced_ = true; }
+  // host_out[i] = layer `layer` of block blocks[i] of K (v = false) or V (v = true), each
+  // [block_size][kv_heads][head_dim]; waits for work enqueued on the backend before reading.
+  void ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, float* host_out);
+  // The reverse: block blocks[i] of the layer = host_in[i]; done when it returns.
+  void WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const float* host_in);
   float* k() { return k_->f32(); }
   float* v() { return v_->f32(); }
   // Bytes of K plus V.
@@ -27,9 +38,11 @@ class KvCacheStorage {
   }
 
  private:
-  KvCacheStorage(const KvCacheGeometry& g, std::unique_ptr<DeviceBuffer> k,
+  KvCacheStorage(Backend* backend, const KvCacheGeometry& g, std::unique_ptr<DeviceBuffer> k,
                  std::unique_ptr<DeviceBuffer> v)
-      : geometry_(g), k_(std::move(k)), v_(std::move(v)) {}
+      : backend_(backend), geometry_(g), k_(std::move(k)), v_(std::move(v)) {}
+  Backend* backend_;
+  bool staging_forced_ = false;
   KvCacheGeometry geometry_;
   std::unique_ptr<DeviceBuffer> k_;
   std::unique_ptr<DeviceBuffer> v_;

@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "host name or IP the router 
 ABSL_FLAG(std::string, router, "", "router host:port to register with (empty: the router lists this worker statically)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 500, "milliseconds between heartbeats to the router");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish after SIGTERM");
+ABSL_FLAG(bool, kv_host_staging, false,
+          "copy KV layers for transfer through host staging buffers even when the cache is host memory (what GPU "
+          "workers always do; for testing that path on the CPU)");
 ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 
 namespace tandem {
@@ -186,13 +189,6 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   };
   auto backend = BackendFromFlags();
   if (!backend.ok()) return fail(backend.status());
-  if ((*backend)->name() != "cpu" && role != v1::WORKER_ROLE_COMBINED) {
-    // The TCP KV transport reads and writes cache blocks in host memory; the NCCL transport that
-    // moves them between GPUs is not built yet.
-    return fail(absl::FailedPreconditionError(absl::StrCat(
-        "--device ", DeviceFromFlags(), " works with --combined workers only for now: KV transfer between "
-        "prefill and decode workers needs the cache in host memory (--device cpu)")));
-  }
   auto model = LlamaModel::Load(model_dir, backend->get());
   if (!model.ok()) return fail(model.status());
   auto fingerprint = ModelFingerprint(model_dir);
@@ -210,6 +206,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   info->set_vocab_size(static_cast<int32_t>(config.vocab_size));
   info->set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
   info->set_weight_dtype(WeightDTypeOf(config.torch_dtype));
+  if (absl::GetFlag(FLAGS_kv_host_staging)) (*engine)->kv_storage()->ForceStagingForTesting();
   const KvCacheGeometry g = (*engine)->kv_storage()->geometry();
   v1::KvGeometry* kg = description.mutable_kv_geometry();
   kg->set_num_layers(static_cast<int32_t>(g.num_layers));

@@ -211,6 +211,12 @@ TEST_F(ServiceTest, CombinedRoleMatchesTheInProcessEngine) {
   ExpectEquivalent(c->generation(), model_dir_, 40);
 }
 
+TEST_F(ServiceTest, HostStagedKvTransferGivesTheSameOutputs) {
+  // The path GPU workers take (layers copied out of and into device memory), forced on the CPU.
+  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--kv-host-staging"}});
+  ExpectEquivalent(c->generation(), model_dir_, 30);
+}
+
 TEST_F(ServiceTest, LayerwiseOverlapOffGivesTheSameOutputs) {
   auto c = StartCluster({.prefill = 1, .decode = 1, .prefill_args = {"--layerwise-transfer=false"}});
   ExpectEquivalent(c->generation(), model_dir_, 30);

@@ -22,13 +22,19 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class TcpKvTransportTest : public ::testing::Test {
+// Parameter: whether the caches pretend to be device memory, so layers go through the staged copies
+// (ReadBlocks / WriteBlocks) the CUDA backend needs instead of direct host access.
+class TcpKvTransportTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     backend_ = CpuBackend::Create({}).value();
     geometry_ = {/*num_layers=*/3, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2, /*head_dim=*/8};
     src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
+    if (GetParam()) {
+      src_->ForceStagingForTesting();
+      dst_->ForceStagingForTesting();
+    }
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> dist(-1, 1);
     const int64_t n = geometry_.num_layers * geometry_.elements_per_layer();
@@ -72,7 +78,7 @@ class TcpKvTransportTest : public ::testing::Test {
   std::string address_;
 };
 
-TEST_F(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
+TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   ASSERT_TRUE(receiver_->Expect("r1", {5, 2, 7}).ok());
   auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2));
   ASSERT_TRUE(sender.ok()) << sender.status();
@@ -95,7 +101,7 @@ TEST_F(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   EXPECT_TRUE(SameBlock(6, 0));
 }
 
-TEST_F(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
+TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
   KvEndpointInfo other = info_;
   other.model_fingerprint = "model-B";
   auto s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
@@ -111,7 +117,7 @@ TEST_F(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
+TEST_P(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
   ASSERT_TRUE(sender->Begin("r", 4).ok());
@@ -122,7 +128,7 @@ TEST_F(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
   EXPECT_EQ(receiver_->Wait("r", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST_F(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
+TEST_P(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
   ASSERT_TRUE(receiver_->Expect("r", {1, 2}).ok());
   auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
   ASSERT_TRUE(sender->Begin("r", 12).ok());
@@ -133,7 +139,7 @@ TEST_F(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
   EXPECT_TRUE(BlockIsZero(1));
 }
 
-TEST_F(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
+TEST_P(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   {
     auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
@@ -146,7 +152,7 @@ TEST_F(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
 }
 
-TEST_F(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
+TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
   ASSERT_TRUE(sender->Begin("r", 4).ok());
@@ -155,7 +161,7 @@ TEST_F(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
 }
 
-TEST_F(TcpKvTransportTest, CancelledReservationDiscardsData) {
+TEST_P(TcpKvTransportTest, CancelledReservationDiscardsData) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   EXPECT_EQ(receiver_->Expect("r", {2}).code(), absl::StatusCode::kAlreadyExists);
   receiver_->Cancel("r");
@@ -177,7 +183,7 @@ void RawFrame(int fd, uint8_t type, const std::string& payload, uint32_t claimed
   if (!payload.empty()) ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), static_cast<ssize_t>(payload.size()));
 }
 
-TEST_F(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations) {
+TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -218,7 +224,7 @@ TEST_F(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations
   ::close(fd);
 }
 
-TEST_F(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
+TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
   TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
   o.keep_reservation_on_sender_loss = true;
   auto receiver = TcpKvReceiver::Create(o).value();
@@ -247,7 +253,7 @@ TEST_F(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
   EXPECT_TRUE(SameBlock(3, 1));
 }
 
-TEST_F(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
+TEST_P(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
   TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
   o.keep_reservation_on_sender_loss = true;
   auto receiver = TcpKvReceiver::Create(o).value();
@@ -261,6 +267,9 @@ TEST_F(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
   EXPECT_FALSE(first->End("r", 1).ok());
   EXPECT_EQ(receiver->Wait("r", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
 }
+
+INSTANTIATE_TEST_SUITE_P(HostAndStaged, TcpKvTransportTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "staged" : "host"; });
 
 }  // namespace
 }  // namespace tandem

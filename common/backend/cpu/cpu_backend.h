@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Options& options);
 
   std::string name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
   std::string device_description() const override;
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;

@@ -352,12 +352,17 @@ void TcpKvReceiver::ServeConnection(int fd) {
         Fail(h.request_id(), error);
         continue;
       }
-      float* k = options_.storage->k() + h.layer() * g.elements_per_layer();
-      float* v = options_.storage->v() + h.layer() * g.elements_per_layer();
-      for (size_t b = 0; b < t.blocks.size(); ++b) {
-        std::memcpy(k + t.blocks[b] * block_floats, payload.data() + b * block_floats, block_floats * sizeof(float));
-        std::memcpy(v + t.blocks[b] * block_floats, payload.data() + (t.blocks.size() + b) * block_floats,
-                    block_floats * sizeof(float));
+      if (options_.storage->host_accessible()) {
+        float* k = options_.storage->k() + h.layer() * g.elements_per_layer();
+        float* v = options_.storage->v() + h.layer() * g.elements_per_layer();
+        for (size_t b = 0; b < t.blocks.size(); ++b) {
+          std::memcpy(k + t.blocks[b] * block_floats, payload.data() + b * block_floats, block_floats * sizeof(float));
+          std::memcpy(v + t.blocks[b] * block_floats, payload.data() + (t.blocks.size() + b) * block_floats,
+                      block_floats * sizeof(float));
+        }
+      } else {  // device memory: copied in, complete when WriteBlocks returns
+        options_.storage->WriteBlocks(false, h.layer(), t.blocks, payload.data());
+        options_.storage->WriteBlocks(true, h.layer(), t.blocks, payload.data() + t.blocks.size() * block_floats);
       }
       ++t.layers_received;
     } else {
@@ -478,6 +483,15 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   header[4] = kLayerPayload;
   iov_.clear();
   iov_.push_back({header, sizeof(header)});
+  if (!storage->host_accessible()) {
+    // Device memory: copy the layer out first. ReadBlocks waits for the work enqueued before it, so
+    // the layer's KV writes are complete; the blocks stay the request's until End().
+    staging_.resize(payload / sizeof(float));
+    storage->ReadBlocks(false, layer, src_blocks, staging_.data());
+    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * g.elements_per_block());
+    iov_.push_back({staging_.data(), payload});
+    return WriteVector(fd_, iov_);
+  }
   const float* k = storage->k() + layer * g.elements_per_layer();
   const float* v = storage->v() + layer * g.elements_per_layer();
   for (const float* base : {k, v}) {

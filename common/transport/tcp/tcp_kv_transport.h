@@ -87,6 +87,7 @@ class TcpKvSender final : public KvSender {
   int fd_;
   KvEndpointInfo info_;
   std::vector<iovec> iov_;  // frame header, then K blocks, then V blocks of one layer
+  std::vector<float> staging_;  // [2][blocks][block elems]: a layer copied out of device memory
 };
 
 }  // namespace tandem
