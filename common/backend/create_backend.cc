@@ -18,18 +18,24 @@ bool BuiltWithCuda() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
+  const std::string& device = options.device;
   if (device == "cpu") {
-    auto cpu = CpuBackend::Create({});
+    CpuBackend::Options o;
+    o.batch_invariant = options.batch_invariant.value_or(true);
+    auto cpu = CpuBackend::Create(o);
     if (!cpu.ok()) return cpu.status();
     return std::unique_ptr<Backend>(std::move(*cpu));
   }
   int ordinal = 0;
-  const std::string name(device);
+  const std::string& name = device;
   if (name == "cuda" || (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &ordinal) &&
                          ordinal >= 0)) {
 #ifdef TANDEM_HAVE_CUDA
-    auto cuda = CudaBackend::Create({ordinal});
+    CudaBackend::Options o;
+    o.device = ordinal;
+    o.batch_invariant = options.batch_invariant.value_or(false);
+    auto cuda = CudaBackend::Create(o);
     if (!cuda.ok()) return cuda.status();
     return std::unique_ptr<Backend>(std::move(*cuda));
 #else

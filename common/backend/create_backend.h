@@ -3,16 +3,24 @@
 #pragma once
 
 #include <memory>
-#include <string_view>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
 
 namespace tandem {
 
+struct BackendOptions {
+  std::string device = "cpu";
+  // Linear results independent of the batch (see CpuBackend / CudaBackend Options). Unset: the
+  // backend's default (on for the CPU, where it is cheap; off for CUDA, where it costs throughput).
+  std::optional<bool> batch_invariant;
+};
+
 // INVALID_ARGUMENT for an unknown name; FAILED_PRECONDITION for "cuda" in a build without the CUDA
 // backend or on a machine without a usable device.
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device);
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
 
 // Whether this build includes the CUDA backend (it may still find no device at run time).
 bool BuiltWithCuda();

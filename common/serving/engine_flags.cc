@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "absl/flags/flag.h"
+#include "absl/types/optional.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/backend/create_backend.h"
@@ -23,6 +24,9 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
+ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
+          "engine: Linear results independent of the batch, so a request's outputs do not depend on what it is "
+          "batched with (default: true on the CPU, false on CUDA, where it costs throughput)");
 
 namespace tandem {
 
@@ -67,11 +71,19 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
 
 std::string DeviceFromFlags() { return absl::GetFlag(FLAGS_device); }
 
-absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() { return CreateBackend(DeviceFromFlags()); }
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
+  BackendOptions o;
+  o.device = DeviceFromFlags();
+  if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
+  return CreateBackend(o);
+}
 
 std::vector<std::string> EngineFlagArguments() {
   return {
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
+      absl::StrCat("--batch-invariant=", absl::GetFlag(FLAGS_batch_invariant).has_value()
+                                             ? (*absl::GetFlag(FLAGS_batch_invariant) ? "true" : "false")
+                                             : ""),
       absl::StrCat("--max-prefill-chunk=", absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
                                                                                   : absl::GetFlag(FLAGS_max_prefill_chunk)),
       absl::StrCat("--max-num-batched-tokens=", absl::GetFlag(FLAGS_max_num_batched_tokens)),

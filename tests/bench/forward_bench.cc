@@ -49,7 +49,10 @@ int Run() {
   if (device == "cpu") {
     backend = CpuBackend::Create({nullptr, absl::GetFlag(FLAGS_batch_invariant)}).value();
   } else {
-    auto b = CreateBackend(device);
+    BackendOptions o;
+    o.device = device;
+    o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
+    auto b = CreateBackend(o);
     if (!b.ok()) {
       std::fprintf(stderr, "forward_bench: %s\n", std::string(b.status().message()).c_str());
       return 1;

@@ -149,6 +149,42 @@ TEST_F(CudaBackendTest, LinearMatchesInEveryDtypeAndBatch) {
   }
 }
 
+TEST_F(CudaBackendTest, BatchInvariantLinearGivesEveryRowTheSameBitsAloneOrBatched) {
+  auto inv = CudaBackend::Create({0, /*batch_invariant=*/true}).value();
+  const int64_t rows = 256, cols = 384, n = 150;  // two full chunks of 64 and a padded one
+  const auto w = Random(rows * cols, 21, 0.05f), x = Random(n * cols, 22);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    std::vector<uint16_t> half;
+    TensorView t;
+    t.name = "w";
+    t.dtype = dt;
+    t.shape = {rows, cols};
+    if (dt == DType::kF32) {
+      t.data = reinterpret_cast<const std::byte*>(w.data());
+      t.nbytes = w.size() * 4;
+    } else {
+      for (float v : w) half.push_back(F32ToBf16(v));
+      t.data = reinterpret_cast<const std::byte*>(half.data());
+      t.nbytes = half.size() * 2;
+    }
+    const DeviceWeight wg = inv->UploadWeight(t).value();
+    auto xb = inv->Allocate(x.size() * 4).value();
+    auto ob = inv->Allocate(n * rows * 4).value();
+    auto one = inv->Allocate(rows * 4).value();
+    inv->CopyToDevice(xb->data(), x.data(), x.size() * 4);
+    inv->Linear(xb->f32(), n, wg, nullptr, ob->f32());
+    std::vector<float> batched(n * rows), alone(rows);
+    inv->CopyToHost(batched.data(), ob->data(), batched.size() * 4);
+    for (int64_t r : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{130}, n - 1}) {
+      inv->Linear(xb->f32() + r * cols, 1, wg, nullptr, one->f32());
+      inv->CopyToHost(alone.data(), one->data(), alone.size() * 4);
+      EXPECT_EQ(std::vector<float>(batched.begin() + r * rows, batched.begin() + (r + 1) * rows), alone)
+          << DTypeName(dt) << " row " << r;
+    }
+  }
+  EXPECT_TRUE(inv->CheckErrors().ok());
+}
+
 TEST_F(CudaBackendTest, RopeMatches) {
   const int64_t n = 23, hq = 8, hk = 2;
   for (int64_t hd : {64, 128}) {

@@ -75,7 +75,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     return absl::InternalError(absl::StrCat("cublasSetStream: ", cublasGetStatusString(s)));
   }
   auto backend = std::unique_ptr<CudaBackend>(
-      new CudaBackend(options.device, absl::StrCat("cuda:", options.device, " ", *description), stream, cublas));
+      new CudaBackend(options.device, options.batch_invariant,
+                      absl::StrCat("cuda:", options.device, " ", *description,
+                                   options.batch_invariant ? ", batch-invariant Linear" : ""),
+                      stream, cublas));
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
   backend->free_at_creation_ = static_cast<int64_t>(free_bytes);
@@ -85,7 +88,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
 CudaBackend::~CudaBackend() {
   Bind();
   cudaStreamSynchronize(stream_);
-  if (half_scratch_) cudaFree(half_scratch_);
+  for (void* p : scratch_) cudaFree(p);
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
 }
@@ -189,28 +192,26 @@ void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps,
   Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "rms norm");
 }
 
-void* CudaBackend::HalfScratch(size_t bytes) {
-  if (bytes <= half_scratch_bytes_) return half_scratch_;
-  if (half_scratch_) {
-    Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued GEMM still reads it
-    cudaFree(half_scratch_);
+void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes) {
+  if (bytes <= scratch_bytes_[slot]) return scratch_[slot];
+  if (scratch_[slot]) {
+    Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued work still uses it
+    cudaFree(scratch_[slot]);
   }
-  half_scratch_ = nullptr;
-  half_scratch_bytes_ = 0;
+  scratch_[slot] = nullptr;
+  scratch_bytes_[slot] = 0;
   const size_t want = bytes + bytes / 4;
-  if (cudaError_t e = cudaMalloc(&half_scratch_, want); e != cudaSuccess) {
+  if (cudaError_t e = cudaMalloc(&scratch_[slot], want); e != cudaSuccess) {
     cudaGetLastError();  // not sticky: keep it from being reported again by the next launch
-    half_scratch_ = nullptr;
-    Check(e, "allocating GEMM input scratch");
+    scratch_[slot] = nullptr;
+    Check(e, "allocating GEMM scratch");
     return nullptr;
   }
-  half_scratch_bytes_ = want;
-  return half_scratch_;
+  scratch_bytes_[slot] = want;
+  return scratch_[slot];
 }
 
-void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) {
-  Bind();
-  if (n == 0) return;
+void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out) {
   // Row-major out[n][rows] = x[n][cols] · W^T is column-major out^T = W^T(op T of W's column-major
   // [cols][rows] view) · x^T (x's column-major [cols][n] view).
   const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nn = static_cast<int>(n);
@@ -219,14 +220,42 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
     Check(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, static_cast<const float*>(w.data), k, x, k,
                       &beta, out, m),
           "cublasSgemm");
+    return;
+  }
+  void* xh = Scratch(kHalfInput, static_cast<size_t>(n) * k * 2);
+  if (!xh) return;
+  Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
+  const cudaDataType type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
+                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+}
+
+void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) {
+  Bind();
+  if (n == 0) return;
+  const int64_t m = w.rows, k = w.cols;
+  if (!batch_invariant_) {
+    Gemm(x, n, w, out);
   } else {
-    void* xh = HalfScratch(static_cast<size_t>(n) * k * 2);
-    if (!xh) return;
-    Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
-    const cudaDataType type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
-    Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
-                       CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx");
+    // Same-shaped GEMMs only: full chunks in place, the last one through zero-padded scratch.
+    constexpr int64_t c = kInvariantRows;
+    for (int64_t r0 = 0; r0 < n; r0 += c) {
+      const int64_t rows = std::min(c, n - r0);
+      if (rows == c) {
+        Gemm(x + r0 * k, c, w, out + r0 * m);
+        continue;
+      }
+      auto* xp = static_cast<float*>(Scratch(kPaddedInput, c * k * sizeof(float)));
+      auto* op = static_cast<float*>(Scratch(kPaddedOutput, c * m * sizeof(float)));
+      if (!xp || !op) return;
+      Check(cudaMemsetAsync(xp, 0, c * k * sizeof(float), stream_), "padding GEMM input");
+      Check(cudaMemcpyAsync(xp, x + r0 * k, rows * k * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+            "padding GEMM input");
+      Gemm(xp, c, w, op);
+      Check(cudaMemcpyAsync(out + r0 * m, op, rows * m * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+            "GEMM output");
+    }
   }
   if (bias) Check(cuda::LaunchAddBias(out, static_cast<const float*>(bias->data), n, m, stream_), "bias");
 }

@@ -23,7 +23,13 @@ class CudaBackend final : public Backend {
  public:
   struct Options {
     int device = 0;  // CUDA device ordinal
+    // Every Linear runs as GEMMs of exactly kInvariantRows activation rows (the last chunk padded),
+    // so a row's result never depends on how many rows share the batch: a sequence gets bit-identical
+    // logits alone or batched (what the service's equivalence tests need). Costs compute at small
+    // batches; off by default.
+    bool batch_invariant = false;
   };
+  static constexpr int64_t kInvariantRows = 64;
   // FAILED_PRECONDITION when there is no driver or no such device.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const Options& options);
   ~CudaBackend() override;
@@ -54,23 +60,28 @@ class CudaBackend final : public Backend {
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
 
  private:
-  CudaBackend(int device, std::string description, cudaStream_t stream, cublasHandle_t cublas)
-      : device_(device), description_(std::move(description)), stream_(stream), cublas_(cublas) {}
+  CudaBackend(int device, bool batch_invariant, std::string description, cudaStream_t stream, cublasHandle_t cublas)
+      : device_(device), batch_invariant_(batch_invariant), description_(std::move(description)), stream_(stream),
+        cublas_(cublas) {}
   // Makes this backend's device current on the calling thread.
   void Bind();
   // Keeps the first failure; later ops still enqueue (their results are discarded by the caller).
   void Check(cudaError_t e, const char* what);
   void Check(cublasStatus_t s, const char* what);
-  // Device scratch of at least `bytes` for 16-bit GEMM inputs; nullptr (and a sticky error) on failure.
-  void* HalfScratch(size_t bytes);
+  // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on failure.
+  enum ScratchSlot { kHalfInput, kPaddedInput, kPaddedOutput, kNumScratch };
+  void* Scratch(ScratchSlot slot, size_t bytes);
+  // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
+  void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
 
   int device_;
+  bool batch_invariant_;
   std::string description_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
   int64_t free_at_creation_ = 0;  // device memory free when this backend was made
-  void* half_scratch_ = nullptr;
-  size_t half_scratch_bytes_ = 0;
+  void* scratch_[kNumScratch] = {};
+  size_t scratch_bytes_[kNumScratch] = {};
   std::mutex mu_;
   absl::Status error_;  // guarded by mu_
 };
