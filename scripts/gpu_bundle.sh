@@ -11,7 +11,7 @@ OUT=.gpu_bundle
 rm -rf "$OUT" && mkdir -p "$OUT/stage/bin" "$OUT/stage/lib"
 bins=("$BUILD/tests/gpu/cuda_smoke_test" "$BUILD/tests/gpu/cuda_backend_test" "$BUILD/cli/tandem"
       "$BUILD/tests/bench/forward_bench" "$BUILD/router/tandem-router" "$BUILD/prefill_worker/tandem-prefill-worker"
-      "$BUILD/decode_worker/tandem-decode-worker")
+      "$BUILD/decode_worker/tandem-decode-worker" "$BUILD/common/backend/cuda/libtandem_cuda_plugin.so")
 for b in "${bins[@]}"; do
   [[ -x "$b" ]] || { echo "gpu_bundle: $b is missing: build it first (cmake --build $BUILD)" >&2; exit 1; }
   cp "$b" "$OUT/stage/bin/" && strip "$OUT/stage/bin/$(basename "$b")"
