@@ -52,14 +52,6 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(int device, bool batch_
 
 }  // namespace
 
-bool BuiltWithCuda() {
-#ifdef TANDEM_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   const std::string& device = options.device;
   if (device == "cpu") {

@@ -22,7 +22,4 @@ struct BackendOptions {
 // backend or on a machine without a usable device.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
 
-// Whether this build includes the CUDA backend (it may still find no device at run time).
-bool BuiltWithCuda();
-
 }  // namespace tandem

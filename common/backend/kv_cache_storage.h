@@ -19,8 +19,8 @@ class KvCacheStorage {
   KvCacheStorage& operator=(const KvCacheStorage&) = delete;
 
   const KvCacheGeometry& geometry() const { return geometry_; }
-  // Whether k() and v() may be read and written from host threads directly (the CPU backend's
-  // memory). Otherwise blocks move through ReadBlocks / WriteBlocks.
+  // Whether k() and v() may be read from host threads directly (the CPU backend's memory): then a
+  // sender can write blocks to a socket without copying them out first (ReadBlocks).
   bool host_accessible() const { return backend_->host_memory() && !staging_forced_; }
   // Makes host_accessible() false, so the staged path is exercised on the CPU backend too (tests).
   void ForceStagingForTesting() { staging_forced_ = true; }

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "common/backend/cpu/cpu_backend.h"
+#include "absl/types/optional.h"
 #include "common/backend/create_backend.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "common/backend/cuda/roofline.h"
@@ -30,8 +30,9 @@ ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
-ABSL_FLAG(bool, batch_invariant, true,
-          "CPU backend: batch-invariant Linear (default) or OpenBLAS GEMM for large batches");
+ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
+          "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); false on the CPU "
+          "uses OpenBLAS GEMM for large batches");
 
 namespace tandem {
 namespace {
@@ -44,21 +45,15 @@ int Run() {
   const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
-  const std::string device = absl::GetFlag(FLAGS_device);
-  std::unique_ptr<Backend> backend;
-  if (device == "cpu") {
-    backend = CpuBackend::Create({nullptr, absl::GetFlag(FLAGS_batch_invariant)}).value();
-  } else {
-    BackendOptions o;
-    o.device = device;
-    o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
-    auto b = CreateBackend(o);
-    if (!b.ok()) {
-      std::fprintf(stderr, "forward_bench: %s\n", std::string(b.status().message()).c_str());
-      return 1;
-    }
-    backend = std::move(b).value();
+  BackendOptions o;
+  o.device = absl::GetFlag(FLAGS_device);
+  if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
+  auto backend_or = CreateBackend(o);
+  if (!backend_or.ok()) {
+    std::fprintf(stderr, "forward_bench: %s\n", std::string(backend_or.status().message()).c_str());
+    return 1;
   }
+  std::unique_ptr<Backend> backend = std::move(backend_or).value();
   auto model_or = LlamaModel::Load(dir, backend.get());
   if (!model_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(model_or.status().message()).c_str());

@@ -72,8 +72,9 @@ class CudaBackendTest : public ::testing::Test {
     gpu_->CopyToHost(host.data(), dev, n * sizeof(float));
     return host;
   }
-  // Both backends' copies of a weight [rows][cols] stored as `dtype` (values rounded to it).
-  std::pair<DeviceWeight, DeviceWeight> Weights(const std::vector<float>& f32, int64_t rows, int64_t cols, DType dtype) {
+  // A checkpoint tensor [rows][cols] (a vector when rows == 1) of `f32` stored as `dtype` (values
+  // rounded to it); its bytes live as long as the fixture, as the CPU backend maps 2-D weights in place.
+  TensorView View(const std::vector<float>& f32, int64_t rows, int64_t cols, DType dtype) {
     auto bytes = std::make_shared<std::vector<uint16_t>>();
     TensorView t;
     t.name = "w";
@@ -86,8 +87,13 @@ class CudaBackendTest : public ::testing::Test {
       for (float x : f32) bytes->push_back(dtype == DType::kBF16 ? F32ToBf16(x) : F32ToF16(x));
       t.data = reinterpret_cast<const std::byte*>(bytes->data());
       t.nbytes = bytes->size() * 2;
-      host_bytes_.push_back(bytes);  // the CPU backend maps 2-D weights in place
+      host_bytes_.push_back(bytes);
     }
+    return t;
+  }
+  // Both backends' copies of that weight.
+  std::pair<DeviceWeight, DeviceWeight> Weights(const std::vector<float>& f32, int64_t rows, int64_t cols, DType dtype) {
+    const TensorView t = View(f32, rows, cols, dtype);
     return {cpu_->UploadWeight(t).value(), gpu_->UploadWeight(t).value()};
   }
 
@@ -154,20 +160,7 @@ TEST_F(CudaBackendTest, BatchInvariantLinearGivesEveryRowTheSameBitsAloneOrBatch
   const int64_t rows = 256, cols = 384, n = 150;  // two full chunks of 64 and a padded one
   const auto w = Random(rows * cols, 21, 0.05f), x = Random(n * cols, 22);
   for (DType dt : {DType::kBF16, DType::kF32}) {
-    std::vector<uint16_t> half;
-    TensorView t;
-    t.name = "w";
-    t.dtype = dt;
-    t.shape = {rows, cols};
-    if (dt == DType::kF32) {
-      t.data = reinterpret_cast<const std::byte*>(w.data());
-      t.nbytes = w.size() * 4;
-    } else {
-      for (float v : w) half.push_back(F32ToBf16(v));
-      t.data = reinterpret_cast<const std::byte*>(half.data());
-      t.nbytes = half.size() * 2;
-    }
-    const DeviceWeight wg = inv->UploadWeight(t).value();
+    const DeviceWeight wg = inv->UploadWeight(View(w, rows, cols, dt)).value();
     auto xb = inv->Allocate(x.size() * 4).value();
     auto ob = inv->Allocate(n * rows * 4).value();
     auto one = inv->Allocate(rows * 4).value();

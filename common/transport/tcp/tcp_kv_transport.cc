@@ -352,18 +352,9 @@ void TcpKvReceiver::ServeConnection(int fd) {
         Fail(h.request_id(), error);
         continue;
       }
-      if (options_.storage->host_accessible()) {
-        float* k = options_.storage->k() + h.layer() * g.elements_per_layer();
-        float* v = options_.storage->v() + h.layer() * g.elements_per_layer();
-        for (size_t b = 0; b < t.blocks.size(); ++b) {
-          std::memcpy(k + t.blocks[b] * block_floats, payload.data() + b * block_floats, block_floats * sizeof(float));
-          std::memcpy(v + t.blocks[b] * block_floats, payload.data() + (t.blocks.size() + b) * block_floats,
-                      block_floats * sizeof(float));
-        }
-      } else {  // device memory: copied in, complete when WriteBlocks returns
-        options_.storage->WriteBlocks(false, h.layer(), t.blocks, payload.data());
-        options_.storage->WriteBlocks(true, h.layer(), t.blocks, payload.data() + t.blocks.size() * block_floats);
-      }
+      // Host or device memory alike (a memcpy per block on the CPU); complete when it returns.
+      options_.storage->WriteBlocks(false, h.layer(), t.blocks, payload.data());
+      options_.storage->WriteBlocks(true, h.layer(), t.blocks, payload.data() + t.blocks.size() * block_floats);
       ++t.layers_received;
     } else {
       return finish(absl::DataLossError(absl::StrCat("unexpected frame type ", type)));
