@@ -25,6 +25,7 @@ Commands:
                [--model DIR] [--prefill N] [--decode M] [--combined K] [--port 50051]
                [--log-dir DIR] [--ready-file F] [--worker-args=--flag,...] [engine flags]
                [--prefill-worker-args=--flag,...] [--decode-worker-args=--flag,...]
+               [--kv-transport tcp|nccl]
                Waits until every worker serves, prints the endpoints; Ctrl-C drains and stops.
                Without --model: the embedded default (models-cache/tiny-llama, written on first use).
   bench        Load-test a router: --server HOST:PORT (--concurrency N | --request-rate R

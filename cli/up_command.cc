@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -38,6 +39,10 @@ ABSL_FLAG(std::string, prometheus_targets, "",
           "up: with --metrics-port, write every process's /metrics address to this file in Prometheus "
           "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "up: how KV layers travel from prefill to decode workers: tcp or nccl (GPU workers). With nccl and "
+          "every worker on one device, each worker gets its own --nccl-host-id, which NCCL needs to pair two "
+          "processes on one GPU");
 ABSL_FLAG(std::vector<std::string>, worker_args, {},
           "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
 ABSL_FLAG(std::vector<std::string>, prefill_worker_args, {},
@@ -142,12 +147,22 @@ int UpCommand() {
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);
+  const std::string kv_transport = absl::GetFlag(FLAGS_kv_transport);
+  if (kv_transport != "tcp" && kv_transport != "nccl") {
+    stop_all();
+    return fail(absl::InvalidArgumentError(absl::StrCat("--kv-transport must be tcp or nccl, not '", kv_transport, "'")));
+  }
+  common.push_back("--kv-transport=" + kv_transport);
+  // Every worker here runs on the one --device: NCCL pairs two processes on one GPU only when they
+  // claim different hosts (common/transport/nccl/nccl_kv_link.h).
+  const bool distinct_nccl_hosts = kv_transport == "nccl" && std::getenv("NCCL_HOSTID") == nullptr;
   for (const std::string& a : absl::GetFlag(FLAGS_worker_args)) common.push_back(a);
   auto start_workers = [&](int n, const std::string& role, const std::string& binary, const std::string& subdir,
                            std::vector<std::string> extra) -> absl::Status {
     for (int i = 0; i < n; ++i) {
       std::vector<std::string> argv = {FindBinary(binary, subdir)};
       argv.insert(argv.end(), common.begin(), common.end());
+      if (distinct_nccl_hosts) argv.push_back(absl::StrCat("--nccl-host-id=tandem-up-", ::getpid(), "-", role, "-", i));
       argv.insert(argv.end(), extra.begin(), extra.end());
       for (const std::string& a : metrics_arg(role)) argv.push_back(a);
       if (absl::Status s = spawn(absl::StrCat(role, "-", i), argv); !s.ok()) return s;

@@ -4,6 +4,7 @@
 #include "common/base/logging.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
+#include "common/serving/worker_host.h"
 
 namespace tandem {
 
@@ -20,12 +21,17 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
     ro.info = {fingerprint, engine->kv_storage()->geometry()};
     ro.io_timeout = options_.kv_io_timeout;
     ro.keep_reservation_on_sender_loss = true;  // the router may retry the prefill elsewhere
+    auto link_factory = KvLinkFactoryFromFlags(engine->kv_storage());
+    if (!link_factory.ok()) return link_factory.status();
+    link_factory_ = *std::move(link_factory);
+    ro.link_factory = link_factory_.get();
     auto receiver = TcpKvReceiver::Create(ro);
     if (!receiver.ok()) return receiver.status();
     receiver_ = *std::move(receiver);
     kv_address_ = absl::StrCat(options_.advertise_host, ":", receiver_->port());
     description->set_kv_address(kv_address_);
-    TANDEM_LOG(INFO) << "KV receiver on " << kv_address_;
+    TANDEM_LOG(INFO) << "KV receiver on " << kv_address_
+                     << (link_factory_ ? absl::StrCat(" (layers inline or over ", link_factory_->name(), " links)") : "");
   }
   EngineLoop::Handlers handlers;
   handlers.metrics = metrics;

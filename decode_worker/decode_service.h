@@ -70,6 +70,7 @@ class DecodeService final : public v1::Decode::CallbackService, public EngineSer
   void EndCall(const std::string& id, const grpc::Status& status, const std::string& reason);
 
   Options options_;
+  std::unique_ptr<KvLinkFactory> link_factory_;  // --kv-transport nccl; outlives what uses it
   std::unique_ptr<TcpKvReceiver> receiver_;
   Engine* engine_ = nullptr;
   std::string kv_address_;

@@ -64,7 +64,7 @@ void KvTransferLanes::Enqueue(const std::string& address, Job job) {
 
 absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
   if (lane->sender == nullptr) {
-    auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout);
+    auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout, options_.link_factory);
     if (!sender.ok()) return sender.status();
     lane->sender = *std::move(sender);
   }

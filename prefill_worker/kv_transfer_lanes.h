@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "common/transport/kv_link.h"
 #include "common/transport/kv_transport.h"
 
 namespace tandem {
@@ -27,6 +28,9 @@ class KvTransferLanes {
     KvEndpointInfo info;      // this worker's model and geometry, checked at each handshake
     KvCacheStorage* storage;  // the engine's KV cache (blocks of handed-out requests are stable)
     absl::Duration io_timeout = absl::Seconds(10);
+    // Side data path for the layers (NCCL), asked of every decode worker; nullptr: inline TCP. Each
+    // lane's connection joins its own link, kept until the connection fails.
+    KvLinkFactory* link_factory = nullptr;
   };
   using Done = std::function<void(const absl::Status& status, double send_seconds)>;
 

@@ -4,6 +4,7 @@
 #include "common/base/logging.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
+#include "common/serving/worker_host.h"
 
 namespace tandem {
 
@@ -15,8 +16,13 @@ absl::Status PrefillService::Start(LlamaModel* model, Engine* engine, const std:
   (void)description;
   engine_ = engine;
   metrics_ = metrics;
-  lanes_ = std::make_unique<KvTransferLanes>(KvTransferLanes::Options{
-      {fingerprint, engine->kv_storage()->geometry()}, engine->kv_storage(), options_.kv_io_timeout});
+  auto link_factory = KvLinkFactoryFromFlags(engine->kv_storage());
+  if (!link_factory.ok()) return link_factory.status();
+  link_factory_ = *std::move(link_factory);
+  lanes_ = std::make_unique<KvTransferLanes>(KvTransferLanes::Options{{fingerprint, engine->kv_storage()->geometry()},
+                                                                      engine->kv_storage(), options_.kv_io_timeout,
+                                                                      link_factory_.get()});
+  if (link_factory_) TANDEM_LOG(INFO) << "KV layers go over " << link_factory_->name() << " links";
   if (options_.layerwise_transfer) {
     engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) { OnLayer(layer, completed); });
   }

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 BUILD="${1:-build}"
 OUT=.gpu_bundle
 rm -rf "$OUT" && mkdir -p "$OUT/stage/bin" "$OUT/stage/lib"
-bins=("$BUILD/tests/gpu/cuda_smoke_test" "$BUILD/tests/gpu/cuda_backend_test" "$BUILD/cli/tandem"
+bins=("$BUILD/tests/gpu/cuda_smoke_test" "$BUILD/tests/gpu/cuda_backend_test" "$BUILD/tests/gpu/nccl_link_test"
+      "$BUILD/tests/e2e/service_e2e_test" "$BUILD/cli/tandem"
       "$BUILD/tests/bench/forward_bench" "$BUILD/router/tandem-router" "$BUILD/prefill_worker/tandem-prefill-worker"
       "$BUILD/decode_worker/tandem-decode-worker" "$BUILD/common/backend/cuda/libtandem_cuda_plugin.so")
 for b in "${bins[@]}"; do
@@ -17,10 +18,10 @@ for b in "${bins[@]}"; do
   cp "$b" "$OUT/stage/bin/" && strip "$OUT/stage/bin/$(basename "$b")"
 done
 # Libraries by path from ldd, minus glibc's own and CUDA's (the machine brings a matching driver and
-# toolkit; its cuBLAS may come from the nvidia-cublas wheel, which gpu_check.sh finds).
+# toolkit; its cuBLAS and NCCL may come from PyTorch's nvidia-* wheels, which gpu_check.sh finds).
 ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
-    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*) ;;
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*|libnccl*) ;;
     *) cp -L "$lib" "$OUT/stage/lib/" ;;
   esac
 done

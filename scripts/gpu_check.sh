@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, run on the GPU machine from the repository root over a bundle made by
 # scripts/gpu_bundle.sh (carried as .gpu_bundle). Writes logs to $OUT (or ./gpu-check-out).
-#   1. the CUDA smoke test and the CUDA backend test (every op and every tiny preset vs the CPU);
+#   1. the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU) and the
+#      NCCL link test (two processes on this GPU);
+#   1b. the end-to-end service suite with every worker on CUDA and KV over NCCL (E2E_FILTER picks
+#      tests, default: all);
 #   2. `tandem generate` on models/kjv-target with --device cuda vs --device cpu, greedy, 64 tokens;
 #   3. forward_bench on CUDA (prefill and batch-1 decode with the device's measured ceilings) over
 #      random BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b
@@ -27,7 +30,7 @@ import glob, os, site
 dirs = []
 for d in site.getsitepackages():
     for p in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib"))):
-        if glob.glob(os.path.join(p, "libcublas*.so*")) or glob.glob(os.path.join(p, "libcudart.so*")):
+        if any(glob.glob(os.path.join(p, f"{n}*.so*")) for n in ("libcublas", "libcudart", "libnccl")):
             dirs.append(p)
 print(":".join(dirs))
 PY
@@ -44,6 +47,10 @@ LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" | grep "not fo
 status=0
 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
+"$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
+TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=nccl \
+  "$W/service_e2e_test" --gtest_filter="${E2E_FILTER:-*}" > "$OUT/e2e-cuda-nccl.log" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/e2e-cuda-nccl.log"
 gen() { "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$1"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1

@@ -89,6 +89,11 @@ class Backend {
   // Whether buffers of this backend are host memory that other threads may read and write directly
   // (the CPU backend); otherwise data moves only through CopyToHost / CopyToDevice.
   virtual bool host_memory() const { return false; }
+  // The device queue every op is enqueued on (a cudaStream_t on CUDA, on device `device_ordinal()`),
+  // for device-side transports (NCCL) that order their own work after the backend's; nullptr and -1
+  // on the CPU.
+  virtual void* native_stream() { return nullptr; }
+  virtual int device_ordinal() const { return -1; }
 
   // Waits for enqueued work and returns the first failure of any of it (a kernel launch, a library
   // call); OK when none. Sticky: a failed backend stays failed. Ops themselves return nothing.

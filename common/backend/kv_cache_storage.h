@@ -19,6 +19,8 @@ class KvCacheStorage {
   KvCacheStorage& operator=(const KvCacheStorage&) = delete;
 
   const KvCacheGeometry& geometry() const { return geometry_; }
+  // The backend whose memory this is (device-side transports order their work after its stream).
+  Backend* backend() const { return backend_; }
   // Whether k() and v() may be read from host threads directly (the CPU backend's memory): then a
   // sender can write blocks to a socket without copying them out first (ReadBlocks).
   bool host_accessible() const { return backend_->host_memory() && !staging_forced_; }

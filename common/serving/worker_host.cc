@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -16,6 +17,7 @@
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
+#include "common/transport/nccl/nccl_kv_link.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -28,9 +30,24 @@ ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish a
 ABSL_FLAG(bool, kv_host_staging, false,
           "copy KV layers for transfer through host staging buffers even when the cache is host memory (what GPU "
           "workers always do; for testing that path on the CPU)");
+ABSL_FLAG(std::string, kv_transport, "tcp",
+          "how KV layers travel from prefill to decode workers: tcp (inline on the control connection, from host "
+          "memory or through host staging) or nccl (an NCCL communicator per prefill-decode pair; GPU workers, "
+          "both ends must say nccl)");
+ABSL_FLAG(std::string, nccl_host_id, "",
+          "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or NCCL refuses "
+          "the pair (they then talk over NCCL's network transport); leave empty across GPUs");
 ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 
 namespace tandem {
+
+absl::StatusOr<std::unique_ptr<KvLinkFactory>> KvLinkFactoryFromFlags(KvCacheStorage* storage) {
+  const std::string transport = absl::GetFlag(FLAGS_kv_transport);
+  if (transport == "tcp") return std::unique_ptr<KvLinkFactory>();
+  if (transport == "nccl") return CreateNcclKvLinkFactory(storage);
+  return absl::InvalidArgumentError(absl::StrCat("--kv-transport: '", transport, "' is not tcp or nccl"));
+}
+
 namespace {
 
 
@@ -140,6 +157,12 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
     std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(engine_options.status().message()).c_str());
     return 2;
   }
+  if (const std::string t = absl::GetFlag(FLAGS_kv_transport); t != "tcp" && t != "nccl") {
+    std::fprintf(stderr, "tandem-%s: --kv-transport must be tcp or nccl, not '%s'\n", name.c_str(), t.c_str());
+    return 2;
+  }
+  // Before any NCCL call: NCCL reads its environment once.
+  if (const std::string id = absl::GetFlag(FLAGS_nccl_host_id); !id.empty()) ::setenv("NCCL_HOSTID", id.c_str(), 1);
   engine_options->scheduler.role = role == v1::WORKER_ROLE_PREFILL  ? SchedulerRole::kPrefill
                                    : role == v1::WORKER_ROLE_DECODE ? SchedulerRole::kDecode
                                                                     : SchedulerRole::kCombined;

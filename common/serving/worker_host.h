@@ -16,6 +16,7 @@
 #include "common/engine/engine.h"
 #include "common/metrics/worker_metrics.h"
 #include "common/model/llama_model.h"
+#include "common/transport/kv_link.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -46,7 +47,13 @@ class WorkerService {
 
 // Runs a worker process until SIGTERM/SIGINT and drain; returns the exit code. Flags: --model,
 // --port, --bind-address, --advertise-host, --router, --heartbeat-interval-ms, --drain-grace-s,
-// --metrics-port and the engine flags. `name` is used in logs ("prefill-worker").
+// --metrics-port, --kv-transport, --nccl-host-id and the engine flags. `name` is used in logs
+// ("prefill-worker").
 int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* service);
+
+// The side data path --kv-transport asks for, serving `storage`: nullptr for "tcp" (layers inline on
+// the control connection); the NCCL link factory for "nccl" (FAILED_PRECONDITION unless the cache is
+// in CUDA memory and NCCL loads).
+absl::StatusOr<std::unique_ptr<KvLinkFactory>> KvLinkFactoryFromFlags(KvCacheStorage* storage);
 
 }  // namespace tandem

@@ -4,10 +4,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/backend/create_backend.h"
 #include "common/rpc/status.h"
 #include "gtest/gtest.h"
 
@@ -23,6 +25,26 @@ int FreePort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+std::string Binary(const char* name, const char* built) {
+  const std::string dir = Env("TANDEM_E2E_BIN_DIR");
+  return dir.empty() ? built : absl::StrCat(dir, "/", name);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> E2eBackend() {
+  const std::string device = Env("TANDEM_E2E_DEVICE");
+  if (device.empty() || device == "cpu") return CreateBackend({"cpu", {}});
+  return CreateBackend({device, true});
 }
 
 LocalCluster::LocalCluster(ClusterOptions options) : options_(std::move(options)) {
@@ -42,7 +64,7 @@ LocalCluster::~LocalCluster() {
 absl::Status LocalCluster::Start() {
   const int port = FreePort();
   router_address_ = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::string> argv = {TANDEM_ROUTER_BIN, "--model=" + options_.model_dir, absl::StrCat("--port=", port),
+  std::vector<std::string> argv = {Binary("tandem-router", TANDEM_ROUTER_BIN), "--model=" + options_.model_dir, absl::StrCat("--port=", port),
                                    "--bind-address=127.0.0.1"};
   if (options_.static_workers) {
     for (int i = 0; i < options_.prefill; ++i) {
@@ -95,13 +117,22 @@ absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role) {
 absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
   const int port = FreePort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::string> argv = {role == "prefill" ? TANDEM_PREFILL_WORKER_BIN : TANDEM_DECODE_WORKER_BIN,
+  std::vector<std::string> argv = {role == "prefill" ? Binary("tandem-prefill-worker", TANDEM_PREFILL_WORKER_BIN)
+                                                    : Binary("tandem-decode-worker", TANDEM_DECODE_WORKER_BIN),
                                    "--model=" + options_.model_dir,
                                    absl::StrCat("--port=", port),
                                    "--bind-address=127.0.0.1",
                                    "--heartbeat-interval-ms=200"};
   if (!options_.static_workers) argv.push_back("--router=" + router_address_);
   if (role == "combined") argv.push_back("--combined");
+  if (const std::string device = Env("TANDEM_E2E_DEVICE"); !device.empty()) {
+    argv.push_back("--device=" + device);
+    argv.push_back("--batch-invariant=true");
+  }
+  if (const std::string transport = Env("TANDEM_E2E_KV_TRANSPORT"); !transport.empty()) {
+    argv.push_back("--kv-transport=" + transport);
+    if (transport == "nccl") argv.push_back(absl::StrCat("--nccl-host-id=e2e-", ::getpid(), "-", next_));
+  }
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
   if (role != "prefill") argv.insert(argv.end(), options_.decode_args.begin(), options_.decode_args.end());

@@ -1,6 +1,12 @@
 // A Tandem cluster on loopback for the end-to-end tests: a router and workers as real processes
 // (the binaries CMake built), with logs in the test's temp dir. Workers can be killed, stopped and
 // terminated one by one; their pools are read through their WorkerStatus service.
+//
+// The environment points the whole suite at a GPU (scripts/gpu_check.sh does):
+//   TANDEM_E2E_DEVICE=cuda        every worker runs --device cuda --batch-invariant (and the tests'
+//                                 reference engine the same, see E2eBackend);
+//   TANDEM_E2E_KV_TRANSPORT=nccl  every worker moves KV over NCCL, each with its own --nccl-host-id;
+//   TANDEM_E2E_BIN_DIR=DIR        the router and workers from DIR instead of the build tree.
 #pragma once
 
 #include <map>
@@ -9,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/backend/backend.h"
 #include "common/base/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/generation.grpc.pb.h"
@@ -26,6 +33,10 @@ struct ClusterOptions {
   // Workers start without --router and the router lists them with --workers (polled, no heartbeats).
   bool static_workers = false;
 };
+
+// The backend the suite's in-process reference engine must use to match the workers bit for bit:
+// the CPU, or the device TANDEM_E2E_DEVICE names with batch-invariant GEMMs.
+absl::StatusOr<std::unique_ptr<Backend>> E2eBackend();
 
 class LocalCluster {
  public:

@@ -110,9 +110,9 @@ struct Expected {
   std::vector<LogprobEntry> logprobs;
 };
 
-// The in-process engine's outputs (same engine settings as the workers' defaults).
+// The in-process engine's outputs (same engine settings and device as the workers').
 std::vector<Expected> Reference(const std::string& model_dir, const std::vector<v1::GenerateRequest>& reqs) {
-  auto backend = CpuBackend::Create({}).value();
+  auto backend = E2eBackend().value();
   auto model = LlamaModel::Load(model_dir, backend.get()).value();
   EngineOptions o;
   auto engine = Engine::Create(model.get(), o).value();

@@ -1,5 +1,7 @@
 // The TCP KV transport on loopback: layer-by-layer transfer into reserved blocks, handshake
-// refusals, incomplete and cancelled transfers, dead and silent peers — all bounded in time.
+// refusals, incomplete and cancelled transfers, dead and silent peers — all bounded in time. Every
+// case runs with layers inline from host memory, inline through staged copies, and over a side link
+// (the in-process loopback link standing in for NCCL); link-only cases follow at the end.
 #include "common/transport/tcp/tcp_kv_transport.h"
 
 #include <arpa/inet.h>
@@ -10,9 +12,11 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "tests/unit/loopback_kv_link.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/kv_transfer.pb.h"
@@ -22,16 +26,20 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Parameter: whether the caches pretend to be device memory, so layers go through the staged copies
-// (ReadBlocks / WriteBlocks) the CUDA backend needs instead of direct host access.
-class TcpKvTransportTest : public ::testing::TestWithParam<bool> {
+// kStaged: the caches pretend to be device memory, so layers go through the staged copies
+// (ReadBlocks / WriteBlocks) the CUDA backend needs instead of direct host access. kLink: senders ask
+// for the loopback side link, which receivers offer.
+enum class Mode { kHost, kStaged, kLink };
+
+class TransportFixture : public ::testing::Test {
  protected:
+  virtual Mode mode() const = 0;
   void SetUp() override {
     backend_ = CpuBackend::Create({}).value();
     geometry_ = {/*num_layers=*/3, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2, /*head_dim=*/8};
     src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
-    if (GetParam()) {
+    if (mode() == Mode::kStaged) {
       src_->ForceStagingForTesting();
       dst_->ForceStagingForTesting();
     }
@@ -44,8 +52,19 @@ class TcpKvTransportTest : public ::testing::TestWithParam<bool> {
       dst_->k()[i] = dst_->v()[i] = 0.f;
     }
     info_ = {"model-A", geometry_};
-    receiver_ = TcpKvReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
+    src_link_ = std::make_unique<LoopbackKvLinkFactory>(src_.get(), &hub_);
+    dst_link_ = std::make_unique<LoopbackKvLinkFactory>(dst_.get(), &hub_);
+    receiver_ = TcpKvReceiver::Create(ReceiverOptions()).value();
     address_ = absl::StrCat("127.0.0.1:", receiver_->port());
+  }
+
+  TcpKvReceiver::Options ReceiverOptions() {
+    TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+    if (mode() == Mode::kLink) o.link_factory = dst_link_.get();
+    return o;
+  }
+  absl::StatusOr<std::unique_ptr<TcpKvSender>> Connect(const std::string& address) {
+    return TcpKvSender::Connect(address, info_, absl::Seconds(2), mode() == Mode::kLink ? src_link_.get() : nullptr);
   }
 
   // True when dst block `d` of every layer holds src block `s` (K and V).
@@ -74,13 +93,20 @@ class TcpKvTransportTest : public ::testing::TestWithParam<bool> {
   KvCacheGeometry geometry_;
   std::unique_ptr<KvCacheStorage> src_, dst_;
   KvEndpointInfo info_;
+  LoopbackKvHub hub_;
+  std::unique_ptr<LoopbackKvLinkFactory> src_link_, dst_link_;
   std::unique_ptr<TcpKvReceiver> receiver_;
   std::string address_;
 };
 
+class TcpKvTransportTest : public TransportFixture, public ::testing::WithParamInterface<Mode> {
+ protected:
+  Mode mode() const override { return GetParam(); }
+};
+
 TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   ASSERT_TRUE(receiver_->Expect("r1", {5, 2, 7}).ok());
-  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2));
+  auto sender = Connect(address_);
   ASSERT_TRUE(sender.ok()) << sender.status();
   ASSERT_TRUE((*sender)->Begin("r1", 10).ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
@@ -99,6 +125,12 @@ TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   ASSERT_TRUE((*sender)->End("r2", 7).ok());
   EXPECT_EQ(receiver_->Wait("r2", absl::Seconds(2)).value(), 7);
   EXPECT_TRUE(SameBlock(6, 0));
+  if (mode() == Mode::kLink) {
+    EXPECT_EQ(hub_.joins.load(), 2);  // one link, both ends, made once and kept for the connection
+    sender->reset();  // closing the connection tears the link down at both ends
+    for (int i = 0; i < 100 && hub_.live_links.load() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_EQ(hub_.live_links.load(), 0);
+  }
 }
 
 TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
@@ -119,7 +151,7 @@ TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
 
 TEST_P(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
-  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  auto sender = Connect(address_).value();
   ASSERT_TRUE(sender->Begin("r", 4).ok());
   ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());
   absl::Status end = sender->End("r", 1);
@@ -130,7 +162,7 @@ TEST_P(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
 
 TEST_P(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
   ASSERT_TRUE(receiver_->Expect("r", {1, 2}).ok());
-  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  auto sender = Connect(address_).value();
   ASSERT_TRUE(sender->Begin("r", 12).ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r", l, {0, 1, 2}, src_.get()).ok());
   EXPECT_FALSE(sender->End("r", 1).ok());
@@ -142,7 +174,7 @@ TEST_P(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
 TEST_P(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   {
-    auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+    auto sender = Connect(address_).value();
     ASSERT_TRUE(sender->Begin("r", 4).ok());
     ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());
   }  // the sender goes away mid-transfer
@@ -154,7 +186,7 @@ TEST_P(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
 
 TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
-  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  auto sender = Connect(address_).value();
   ASSERT_TRUE(sender->Begin("r", 4).ok());
   const absl::Time t0 = absl::Now();
   EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(200)).status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -165,7 +197,7 @@ TEST_P(TcpKvTransportTest, CancelledReservationDiscardsData) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   EXPECT_EQ(receiver_->Expect("r", {2}).code(), absl::StatusCode::kAlreadyExists);
   receiver_->Cancel("r");
-  auto sender = TcpKvSender::Connect(address_, info_, absl::Seconds(2)).value();
+  auto sender = Connect(address_).value();
   ASSERT_TRUE(sender->Begin("r", 4).ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r", l, {0}, src_.get()).ok());
   absl::Status end = sender->End("r", 1);
@@ -225,7 +257,7 @@ TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations
 }
 
 TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
-  TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  TcpKvReceiver::Options o = ReceiverOptions();
   o.keep_reservation_on_sender_loss = true;
   auto receiver = TcpKvReceiver::Create(o).value();
   std::atomic<int> completions{0};
@@ -236,14 +268,14 @@ TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   ASSERT_TRUE(receiver->Expect("r", {4, 1}).ok());
   {
-    auto dying = TcpKvSender::Connect(address, info_, absl::Seconds(2)).value();
+    auto dying = Connect(address).value();
     ASSERT_TRUE(dying->Begin("r", 8).ok());
     ASSERT_TRUE(dying->SendLayer("r", 0, {2, 3}, src_.get()).ok());
     ASSERT_TRUE(dying->SendLayer("r", 1, {2, 3}, src_.get()).ok());
   }  // a prefill worker dies mid-transfer: the reservation waits for another sender
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(completions.load(), 0);
-  auto retry = TcpKvSender::Connect(address, info_, absl::Seconds(2)).value();
+  auto retry = Connect(address).value();
   ASSERT_TRUE(retry->Begin("r", 8).ok());  // starts again from layer 0
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(retry->SendLayer("r", l, {2, 3}, src_.get()).ok());
   ASSERT_TRUE(retry->End("r", 11).ok());
@@ -254,12 +286,12 @@ TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
 }
 
 TEST_P(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
-  TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  TcpKvReceiver::Options o = ReceiverOptions();
   o.keep_reservation_on_sender_loss = true;
   auto receiver = TcpKvReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   ASSERT_TRUE(receiver->Expect("r", {4}).ok());
-  auto first = TcpKvSender::Connect(address, info_, absl::Seconds(2)).value();
+  auto first = Connect(address).value();
   ASSERT_TRUE(first->Begin("r", 4).ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(first->SendLayer("r", l, {2}, src_.get()).ok());
   ASSERT_TRUE(first->Begin("r", 4).ok());  // a new Begin forgets the layers already received
@@ -268,8 +300,75 @@ TEST_P(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
   EXPECT_EQ(receiver->Wait("r", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
 }
 
-INSTANTIATE_TEST_SUITE_P(HostAndStaged, TcpKvTransportTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "staged" : "host"; });
+INSTANTIATE_TEST_SUITE_P(DataPaths, TcpKvTransportTest, ::testing::Values(Mode::kHost, Mode::kStaged, Mode::kLink),
+                         [](const ::testing::TestParamInfo<Mode>& i) {
+                           return i.param == Mode::kHost ? "host" : i.param == Mode::kStaged ? "staged" : "link";
+                         });
+
+// ---------------------------------------------------------------- side link only
+
+class TcpKvLinkTest : public TransportFixture {
+ protected:
+  Mode mode() const override { return Mode::kLink; }
+};
+
+TEST_F(TcpKvLinkTest, AReceiverRefusesADataPathItDoesNotOffer) {
+  auto plain = TcpKvReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
+  auto s = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", plain->port()), info_, absl::Seconds(2), src_link_.get());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("does not offer the 'loopback' KV data path"));
+  EXPECT_EQ(hub_.joins.load(), 0);
+}
+
+TEST_F(TcpKvLinkTest, APeerThatNeverJoinsFailsTheConnectWithinTheTimeout) {
+  dst_link_->never_join_ = true;
+  const absl::Time t0 = absl::Now();
+  auto s = TcpKvSender::Connect(address_, info_, absl::Milliseconds(300), src_link_.get());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.status().message(), HasSubstr("joining the loopback link"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  EXPECT_EQ(hub_.live_links.load(), 0);
+}
+
+TEST_F(TcpKvLinkTest, AHungLinkFailsTheTransferWithinTheTimeoutAndDropsTheConnection) {
+  TcpKvReceiver::Options o = ReceiverOptions();
+  o.io_timeout = absl::Milliseconds(300);
+  auto receiver = TcpKvReceiver::Create(o).value();
+  ASSERT_TRUE(receiver->Expect("r", {1}).ok());
+  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Milliseconds(300),
+                                     src_link_.get())
+                    .value();
+  src_link_->stall_sends_ = true;
+  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  const absl::Time t0 = absl::Now();
+  EXPECT_EQ(sender->SendLayer("r", 0, {0}, src_.get()).code(), absl::StatusCode::kDeadlineExceeded);
+  auto w = receiver->Wait("r", absl::Seconds(5));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  EXPECT_TRUE(BlockIsZero(1));
+  // The aborted link fails every later call rather than hanging.
+  EXPECT_FALSE(sender->SendLayer("r", 1, {0}, src_.get()).ok());
+}
+
+TEST_F(TcpKvLinkTest, CancelWaitsUntilNoLayerIsBeingReceivedIntoTheBlocks) {
+  TcpKvReceiver::Options o = ReceiverOptions();
+  o.io_timeout = absl::Milliseconds(500);
+  auto receiver = TcpKvReceiver::Create(o).value();
+  ASSERT_TRUE(receiver->Expect("r", {1}).ok());
+  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Milliseconds(500),
+                                     src_link_.get())
+                    .value();
+  src_link_->stall_sends_ = true;  // the receiver sits in RecvLayer for block 1 until its timeout
+  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  std::thread send([&] { (void)sender->SendLayer("r", 0, {0}, src_.get()); });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time t0 = absl::Now();
+  receiver->Cancel("r");  // the blocks go back to the pool when this returns: nothing may still write them
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(250));
+  send.join();
+  EXPECT_EQ(receiver->Wait("r", absl::ZeroDuration()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(BlockIsZero(1));
+}
 
 }  // namespace
 }  // namespace tandem

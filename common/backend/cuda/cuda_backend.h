@@ -37,6 +37,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   std::string device_description() const override { return description_; }
   absl::Status CheckErrors() override;
+  void* native_stream() override { return stream_; }
+  int device_ordinal() const override { return device_; }
 
   absl::StatusOr<DeviceMemory> Memory() override;
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;

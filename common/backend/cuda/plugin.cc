@@ -1,10 +1,9 @@
-// The CUDA backend as a loadable module (libtandem_cuda_plugin.so): processes link no CUDA library
-// and load this, with the CUDA runtime and cuBLAS, only when --device cuda asks for it
-// (common/backend/create_backend.cc). Keeps CPU processes free of cuBLAS (over 500 MB of code, and on
-// this project's Debian machines its presence breaks the metrics HTTP server's start-up).
+// The CUDA plugin's exports (libtandem_cuda_plugin.so; why it is a module: common/backend/cuda_plugin.h).
+// Plain C entry points returning objects that implement the interfaces processes know.
 #include <cstdio>
 
 #include "common/backend/cuda/cuda_backend.h"
+#include "common/transport/nccl/nccl_kv_link_impl.h"
 
 extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateCudaBackend(int device,
                                                                                          bool batch_invariant,
@@ -19,4 +18,14 @@ extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateC
     return nullptr;
   }
   return backend->release();
+}
+
+extern "C" __attribute__((visibility("default"))) tandem::KvLinkFactory* TandemCreateNcclKvLinkFactory(
+    tandem::KvCacheStorage* storage, char* error, size_t error_size) {
+  auto factory = tandem::NcclKvLinkFactory::Create(storage);
+  if (!factory.ok()) {
+    std::snprintf(error, error_size, "%s", std::string(factory.status().message()).c_str());
+    return nullptr;
+  }
+  return factory->release();
 }

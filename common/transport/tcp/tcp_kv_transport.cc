@@ -256,10 +256,29 @@ void TcpKvReceiver::ServeConnection(int fd) {
   v1::KvHandshakeReply reply;
   std::string why = KvIncompatibility(sender, options_.info);
   if (hello.geometry().bytes_per_element() != 4) why = "only f32 KV is supported by the TCP transport";
+  std::string rendezvous;  // set when the layers travel over a side link
+  if (why.empty() && !hello.data_path().empty()) {
+    KvLinkFactory* factory = options_.link_factory;
+    if (factory == nullptr || factory->name() != hello.data_path()) {
+      why = absl::StrCat("this decode worker does not offer the '", hello.data_path(), "' KV data path (it offers ",
+                         factory ? absl::StrCat("'", factory->name(), "' and ") : "", "inline TCP)");
+    } else if (absl::StatusOr<std::string> r = factory->NewRendezvous(); !r.ok()) {
+      why = absl::StrCat("cannot set up the ", hello.data_path(), " KV data path: ", r.status().message());
+    } else {
+      rendezvous = *std::move(r);
+    }
+  }
   reply.set_accepted(why.empty());
   reply.set_reason(why);
+  reply.set_link_rendezvous(rendezvous);
   if (absl::Status s = SendMessage(fd, kHandshakeReply, reply); !s.ok() || !why.empty()) {
     return finish(absl::FailedPreconditionError(why));
+  }
+  std::unique_ptr<KvLink> link;
+  if (!rendezvous.empty()) {
+    absl::StatusOr<std::unique_ptr<KvLink>> joined = options_.link_factory->Join(rendezvous, 1, options_.io_timeout);
+    if (!joined.ok()) return finish(joined.status());
+    link = *std::move(joined);
   }
   const KvCacheGeometry& g = options_.storage->geometry();
   const size_t block_floats = static_cast<size_t>(g.elements_per_block());
@@ -316,6 +335,16 @@ void TcpKvReceiver::ServeConnection(int fd) {
       // the pool before anything is allocated: a hostile peer cannot make us allocate at will.
       v1::KvLayerHeader h;
       if (!h.ParseFromString(bytes)) return finish(absl::DataLossError("malformed layer header"));
+      if (link != nullptr) {  // no payload frame: the layer moves over the link
+        const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_floats * sizeof(float);
+        if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks || static_cast<uint64_t>(h.payload_bytes()) != expected) {
+          return finish(absl::DataLossError("layer header does not match the cache geometry"));
+        }
+        if (absl::Status s = ReceiveLayerOverLink(link.get(), h.request_id(), h.layer(), h.num_blocks()); !s.ok()) {
+          return finish(s);
+        }
+        continue;
+      }
       FrameType ptype;
       uint32_t plen;
       if (absl::Status s = ReadHeader(fd, &ptype, &plen); !s.ok()) return finish(s);
@@ -363,6 +392,52 @@ void TcpKvReceiver::ServeConnection(int fd) {
   finish(absl::UnavailableError("receiver shutting down"));
 }
 
+absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, const std::string& id, int32_t layer,
+                                                 int32_t num_blocks) {
+  bool wanted = false;
+  std::vector<int32_t> blocks;
+  std::string misfit;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = transfers_.find(id);
+    if (it != transfers_.end() && !it->second.failed && !it->second.done) {
+      Transfer& t = it->second;
+      if (layer < 0 || layer >= options_.storage->geometry().num_layers || num_blocks != static_cast<int32_t>(t.blocks.size())) {
+        misfit = absl::StrCat("layer ", layer, " with ", num_blocks, " blocks does not fit the reservation of ",
+                              t.blocks.size(), " blocks");
+      } else {
+        wanted = true;
+        t.in_flight = true;  // Cancel and Wait keep the blocks reserved until the link is done with them
+        blocks = t.blocks;
+      }
+    }
+  }
+  if (!misfit.empty()) Fail(id, misfit);
+  if (!wanted) return link->DiscardLayer(num_blocks, options_.io_timeout);
+  const absl::Status s = link->RecvLayer(layer, blocks, options_.io_timeout);
+  absl::MutexLock lock(&mu_);
+  if (auto it = transfers_.find(id); it != transfers_.end()) {
+    it->second.in_flight = false;
+    if (s.ok() && !it->second.failed && !it->second.done) ++it->second.layers_received;
+  }
+  changed_.SignalAll();
+  return s;
+}
+
+void TcpKvReceiver::EraseWhenIdle(const std::string& id) {
+  // A link call returns within io_timeout (it aborts itself then); the margin covers scheduling.
+  const absl::Time deadline = absl::Now() + options_.io_timeout + absl::Seconds(1);
+  while (true) {
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) return;
+    if (!it->second.in_flight || absl::Now() >= deadline) break;
+    it->second.failed = true;  // the layer in flight no longer counts
+    changed_.WaitWithDeadline(&mu_, deadline);
+  }
+  transfers_.erase(id);
+  changed_.SignalAll();
+}
+
 absl::Status TcpKvReceiver::Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) {
   const int64_t n = options_.storage->geometry().num_blocks;
   for (int32_t b : dst_blocks) {
@@ -388,11 +463,11 @@ absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl:
     }
     if (it->second.failed) {
       const std::string error = it->second.error;
-      transfers_.erase(it);
+      EraseWhenIdle(request_id);
       return absl::UnavailableError(absl::StrCat("KV transfer of \"", request_id, "\" failed: ", error));
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) {
-      transfers_.erase(request_id);
+      EraseWhenIdle(request_id);
       return absl::DeadlineExceededError(absl::StrCat("KV transfer of \"", request_id, "\" did not complete in time"));
     }
   }
@@ -400,14 +475,14 @@ absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl:
 
 void TcpKvReceiver::Cancel(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
-  transfers_.erase(request_id);
-  changed_.SignalAll();
+  EraseWhenIdle(request_id);
 }
 
 // ---------------------------------------------------------------- sender
 
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::string& address, const KvEndpointInfo& info,
-                                                                  absl::Duration io_timeout) {
+                                                                  absl::Duration io_timeout,
+                                                                  KvLinkFactory* link_factory) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
@@ -428,15 +503,28 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::str
     ::close(fd);
     return s;
   }
-  std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info));
+  std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info, io_timeout));
   v1::KvHandshake hello;
   hello.set_model_fingerprint(info.model_fingerprint);
   *hello.mutable_geometry() = ToProto(info.geometry);
+  if (link_factory != nullptr) hello.set_data_path(link_factory->name());
   RETURN_IF_ERROR(SendMessage(fd, kHandshake, hello));
   v1::KvHandshakeReply reply;
   RETURN_IF_ERROR(ReadMessage(fd, kHandshakeReply, &reply));
   if (!reply.accepted()) {
     return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " refused: ", reply.reason()));
+  }
+  if (link_factory != nullptr) {
+    if (reply.link_rendezvous().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " did not set up the ",
+                                                        link_factory->name(), " data path (an older version?)"));
+    }
+    absl::StatusOr<std::unique_ptr<KvLink>> link = link_factory->Join(reply.link_rendezvous(), 0, io_timeout);
+    if (!link.ok()) {
+      return absl::Status(link.status().code(), absl::StrCat("KV transfer to ", address, ": joining the ",
+                                                             link_factory->name(), " link: ", link.status().message()));
+    }
+    sender->link_ = *std::move(link);
   }
   return sender;
 }
@@ -466,6 +554,7 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   h.set_num_blocks(static_cast<int32_t>(src_blocks.size()));
   h.set_payload_bytes(static_cast<int64_t>(payload));
   RETURN_IF_ERROR(SendMessage(fd_, kLayerHeader, h));
+  if (link_ != nullptr) return link_->SendLayer(layer, src_blocks, io_timeout_);
   // The payload goes out straight from the cache blocks (K blocks, then V blocks): the sender's
   // blocks stay allocated until End() returns, so no staging copy is needed.
   unsigned char header[5];

@@ -1,7 +1,9 @@
-// The KV transport over TCP for host memory (CPU workers; on loopback in tests). Frames are
-// [u32 length][u8 type][payload]; control payloads are the protobuf messages of
-// proto/tandem/v1/kv_transfer.proto, layer payloads raw K then V blocks. Sockets carry send and
-// receive timeouts, so a silent peer fails the transfer instead of hanging a thread.
+// The KV transport over a TCP control connection. Frames are [u32 length][u8 type][payload]; control
+// payloads are the protobuf messages of proto/tandem/v1/kv_transfer.proto. Layer bytes (raw K then V
+// blocks) follow each layer header on the same connection, or, when the sender asks for a side data
+// path the receiver offers (a KvLinkFactory: NCCL between GPUs), move over that link instead. Sockets
+// carry send and receive timeouts and every link call a timeout, so a silent peer fails the transfer
+// instead of hanging a thread.
 #pragma once
 
 #include <sys/uio.h>
@@ -15,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/transport/kv_link.h"
 #include "common/transport/kv_transport.h"
 
 namespace tandem {
@@ -31,6 +34,9 @@ class TcpKvReceiver final : public KvReceiver {
     // the reservation for another sender (the router retries the prefill elsewhere) until Wait's
     // timeout or Cancel. A new Begin for the request restarts it from layer 0 either way.
     bool keep_reservation_on_sender_loss = false;
+    // Offered to senders that ask for it by name (see KvLinkFactory), beside the inline path. Must
+    // serve `storage`; not owned.
+    KvLinkFactory* link_factory = nullptr;
   };
   static absl::StatusOr<std::unique_ptr<TcpKvReceiver>> Create(const Options& options);
   ~TcpKvReceiver() override;
@@ -38,6 +44,8 @@ class TcpKvReceiver final : public KvReceiver {
   int port() const { return port_; }
   absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) override;
   absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) override;
+  // Returns once nothing can write into the reservation's blocks any more: a layer being received
+  // over a link finishes or times out first (at most io_timeout).
   void Cancel(const std::string& request_id) override;
   void SetCompletionCallback(CompletionCallback callback) override { on_complete_ = std::move(callback); }
 
@@ -47,6 +55,7 @@ class TcpKvReceiver final : public KvReceiver {
     int layers_received = 0;
     bool done = false;
     bool failed = false;
+    bool in_flight = false;  // a link is writing a layer into `blocks` (mu_ released meanwhile)
     std::string error;
     int32_t first_token = -1;
   };
@@ -54,6 +63,11 @@ class TcpKvReceiver final : public KvReceiver {
   void AcceptLoop();
   void ServeConnection(int fd);
   void Fail(const std::string& request_id, const std::string& error);
+  // Receives one layer over `link` into the transfer's blocks, or drops it when the transfer is not
+  // wanted any more. An error means the link is gone (the connection must close).
+  absl::Status ReceiveLayerOverLink(KvLink* link, const std::string& request_id, int32_t layer, int32_t num_blocks);
+  // Erases the transfer once no link writes into its blocks (waits up to io_timeout for that).
+  void EraseWhenIdle(const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Options options_;
   CompletionCallback on_complete_;
@@ -70,11 +84,14 @@ class TcpKvReceiver final : public KvReceiver {
 
 class TcpKvSender final : public KvSender {
  public:
-  // Connects to "host:port" and performs the handshake. FAILED_PRECONDITION when the receiver
-  // refuses the model or geometry; UNAVAILABLE / DEADLINE_EXCEEDED when it cannot be reached.
+  // Connects to "host:port" and performs the handshake; with `link_factory` (not owned, serving the
+  // storage that SendLayer is given) asks for that side data path and joins it. FAILED_PRECONDITION
+  // when the receiver refuses the model, geometry or data path; UNAVAILABLE / DEADLINE_EXCEEDED when it
+  // cannot be reached.
   static absl::StatusOr<std::unique_ptr<TcpKvSender>> Connect(const std::string& address,
                                                               const KvEndpointInfo& info,
-                                                              absl::Duration io_timeout);
+                                                              absl::Duration io_timeout,
+                                                              KvLinkFactory* link_factory = nullptr);
   ~TcpKvSender() override;
 
   absl::Status Begin(const std::string& request_id, int64_t num_tokens) override;
@@ -83,9 +100,12 @@ class TcpKvSender final : public KvSender {
   absl::Status End(const std::string& request_id, int32_t first_token) override;
 
  private:
-  TcpKvSender(int fd, const KvEndpointInfo& info) : fd_(fd), info_(info) {}
+  TcpKvSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
+      : fd_(fd), info_(info), io_timeout_(io_timeout) {}
   int fd_;
   KvEndpointInfo info_;
+  absl::Duration io_timeout_;
+  std::unique_ptr<KvLink> link_;  // the side data path, when the handshake set one up
   std::vector<iovec> iov_;  // frame header, then K blocks, then V blocks of one layer
   std::vector<float> staging_;  // [2][blocks][block elems]: a layer copied out of device memory
 };

@@ -1,0 +1,51 @@
+// A side data path for KV layers, beside a KV transport's control connection: NCCL between GPU
+// workers (common/transport/nccl/). The control connection still carries everything else (handshake,
+// Begin, one KvLayerHeader per layer, End, Ack); after each layer header both ends move that layer
+// over the link, so sends and receives pair up one to one, in header order.
+//
+// Calls are synchronous: each returns once its layer moved (send: handed to the peer; receive: in
+// the destination blocks) or failed. A failed or timed-out call aborts the link, and every later call
+// fails: the owner then drops the control connection with it, which the peer sees. Destruction tears
+// the link down (an NCCL communicator is aborted, never waited on). One thread uses a link at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem {
+
+class KvLink {
+ public:
+  virtual ~KvLink() = default;
+  // Sends layer `layer` of `blocks` (K blocks in order, then V blocks) of the factory's storage, after
+  // the device work enqueued on its backend before the call (the layer's KV writes).
+  virtual absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) = 0;
+  // Receives a layer sent as above into `blocks` of the factory's storage (same count as the sender's).
+  virtual absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) = 0;
+  // Receives a layer of `num_blocks` blocks and drops it: its transfer was cancelled, but the
+  // sender's sends still need their receives.
+  virtual absl::Status DiscardLayer(int32_t num_blocks, absl::Duration timeout) = 0;
+};
+
+// Makes links for one process's KV cache. Thread-safe.
+class KvLinkFactory {
+ public:
+  virtual ~KvLinkFactory() = default;
+  // The data path's name in handshakes ("nccl").
+  virtual std::string name() const = 0;
+  // Receiver side: a fresh token for one sender–receiver pair (an ncclUniqueId), which the
+  // handshake reply carries to the sender.
+  virtual absl::StatusOr<std::string> NewRendezvous() = 0;
+  // Both ends join the pair named by `rendezvous`: rank 0 is the sender, 1 the receiver. Returns once
+  // both joined; DEADLINE_EXCEEDED after `timeout` (nothing is left behind), INVALID_ARGUMENT for a
+  // malformed token.
+  virtual absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& rendezvous, int rank,
+                                                       absl::Duration timeout) = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,249 @@
+// The NCCL KV data path between two processes on one GPU, as a prefill and a decode worker use it:
+// TcpKvReceiver with the NCCL link factory here, TcpKvSender in a child process (this binary run with
+// --sender), each with its own NCCL_HOSTID. Checks every moved value exactly (more blocks than one
+// NCCL group holds, shuffled on both ends), that a cancelled transfer's layers are drained without
+// desynchronising the pair, that a killed sender fails only its transfer within the I/O timeout,
+// and that a join nobody answers times out. Exit code 77 (ctest: skipped, label "gpu") without a
+// device.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/backend/create_backend.h"
+#include "common/backend/kv_cache_storage.h"
+#include "common/base/subprocess.h"
+#include "common/transport/nccl/nccl_kv_link.h"
+#include "common/transport/tcp/tcp_kv_transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+// 700 blocks of 16 tokens × 2 heads × 64: a 600-block layer is 1200 operations, two NCCL groups.
+const KvCacheGeometry kGeometry = {/*num_layers=*/3, /*num_blocks=*/700, /*block_size=*/16, /*num_kv_heads=*/2,
+                                   /*head_dim=*/64};
+constexpr int32_t kReserved = 600;
+
+// The sender's cache content, known to both processes: element i of block b of layer l of K (kv 0) or V.
+float Value(int kv, int64_t layer, int64_t block, int64_t i) {
+  uint32_t h = static_cast<uint32_t>(((kv * 7 + layer) * 100003 + block) * 1000003 + i);
+  h ^= h >> 16;
+  h *= 0x7feb352d;
+  h ^= h >> 15;
+  return static_cast<float>(h % 20001) / 10000.f - 1.f;
+}
+
+std::vector<int32_t> Shuffled(int32_t n, int32_t take, uint32_t seed) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), 0);
+  std::shuffle(v.begin(), v.end(), std::mt19937(seed));
+  v.resize(take);
+  return v;
+}
+
+struct Device {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<KvCacheStorage> storage;
+  std::unique_ptr<KvLinkFactory> links;
+};
+
+absl::StatusOr<Device> MakeDevice(bool fill) {
+  Device d;
+  auto backend = CreateBackend({"cuda", {}});
+  if (!backend.ok()) return backend.status();
+  d.backend = *std::move(backend);
+  auto storage = KvCacheStorage::Create(d.backend.get(), kGeometry);
+  if (!storage.ok()) return storage.status();
+  d.storage = *std::move(storage);
+  const int64_t e = kGeometry.elements_per_block();
+  std::vector<int32_t> all(kGeometry.num_blocks);
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<float> host(all.size() * e);
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int64_t l = 0; l < kGeometry.num_layers; ++l) {
+      for (int64_t b = 0; b < kGeometry.num_blocks; ++b) {
+        for (int64_t i = 0; i < e; ++i) host[b * e + i] = fill ? Value(kv, l, b, i) : 0.f;
+      }
+      d.storage->WriteBlocks(kv == 1, l, all, host.data());
+    }
+  }
+  auto links = CreateNcclKvLinkFactory(d.storage.get());
+  if (!links.ok()) return links.status();
+  d.links = *std::move(links);
+  return d;
+}
+
+const KvEndpointInfo kInfo = {"nccl-test-model", kGeometry};
+
+// --------------------------------------------------------------- the sender process
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "sender: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+
+absl::Status SendAll(TcpKvSender* sender, KvCacheStorage* storage, const std::string& id,
+                     const std::vector<int32_t>& blocks, int32_t token) {
+  if (absl::Status s = sender->Begin(id, static_cast<int64_t>(blocks.size()) * kGeometry.block_size); !s.ok()) return s;
+  for (int32_t l = 0; l < kGeometry.num_layers; ++l) {
+    if (absl::Status s = sender->SendLayer(id, l, blocks, storage); !s.ok()) return s;
+  }
+  return sender->End(id, token);
+}
+
+int RunSender(const std::string& mode, int port) {
+  ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-sender", 1);  // before any NCCL call
+  auto device = MakeDevice(/*fill=*/true);
+  if (!device.ok()) return Fail("device", device.status());
+  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), kInfo, absl::Seconds(20), device->links.get());
+  if (!sender.ok()) return Fail("connect", sender.status());
+  const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
+  if (mode == "slow") {  // one layer, then nothing until the parent kills us
+    if (absl::Status s = (*sender)->Begin("r1", 64); !s.ok()) return Fail("begin", s);
+    if (absl::Status s = (*sender)->SendLayer("r1", 0, src, device->storage.get()); !s.ok()) return Fail("layer", s);
+    std::printf("sender: layer 0 sent\n");
+    std::fflush(stdout);
+    ::sleep(120);
+    return 0;
+  }
+  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r1", src, 11); !s.ok()) return Fail("r1", s);
+  // r2 was cancelled by the receiver: it drains the layers and refuses the end.
+  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r2", Shuffled(kGeometry.num_blocks, 40, 2), 12);
+      s.ok() || s.message().find("no reservation") == std::string::npos) {
+    return Fail("r2 should have been refused for want of a reservation", s);
+  }
+  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r3", {5, 6, 7}, 13); !s.ok()) return Fail("r3", s);
+  return 0;
+}
+
+// --------------------------------------------------------------- the receiver (tests)
+
+class NcclLinkTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto d = MakeDevice(/*fill=*/false);
+    ASSERT_TRUE(d.ok()) << d.status();
+    device_ = new Device(*std::move(d));
+  }
+  static void TearDownTestSuite() { delete device_; }
+
+  std::unique_ptr<TcpKvReceiver> Receiver(absl::Duration io_timeout) {
+    TcpKvReceiver::Options o;
+    o.storage = device_->storage.get();
+    o.info = kInfo;
+    o.io_timeout = io_timeout;
+    o.link_factory = device_->links.get();
+    return TcpKvReceiver::Create(o).value();
+  }
+  static Subprocess SpawnSender(const std::string& mode, int port) {
+    return Subprocess::Spawn({ExecutableDir() + "/nccl_link_test", "--sender", mode, absl::StrCat(port)}, "").value();
+  }
+  // Block `dst` of every layer holds the sender's block `src`.
+  static bool Holds(int32_t dst, int32_t src) {
+    const int64_t e = kGeometry.elements_per_block();
+    std::vector<float> host(e);
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int64_t l = 0; l < kGeometry.num_layers; ++l) {
+        device_->storage->ReadBlocks(kv == 1, l, {dst}, host.data());
+        for (int64_t i = 0; i < e; ++i) {
+          if (host[i] != Value(kv, l, src, i)) return false;
+        }
+      }
+    }
+    return true;
+  }
+  static bool IsZero(int32_t dst) {
+    const int64_t e = kGeometry.elements_per_block();
+    std::vector<float> host(e);
+    for (int64_t l = 0; l < kGeometry.num_layers; ++l) {
+      device_->storage->ReadBlocks(false, l, {dst}, host.data());
+      if (std::any_of(host.begin(), host.end(), [](float x) { return x != 0.f; })) return false;
+    }
+    return true;
+  }
+  static Device* device_;
+};
+Device* NcclLinkTest::device_ = nullptr;
+
+TEST_F(NcclLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrained) {
+  auto receiver = Receiver(absl::Seconds(20));
+  const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
+  const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, kReserved, 3);
+  ASSERT_TRUE(receiver->Expect("r1", dst).ok());
+  std::vector<int32_t> spare;  // blocks no transfer may touch
+  for (int32_t b = 0; b < kGeometry.num_blocks; ++b) {
+    if (std::find(dst.begin(), dst.end(), b) == dst.end()) spare.push_back(b);
+  }
+  ASSERT_GE(spare.size(), 10u);
+  ASSERT_TRUE(receiver->Expect("r2", {spare[0]}).ok());
+  receiver->Cancel("r2");
+  ASSERT_TRUE(receiver->Expect("r3", {spare[1], spare[2], spare[3]}).ok());
+  Subprocess child = SpawnSender("transfer", receiver->port());
+  auto t1 = receiver->Wait("r1", absl::Seconds(60));
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_EQ(*t1, 11);
+  auto t3 = receiver->Wait("r3", absl::Seconds(60));
+  ASSERT_TRUE(t3.ok()) << t3.status();
+  EXPECT_EQ(*t3, 13);
+  auto status = child.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_TRUE(Holds(dst[i], src[i])) << "block " << dst[i];
+  EXPECT_TRUE(Holds(spare[1], 5) && Holds(spare[2], 6) && Holds(spare[3], 7));
+  EXPECT_TRUE(IsZero(spare[0]));  // the cancelled transfer's block
+  for (size_t i = 4; i < spare.size(); ++i) EXPECT_TRUE(IsZero(spare[i])) << spare[i];
+}
+
+TEST_F(NcclLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
+  auto receiver = Receiver(absl::Seconds(5));
+  ASSERT_TRUE(receiver->Expect("r1", Shuffled(kGeometry.num_blocks, kReserved, 4)).ok());
+  Subprocess child = SpawnSender("slow", receiver->port());
+  absl::SleepFor(absl::Seconds(8));  // connect, join and the first layer, well within this
+  child.Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  auto w = receiver->Wait("r1", absl::Seconds(30));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kUnavailable) << w.status();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5 + 2));
+  (void)child.Wait(absl::Seconds(10));
+}
+
+TEST_F(NcclLinkTest, AJoinNobodyAnswersTimesOut) {
+  auto rendezvous = device_->links->NewRendezvous();
+  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+  const absl::Time t0 = absl::Now();
+  auto link = device_->links->Join(*rendezvous, 1, absl::Seconds(2));
+  EXPECT_EQ(link.status().code(), absl::StatusCode::kDeadlineExceeded) << link.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(4));
+  EXPECT_EQ(device_->links->Join("too short", 0, absl::Seconds(1)).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--sender") {
+    int port = 0;
+    if (!absl::SimpleAtoi(argv[3], &port)) return 2;
+    return tandem::RunSender(argv[2], port);
+  }
+  ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-receiver", 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (auto b = tandem::CreateBackend({"cuda", {}}); !b.ok()) {
+    const std::string why(b.status().message());
+    std::printf("%s: %s\n", why.find("no CUDA device") != std::string::npos ? "SKIPPED" : "FAILED", why.c_str());
+    return why.find("no CUDA device") != std::string::npos ? 77 : 1;
+  }
+  return RUN_ALL_TESTS();
+}
