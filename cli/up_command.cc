@@ -27,6 +27,8 @@
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int64_t, max_queued_requests);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(double, gpu_memory_utilization);
 ABSL_FLAG(int32_t, prefill, 1, "up: prefill workers to start");
 ABSL_FLAG(int32_t, decode, 1, "up: decode workers to start");
 ABSL_FLAG(int32_t, combined, 0, "up: combined (prefill + decode, no transfer) workers to start");
@@ -153,6 +155,12 @@ int UpCommand() {
     return fail(absl::InvalidArgumentError(absl::StrCat("--kv-transport must be tcp or nccl, not '", kv_transport, "'")));
   }
   common.push_back("--kv-transport=" + kv_transport);
+  // Every worker shares the one --device: left at its default, the memory share is split between
+  // them (each worker plans its KV pool from its own share).
+  const int n_workers = n_prefill + n_decode + n_combined;
+  if (absl::GetFlag(FLAGS_device) != "cpu" && n_workers > 1 && absl::GetFlag(FLAGS_gpu_memory_utilization) == 0.9) {
+    common.push_back(absl::StrCat("--gpu-memory-utilization=", 0.9 / n_workers));
+  }
   // Every worker here runs on the one --device: NCCL pairs two processes on one GPU only when they
   // claim different hosts (common/transport/nccl/nccl_kv_link.h).
   const bool distinct_nccl_hosts = kv_transport == "nccl" && std::getenv("NCCL_HOSTID") == nullptr;

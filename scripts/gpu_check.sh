@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The GPU checks, run on the GPU machine from the repository root over a bundle made by
-# scripts/gpu_bundle.sh (carried as .gpu_bundle). Writes logs to $OUT (or ./gpu-check-out).
-#   1. the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU) and the
-#      NCCL link test (two processes on this GPU);
-#   1b. the end-to-end service suite with every worker on CUDA and KV over NCCL (E2E_FILTER picks
-#      tests, default: all);
-#   2. `tandem generate` on models/kjv-target with --device cuda vs --device cpu, greedy, 64 tokens;
-#   3. forward_bench on CUDA (prefill and batch-1 decode with the device's measured ceilings) over
-#      random BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b
-#      (written by `tandem make-model` there; each 7-8B model takes ~16 GB of disk);
-#   4. output-token throughput of a combined CUDA worker against transformers' generate()
-#      (tests/bench/throughput_vs_hf.py) on the same models.
+# scripts/gpu_bundle.sh (carried as .gpu_bundle). Writes logs to $OUT (or ./gpu-check-out) as it
+# goes, so a run cut short still returns what it finished. Stages, in order (STAGES picks; default
+# all three):
+#   tests  the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU), the
+#          NCCL link test (two processes on this GPU), and `tandem generate` on models/kjv-target with
+#          --device cuda vs --device cpu (greedy, 64 tokens);
+#   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL (E2E_FILTER picks
+#          tests, default all);
+#   bench  kv_transfer_bench (TCP staging vs NCCL, two processes), disagg_bench.py (TTFT with
+#          layer-wise overlap on and off, over NCCL), forward_bench (prefill and batch-1 decode against
+#          the device's measured ceilings) and throughput_vs_hf.py (a combined CUDA worker against
+#          transformers' generate()) over random BF16 weights of qwen2.5-0.5b and, with
+#          TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each 7-8B model takes ~16 GB of disk).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check-out}"
@@ -45,12 +47,12 @@ W=.gpu_bundle/run/wrap
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
 LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" | grep "not found" | tee "$OUT/missing-libs.txt"
 status=0
+STAGES="${STAGES:-tests e2e bench}"
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+if stage tests; then
 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
 "$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
-TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=nccl \
-  "$W/service_e2e_test" --gtest_filter="${E2E_FILTER:-*}" > "$OUT/e2e-cuda-nccl.log" 2>&1 || status=1
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/e2e-cuda-nccl.log"
 gen() { "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$1"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
@@ -64,6 +66,15 @@ print(f"greedy tokens identical for the first {same} of {len(ta)}")
 # BF16 activations on the GPU against f32 on the CPU: near-ties may part them later, not at once.
 sys.exit(0 if same >= 8 else f"CUDA and CPU part after {same} tokens: expected at least 8 in common")
 PY
+fi
+if stage e2e; then
+  TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=nccl \
+    "$W/service_e2e_test" --gtest_filter="${E2E_FILTER:-*}" > "$OUT/e2e-cuda-nccl.log" 2>&1 || status=1
+  grep -E "^\[ +(OK|FAILED|PASSED) " "$OUT/e2e-cuda-nccl.log"
+fi
+if stage bench; then
+"$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
+  2>&1 | tee "$OUT/kv_transfer.txt" || status=1
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
 for p in "${presets[@]}"; do
@@ -77,6 +88,9 @@ for p in "${presets[@]}"; do
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \
     --hf-concurrency $hf_levels --json-out "$OUT/throughput-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
+  python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
+    --up-arg=--kv-transport=nccl 2>&1 | tee -a "$OUT/disagg.txt" || status=1
 done
+fi
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status

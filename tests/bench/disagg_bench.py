@@ -8,6 +8,7 @@ compute, KV transfer (first token sampled → the decode worker acknowledged eve
 transfer's share of TTFT. Distinct random prompts, so the prefix cache never shortens a prefill.
 
 Usage: disagg_bench.py TANDEM MODEL_DIR [--prompt-len 512] [--requests 6] [--port 50151]
+                       [--up-arg=--device=cuda --up-arg=--kv-transport=nccl ...]
 """
 import argparse
 import json
@@ -27,6 +28,8 @@ ap.add_argument("--prompt-len", type=int, default=512)
 ap.add_argument("--requests", type=int, default=6)
 ap.add_argument("--port", type=int, default=50151)
 ap.add_argument("--vocab", type=int, default=0, help="token ids are drawn below this (default: from config.json)")
+ap.add_argument("--up-arg", action="append", default=[],
+                help="extra flag for `tandem up` (repeatable), e.g. --up-arg=--device=cuda --up-arg=--kv-transport=nccl")
 args = ap.parse_args()
 vocab = args.vocab or json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
 rng = random.Random(1)
@@ -38,7 +41,8 @@ def run(layerwise):
     ready = os.path.join(work, "ready")
     up = subprocess.Popen([args.tandem, "up", "--model", args.model, "--port", str(args.port), "--prefill", "1",
                            "--decode", "1", "--ready-file", ready, "--log-dir", work,
-                           f"--prefill-worker-args=--layerwise-transfer={'true' if layerwise else 'false'}"],
+                           f"--prefill-worker-args=--layerwise-transfer={'true' if layerwise else 'false'}",
+                           *args.up_arg],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not os.path.exists(ready):
@@ -68,7 +72,8 @@ def summary(rows):
     return ttft, m("prefill_queue"), m("prefill_compute"), transfer, transfer / ttft
 
 
-print(f"model {args.model}, prompt {args.prompt_len} tokens, {args.requests} requests one at a time")
+print(f"model {args.model}, prompt {args.prompt_len} tokens, {args.requests} requests one at a time"
+      + (f", tandem up {' '.join(args.up_arg)}" if args.up_arg else ""))
 print(f"{'layer-wise':>10} {'TTFT ms':>9} {'queue ms':>9} {'compute ms':>11} {'transfer ms':>12} {'transfer/TTFT':>14}")
 results = {}
 for layerwise in (True, False):

@@ -1,11 +1,19 @@
-// KV-transfer bandwidth of the TCP transport on loopback: one request's KV (every layer of its
-// blocks, K and V, f32) sent layer by layer from a sender storage into reserved blocks of a receiver
-// storage, as a prefill worker sends to a decode worker. Geometries of real presets; prints MB/s
-// and GB/s per geometry and prompt length, with a memcpy of the same bytes side by side (the
-// ceiling of a copy through host memory on this machine).
+// KV-transfer bandwidth: one request's KV (every layer of its blocks, K and V, f32) sent layer by
+// layer from a sender storage into reserved blocks of a receiver storage, as a prefill worker sends
+// to a decode worker. Geometries of real presets; prints GB/s per geometry and prompt length.
+//   --device cpu (default): both ends in this process over loopback TCP, with a memcpy of the same
+//     bytes side by side (the ceiling of a copy through host memory on this machine).
+//   --device cuda: the receiver is a second process on the same GPU (this program again, with its own
+//     NCCL_HOSTID, as two workers sharing a GPU run), and each --transports entry is measured side by
+//     side: tcp (layers staged through host memory) and nccl (the NCCL link).
 //
 //   kv_transfer_bench [--presets qwen2.5-0.5b,llama-3-8b] [--tokens 512,2048] [--iterations 5]
+//                     [--device cuda [--transports tcp,nccl]] [--two-processes]
+#include <sys/wait.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -13,9 +21,15 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/create_backend.h"
 #include "common/base/command_line.h"
+#include "common/base/subprocess.h"
 #include "common/model/presets.h"
+#include "common/transport/nccl/nccl_kv_link.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 
 ABSL_FLAG(std::vector<std::string>, presets, std::vector<std::string>({"qwen2.5-0.5b", "llama-3-8b"}),
@@ -23,11 +37,183 @@ ABSL_FLAG(std::vector<std::string>, presets, std::vector<std::string>({"qwen2.5-
 ABSL_FLAG(std::vector<std::string>, tokens, std::vector<std::string>({"512", "2048"}), "prompt lengths");
 ABSL_FLAG(int, iterations, 5, "transfers per measurement (the best is reported)");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
+ABSL_FLAG(std::string, device, "cpu", "cpu (one process, loopback TCP) or cuda (two processes on one GPU)");
+ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "nccl"}),
+          "with --device cuda: the data paths measured side by side");
+ABSL_FLAG(bool, two_processes, false,
+          "the --device cuda layout (receiver in a second process) on any device; --device cpu with "
+          "--transports tcp checks it without a GPU");
+ABSL_FLAG(std::string, role, "", "internal: 'receiver' is the receiving process of a --device cuda run");
+ABSL_FLAG(std::string, ready_file, "", "internal: where the receiver writes its port");
 
 namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<KvCacheGeometry> Geometry(const std::string& preset_name, int64_t tokens) {
+  auto preset = FindModelPreset(preset_name);
+  if (!preset.ok()) return preset.status();
+  const ModelConfig& c = preset->config;
+  const int64_t bs = absl::GetFlag(FLAGS_block_size);
+  return KvCacheGeometry{c.num_hidden_layers, (tokens + bs - 1) / bs, bs, c.num_key_value_heads, c.head_dim};
+}
+
+// The cache content both processes know: element i of layer l of K (V: negated).
+float Pattern(int64_t layer, int64_t i) { return static_cast<float>((layer * 7919 + i) % 1000); }
+
+struct GpuEnd {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<KvCacheStorage> storage;
+  std::unique_ptr<KvLinkFactory> links;  // when the transport is nccl
+  std::vector<int32_t> table;            // every block, in order
+};
+
+absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& transport, bool fill) {
+  GpuEnd e;
+  auto backend = CreateBackend({absl::GetFlag(FLAGS_device), {}});
+  if (!backend.ok()) return backend.status();
+  e.backend = *std::move(backend);
+  auto storage = KvCacheStorage::Create(e.backend.get(), g);
+  if (!storage.ok()) return storage.status();
+  e.storage = *std::move(storage);
+  for (int64_t b = 0; b < g.num_blocks; ++b) e.table.push_back(static_cast<int32_t>(b));
+  std::vector<float> layer(g.elements_per_layer());
+  for (int64_t l = 0; l < g.num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int64_t i = 0; i < g.elements_per_layer(); ++i) layer[i] = fill ? (kv ? -1.f : 1.f) * Pattern(l, i) : 0.f;
+      e.storage->WriteBlocks(kv == 1, l, e.table, layer.data());
+    }
+  }
+  if (transport == "nccl") {
+    auto links = CreateNcclKvLinkFactory(e.storage.get());
+    if (!links.ok()) return links.status();
+    e.links = *std::move(links);
+  }
+  return e;
+}
+
+// The receiving process: expects warm-up + iterations transfers of every block, then checks the last.
+int RunReceiver() {
+  ::setenv("NCCL_HOSTID", "tandem-kv-bench-receiver", 1);
+  const std::string transport = absl::GetFlag(FLAGS_transports).at(0);
+  int64_t tokens = 0;
+  if (!absl::SimpleAtoi(absl::GetFlag(FLAGS_tokens).at(0), &tokens)) return 2;
+  auto g = Geometry(absl::GetFlag(FLAGS_presets).at(0), tokens);
+  if (!g.ok()) return 2;
+  auto end = MakeGpuEnd(*g, transport, /*fill=*/false);
+  if (!end.ok()) {
+    std::fprintf(stderr, "receiver: %s\n", end.status().ToString().c_str());
+    return 1;
+  }
+  TcpKvReceiver::Options o{"127.0.0.1", 0, end->storage.get(), {"bench", *g}, absl::Seconds(60)};
+  o.link_factory = end->links.get();
+  auto receiver = TcpKvReceiver::Create(o);
+  if (!receiver.ok()) return 1;
+  const int transfers = absl::GetFlag(FLAGS_iterations) + 1;
+  for (int it = 0; it < transfers; ++it) {
+    if (!(*receiver)->Expect(absl::StrCat("r", it), end->table).ok()) return 1;
+  }
+  {
+    std::FILE* f = std::fopen(absl::GetFlag(FLAGS_ready_file).c_str(), "w");
+    if (f == nullptr) return 1;
+    std::fprintf(f, "%d\n", (*receiver)->port());
+    std::fclose(f);
+  }
+  for (int it = 0; it < transfers; ++it) {
+    if (auto w = (*receiver)->Wait(absl::StrCat("r", it), absl::Seconds(300)); !w.ok()) {
+      std::fprintf(stderr, "receiver: %s\n", w.status().ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<float> layer(g->elements_per_layer());
+  for (int64_t l = 0; l < g->num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      end->storage->ReadBlocks(kv == 1, l, end->table, layer.data());
+      for (int64_t i = 0; i < g->elements_per_layer(); ++i) {
+        if (layer[i] != (kv ? -1.f : 1.f) * Pattern(l, i)) {
+          std::fprintf(stderr, "receiver: transferred KV differs from the source (layer %lld)\n", static_cast<long long>(l));
+          return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+// One --device cuda measurement: best seconds per transfer (Begin to the receiver's acknowledgement).
+absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens, const std::string& transport) {
+  auto g = Geometry(preset, tokens);
+  if (!g.ok()) return g.status();
+  auto end = MakeGpuEnd(*g, transport, /*fill=*/true);
+  if (!end.ok()) return end.status();
+  const std::string ready = absl::StrCat("/tmp/kv_transfer_bench_", ::getpid(), "_", transport, "_", tokens);
+  std::remove(ready.c_str());
+  const int iterations = absl::GetFlag(FLAGS_iterations);
+  auto child = Subprocess::Spawn({ExecutableDir() + "/kv_transfer_bench", "--role=receiver", "--device=" + absl::GetFlag(FLAGS_device),
+                                  "--transports=" + transport, "--presets=" + preset, "--two-processes", absl::StrCat("--tokens=", tokens),
+                                  absl::StrCat("--iterations=", iterations), absl::StrCat("--block-size=", g->block_size),
+                                  "--ready-file=" + ready},
+                                 "");
+  if (!child.ok()) return child.status();
+  int port = 0;
+  for (int i = 0; i < 1200 && port == 0; ++i) {
+    if (!child->running()) return absl::InternalError("the receiver process exited early");
+    (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFileFrom(ready)), &port);
+    if (port == 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (port == 0) return absl::DeadlineExceededError("the receiver did not start");
+  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), {"bench", *g}, absl::Seconds(60), end->links.get());
+  if (!sender.ok()) return sender.status();
+  double best = 1e30;
+  for (int it = 0; it <= iterations; ++it) {  // transfer 0 warms up
+    const std::string id = absl::StrCat("r", it);
+    const auto t0 = Clock::now();
+    absl::Status s = (*sender)->Begin(id, tokens);
+    for (int32_t l = 0; s.ok() && l < g->num_layers; ++l) s = (*sender)->SendLayer(id, l, end->table, end->storage.get());
+    if (s.ok()) s = (*sender)->End(id, 1);
+    if (!s.ok()) return s;
+    if (it > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::optional<int> status = child->Wait(absl::Seconds(120));
+  std::remove(ready.c_str());
+  if (!status.has_value() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    return absl::InternalError("the receiver failed (its stderr is above)");
+  }
+  return best;
+}
+
+int RunGpu() {
+  ::setenv("NCCL_HOSTID", "tandem-kv-bench-sender", 1);
+  const std::vector<std::string> transports = absl::GetFlag(FLAGS_transports);
+  std::printf("%-14s %7s %10s", "geometry", "tokens", "MiB");
+  for (const std::string& t : transports) std::printf(" %10s", (t + " GB/s").c_str());
+  std::printf("\n");
+  for (const std::string& name : absl::GetFlag(FLAGS_presets)) {
+    for (const std::string& t : absl::GetFlag(FLAGS_tokens)) {
+      int64_t tokens = 0;
+      if (!absl::SimpleAtoi(t, &tokens) || tokens <= 0) return 2;
+      auto g = Geometry(name, tokens);
+      if (!g.ok()) {
+        std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
+        return 2;
+      }
+      const double bytes = 2.0 * g->num_layers * g->elements_per_layer() * sizeof(float);
+      std::printf("%-14s %7lld %10.1f", name.c_str(), static_cast<long long>(tokens), bytes / (1 << 20));
+      for (const std::string& transport : transports) {
+        auto seconds = MeasureGpu(name, tokens, transport);
+        if (!seconds.ok()) {
+          std::fprintf(stderr, "\n%s: %s\n", transport.c_str(), seconds.status().ToString().c_str());
+          return 1;
+        }
+        std::printf(" %10.2f", bytes / *seconds / 1e9);
+        std::fflush(stdout);
+      }
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
 
 int Run() {
   auto backend = CpuBackend::Create({}).value();
@@ -93,5 +279,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   tandem::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_role) == "receiver") return tandem::RunReceiver();
+  if (absl::GetFlag(FLAGS_device) != "cpu" || absl::GetFlag(FLAGS_two_processes)) return tandem::RunGpu();
   return tandem::Run();
 }

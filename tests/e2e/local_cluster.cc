@@ -128,6 +128,7 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
   if (const std::string device = Env("TANDEM_E2E_DEVICE"); !device.empty()) {
     argv.push_back("--device=" + device);
     argv.push_back("--batch-invariant=true");
+    argv.push_back("--gpu-memory-utilization=0.15");  // up to 5 workers share the GPU
   }
   if (const std::string transport = Env("TANDEM_E2E_KV_TRANSPORT"); !transport.empty()) {
     argv.push_back("--kv-transport=" + transport);

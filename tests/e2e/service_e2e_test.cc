@@ -115,6 +115,7 @@ std::vector<Expected> Reference(const std::string& model_dir, const std::vector<
   auto backend = E2eBackend().value();
   auto model = LlamaModel::Load(model_dir, backend.get()).value();
   EngineOptions o;
+  o.gpu_memory_utilization = 0.15;  // on a GPU, beside the cluster's workers (as LocalCluster gives them)
   auto engine = Engine::Create(model.get(), o).value();
   std::vector<Expected> out(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
