@@ -3,13 +3,19 @@
 // Begin, one KvLayerHeader per layer, End, Ack); after each layer header both ends move that layer
 // over the link, so sends and receives pair up one to one, in header order.
 //
-// Calls are synchronous: each returns once its layer moved (send: handed to the peer; receive: in
-// the destination blocks) or failed. A failed or timed-out call aborts the link, and every later call
-// fails: the owner then drops the control connection with it, which the peer sees. Destruction tears
-// the link down (an NCCL communicator is aborted, never waited on). One thread uses a link at a time.
+// Calls are synchronous: each returns once its layer moved (send: handed to the peer; receive: landed
+// or dropped) or failed. A failed or timed-out call aborts the link, and every later call fails: the
+// owner then drops the control connection with it, which the peer sees. Destruction tears the link
+// down (an NCCL communicator is aborted, never waited on). One thread uses a link at a time.
+//
+// Receiving never writes into cache blocks on its own: data lands in the link's staging memory, and
+// the owner decides, under whatever lock keeps the blocks reserved, whether it goes into the blocks
+// (`land`). A cancelled reservation can therefore be released at once: an abort, a timeout or a late
+// arrival can only ever touch the link's own memory.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,8 +31,13 @@ class KvLink {
   // Sends layer `layer` of `blocks` (K blocks in order, then V blocks) of the factory's storage, after
   // the device work enqueued on its backend before the call (the layer's KV writes).
   virtual absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) = 0;
-  // Receives a layer sent as above into `blocks` of the factory's storage (same count as the sender's).
-  virtual absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) = 0;
+  // Receives a layer sent as above (K then V of `blocks.size()` blocks). Piece by piece, as each lands
+  // in staging, calls `land(write)`: the owner calls `write()` (which copies that piece into its
+  // blocks of the factory's storage and waits for the copy) only while `blocks` are still the
+  // transfer's, and holds its lock meanwhile. An owner that no longer wants the layer never calls it.
+  using Landing = std::function<void(const std::function<void()>& write)>;
+  virtual absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
+                                 absl::Duration timeout) = 0;
   // Receives a layer of `num_blocks` blocks and drops it: its transfer was cancelled, but the
   // sender's sends still need their receives.
   virtual absl::Status DiscardLayer(int32_t num_blocks, absl::Duration timeout) = 0;

@@ -2,15 +2,17 @@
 // TcpKvReceiver with the NCCL link factory here, TcpKvSender in a child process (this binary run with
 // --sender), each with its own NCCL_HOSTID. Checks every moved value exactly (more blocks than one
 // NCCL group holds, shuffled on both ends), that a cancelled transfer's layers are drained without
-// desynchronising the pair, that a killed sender fails only its transfer within the I/O timeout,
-// and that a join nobody answers times out. Exit code 77 (ctest: skipped, label "gpu") without a
-// device.
+// desynchronising the pair, that a cancel mid-transfer keeps what landed before it and nothing after,
+// that a killed sender fails only its transfer within the I/O timeout, and that a join nobody
+// answers times out. Exit code 77 (ctest: skipped, label "gpu") without a device.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <string>
@@ -103,19 +105,40 @@ absl::Status SendAll(TcpKvSender* sender, KvCacheStorage* storage, const std::st
   return sender->End(id, token);
 }
 
-int RunSender(const std::string& mode, int port) {
+bool WaitForFile(const std::string& path, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+void Touch(const std::string& path) {
+  if (std::FILE* f = std::fopen(path.c_str(), "w")) std::fclose(f);
+}
+
+// mode "transfer": r1 (600 blocks), r2 (cancelled by the receiver beforehand), r3. mode "pause": layer
+// 0 of r1, then `dir`/layer0, then waits for `dir`/go (or to be killed), then the rest of r1, whose
+// End the receiver must refuse (it cancelled r1 meanwhile).
+int RunSender(const std::string& mode, int port, const std::string& dir) {
   ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-sender", 1);  // before any NCCL call
   auto device = MakeDevice(/*fill=*/true);
   if (!device.ok()) return Fail("device", device.status());
   auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), kInfo, absl::Seconds(20), device->links.get());
   if (!sender.ok()) return Fail("connect", sender.status());
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
-  if (mode == "slow") {  // one layer, then nothing until the parent kills us
+  if (mode == "pause") {
     if (absl::Status s = (*sender)->Begin("r1", 64); !s.ok()) return Fail("begin", s);
     if (absl::Status s = (*sender)->SendLayer("r1", 0, src, device->storage.get()); !s.ok()) return Fail("layer", s);
-    std::printf("sender: layer 0 sent\n");
-    std::fflush(stdout);
-    ::sleep(120);
+    Touch(dir + "/layer0");
+    if (!WaitForFile(dir + "/go", absl::Seconds(120))) return Fail("go", absl::DeadlineExceededError("no go"));
+    for (int32_t l = 1; l < kGeometry.num_layers; ++l) {
+      if (absl::Status s = (*sender)->SendLayer("r1", l, src, device->storage.get()); !s.ok()) return Fail("layer", s);
+    }
+    if (absl::Status s = (*sender)->End("r1", 11); s.ok() || s.message().find("no reservation") == std::string::npos) {
+      return Fail("r1 should have been refused after the cancel", s);
+    }
     return 0;
   }
   if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r1", src, 11); !s.ok()) return Fail("r1", s);
@@ -147,15 +170,29 @@ class NcclLinkTest : public ::testing::Test {
     o.link_factory = device_->links.get();
     return TcpKvReceiver::Create(o).value();
   }
-  static Subprocess SpawnSender(const std::string& mode, int port) {
-    return Subprocess::Spawn({ExecutableDir() + "/nccl_link_test", "--sender", mode, absl::StrCat(port)}, "").value();
+  void SetUp() override {
+    // Every block zero again; a directory for the sender's markers.
+    const int64_t e = kGeometry.elements_per_block();
+    std::vector<int32_t> all(kGeometry.num_blocks);
+    std::iota(all.begin(), all.end(), 0);
+    std::vector<float> zeros(all.size() * e, 0.f);
+    for (int64_t l = 0; l < kGeometry.num_layers; ++l) {
+      device_->storage->WriteBlocks(false, l, all, zeros.data());
+      device_->storage->WriteBlocks(true, l, all, zeros.data());
+    }
+    dir_ = absl::StrCat(::testing::TempDir(), "/nccl_link_test_", ::getpid(), "_", ++runs_);
+    std::filesystem::create_directories(dir_);
   }
-  // Block `dst` of every layer holds the sender's block `src`.
-  static bool Holds(int32_t dst, int32_t src) {
+  Subprocess SpawnSender(const std::string& mode, int port) {
+    return Subprocess::Spawn({ExecutableDir() + "/nccl_link_test", "--sender", mode, absl::StrCat(port), dir_}, "")
+        .value();
+  }
+  // Block `dst` of layers [first, last) (default: every layer) holds the sender's block `src`, K and V.
+  static bool Holds(int32_t dst, int32_t src, int64_t first = 0, int64_t last = kGeometry.num_layers) {
     const int64_t e = kGeometry.elements_per_block();
     std::vector<float> host(e);
     for (int kv = 0; kv < 2; ++kv) {
-      for (int64_t l = 0; l < kGeometry.num_layers; ++l) {
+      for (int64_t l = first; l < last; ++l) {
         device_->storage->ReadBlocks(kv == 1, l, {dst}, host.data());
         for (int64_t i = 0; i < e; ++i) {
           if (host[i] != Value(kv, l, src, i)) return false;
@@ -164,18 +201,23 @@ class NcclLinkTest : public ::testing::Test {
     }
     return true;
   }
-  static bool IsZero(int32_t dst) {
+  static bool IsZero(int32_t dst, int64_t first = 0, int64_t last = kGeometry.num_layers) {
     const int64_t e = kGeometry.elements_per_block();
     std::vector<float> host(e);
-    for (int64_t l = 0; l < kGeometry.num_layers; ++l) {
-      device_->storage->ReadBlocks(false, l, {dst}, host.data());
-      if (std::any_of(host.begin(), host.end(), [](float x) { return x != 0.f; })) return false;
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int64_t l = first; l < last; ++l) {
+        device_->storage->ReadBlocks(kv == 1, l, {dst}, host.data());
+        if (std::any_of(host.begin(), host.end(), [](float x) { return x != 0.f; })) return false;
+      }
     }
     return true;
   }
   static Device* device_;
+  static int runs_;
+  std::string dir_;
 };
 Device* NcclLinkTest::device_ = nullptr;
+int NcclLinkTest::runs_ = 0;
 
 TEST_F(NcclLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrained) {
   auto receiver = Receiver(absl::Seconds(20));
@@ -206,11 +248,31 @@ TEST_F(NcclLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrain
   for (size_t i = 4; i < spare.size(); ++i) EXPECT_TRUE(IsZero(spare[i])) << spare[i];
 }
 
+TEST_F(NcclLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
+  auto receiver = Receiver(absl::Seconds(20));
+  const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
+  const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, kReserved, 5);
+  ASSERT_TRUE(receiver->Expect("r1", dst).ok());
+  Subprocess child = SpawnSender("pause", receiver->port());
+  ASSERT_TRUE(WaitForFile(dir_ + "/layer0", absl::Seconds(60)));
+  const absl::Time t0 = absl::Now();
+  receiver->Cancel("r1");  // returns at once: the blocks could go back to the pool now
+  EXPECT_LT(absl::Now() - t0, absl::Milliseconds(100));
+  Touch(dir_ + "/go");
+  auto status = child.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
+  for (size_t i = 0; i < dst.size(); ++i) {
+    ASSERT_TRUE(Holds(dst[i], src[i], 0, 1)) << "layer 0 landed before the cancel, block " << dst[i];
+    ASSERT_TRUE(IsZero(dst[i], 1, kGeometry.num_layers)) << "a layer landed after the cancel, block " << dst[i];
+  }
+}
+
 TEST_F(NcclLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
   auto receiver = Receiver(absl::Seconds(5));
   ASSERT_TRUE(receiver->Expect("r1", Shuffled(kGeometry.num_blocks, kReserved, 4)).ok());
-  Subprocess child = SpawnSender("slow", receiver->port());
-  absl::SleepFor(absl::Seconds(8));  // connect, join and the first layer, well within this
+  Subprocess child = SpawnSender("pause", receiver->port());
+  ASSERT_TRUE(WaitForFile(dir_ + "/layer0", absl::Seconds(60)));
   child.Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   auto w = receiver->Wait("r1", absl::Seconds(30));
@@ -233,10 +295,10 @@ TEST_F(NcclLinkTest, AJoinNobodyAnswersTimesOut) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::string(argv[1]) == "--sender") {
+  if (argc == 5 && std::string(argv[1]) == "--sender") {
     int port = 0;
     if (!absl::SimpleAtoi(argv[3], &port)) return 2;
-    return tandem::RunSender(argv[2], port);
+    return tandem::RunSender(argv[2], port, argv[4]);
   }
   ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-receiver", 1);
   ::testing::InitGoogleTest(&argc, argv);

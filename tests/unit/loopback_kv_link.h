@@ -1,8 +1,9 @@
 // An in-process KvLink for tests of the transport around a side data path, on the CPU. The two ends
 // of a pair meet in a shared hub by rendezvous token and hand layers over through a queue with
 // NCCL's pairing rules: each send waits until its matching receive took it, sizes must agree, and a
-// torn-down or aborted end fails the other's calls. Faults on demand: sends that stall (a hung peer),
-// joins that never complete. Counts live links, so tests can see communicators created lazily,
+// torn-down or aborted end fails the other's calls. Received layers land through the owner's
+// `land`, as the NCCL link's staged receives do. Faults on demand: sends that stall (a hung peer) or
+// arrive late, joins that never complete. Counts live links, so tests can see communicators created lazily,
 // reused, and torn down.
 #pragma once
 
@@ -53,8 +54,8 @@ class LoopbackKvHub {
 class LoopbackKvLink final : public KvLink {
  public:
   LoopbackKvLink(std::shared_ptr<LoopbackKvHub::Pair> pair, KvCacheStorage* storage, LoopbackKvHub* hub,
-                 const std::atomic<bool>* stall_sends)
-      : pair_(std::move(pair)), storage_(storage), hub_(hub), stall_sends_(stall_sends) {
+                 const std::atomic<bool>* stall_sends, const std::atomic<int>* send_delay_ms)
+      : pair_(std::move(pair)), storage_(storage), hub_(hub), stall_sends_(stall_sends), send_delay_ms_(send_delay_ms) {
     ++hub_->live_links;
   }
   ~LoopbackKvLink() override {
@@ -68,6 +69,7 @@ class LoopbackKvLink final : public KvLink {
     std::vector<float> data(2 * blocks.size() * e);
     storage_->ReadBlocks(false, layer, blocks, data.data());
     storage_->ReadBlocks(true, layer, blocks, data.data() + blocks.size() * e);
+    if (send_delay_ms_->load() > 0) absl::SleepFor(absl::Milliseconds(send_delay_ms_->load()));
     absl::MutexLock lock(&pair_->mu);
     if (pair_->aborted) return absl::UnavailableError(pair_->why);
     if (stall_sends_->load()) {  // a hung peer: nothing moves until the timeout aborts the link
@@ -85,12 +87,15 @@ class LoopbackKvLink final : public KvLink {
     return pair_->taken >= mine ? absl::OkStatus() : absl::UnavailableError(pair_->why);
   }
 
-  absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) override {
+  absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
+                         absl::Duration timeout) override {
     std::vector<float> data;
     RETURN_IF_ERROR(Take(static_cast<int32_t>(blocks.size()), timeout, &data));
     const int64_t e = storage_->geometry().elements_per_block();
-    storage_->WriteBlocks(false, layer, blocks, data.data());
-    storage_->WriteBlocks(true, layer, blocks, data.data() + blocks.size() * e);
+    land([&] {
+      storage_->WriteBlocks(false, layer, blocks, data.data());
+      storage_->WriteBlocks(true, layer, blocks, data.data() + blocks.size() * e);
+    });
     return absl::OkStatus();
   }
 
@@ -132,6 +137,7 @@ class LoopbackKvLink final : public KvLink {
   KvCacheStorage* storage_;
   LoopbackKvHub* hub_;
   const std::atomic<bool>* stall_sends_;
+  const std::atomic<int>* send_delay_ms_;
 };
 
 class LoopbackKvLinkFactory final : public KvLinkFactory {
@@ -150,10 +156,11 @@ class LoopbackKvLinkFactory final : public KvLinkFactory {
       pair->joined[rank] = false;
       return absl::DeadlineExceededError("loopback link: the peer did not join in time");
     }
-    return std::unique_ptr<KvLink>(new LoopbackKvLink(pair, storage_, hub_, &stall_sends_));
+    return std::unique_ptr<KvLink>(new LoopbackKvLink(pair, storage_, hub_, &stall_sends_, &send_delay_ms_));
   }
 
   std::atomic<bool> stall_sends_{false};  // sends hang until their timeout
+  std::atomic<int> send_delay_ms_{0};     // sends hand their layer over this late
   std::atomic<bool> never_join_{false};   // this end's joins never complete (for its peer)
 
  private:

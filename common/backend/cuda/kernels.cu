@@ -262,6 +262,21 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   return cudaGetLastError();
 }
 
+__global__ void ScatterBlocksKernel(const float* src, const int32_t* index, int64_t elems, float* dst) {
+  const int64_t i = blockIdx.x;
+  const float* from = src + i * elems;
+  float* to = dst + int64_t(index[i]) * elems;
+  for (int64_t j = threadIdx.x; j < elems; j += blockDim.x) to[j] = from[j];
+}
+
+cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t n, int64_t elems, float* dst,
+                                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (n > 0x7fffffff) return cudaErrorInvalidValue;
+  ScatterBlocksKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(src, index, elems, dst);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   SiluMulKernel<<<Blocks(count), kThreads, 0, stream>>>(gate, up, count, out);

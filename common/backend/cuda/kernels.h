@@ -69,6 +69,11 @@ cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, flo
 // x[count] += y[count].
 cudaError_t LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stream);
 
+// dst[index[i]][elems] = src[i][elems] for i < n: blocks landed in a staging buffer scattered into
+// their cache blocks (the NCCL KV receiver). `index` is device memory.
+cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t n, int64_t elems, float* dst,
+                                cudaStream_t stream);
+
 // out[m][d] = x[rows[i]][d].
 cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out,
                              cudaStream_t stream);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/kernels.h"
 #include "common/base/status_macros.h"
 
 namespace tandem {
@@ -22,7 +23,9 @@ std::string CudaError(cudaError_t e) { return absl::StrCat(cudaGetErrorName(e), 
 NcclKvLink::~NcclKvLink() {
   cudaSetDevice(device_);
   Abort();  // teardown never waits for the peer, which may be gone
-  if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);  // stream-ordered: no device-wide sync
+  // Stream-ordered frees: after whatever an aborted operation still does, and no device-wide sync.
+  if (staging_ != nullptr) cudaFreeAsync(staging_, stream_);
+  if (index_ != nullptr) cudaFreeAsync(index_, stream_);
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (done_ != nullptr) cudaEventDestroy(done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -65,60 +68,110 @@ absl::Status NcclKvLink::WaitIdle(cudaEvent_t event, absl::Time deadline, const 
   }
 }
 
-absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, bool discard,
-                              absl::Duration timeout) {
+absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
+  if (blocks <= staging_blocks_) return absl::OkStatus();
+  if (staging_ != nullptr) cudaFreeAsync(staging_, stream_);
+  staging_ = nullptr;
+  staging_blocks_ = 0;
+  const size_t bytes = 2 * static_cast<size_t>(blocks) * storage_->geometry().elements_per_block() * sizeof(float);
+  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&staging_), bytes, stream_); e != cudaSuccess) {
+    staging_ = nullptr;
+    return Failed(absl::StrCat("allocating ", bytes, " bytes of staging: ", CudaError(e)));
+  }
+  staging_blocks_ = blocks;
+  return absl::OkStatus();
+}
+
+absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
+  const KvCacheGeometry& g = storage_->geometry();
+  const int64_t e = g.elements_per_block();
+  // After the backend's queued work: a kernel still reading these blocks for their previous owner.
+  auto* compute = static_cast<cudaStream_t>(storage_->backend()->native_stream());
+  cudaError_t err = cudaEventRecord(ready_, compute);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready_, 0);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, stream_);
+  }
+  if (err == cudaSuccess) {
+    err = cuda::LaunchScatterBlocks(staging_, index_, count, e, storage_->k() + layer * g.elements_per_layer(), stream_);
+  }
+  if (err == cudaSuccess) {
+    err = cuda::LaunchScatterBlocks(staging_ + count * e, index_, count, e, storage_->v() + layer * g.elements_per_layer(),
+                                    stream_);
+  }
+  if (err == cudaSuccess) err = cudaEventRecord(done_, stream_);
+  if (err == cudaSuccess) err = cudaEventSynchronize(done_);  // device-local copies: short
+  return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("landing a layer: ", CudaError(err)));
+}
+
+absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
+                              const Landing* land, absl::Duration timeout) {
   if (aborted_) return absl::UnavailableError(abort_reason_.empty() ? "NCCL KV link: aborted" : abort_reason_);
-  const absl::Time deadline = absl::Now() + timeout;
   const KvCacheGeometry& g = storage_->geometry();
   if (layer < 0 || layer >= g.num_layers) return Failed(absl::StrCat("layer ", layer, " out of range"));
-  if (!discard) {
-    for (int32_t b : blocks) {
-      if (b < 0 || b >= g.num_blocks) return Failed(absl::StrCat("block ", b, " outside the pool"));
-    }
+  if (num_blocks < 0 || num_blocks > g.num_blocks) return Failed(absl::StrCat(num_blocks, " blocks do not fit the pool"));
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= g.num_blocks) return Failed(absl::StrCat("block ", b, " outside the pool"));
   }
   if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return Failed(CudaError(e));
   if (send) {
-    // After the layer's KV writes: everything enqueued on the backend's stream so far.
+    // The layer's KV writes are queued on the backend's stream: wait for them here, so the deadline
+    // below measures the transfer alone.
     auto* compute = static_cast<cudaStream_t>(storage_->backend()->native_stream());
-    if (cudaError_t e = cudaEventRecord(ready_, compute); e != cudaSuccess) return Failed(CudaError(e));
-    if (cudaError_t e = cudaStreamWaitEvent(stream_, ready_, 0); e != cudaSuccess) return Failed(CudaError(e));
+    cudaError_t e = cudaEventRecord(ready_, compute);
+    if (e == cudaSuccess) e = cudaEventSynchronize(ready_);
+    if (e != cudaSuccess) return Failed(CudaError(e));
   }
+  const absl::Time deadline = absl::Now() + timeout;
   const int64_t e = g.elements_per_block();
-  float* k = storage_->k() + layer * g.elements_per_layer();
-  float* v = storage_->v() + layer * g.elements_per_layer();
-  const int64_t n = static_cast<int64_t>(blocks.size());
+  const float* k = storage_->k() + layer * g.elements_per_layer();
+  const float* v = storage_->v() + layer * g.elements_per_layer();
   const int peer = 1 - rank_;
-  // Op i < n moves K of blocks[i], op n + i V of blocks[i]; both ends split the ops into the same groups.
-  for (int64_t first = 0; first < 2 * n; first += kMaxOpsPerGroup) {
+  for (int64_t first = 0; first < num_blocks; first += kChunkBlocks) {
+    const int64_t count = std::min<int64_t>(kChunkBlocks, num_blocks - first);
+    if (!send) RETURN_IF_ERROR(GrowStaging(count));
+    // Ops 0..count-1 move K of the chunk's blocks, then count..2*count-1 their V: both ends alike.
     if (ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return Failed(ncclGetErrorString(r));
     ncclResult_t r = ncclSuccess;
-    for (int64_t i = first; i < std::min<int64_t>(2 * n, first + kMaxOpsPerGroup) && Ok(r); ++i) {
-      float* p = discard ? scratch_ : (i < n ? k + blocks[i] * e : v + blocks[i - n] * e);
-      r = send ? ncclSend(p, static_cast<size_t>(e), ncclFloat, peer, comm_, stream_)
-               : ncclRecv(p, static_cast<size_t>(e), ncclFloat, peer, comm_, stream_);
+    for (int64_t i = 0; i < 2 * count && Ok(r); ++i) {
+      const bool is_v = i >= count;
+      const int64_t j = is_v ? i - count : i;
+      if (send) {
+        const float* p = (is_v ? v : k) + blocks[first + j] * e;
+        r = ncclSend(p, static_cast<size_t>(e), ncclFloat, peer, comm_, stream_);
+      } else {
+        r = ncclRecv(staging_ + i * e, static_cast<size_t>(e), ncclFloat, peer, comm_, stream_);
+      }
     }
     const ncclResult_t end = ncclGroupEnd();
-    if (!Ok(r) || !Ok(end)) return Failed(absl::StrCat(send ? "ncclSend: " : "ncclRecv: ", ncclGetErrorString(Ok(r) ? end : r)));
+    if (!Ok(r) || !Ok(end)) {
+      return Failed(absl::StrCat(send ? "ncclSend: " : "ncclRecv: ", ncclGetErrorString(Ok(r) ? end : r)));
+    }
     // A non-blocking communicator may still be enqueueing the group.
     RETURN_IF_ERROR(WaitIdle(nullptr, deadline, send ? "enqueueing sends" : "enqueueing receives"));
+    if (cudaError_t err = cudaEventRecord(done_, stream_); err != cudaSuccess) return Failed(CudaError(err));
+    RETURN_IF_ERROR(WaitIdle(done_, deadline, send ? "sending a layer" : "receiving a layer"));
+    if (!send && land != nullptr) {
+      absl::Status landed;
+      (*land)([&] { landed = Scatter(layer, blocks, first, count); });
+      RETURN_IF_ERROR(landed);
+    }
   }
-  if (cudaError_t err = cudaEventRecord(done_, stream_); err != cudaSuccess) return Failed(CudaError(err));
-  return WaitIdle(done_, deadline, send ? "sending a layer" : "receiving a layer");
+  return absl::OkStatus();
 }
 
 absl::Status NcclKvLink::SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) {
-  return Move(true, layer, blocks, false, timeout);
+  return Move(true, layer, blocks, static_cast<int64_t>(blocks.size()), nullptr, timeout);
 }
 
-absl::Status NcclKvLink::RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) {
-  return Move(false, layer, blocks, false, timeout);
+absl::Status NcclKvLink::RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
+                                   absl::Duration timeout) {
+  return Move(false, layer, blocks, static_cast<int64_t>(blocks.size()), &land, timeout);
 }
 
 absl::Status NcclKvLink::DiscardLayer(int32_t num_blocks, absl::Duration timeout) {
-  if (num_blocks < 0 || num_blocks > storage_->geometry().num_blocks) {
-    return Failed(absl::StrCat("cannot discard ", num_blocks, " blocks"));
-  }
-  return Move(false, 0, std::vector<int32_t>(static_cast<size_t>(num_blocks), 0), true, timeout);
+  return Move(false, 0, {}, num_blocks, nullptr, timeout);
 }
 
 // ---------------------------------------------------------------- factory
@@ -164,8 +217,8 @@ absl::StatusOr<std::unique_ptr<KvLink>> NcclKvLinkFactory::Join(const std::strin
   if (cudaError_t e = cudaEventCreateWithFlags(&link->done_, cudaEventDisableTiming); e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaEventCreate: ", CudaError(e)));
   }
-  const size_t scratch_bytes = static_cast<size_t>(storage_->geometry().elements_per_block()) * sizeof(float);
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&link->scratch_), scratch_bytes, link->stream_);
+  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&link->index_), NcclKvLink::kChunkBlocks * sizeof(int32_t),
+                                      link->stream_);
       e != cudaSuccess) {
     return absl::ResourceExhaustedError(absl::StrCat("cudaMallocAsync: ", CudaError(e)));
   }

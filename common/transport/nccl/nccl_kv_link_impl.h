@@ -3,12 +3,17 @@
 //
 // One communicator of two ranks per control connection: the decode worker (rank 1) makes the
 // ncclUniqueId, the handshake reply carries it, both ends join with a non-blocking
-// ncclCommInitRankConfig. Every layer is one or more groups of ncclSend / ncclRecv, one per K block
-// then one per V block (at most kMaxOpsPerGroup operations per group, NCCL's limit being 2048), on
-// the link's own stream. Sends wait, on the device, for an event recorded on the backend's stream,
-// so they follow the layer's KV writes without blocking the host on the whole step. Each call then
-// polls the stream's completion and ncclCommGetAsyncError until done or its timeout; on expiry (or
-// any NCCL error) the communicator is aborted with ncclCommAbort, which never waits for the peer.
+// ncclCommInitRankConfig. A layer moves in chunks of at most kChunkBlocks blocks, one NCCL group per
+// chunk: an ncclSend / ncclRecv per K block of the chunk, then one per V block, both ends splitting
+// the same way, on the link's own stream. The sender first waits (on the host) for an event recorded
+// on the backend's stream, so the sends follow the layer's KV writes and the link's deadline covers
+// only the transfer; it sends straight from its cache blocks, which stay the request's until End.
+// The receiver receives each chunk into the link's staging memory and then, through the owner's
+// `land`, scatters it into the reserved blocks with a kernel ordered after the backend's queued work
+// (whatever still reads those blocks from a previous owner). Every wait polls the stream's
+// completion and ncclCommGetAsyncError until done or the deadline; on expiry (or any NCCL error) the
+// communicator is aborted with ncclCommAbort, which never waits for the peer. Late writes of an
+// aborted receive can only reach the staging memory, freed stream-ordered with the link.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,19 +31,26 @@ namespace tandem {
 
 class NcclKvLink final : public KvLink {
  public:
-  static constexpr int kMaxOpsPerGroup = 1024;
+  // Blocks per NCCL group: 2 × 256 operations, well under NCCL's 2048 per group; 32 MiB of staging
+  // for a 64 KiB block.
+  static constexpr int64_t kChunkBlocks = 256;
   ~NcclKvLink() override;
 
   absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) override;
-  absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) override;
+  absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
+                         absl::Duration timeout) override;
   absl::Status DiscardLayer(int32_t num_blocks, absl::Duration timeout) override;
 
  private:
   friend class NcclKvLinkFactory;
   NcclKvLink(KvCacheStorage* storage, int device, int rank) : storage_(storage), device_(device), rank_(rank) {}
-  // Enqueues K then V of `blocks` of `layer` (discard: `blocks` are only counted, every receive lands
-  // in scratch_), grouped, then waits for all of it.
-  absl::Status Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, bool discard, absl::Duration timeout);
+  // Moves layer `layer` of `num_blocks` blocks, chunk by chunk: sends from `blocks`, or receives into
+  // staging and lands each chunk into `blocks` through `land` (nullptr: dropped).
+  absl::Status Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
+                    const Landing* land, absl::Duration timeout);
+  // Copies `count` staged blocks into blocks[first, first + count) of `layer` and waits for it.
+  absl::Status Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count);
+  absl::Status GrowStaging(int64_t blocks);
   // Polls until the comm has no operation in progress and, when `event` is set, the event completed.
   absl::Status WaitIdle(cudaEvent_t event, absl::Time deadline, const char* what);
   absl::Status Failed(const std::string& why);  // aborts, returns UNAVAILABLE (or the given code)
@@ -49,9 +61,11 @@ class NcclKvLink final : public KvLink {
   int rank_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;   // this link's transfer stream
-  cudaEvent_t ready_ = nullptr;     // recorded on the backend's stream before each send
-  cudaEvent_t done_ = nullptr;      // recorded on stream_ after each layer
-  float* scratch_ = nullptr;        // [block elems]: where discarded layers land
+  cudaEvent_t ready_ = nullptr;     // recorded on the backend's stream (its queued work)
+  cudaEvent_t done_ = nullptr;      // recorded on stream_ after each chunk
+  float* staging_ = nullptr;        // [2][staging_blocks_][block elems]: K then V of the chunk received
+  int64_t staging_blocks_ = 0;
+  int32_t* index_ = nullptr;        // [kChunkBlocks] destination block ids of a scatter (device)
   bool aborted_ = false;
   std::string abort_reason_;
 };

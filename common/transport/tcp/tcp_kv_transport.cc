@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "absl/strings/numbers.h"
@@ -215,7 +216,8 @@ void TcpKvReceiver::AcceptLoop() {
     SetTimeouts(fd, options_.io_timeout);
     absl::MutexLock lock(&mu_);
     connection_fds_.push_back(fd);
-    connection_threads_.emplace_back([this, fd] { ServeConnection(fd); });
+    const int64_t connection = next_connection_++;
+    connection_threads_.emplace_back([this, fd, connection] { ServeConnection(fd, connection); });
   }
 }
 
@@ -231,17 +233,21 @@ void TcpKvReceiver::Fail(const std::string& id, const std::string& error) {
   if (on_complete_) on_complete_(id);
 }
 
-void TcpKvReceiver::ServeConnection(int fd) {
+void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   std::vector<std::string> open;  // transfers begun on this connection and not ended
   auto finish = [&](const absl::Status& s) {
     for (const std::string& id : open) {
-      if (options_.keep_reservation_on_sender_loss) {
+      bool mine;  // not taken over by a retry on another connection meanwhile
+      {
         absl::MutexLock lock(&mu_);
         auto it = transfers_.find(id);
-        if (it != transfers_.end() && !it->second.done) it->second.layers_received = 0;
-      } else {
-        Fail(id, std::string(s.message()));
+        mine = it != transfers_.end() && it->second.connection == connection;
+        if (mine && options_.keep_reservation_on_sender_loss && !it->second.done) {
+          it->second.layers_received = 0;
+          it->second.connection = -1;
+        }
       }
+      if (mine && !options_.keep_reservation_on_sender_loss) Fail(id, std::string(s.message()));
     }
     ::close(fd);
     absl::MutexLock lock(&mu_);
@@ -297,7 +303,10 @@ void TcpKvReceiver::ServeConnection(int fd) {
         open.push_back(m.request_id());
         absl::MutexLock lock(&mu_);
         auto it = transfers_.find(m.request_id());
-        if (it != transfers_.end() && !it->second.done) it->second.layers_received = 0;
+        if (it != transfers_.end() && !it->second.done) {
+          it->second.layers_received = 0;
+          it->second.connection = connection;
+        }
         continue;
       }
       if (type == kEnd) {
@@ -312,6 +321,8 @@ void TcpKvReceiver::ServeConnection(int fd) {
           auto it = transfers_.find(m.request_id());
           if (it == transfers_.end()) {
             ack.set_error("no reservation (cancelled or never expected)");
+          } else if (it->second.connection != connection && !it->second.failed) {
+            ack.set_error("the transfer was not begun on this connection (a retry took it over)");
           } else if (it->second.failed) {
             ack.set_error(it->second.error);
           } else if (it->second.layers_received != g.num_layers) {
@@ -340,7 +351,8 @@ void TcpKvReceiver::ServeConnection(int fd) {
         if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks || static_cast<uint64_t>(h.payload_bytes()) != expected) {
           return finish(absl::DataLossError("layer header does not match the cache geometry"));
         }
-        if (absl::Status s = ReceiveLayerOverLink(link.get(), h.request_id(), h.layer(), h.num_blocks()); !s.ok()) {
+        if (absl::Status s = ReceiveLayerOverLink(link.get(), connection, h.request_id(), h.layer(), h.num_blocks());
+            !s.ok()) {
           return finish(s);
         }
         continue;
@@ -357,9 +369,9 @@ void TcpKvReceiver::ServeConnection(int fd) {
       {
         absl::MutexLock lock(&mu_);
         auto it = transfers_.find(h.request_id());
-        wanted = it != transfers_.end() && !it->second.failed && !it->second.done;
+        wanted = it != transfers_.end() && !it->second.failed && !it->second.done && it->second.connection == connection;
       }
-      if (!wanted) {  // cancelled or unknown: drain the payload without keeping it
+      if (!wanted) {  // cancelled, unknown or another connection's: drain the payload without keeping it
         char scratch[1 << 16];
         for (uint64_t left = plen; left > 0;) {
           const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
@@ -372,7 +384,9 @@ void TcpKvReceiver::ServeConnection(int fd) {
       if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
       absl::ReleasableMutexLock lock(&mu_);
       auto it = transfers_.find(h.request_id());
-      if (it == transfers_.end() || it->second.failed || it->second.done) continue;  // cancelled meanwhile
+      if (it == transfers_.end() || it->second.failed || it->second.done || it->second.connection != connection) {
+        continue;  // cancelled or taken over meanwhile
+      }
       Transfer& t = it->second;
       if (h.layer() < 0 || h.layer() >= g.num_layers || h.num_blocks() != static_cast<int32_t>(t.blocks.size())) {
         const std::string error = absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(),
@@ -392,50 +406,44 @@ void TcpKvReceiver::ServeConnection(int fd) {
   finish(absl::UnavailableError("receiver shutting down"));
 }
 
-absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, const std::string& id, int32_t layer,
-                                                 int32_t num_blocks) {
-  bool wanted = false;
-  std::vector<int32_t> blocks;
+absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connection, const std::string& id,
+                                                 int32_t layer, int32_t num_blocks) {
+  std::vector<int32_t> blocks;  // empty: not wanted
   std::string misfit;
+  auto owned = [&](const Transfer& t) { return !t.failed && !t.done && t.connection == connection; };
   {
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it != transfers_.end() && !it->second.failed && !it->second.done) {
-      Transfer& t = it->second;
-      if (layer < 0 || layer >= options_.storage->geometry().num_layers || num_blocks != static_cast<int32_t>(t.blocks.size())) {
+    if (it != transfers_.end() && owned(it->second)) {
+      const Transfer& t = it->second;
+      if (layer < 0 || layer >= options_.storage->geometry().num_layers || num_blocks != static_cast<int32_t>(t.blocks.size()) ||
+          num_blocks == 0) {
         misfit = absl::StrCat("layer ", layer, " with ", num_blocks, " blocks does not fit the reservation of ",
                               t.blocks.size(), " blocks");
       } else {
-        wanted = true;
-        t.in_flight = true;  // Cancel and Wait keep the blocks reserved until the link is done with them
         blocks = t.blocks;
       }
     }
   }
   if (!misfit.empty()) Fail(id, misfit);
-  if (!wanted) return link->DiscardLayer(num_blocks, options_.io_timeout);
-  const absl::Status s = link->RecvLayer(layer, blocks, options_.io_timeout);
-  absl::MutexLock lock(&mu_);
-  if (auto it = transfers_.find(id); it != transfers_.end()) {
-    it->second.in_flight = false;
-    if (s.ok() && !it->second.failed && !it->second.done) ++it->second.layers_received;
-  }
-  changed_.SignalAll();
-  return s;
-}
-
-void TcpKvReceiver::EraseWhenIdle(const std::string& id) {
-  // A link call returns within io_timeout (it aborts itself then); the margin covers scheduling.
-  const absl::Time deadline = absl::Now() + options_.io_timeout + absl::Seconds(1);
-  while (true) {
+  if (blocks.empty()) return link->DiscardLayer(num_blocks, options_.io_timeout);
+  // Each piece goes into the blocks under mu_, and only while they are still this transfer's: Cancel
+  // and Wait may then release them at once, whatever the link is doing.
+  bool landed_all = true;
+  const KvLink::Landing land = [&](const std::function<void()>& write) {
+    absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it == transfers_.end()) return;
-    if (!it->second.in_flight || absl::Now() >= deadline) break;
-    it->second.failed = true;  // the layer in flight no longer counts
-    changed_.WaitWithDeadline(&mu_, deadline);
-  }
-  transfers_.erase(id);
-  changed_.SignalAll();
+    if (it != transfers_.end() && owned(it->second) && it->second.blocks == blocks) {
+      write();
+    } else {
+      landed_all = false;
+    }
+  };
+  RETURN_IF_ERROR(link->RecvLayer(layer, blocks, land, options_.io_timeout));
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (landed_all && it != transfers_.end() && owned(it->second)) ++it->second.layers_received;
+  return absl::OkStatus();
 }
 
 absl::Status TcpKvReceiver::Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) {
@@ -463,11 +471,11 @@ absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl:
     }
     if (it->second.failed) {
       const std::string error = it->second.error;
-      EraseWhenIdle(request_id);
+      transfers_.erase(it);
       return absl::UnavailableError(absl::StrCat("KV transfer of \"", request_id, "\" failed: ", error));
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) {
-      EraseWhenIdle(request_id);
+      transfers_.erase(request_id);
       return absl::DeadlineExceededError(absl::StrCat("KV transfer of \"", request_id, "\" did not complete in time"));
     }
   }
@@ -475,7 +483,8 @@ absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl:
 
 void TcpKvReceiver::Cancel(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
-  EraseWhenIdle(request_id);
+  transfers_.erase(request_id);
+  changed_.SignalAll();
 }
 
 // ---------------------------------------------------------------- sender

@@ -44,8 +44,8 @@ class TcpKvReceiver final : public KvReceiver {
   int port() const { return port_; }
   absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) override;
   absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) override;
-  // Returns once nothing can write into the reservation's blocks any more: a layer being received
-  // over a link finishes or times out first (at most io_timeout).
+  // Returns at once; nothing writes into the reservation's blocks afterwards (a layer arriving over a
+  // link meanwhile stays in the link's staging memory).
   void Cancel(const std::string& request_id) override;
   void SetCompletionCallback(CompletionCallback callback) override { on_complete_ = std::move(callback); }
 
@@ -55,19 +55,19 @@ class TcpKvReceiver final : public KvReceiver {
     int layers_received = 0;
     bool done = false;
     bool failed = false;
-    bool in_flight = false;  // a link is writing a layer into `blocks` (mu_ released meanwhile)
+    int64_t connection = -1;  // the connection whose Begin owns it: a retry's, not a dead sender's
     std::string error;
     int32_t first_token = -1;
   };
   explicit TcpKvReceiver(const Options& options) : options_(options) {}
   void AcceptLoop();
-  void ServeConnection(int fd);
+  void ServeConnection(int fd, int64_t connection);
   void Fail(const std::string& request_id, const std::string& error);
-  // Receives one layer over `link` into the transfer's blocks, or drops it when the transfer is not
-  // wanted any more. An error means the link is gone (the connection must close).
-  absl::Status ReceiveLayerOverLink(KvLink* link, const std::string& request_id, int32_t layer, int32_t num_blocks);
-  // Erases the transfer once no link writes into its blocks (waits up to io_timeout for that).
-  void EraseWhenIdle(const std::string& request_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Receives one layer over `link` for connection `connection`, landing it in the transfer's blocks
+  // while the transfer is still wanted and owned by that connection, else dropping it. An error means
+  // the link is gone (the connection must close).
+  absl::Status ReceiveLayerOverLink(KvLink* link, int64_t connection, const std::string& request_id, int32_t layer,
+                                    int32_t num_blocks);
 
   Options options_;
   CompletionCallback on_complete_;
@@ -80,6 +80,7 @@ class TcpKvReceiver final : public KvReceiver {
   absl::flat_hash_map<std::string, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> connection_threads_ ABSL_GUARDED_BY(mu_);
   std::vector<int> connection_fds_ ABSL_GUARDED_BY(mu_);
+  int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class TcpKvSender final : public KvSender {
