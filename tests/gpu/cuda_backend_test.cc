@@ -10,12 +10,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/cuda/cuda_backend.h"
+#include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/model/llama_model.h"
@@ -219,25 +223,27 @@ TEST_F(CudaBackendTest, ElementwiseOpsMatch) {
 
 // A batch mixing a fresh prefill, a chunk after a cached prefix, and decode tokens over contexts
 // longer than one tile of keys, with scattered block tables and grouped-query heads.
-TEST_F(CudaBackendTest, PagedAttentionMatches) {
+// A mixed batch over a shuffled paged cache: a fresh prefill, decodes over 300- and 700-token
+// contexts (two splits of the split-KV kernels), a chunk after a cached prefix, a short one.
+struct AttentionCase {
+  KvCacheGeometry g;
+  int64_t hq = 8, layer = 1, n = 0, max_context = 0;
+  std::vector<int32_t> seq_indptr{0}, positions, context_lens, block_indptr{0}, blocks, slots;
+  std::vector<float> kc, vc, q, k, v;
+
   struct Seq {
     int64_t cached, fresh;
   };
-  const std::vector<Seq> seqs = {{0, 37}, {300, 1}, {150, 20}, {700, 1}, {5, 3}};
-  for (int64_t hd : {64, 128, 256}) {
-    KvCacheGeometry g;
+  AttentionCase(int64_t hd, int64_t num_q_heads, int64_t num_kv_heads, const std::vector<Seq>& seqs) : hq(num_q_heads) {
     g.num_layers = 2;
     g.num_blocks = 128;
     g.block_size = 16;
-    g.num_kv_heads = 2;
+    g.num_kv_heads = num_kv_heads;
     g.head_dim = hd;
-    const int64_t hq = 8, layer = 1;
     std::vector<int32_t> perm(g.num_blocks);
     std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), std::mt19937(hd));
-    std::vector<int32_t> seq_indptr{0}, positions, context_lens, block_indptr{0}, blocks, slots;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(static_cast<uint32_t>(hd)));
     size_t next_block = 0;
-    int64_t max_context = 0;
     for (const Seq& s : seqs) {
       const int64_t context = s.cached + s.fresh, nblocks = (context + g.block_size - 1) / g.block_size;
       const size_t first = blocks.size();
@@ -252,37 +258,124 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
       block_indptr.push_back(static_cast<int32_t>(blocks.size()));
       max_context = std::max(max_context, context);
     }
-    const int64_t n = seq_indptr.back();
+    n = seq_indptr.back();
     const size_t cache_elems = g.num_layers * g.elements_per_layer();
-    auto kc = Random(cache_elems, 12), vc = Random(cache_elems, 13);  // the cached prefixes
-    const auto q = Random(n * hq * hd, 14), k = Random(n * g.num_kv_heads * hd, 15),
-               v = Random(n * g.num_kv_heads * hd, 16);
-    float *kcg = Up(kc), *vcg = Up(vc), *out = Zeros(n * hq * hd);
+    kc = Random(cache_elems, 12);  // the cached prefixes
+    vc = Random(cache_elems, 13);
+    q = Random(n * hq * hd, 14);
+    k = Random(n * g.num_kv_heads * hd, 15);
+    v = Random(n * g.num_kv_heads * hd, 16);
+  }
+  AttentionMetadata Host() const {
     AttentionMetadata md;
-    md.num_seqs = static_cast<int64_t>(seqs.size());
+    md.num_seqs = static_cast<int64_t>(context_lens.size());
     md.num_tokens = n;
     md.max_context_len = max_context;
-    md.seq_indptr = Up(seq_indptr);
-    md.positions = Up(positions);
-    md.context_lens = Up(context_lens);
-    md.block_indptr = Up(block_indptr);
-    md.block_indices = Up(blocks);
-    md.slot_mapping = Up(slots);
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-    gpu_->PagedAttention(Up(q), Up(k), Up(v), kcg, vcg, g, layer, md, hq, scale, out);
+    md.seq_indptr = seq_indptr.data();
+    md.positions = positions.data();
+    md.context_lens = context_lens.data();
+    md.block_indptr = block_indptr.data();
+    md.block_indices = blocks.data();
+    md.slot_mapping = slots.data();
+    return md;
+  }
+  float scale() const { return 1.f / std::sqrt(static_cast<float>(g.head_dim)); }
+};
 
-    AttentionMetadata mh = md;
-    mh.seq_indptr = seq_indptr.data();
-    mh.positions = positions.data();
-    mh.context_lens = context_lens.data();
-    mh.block_indptr = block_indptr.data();
-    mh.block_indices = blocks.data();
-    mh.slot_mapping = slots.data();
-    std::vector<float> ref(n * hq * hd);
-    cpu_->PagedAttention(q.data(), k.data(), v.data(), kc.data(), vc.data(), g, layer, mh, hq, scale, ref.data());
-    EXPECT_LE(MaxRelDiff(Down(out, ref.size()), ref), 1e-4f) << "head_dim " << hd;
-    EXPECT_EQ(Down(kcg, cache_elems), kc) << "K cache writes, head_dim " << hd;
-    EXPECT_EQ(Down(vcg, cache_elems), vc) << "V cache writes, head_dim " << hd;
+const std::vector<AttentionCase::Seq> kMixedBatch = {{0, 37}, {300, 1}, {150, 20}, {700, 1}, {5, 3}};
+
+TEST_F(CudaBackendTest, PagedAttentionMatches) {
+  // head_dim 80 takes the one-block-per-head kernel; the others the split-KV ones, with one head
+  // chunk (8 and 7 query heads per KV head) or two (16 per KV head at head_dim 256).
+  for (int64_t hd : {32, 64, 80, 128, 256}) {
+    for (auto [hq, kvh] : std::vector<std::pair<int64_t, int64_t>>{{8, 2}, {16, 2}, {7, 1}}) {
+      AttentionCase c(hd, hq, kvh, kMixedBatch);
+      const size_t cache_elems = c.g.num_layers * c.g.elements_per_layer();
+      float *kcg = Up(c.kc), *vcg = Up(c.vc), *out = Zeros(c.n * hq * hd);
+      AttentionMetadata md = c.Host();
+      md.seq_indptr = Up(c.seq_indptr);
+      md.positions = Up(c.positions);
+      md.context_lens = Up(c.context_lens);
+      md.block_indptr = Up(c.block_indptr);
+      md.block_indices = Up(c.blocks);
+      md.slot_mapping = Up(c.slots);
+      gpu_->PagedAttention(Up(c.q), Up(c.k), Up(c.v), kcg, vcg, c.g, c.layer, md, hq, c.scale(), out);
+      std::vector<float> ref(c.n * hq * hd), kc = c.kc, vc = c.vc;
+      cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc.data(), vc.data(), c.g, c.layer, c.Host(), hq,
+                           c.scale(), ref.data());
+      EXPECT_LE(MaxRelDiff(Down(out, ref.size()), ref), 1e-4f) << "head_dim " << hd << ", heads " << hq << "/" << kvh;
+      EXPECT_EQ(Down(kcg, cache_elems), kc) << "K cache writes, head_dim " << hd;
+      EXPECT_EQ(Down(vcg, cache_elems), vc) << "V cache writes, head_dim " << hd;
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
+  for (int64_t hd : {32, 64, 128, 256}) {
+    AttentionCase c(hd, 16, 2, kMixedBatch);
+    AttentionMetadata md = c.Host();
+    md.seq_indptr = Up(c.seq_indptr);
+    md.positions = Up(c.positions);
+    md.context_lens = Up(c.context_lens);
+    md.block_indptr = Up(c.block_indptr);
+    md.block_indices = Up(c.blocks);
+    md.slot_mapping = Up(c.slots);
+    cuda::PagedAttentionArgs a;
+    a.layer = {Up(c.kc) + c.layer * c.g.elements_per_layer(), Up(c.vc) + c.layer * c.g.elements_per_layer(),
+               c.g.block_size, c.g.num_kv_heads, hd};
+    a.q = Up(c.q);
+    a.k = Up(c.k);
+    a.v = Up(c.v);
+    a.slot_mapping = md.slot_mapping;
+    a.num_tokens = c.n;
+    a.num_seqs = md.num_seqs;
+    a.num_q_heads = c.hq;
+    a.scale = c.scale();
+    a.seq_indptr = md.seq_indptr;
+    a.positions = md.positions;
+    a.context_lens = md.context_lens;
+    a.block_indptr = md.block_indptr;
+    a.block_indices = md.block_indices;
+    a.max_context_len = c.max_context;
+    std::map<std::string, std::vector<float>> outs;
+    for (auto [name, mode] : std::vector<std::pair<std::string, cuda::AttentionMode>>{
+             {"in-block", cuda::AttentionMode::kInBlock}, {"grid-split", cuda::AttentionMode::kGridSplit}}) {
+      a.mode = mode;
+      a.workspace_floats = cuda::SplitAttentionWorkspaceFloats(a);
+      a.workspace = a.workspace_floats > 0 ? Zeros(a.workspace_floats) : nullptr;
+      a.out = Zeros(c.n * c.hq * hd);
+      ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess) << name;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      outs[name] = Down(a.out, c.n * c.hq * hd);
+    }
+    ASSERT_GT(cuda::SplitAttentionWorkspaceFloats(a), 0) << "the grid-split case must really split";
+    EXPECT_EQ(outs["in-block"], outs["grid-split"]) << "head_dim " << hd;
+    // The 700-token decode alone (token 58 of the batch, sequence 3): the same bits as in the batch.
+    const int64_t t = c.seq_indptr[3];
+    std::vector<int32_t> table(c.blocks.begin() + c.block_indptr[3], c.blocks.begin() + c.block_indptr[4]);
+    a.num_tokens = 1;
+    a.num_seqs = 1;
+    a.max_context_len = 701;
+    a.seq_indptr = Up(std::vector<int32_t>{0, 1});
+    a.positions = Up(std::vector<int32_t>{c.positions[t]});
+    a.context_lens = Up(std::vector<int32_t>{701});
+    a.block_indptr = Up(std::vector<int32_t>{0, static_cast<int32_t>(table.size())});
+    a.block_indices = Up(table);
+    a.slot_mapping = Up(std::vector<int32_t>{c.slots[t]});
+    const size_t row = c.hq * hd, kv_row = c.g.num_kv_heads * hd;
+    a.q = Up(std::vector<float>(c.q.begin() + t * row, c.q.begin() + (t + 1) * row));
+    a.k = Up(std::vector<float>(c.k.begin() + t * kv_row, c.k.begin() + (t + 1) * kv_row));
+    a.v = Up(std::vector<float>(c.v.begin() + t * kv_row, c.v.begin() + (t + 1) * kv_row));
+    for (cuda::AttentionMode mode : {cuda::AttentionMode::kAuto, cuda::AttentionMode::kInBlock, cuda::AttentionMode::kGridSplit}) {
+      a.mode = mode;
+      a.workspace_floats = cuda::SplitAttentionWorkspaceFloats(a);
+      a.workspace = a.workspace_floats > 0 ? Zeros(a.workspace_floats) : nullptr;
+      a.out = Zeros(row);
+      ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(Down(a.out, row), std::vector<float>(outs["in-block"].begin() + t * row, outs["in-block"].begin() + (t + 1) * row))
+          << "head_dim " << hd << ", mode " << static_cast<int>(mode);
+    }
   }
 }
 

@@ -292,6 +292,13 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   a.block_indptr = md.block_indptr;
   a.block_indices = md.block_indices;
   a.out = out;
+  a.max_context_len = md.max_context_len;
+  // Split partials when a small batch spreads long contexts over blocks of their own (kept within
+  // 64 MiB; beyond that the splits are merged in-block, with bit-identical results).
+  if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a); floats > 0 && floats <= (int64_t{16} << 20)) {
+    a.workspace = static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float)));
+    a.workspace_floats = a.workspace != nullptr ? floats : 0;
+  }
   Check(cuda::LaunchPagedAttention(a, stream_), "paged attention");
 }
 

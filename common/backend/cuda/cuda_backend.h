@@ -71,7 +71,7 @@ class CudaBackend final : public Backend {
   void Check(cudaError_t e, const char* what);
   void Check(cublasStatus_t s, const char* what);
   // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on failure.
-  enum ScratchSlot { kHalfInput, kPaddedInput, kPaddedOutput, kNumScratch };
+  enum ScratchSlot { kHalfInput, kPaddedInput, kPaddedOutput, kAttentionPartials, kNumScratch };
   void* Scratch(ScratchSlot slot, size_t bytes);
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);

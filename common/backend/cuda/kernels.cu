@@ -172,6 +172,221 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
   }
 }
 
+// ---------------------------------------------------------------- GQA split-KV attention
+//
+// Each block takes one token, one KV head and up to kGroup of the query heads sharing it (K and V rows
+// are read once for the whole group), over fixed splits of kSplitKeys keys: split s covers keys
+// [s * kSplitKeys, (s + 1) * kSplitKeys) of every token, whatever else is in the batch. Within a split
+// each of the block's warps takes every kSplitWarps-th key, lanes holding head dimensions lane + 32 j
+// (coalesced rows), with a running softmax per head; the warps' partials are then merged in warp
+// order. Splits are merged in split order, either by the same block one after another (in-block) or,
+// when the batch is too small to fill the device, by one block per split and MergeSplitsKernel. Both
+// merges go through MergeStep, whose arithmetic cannot be contracted or reordered, so a token's
+// output is bit-identical either way and independent of its batch (what the batch-invariant mode
+// and the equivalence tests need).
+constexpr int kSplitKeys = 512;
+constexpr int kSplitWarps = 4;
+constexpr int kSplitThreads = kSplitWarps * 32;
+constexpr int kSplitMaxElems = 1024;  // kGroup * head_dim per block
+constexpr int kElemsPerThread = kSplitMaxElems / kSplitThreads;
+
+__host__ __device__ constexpr int SplitGroup(int64_t head_dim) {
+  return kSplitMaxElems / head_dim < 8 ? static_cast<int>(kSplitMaxElems / head_dim) : 8;
+}
+
+// (M, L, O) ⊕ (m, l, o), the ordered merge of two softmax partials; an empty partial (m = -inf)
+// changes nothing.
+__device__ __forceinline__ void MergeStep(float& M, float& L, float& O, float m, float l, float o) {
+  if (m == -INFINITY) return;
+  const float nm = fmaxf(M, m);
+  const float a = expf(M - nm), b = expf(m - nm);
+  L = __fadd_rn(__fmul_rn(L, a), __fmul_rn(l, b));
+  O = __fadd_rn(__fmul_rn(O, a), __fmul_rn(o, b));
+  M = nm;
+}
+
+// The keys token t attends to (its causal prefix), and its sequence.
+__device__ __forceinline__ int64_t CausalLength(const PagedAttentionArgs& a, int64_t t, int64_t* seq) {
+  int64_t lo = 0, hi = a.num_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (a.seq_indptr[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  *seq = lo;
+  return min(int64_t(a.positions[t]) + 1, int64_t(a.context_lens[lo]));
+}
+
+// Grid (num_tokens, num_kv_heads * head_chunks, 1 or the batch's split count); kSplitThreads threads.
+// partials (grid split): [num_tokens][num_q_heads][gridDim.z][head_dim + 2] (o..., m, l).
+template <int kDims, int kGroup>
+__global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, float* partials) {
+  constexpr int64_t hd = kDims * 32;
+  __shared__ float sm_m[kSplitWarps * kGroup], sm_l[kSplitWarps * kGroup];
+  __shared__ float sm_o[kSplitWarps * kGroup * hd];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = blockIdx.x, kh = blockIdx.y / head_chunks, chunk = blockIdx.y % head_chunks;
+  const int64_t group = a.num_q_heads / a.layer.num_kv_heads;
+  const int64_t h0 = kh * group + chunk * kGroup;
+  const int gc = static_cast<int>(min(int64_t(kGroup), group - chunk * kGroup));
+  int64_t seq;
+  const int64_t len = CausalLength(a, t, &seq);
+  const int64_t splits = (len + kSplitKeys - 1) / kSplitKeys;
+  const bool grid_split = gridDim.z > 1;
+  const int64_t s_begin = grid_split ? blockIdx.z : 0, s_end = grid_split ? min(s_begin + 1, splits) : splits;
+  const int64_t row = a.layer.num_kv_heads * hd, bs = a.layer.block_size;
+  const int32_t* table = a.block_indices + a.block_indptr[seq];
+  const float* kb = a.layer.k_cache + kh * hd;
+  const float* vb = a.layer.v_cache + kh * hd;
+
+  float q[kGroup][kDims];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) q[g][j] = g < gc ? a.q[(t * a.num_q_heads + h0 + g) * hd + lane + 32 * j] : 0.f;
+  }
+  // This thread's elements (g, d) of the block's output: idx = threadIdx.x + e * kSplitThreads.
+  float M[kElemsPerThread], L[kElemsPerThread], O[kElemsPerThread];
+#pragma unroll
+  for (int e = 0; e < kElemsPerThread; ++e) M[e] = -INFINITY, L[e] = 0.f, O[e] = 0.f;
+
+  for (int64_t s = s_begin; s < s_end; ++s) {
+    const int64_t k0 = s * kSplitKeys, k1 = min(len, k0 + kSplitKeys);
+    float m[kGroup], l[kGroup], acc[kGroup][kDims];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) acc[g][j] = 0.f;
+    }
+    for (int64_t p = k0 + warp; p < k1; p += kSplitWarps) {
+      const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
+      float kr[kDims], vr[kDims];
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) {
+        kr[j] = kb[slot * row + lane + 32 * j];
+        vr[j] = vb[slot * row + lane + 32 * j];
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (g >= gc) break;
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < kDims; ++j) dot = fmaf(q[g][j], kr[j], dot);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        const float score = dot * a.scale;
+        const float nm = fmaxf(m[g], score);
+        const float c = expf(m[g] - nm), e = expf(score - nm);
+        l[g] = l[g] * c + e;
+#pragma unroll
+        for (int j = 0; j < kDims; ++j) acc[g][j] = acc[g][j] * c + e * vr[j];
+        m[g] = nm;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      if (g >= gc) break;
+      if (lane == 0) {
+        sm_m[warp * kGroup + g] = m[g];
+        sm_l[warp * kGroup + g] = l[g];
+      }
+#pragma unroll
+      for (int j = 0; j < kDims; ++j) sm_o[(warp * kGroup + g) * hd + lane + 32 * j] = acc[g][j];
+    }
+    __syncthreads();
+    // The split's partial per element, merged over the warps in order, then into the running state
+    // (in-block) or out to `partials` (grid split).
+#pragma unroll
+    for (int e = 0; e < kElemsPerThread; ++e) {
+      const int64_t idx = threadIdx.x + int64_t(e) * kSplitThreads;
+      if (idx >= gc * hd) break;
+      const int64_t g = idx / hd, d = idx % hd;
+      float sm = -INFINITY, sl = 0.f, so = 0.f;
+      for (int w = 0; w < kSplitWarps; ++w) {
+        MergeStep(sm, sl, so, sm_m[w * kGroup + g], sm_l[w * kGroup + g], sm_o[(w * kGroup + g) * hd + d]);
+      }
+      if (grid_split) {
+        float* part = partials + ((t * a.num_q_heads + h0 + g) * gridDim.z + s) * (hd + 2);
+        part[d] = so;
+        if (d == 0) {
+          part[hd] = sm;
+          part[hd + 1] = sl;
+        }
+      } else {
+        MergeStep(M[e], L[e], O[e], sm, sl, so);
+      }
+    }
+    __syncthreads();  // the next split overwrites sm_*
+  }
+  if (grid_split) {
+    if (s_begin >= splits) {  // past this token's keys: an empty partial
+#pragma unroll
+      for (int e = 0; e < kElemsPerThread; ++e) {
+        const int64_t idx = threadIdx.x + int64_t(e) * kSplitThreads;
+        if (idx >= gc * hd) break;
+        const int64_t g = idx / hd, d = idx % hd;
+        float* part = partials + ((t * a.num_q_heads + h0 + g) * gridDim.z + s_begin) * (hd + 2);
+        part[d] = 0.f;
+        if (d == 0) {
+          part[hd] = -INFINITY;
+          part[hd + 1] = 0.f;
+        }
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kElemsPerThread; ++e) {
+    const int64_t idx = threadIdx.x + int64_t(e) * kSplitThreads;
+    if (idx >= gc * hd) break;
+    const int64_t g = idx / hd, d = idx % hd;
+    a.out[(t * a.num_q_heads + h0 + g) * hd + d] = L[e] > 0.f ? __fdiv_rn(O[e], L[e]) : 0.f;
+  }
+}
+
+// Grid (num_tokens, num_q_heads), head_dim threads: merges a token's split partials in split order.
+__global__ void MergeSplitsKernel(PagedAttentionArgs a, int64_t splits, const float* partials) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.layer.head_dim, d = threadIdx.x;
+  float M = -INFINITY, L = 0.f, O = 0.f;
+  for (int64_t s = 0; s < splits; ++s) {
+    const float* part = partials + ((t * a.num_q_heads + h) * splits + s) * (hd + 2);
+    MergeStep(M, L, O, part[hd], part[hd + 1], part[d]);
+  }
+  a.out[(t * a.num_q_heads + h) * hd + d] = L > 0.f ? __fdiv_rn(O, L) : 0.f;
+}
+
+template <int kDims>
+cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_splits, cudaStream_t stream) {
+  constexpr int kGroup = SplitGroup(kDims * 32);
+  const int64_t group = a.num_q_heads / a.layer.num_kv_heads;
+  const int64_t chunks = (group + kGroup - 1) / kGroup;
+  const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.layer.num_kv_heads * chunks),
+                  static_cast<unsigned>(grid_splits));
+  SplitAttentionKernel<kDims, kGroup><<<grid, kSplitThreads, 0, stream>>>(a, chunks, a.workspace);
+  if (grid_splits > 1) {
+    const dim3 merge_grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
+    MergeSplitsKernel<<<merge_grid, static_cast<unsigned>(a.layer.head_dim), 0, stream>>>(a, grid_splits, a.workspace);
+  }
+  return cudaGetLastError();
+}
+
+// Blocks that fill the device about twice; fewer: the splits get blocks of their own.
+int64_t FillBlocks() {
+  static const int64_t blocks = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      sms = 132;
+    }
+    return int64_t(2) * sms;
+  }();
+  return blocks;
+}
+
+bool SplitCapable(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256; }
+
+int64_t SplitCount(int64_t max_context_len) { return std::max<int64_t>(1, (max_context_len + kSplitKeys - 1) / kSplitKeys); }
+
 __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count, float* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -247,6 +462,19 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float
   return cudaGetLastError();
 }
 
+int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
+  if (!SplitCapable(a.layer.head_dim) || a.mode == AttentionMode::kInBlock || a.mode == AttentionMode::kLegacy ||
+      a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0) {
+    return 0;
+  }
+  const int64_t splits = SplitCount(a.max_context_len);
+  if (splits <= 1 || splits > 65535) return 0;
+  const int64_t group = a.num_q_heads / a.layer.num_kv_heads, kgroup = SplitGroup(a.layer.head_dim);
+  const int64_t blocks = a.num_tokens * a.layer.num_kv_heads * ((group + kgroup - 1) / kgroup);
+  if (a.mode == AttentionMode::kAuto && blocks >= FillBlocks()) return 0;
+  return a.num_tokens * a.num_q_heads * splits * (a.layer.head_dim + 2);
+}
+
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return cudaSuccess;
   if (a.layer.head_dim > kAttentionThreads * kMaxDimsPerThread || a.num_tokens > 0x7fffffff ||
@@ -254,12 +482,24 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
       a.num_q_heads % a.layer.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
+  const int64_t ws = SplitAttentionWorkspaceFloats(a);
+  const bool grid_split = ws > 0 && a.workspace != nullptr && a.workspace_floats >= ws;
+  if (a.mode == AttentionMode::kGridSplit && !grid_split && SplitCount(a.max_context_len) > 1) return cudaErrorInvalidValue;
   WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
       a.layer.k_cache, a.layer.v_cache, a.k, a.v, a.slot_mapping, a.layer.num_kv_heads * a.layer.head_dim);
-  const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
-  const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
-  PagedAttentionKernel<<<grid, kAttentionThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
+    const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
+    const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
+    PagedAttentionKernel<<<grid, kAttentionThreads, smem, stream>>>(a);
+    return cudaGetLastError();
+  }
+  const int64_t grid_splits = grid_split ? SplitCount(a.max_context_len) : 1;
+  switch (a.layer.head_dim) {
+    case 32: return LaunchSplitAttention<1>(a, grid_splits, stream);
+    case 64: return LaunchSplitAttention<2>(a, grid_splits, stream);
+    case 128: return LaunchSplitAttention<4>(a, grid_splits, stream);
+    default: return LaunchSplitAttention<8>(a, grid_splits, stream);
+  }
 }
 
 __global__ void ScatterBlocksKernel(const float* src, const int32_t* index, int64_t elems, float* dst) {

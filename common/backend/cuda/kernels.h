@@ -39,11 +39,20 @@ struct PagedLayer {
   int64_t head_dim = 0;
 };
 
+// How LaunchPagedAttention computes: kAuto picks; the others are forced (tests compare them).
+enum class AttentionMode {
+  kAuto,       // split-KV, its splits on blocks of their own when the batch is too small to fill the device
+  kInBlock,    // split-KV, every split of a token merged by one block
+  kGridSplit,  // split-KV, one block per split and a merge kernel (needs the workspace)
+  kLegacy,     // one block per (token, query head): any head_dim up to 512
+};
+
 // First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
 // [num_kv_heads][head_dim]), then runs causal attention of every new token over its sequence's paged
-// keys and values (metadata as in backend.h's AttentionMetadata): out[n][num_q_heads][head_dim]. One
-// thread block per (token, head), online softmax over tiles of keys. cudaErrorInvalidValue, with
-// nothing launched, for head_dim > 512 or heads that do not group.
+// keys and values (metadata as in backend.h's AttentionMetadata): out[n][num_q_heads][head_dim].
+// head_dim 32, 64, 128 or 256: GQA-aware split-KV kernels (kernels.cu), bit-identical in every mode
+// and whatever the batch; other head_dims up to 512: one block per (token, head). cudaErrorInvalidValue,
+// with nothing launched, for head_dim > 512, heads that do not group, or kGridSplit without workspace.
 struct PagedAttentionArgs {
   PagedLayer layer;
   const float* q = nullptr;
@@ -60,8 +69,14 @@ struct PagedAttentionArgs {
   const int32_t* block_indptr = nullptr;
   const int32_t* block_indices = nullptr;
   float* out = nullptr;
+  int64_t max_context_len = 0;  // of the batch: sets the number of splits
+  AttentionMode mode = AttentionMode::kAuto;
+  float* workspace = nullptr;   // [SplitAttentionWorkspaceFloats(args)] for split partials
+  int64_t workspace_floats = 0;
 };
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, cudaStream_t stream);
+// Floats of workspace the launch wants (0: it needs none and will not split across blocks).
+int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& args);
 
 // out[count] = silu(gate) * up; out may alias gate.
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
