@@ -138,6 +138,9 @@ class Backend {
   virtual void Add(float* x, const float* y, int64_t n) = 0;
   // Gathers rows: out[m][d] = x[rows[i]][d] (rows is a device int32 array).
   virtual void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) = 0;
+  // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
+  // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
+  virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;
 };
 
 }  // namespace tandem

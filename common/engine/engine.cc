@@ -280,6 +280,9 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       if (prompt_row || sample_row) {
         in.logits_rows.push_back(static_cast<int32_t>(row0 + (p - begin)));
         rows.push_back({ci, p, prompt_row, sample_row});
+        // A plain greedy step without logprobs needs the argmax alone: taken on the device.
+        in.argmax_only.push_back(!prompt_row && seq.params.max_tokens != 0 && seq.params.logprobs < 0 &&
+                                 seq.sampler->PlainArgmax());
       }
     }
   }
@@ -293,7 +296,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     }
   }
   std::vector<float> logits;
-  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits));
+  std::vector<int32_t> argmax;
+  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax));
   ++steps_;
   computed_tokens_ += step.num_tokens;
   last_step_tokens_ = step.num_tokens;
@@ -315,7 +319,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     const ScheduledChunk& ch = step.chunks[rows[k].chunk];
     SchedRequest* r = ch.request;
     Sequence& seq = sequences_.at(r->id);
-    const float* row = logits.data() + k * vocab;
+    const float* row = logits.empty() ? nullptr : logits.data() + k * vocab;  // null: argmax-only rows
     const int64_t p = rows[k].position;
     if (rows[k].prompt_logprob) {
       seq.prompt_logprobs[p + 1] = ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
@@ -330,7 +334,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       o.finish_reason = "length";
       prompt_only.push_back(r->id);
     } else if (rows[k].sample) {
-      const int32_t token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
+      const int32_t token =
+          in.argmax_only[k] ? argmax[k] : seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
       seq.sampler->Accept(token);
       sampled[r->id] = token;
       RequestOutput& o = output_for(r->id);

@@ -1,5 +1,7 @@
 #include "common/model/llama_model.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <numbers>
 #include <set>
@@ -17,7 +19,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kIds, kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kNumSlots
+  kIds, kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kNumSlots
 };
 
 }  // namespace
@@ -178,6 +180,9 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
   for (int32_t r : in.logits_rows) {
     if (r < 0 || r >= total) return absl::InvalidArgumentError("logits row outside the batch");
   }
+  if (!in.argmax_only.empty() && in.argmax_only.size() != in.logits_rows.size()) {
+    return absl::InvalidArgumentError("argmax_only needs one flag per logits row");
+  }
   return absl::OkStatus();
 }
 
@@ -192,8 +197,8 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   return buf->f32();
 }
 
-absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv,
-                                 std::vector<float>* logits) {
+absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv, std::vector<float>* logits,
+                                 std::vector<int32_t>* argmax) {
   RETURN_IF_ERROR(Validate(in, *kv));
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
@@ -295,12 +300,24 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv,
     b->Linear(gate, n, w.down, nullptr, h);
     b->Add(x, h, n * hidden);
   }
-  logits->assign(static_cast<size_t>(m * c.vocab_size), 0.f);
+  // Rows flagged argmax-only come back as one id each; the logits are copied only when some row
+  // needs them (then all of them: one copy).
+  const bool want_argmax = argmax != nullptr && !in.argmax_only.empty();
+  const bool want_logits =
+      !want_argmax || std::any_of(in.argmax_only.begin(), in.argmax_only.end(), [](uint8_t a) { return a == 0; });
+  logits->assign(want_logits ? static_cast<size_t>(m * c.vocab_size) : 0, 0.f);
+  if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(m) : 0, -1);
   if (m == 0) return b->CheckErrors();
   b->GatherRows(x, md_dev + off_rows, m, hidden, rows);
   b->RmsNorm(rows, final_norm_, eps, m, hidden, logit_in);
   b->Linear(logit_in, m, lm_head_, nullptr, logits_dev);
-  b->CopyToHost(logits->data(), logits_dev, logits->size() * sizeof(float));
+  if (want_argmax) {
+    auto* ids_dev = reinterpret_cast<int32_t*>(Scratch(kArgmax, m));
+    if (ids_dev == nullptr) return absl::ResourceExhaustedError("cannot allocate the argmax buffer");
+    b->ArgmaxRows(logits_dev, m, c.vocab_size, ids_dev);
+    b->CopyToHost(argmax->data(), ids_dev, static_cast<size_t>(m) * sizeof(int32_t));
+  }
+  if (want_logits) b->CopyToHost(logits->data(), logits_dev, logits->size() * sizeof(float));
   return b->CheckErrors();
 }
 

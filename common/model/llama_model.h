@@ -30,6 +30,9 @@ struct ForwardInput {
   std::vector<int32_t> token_ids;     // [num_tokens], sequences concatenated in order
   std::vector<SequenceStep> seqs;
   std::vector<int32_t> logits_rows;   // rows of token_ids whose next-token logits are returned
+  // Empty, or one flag per logits row: 1 = only its argmax is wanted (a plain greedy step), which
+  // Forward returns instead of copying the row when given somewhere to put it.
+  std::vector<uint8_t> argmax_only;
   // Called after layer l's KV for this step is written (before layer l+1 runs): a prefill worker
   // sends the layer then, overlapping the transfer with the rest of the forward pass. On an
   // asynchronous backend (CUDA) the write is only enqueued at that point: a consumer must order
@@ -51,8 +54,12 @@ class LlamaModel {
   KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size) const;
 
   // Runs one step. On success writes logits [logits_rows.size()][vocab_size] to `logits` (host).
-  // Validates ids, positions and block tables first; INVALID_ARGUMENT leaves the cache untouched.
-  absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits);
+  // With `argmax` and input.argmax_only set: argmax[i] = the argmax of logits row i (ArgmaxRows,
+  // computed on the device), and `logits` is left empty when every row is argmax-only (nothing but
+  // the ids leaves the device). Validates ids, positions and block tables first; INVALID_ARGUMENT
+  // leaves the cache untouched.
+  absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
+                       std::vector<int32_t>* argmax = nullptr);
 
  private:
   struct LayerWeights {

@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 
+#include "common/base/argmax.h"
 #include "common/base/logging.h"
 
 namespace tandem {
@@ -25,23 +26,6 @@ struct MoreLikely {
   }
 };
 
-// The lowest id among the largest logits; NaN never wins; 0 when nothing beats -inf.
-int32_t Argmax(const float* logits, int64_t n) {
-  // kBlock independent running maxima break the compare-and-select dependency chain (and let the
-  // compiler use packed max); a second pass finds the first id holding the maximum.
-  float lanes[kBlock];
-  std::fill(lanes, lanes + kBlock, kNegInf);
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    for (int j = 0; j < kBlock; ++j) lanes[j] = logits[i + j] > lanes[j] ? logits[i + j] : lanes[j];
-  }
-  for (; i < n; ++i) lanes[0] = logits[i] > lanes[0] ? logits[i] : lanes[0];
-  const float max_logit = *std::max_element(lanes, lanes + kBlock);
-  if (max_logit == kNegInf) return 0;
-  for (i = 0; logits[i] != max_logit; ++i) {
-  }
-  return static_cast<int32_t>(i);
-}
 
 // ids = the k most likely tokens, most likely first: one pass with a heap whose front is the least
 // likely token kept, so most tokens cost a single comparison.
@@ -167,13 +151,17 @@ int32_t SequenceSampler::Sample(std::span<const float> logits, SamplingWorkspace
   }
   // top_k = 1 keeps only the argmax: the same token as greedy, without a draw.
   const bool greedy = params_.greedy() || params_.top_k == 1;
-  if (greedy && !HasLogitsProcessors()) return Argmax(logits.data(), vocab_size_);
+  if (greedy && !HasLogitsProcessors()) return ArgmaxRow(logits.data(), vocab_size_);
   // NaN becomes -inf so that it is never chosen and the orderings below stay strict weak orders.
   ws.logits_.resize(vocab_size_);
   CopyReplacingNaN(logits.data(), vocab_size_, ws.logits_.data());
   ApplyLogitsProcessors(ws.logits_.data());
-  if (greedy) return Argmax(ws.logits_.data(), vocab_size_);
+  if (greedy) return ArgmaxRow(ws.logits_.data(), vocab_size_);
   return SampleFromProcessed(ws);
+}
+
+bool SequenceSampler::PlainArgmax() const {
+  return (params_.greedy() || params_.top_k == 1) && !HasLogitsProcessors();
 }
 
 bool SequenceSampler::HasLogitsProcessors() const {
@@ -200,7 +188,7 @@ void SequenceSampler::ApplyLogitsProcessors(float* logits) const {
 int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws) {
   const double u = NextUniform();  // drawn first: one draw per sampled step, whatever the path
   const float* logits = ws.logits_.data();
-  const int32_t best = Argmax(logits, vocab_size_);
+  const int32_t best = ArgmaxRow(logits, vocab_size_);
   const float max_logit = logits[best];
   // All masked, or an infinite logit: there is nothing to weigh.
   if (!std::isfinite(max_logit)) return best;

@@ -89,6 +89,11 @@ class SequenceSampler {
   // The same, with scratch memory shared with other samplers on this thread.
   int32_t Sample(std::span<const float> logits, SamplingWorkspace& workspace);
 
+  // Whether the next Sample() is just the argmax of the raw logits (greedy or top_k 1, and no
+  // processor active this step): the caller may take the argmax where the logits are instead
+  // (Backend::ArgmaxRows, same ties and NaN rules) and skip copying the row.
+  bool PlainArgmax() const;
+
   // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
   void Accept(int32_t token);
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -377,6 +378,30 @@ TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
           << "head_dim " << hd << ", mode " << static_cast<int>(mode);
     }
   }
+}
+
+TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t d = 151936;  // Qwen 2.5's vocabulary: many elements per thread
+  std::vector<float> x = Random(6 * d, 31);
+  x[0 * d + 70000] = x[0 * d + 150000] = x[0 * d + 5] = 50.f;  // ties: the lowest id wins
+  for (int64_t j = 0; j < d; ++j) x[1 * d + j] = j % 3 == 0 ? nan : x[1 * d + j];
+  x[1 * d + 999] = 60.f;
+  for (int64_t j = 0; j < d; ++j) x[2 * d + j] = -inf;
+  for (int64_t j = 0; j < d; ++j) x[3 * d + j] = nan;
+  x[4 * d + d - 1] = inf;
+  std::vector<int32_t> ref(6);
+  cpu_->ArgmaxRows(x.data(), 6, d, ref.data());
+  auto ids = gpu_->Allocate(6 * sizeof(int32_t)).value();
+  gpu_->ArgmaxRows(Up(x), 6, d, static_cast<int32_t*>(ids->data()));
+  std::vector<int32_t> got(6);
+  gpu_->CopyToHost(got.data(), ids->data(), 6 * sizeof(int32_t));
+  EXPECT_EQ(got, ref);
+  EXPECT_EQ(ref[0], 5);
+  EXPECT_EQ(ref[1], 999);
+  EXPECT_EQ(ref[2], 0);
+  EXPECT_EQ(ref[3], 0);
+  EXPECT_EQ(ref[4], d - 1);
 }
 
 TEST_F(CudaBackendTest, BadLaunchBecomesTheStickyError) {

@@ -3,6 +3,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -71,6 +72,23 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
                            return std::string(DTypeName(std::get<0>(info.param))) + "_n" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {
+  auto b = CpuBackend::Create({}).value();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> rows = {
+      {0.f, 3.f, 1.f, 3.f, 2.f, -1.f, 0.5f, 3.f, 0.f, 0.f, 1.f},  // ties: the first 3
+      {nan, 1.f, nan, 2.f, nan, 2.f, 0.f, 0.f, 0.f, 0.f, 0.f},    // NaN never wins
+      {-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf},
+      {nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan},
+      {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, inf},   // the tail past the 8-wide lanes
+  };
+  std::vector<float> x;
+  for (const auto& r : rows) x.insert(x.end(), r.begin(), r.end());
+  std::vector<int32_t> out(rows.size(), -1);
+  b->ArgmaxRows(x.data(), static_cast<int64_t>(rows.size()), 11, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 3, 0, 0, 10}));
+}
 
 TEST(CpuBackendTest, RmsNormMatchesReference) {
   auto backend = CpuBackend::Create({}).value();

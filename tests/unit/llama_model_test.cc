@@ -4,6 +4,7 @@
 // job of tests/conformance (llama.cpp).
 #include "common/model/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +142,41 @@ TEST_P(ModelTest, BatchedSequencesMatchSeparateRuns) {
   std::vector<float> separate(a1.end() - vocab, a1.end());
   separate.insert(separate.end(), a2.end() - vocab, a2.end());
   EXPECT_EQ(MaxAbsDiff(together, separate), 0.0f);  // batch-invariant
+}
+
+TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
+  const int64_t vocab = model_->config().vocab_size;
+  const auto tokens = RandomTokens(20, vocab, 9);
+  ForwardInput in;
+  in.token_ids = tokens;
+  in.seqs.push_back({20, 0, {0, 1, 2}});
+  in.logits_rows = {3, 11, 19};
+  std::vector<float> full;
+  auto kv = Cache(8, 8);
+  ASSERT_TRUE(model_->Forward(in, kv.get(), &full).ok());
+  ASSERT_EQ(full.size(), static_cast<size_t>(3 * vocab));
+  // Every row argmax-only: nothing but the ids.
+  in.argmax_only = {1, 1, 1};
+  std::vector<float> logits{1.f};
+  std::vector<int32_t> argmax;
+  auto kv2 = Cache(8, 8);
+  ASSERT_TRUE(model_->Forward(in, kv2.get(), &logits, &argmax).ok());
+  EXPECT_TRUE(logits.empty());
+  ASSERT_EQ(argmax.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const float* row = full.data() + i * vocab;
+    const int32_t expected = static_cast<int32_t>(std::max_element(row, row + vocab) - row);  // first maximum
+    EXPECT_EQ(argmax[i], expected) << i;
+  }
+  // Mixed: the logits come back whole, and the ids too.
+  in.argmax_only = {0, 1, 0};
+  auto kv3 = Cache(8, 8);
+  ASSERT_TRUE(model_->Forward(in, kv3.get(), &logits, &argmax).ok());
+  EXPECT_EQ(logits, full);
+  ASSERT_EQ(argmax.size(), 3u);
+  EXPECT_EQ(argmax[1], static_cast<int32_t>(std::max_element(full.data() + vocab, full.data() + 2 * vocab) - (full.data() + vocab)));
+  in.argmax_only = {1};
+  EXPECT_EQ(model_->Forward(in, kv3.get(), &logits, &argmax).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {

@@ -72,6 +72,7 @@ class AccountingBackend final : public Backend {
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override {
     cpu_->GatherRows(x, rows, m, d, out);
   }
+  void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override { cpu_->ArgmaxRows(x, n, d, out); }
 
  private:
   class Counted final : public DeviceBuffer {

@@ -1,5 +1,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 
+#include "common/base/argmax.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -256,6 +258,10 @@ void CpuBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t 
 
 void CpuBackend::Add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void CpuBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ArgmaxRow(x + i * d, d);
 }
 
 void CpuBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {

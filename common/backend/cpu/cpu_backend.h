@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
+  void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
 
  private:
   CpuBackend(ThreadPool* pool, bool batch_invariant) : pool_(pool), batch_invariant_(batch_invariant) {}

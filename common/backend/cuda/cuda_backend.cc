@@ -312,6 +312,11 @@ void CudaBackend::Add(float* x, const float* y, int64_t n) {
   Check(cuda::LaunchAdd(x, y, n, stream_), "add");
 }
 
+void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) {
+  Bind();
+  Check(cuda::LaunchArgmaxRows(x, n, d, out, stream_), "argmax rows");
+}
+
 void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {
   Bind();
   Check(cuda::LaunchGatherRows(x, rows, m, d, out, stream_), "gather rows");

@@ -502,6 +502,47 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   }
 }
 
+// One block per row. (value, index) pairs ordered by value, then lower index first; NaN is skipped,
+// so a row of NaN and -inf yields the initial index 0.
+__global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
+  __shared__ float best_v[kThreads];
+  __shared__ int64_t best_i[kThreads];
+  const float* row = x + blockIdx.x * d;
+  float v = -INFINITY;
+  int64_t i = 0;
+  bool found = false;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float y = row[j];
+    if (y > v) {  // strictly larger: the first (lowest) index of this thread's maximum stays
+      v = y;
+      i = j;
+      found = true;
+    }
+  }
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = found ? i : INT64_MAX;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const int64_t oi = best_i[threadIdx.x + stride];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == INT64_MAX ? 0 : static_cast<int32_t>(best_i[0]);
+}
+
+cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (n > 0x7fffffff || d > 0x7fffffff) return cudaErrorInvalidValue;
+  ArgmaxRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, out);
+  return cudaGetLastError();
+}
+
 __global__ void ScatterBlocksKernel(const float* src, const int32_t* index, int64_t elems, float* dst) {
   const int64_t i = blockIdx.x;
   const float* from = src + i * elems;

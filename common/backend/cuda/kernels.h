@@ -89,6 +89,10 @@ cudaError_t LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stre
 cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t n, int64_t elems, float* dst,
                                 cudaStream_t stream);
 
+// out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing beats
+// -inf (the CPU's ArgmaxRow, common/base/argmax.h).
+cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream);
+
 // out[m][d] = x[rows[i]][d].
 cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out,
                              cudaStream_t stream);
