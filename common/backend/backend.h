@@ -99,6 +99,19 @@ class Backend {
   // call); OK when none. Sticky: a failed backend stays failed. Ops themselves return nothing.
   virtual absl::Status CheckErrors() { return absl::OkStatus(); }
 
+  // --- Graphs (CUDA) ---
+  // Work enqueued between BeginCapture() and EndCapture() is recorded instead of run; Replay() runs
+  // it again with the same pointers, shapes and scalar arguments (the data behind the pointers may
+  // change). Allocation is not allowed while capturing: run the same work once before. A backend
+  // drops its graphs when memory they use may have moved (its scratch grew): Replay() then returns
+  // NOT_FOUND and the caller captures again. UNIMPLEMENTED where graphs do not exist (the CPU).
+  virtual bool SupportsGraphs() const { return false; }
+  virtual bool capturing() const { return false; }
+  virtual absl::Status BeginCapture() { return absl::UnimplementedError("graphs need a CUDA backend"); }
+  virtual absl::StatusOr<int64_t> EndCapture() { return absl::UnimplementedError("graphs need a CUDA backend"); }
+  virtual absl::Status Replay(int64_t /*graph*/) { return absl::UnimplementedError("graphs need a CUDA backend"); }
+  virtual void DropGraphs() {}
+
   // --- Memory ---
   // Free and total memory of the device (all processes' use counted). UNIMPLEMENTED where the
   // backend computes in host memory (CPU), whose KV cache is sized by --kv-cache-memory instead.
@@ -126,8 +139,9 @@ class Backend {
   // (Hugging Face) convention; inv_freq[head_dim/2] already includes any rope scaling.
   virtual void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
                     int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) = 0;
-  // Writes k,v [n][kv_heads][head_dim] into the layer's cache at metadata.slot_mapping, then
-  // out[n][num_q_heads][head_dim] = causal softmax(q k^T · scale) v over each sequence's blocks.
+  // Writes k,v [n][kv_heads][head_dim] into the layer's cache at metadata.slot_mapping (a negative
+  // slot: not written, a padding token), then out[n][num_q_heads][head_dim] = causal softmax(q k^T ·
+  // scale) v over each sequence's blocks.
   virtual void PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
                               float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                               const AttentionMetadata& metadata, int64_t num_q_heads, float scale,

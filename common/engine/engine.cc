@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   std::unique_ptr<Engine> e(new Engine());
   e->model_ = model;
   e->options_ = options;
+  model->set_use_graphs(options.cuda_graphs);
   const ModelConfig& c = model->config();
   SchedulerConfig& sc = e->options_.scheduler;
   if (sc.max_model_len <= 0 || sc.max_model_len > c.max_position_embeddings) {
@@ -257,6 +258,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
 
   // Build the batch: each chunk's tokens, its blocks, and the rows whose logits are needed.
   ForwardInput in;
+  in.allow_graph = options_.scheduler.role != SchedulerRole::kPrefill;
   struct RowUse {
     size_t chunk;
     int64_t position;    // absolute position of the token in its sequence

@@ -36,6 +36,8 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   SchedulerConfig scheduler;  // max_model_len 0 → the model's max_position_embeddings
   int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request
+  // Decode steps as CUDA graphs where the backend has them (LlamaModel::set_use_graphs).
+  bool cuda_graphs = true;
 };
 
 struct EngineRequest {

@@ -1,7 +1,6 @@
 #include "common/model/llama_model.h"
 
 #include <algorithm>
-
 #include <cmath>
 #include <numbers>
 #include <set>
@@ -19,8 +18,20 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kIds, kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kNumSlots
+  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kNumSlots
 };
+
+// Batch sizes decode graphs are captured for; a step runs in the smallest that holds it. 0: none.
+int64_t GraphBucket(int64_t seqs) {
+  if (seqs <= 0 || seqs > LlamaModel::kMaxGraphBatch) return 0;
+  if (seqs <= 8) {
+    int64_t b = 1;
+    while (b < seqs) b *= 2;
+    return b;
+  }
+  if (seqs <= 64) return (seqs + 7) / 8 * 8;
+  return (seqs + 31) / 32 * 32;
+}
 
 }  // namespace
 
@@ -190,6 +201,10 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   auto& buf = scratch_[index];
   const size_t bytes = std::max<size_t>(elements, 1) * sizeof(float);
   if (!buf || buf->size() < bytes) {
+    if (!graphs_.empty()) {  // captured graphs point at the buffer about to be replaced
+      backend_->DropGraphs();
+      graphs_.clear();
+    }
     auto fresh = backend_->Allocate(bytes + bytes / 4);
     if (!fresh.ok()) return nullptr;
     buf = std::move(fresh).value();
@@ -197,86 +212,181 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   return buf->f32();
 }
 
-absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv, std::vector<float>* logits,
+int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
+  if (!(use_graphs_ && backend_->SupportsGraphs()) && !graph_layout_for_testing_) return 0;
+  if (!in.allow_graph || in.on_layer_done) return 0;
+  const int64_t seqs = static_cast<int64_t>(in.seqs.size());
+  if (static_cast<int64_t>(in.token_ids.size()) != seqs || static_cast<int64_t>(in.logits_rows.size()) != seqs) return 0;
+  for (int64_t i = 0; i < seqs; ++i) {
+    if (in.logits_rows[i] != i) return 0;  // one token per sequence, each one's row sampled
+  }
+  return GraphBucket(seqs);
+}
+
+absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
                                  std::vector<int32_t>* argmax) {
-  RETURN_IF_ERROR(Validate(in, *kv));
+  RETURN_IF_ERROR(Validate(input, *kv));
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
+  const int64_t real_rows = static_cast<int64_t>(input.logits_rows.size());
+  // A decode step padded to its graph batch: extra one-token sequences over block 0 whose keys and
+  // values are not written (slot -1) and whose rows are dropped.
+  const int64_t graph_batch = DecodeGraphBatch(input);
+  const ForwardInput* step = &input;
+  ForwardInput padded;
+  if (graph_batch > static_cast<int64_t>(input.seqs.size())) {
+    padded.token_ids = input.token_ids;
+    padded.seqs = input.seqs;
+    padded.logits_rows = input.logits_rows;
+    for (int64_t i = static_cast<int64_t>(input.seqs.size()); i < graph_batch; ++i) {
+      padded.token_ids.push_back(0);
+      padded.seqs.push_back({1, 0, {0}});
+      padded.logits_rows.push_back(static_cast<int32_t>(i));
+    }
+    step = &padded;
+  }
+  const ForwardInput& in = *step;
   const int64_t n = static_cast<int64_t>(in.token_ids.size());
   const int64_t num_seqs = static_cast<int64_t>(in.seqs.size());
   const int64_t m = static_cast<int64_t>(in.logits_rows.size());
 
-  // Host-side metadata, packed into one int32 upload:
-  // seq_indptr[S+1] positions[n] context_lens[S] block_indptr[S+1] block_indices[B] slot_mapping[n]
-  std::vector<int32_t> meta;
+  // Host-side metadata, packed into one int32 upload. Every offset depends on n, S and m alone (the
+  // block table, of varying length, comes last), so a captured graph's pointers stay right:
+  // ids[n] seq_indptr[S+1] positions[n] context_lens[S] block_indptr[S+1] slot_mapping[n]
+  // logits_rows[m] block_indices[B]
+  std::vector<int32_t> meta(in.token_ids.begin(), in.token_ids.end());
   std::vector<int32_t> seq_indptr{0}, positions, context_lens, block_indptr{0}, blocks, slots;
   int64_t max_context = 0;
-  for (const SequenceStep& s : in.seqs) {
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const SequenceStep& s = in.seqs[i];
+    const bool padding = i >= static_cast<int64_t>(input.seqs.size());
     seq_indptr.push_back(seq_indptr.back() + static_cast<int32_t>(s.num_new_tokens));
     const int64_t context = s.num_cached_tokens + s.num_new_tokens;
     context_lens.push_back(static_cast<int32_t>(context));
     max_context = std::max(max_context, context);
-    for (int64_t i = 0; i < s.num_new_tokens; ++i) {
-      const int64_t pos = s.num_cached_tokens + i;
+    for (int64_t t = 0; t < s.num_new_tokens; ++t) {
+      const int64_t pos = s.num_cached_tokens + t;
       positions.push_back(static_cast<int32_t>(pos));
-      slots.push_back(static_cast<int32_t>(s.block_table[pos / g.block_size] * g.block_size +
-                                           pos % g.block_size));
+      slots.push_back(padding ? -1
+                              : static_cast<int32_t>(s.block_table[pos / g.block_size] * g.block_size +
+                                                     pos % g.block_size));
     }
     blocks.insert(blocks.end(), s.block_table.begin(), s.block_table.end());
     block_indptr.push_back(static_cast<int32_t>(blocks.size()));
   }
-  size_t off_positions, off_context, off_block_indptr, off_blocks, off_slots, off_rows;
+  const size_t off_seq_indptr = meta.size();
   meta.insert(meta.end(), seq_indptr.begin(), seq_indptr.end());
-  off_positions = meta.size();
+  const size_t off_positions = meta.size();
   meta.insert(meta.end(), positions.begin(), positions.end());
-  off_context = meta.size();
+  const size_t off_context = meta.size();
   meta.insert(meta.end(), context_lens.begin(), context_lens.end());
-  off_block_indptr = meta.size();
+  const size_t off_block_indptr = meta.size();
   meta.insert(meta.end(), block_indptr.begin(), block_indptr.end());
-  off_blocks = meta.size();
-  meta.insert(meta.end(), blocks.begin(), blocks.end());
-  off_slots = meta.size();
+  const size_t off_slots = meta.size();
   meta.insert(meta.end(), slots.begin(), slots.end());
-  off_rows = meta.size();
+  const size_t off_rows = meta.size();
   meta.insert(meta.end(), in.logits_rows.begin(), in.logits_rows.end());
+  const size_t off_blocks = meta.size();
+  meta.insert(meta.end(), blocks.begin(), blocks.end());
 
   const int64_t hidden = c.hidden_size, qs = c.q_size(), kvs = c.kv_size();
   const int64_t inter = c.intermediate_size;
-  auto* ids = reinterpret_cast<int32_t*>(Scratch(kIds, n));
-  auto* md_dev = reinterpret_cast<int32_t*>(Scratch(kMeta, meta.size()));
-  float* x = Scratch(kX, n * hidden);
-  float* h = Scratch(kH, n * hidden);
-  float* q = Scratch(kQ, n * qs);
-  float* k = Scratch(kK, n * kvs);
-  float* v = Scratch(kV, n * kvs);
-  float* attn = Scratch(kAttn, n * qs);
-  float* gate = Scratch(kGate, n * inter);
-  float* up = Scratch(kUp, n * inter);
-  float* rows = Scratch(kRows, std::max<int64_t>(m, 1) * hidden);
-  float* logit_in = Scratch(kLogitIn, std::max<int64_t>(m, 1) * hidden);
-  float* logits_dev = Scratch(kLogits, std::max<int64_t>(m, 1) * c.vocab_size);
-  if (!ids || !md_dev || !x || !h || !q || !k || !v || !attn || !gate || !up || !rows ||
-      !logit_in || !logits_dev) {
+  // A graph batch's metadata buffer holds every block its sequences could have: its size, and so
+  // the buffer, does not change from step to step.
+  const size_t meta_capacity =
+      graph_batch > 0 ? off_blocks + static_cast<size_t>(graph_batch) * ((c.max_position_embeddings + g.block_size - 1) / g.block_size + 1)
+                      : meta.size();
+  StepBuffers buf;
+  buf.meta = reinterpret_cast<int32_t*>(Scratch(kMeta, std::max(meta.size(), meta_capacity)));
+  buf.x = Scratch(kX, n * hidden);
+  buf.h = Scratch(kH, n * hidden);
+  buf.q = Scratch(kQ, n * qs);
+  buf.k = Scratch(kK, n * kvs);
+  buf.v = Scratch(kV, n * kvs);
+  buf.attn = Scratch(kAttn, n * qs);
+  buf.gate = Scratch(kGate, n * inter);
+  buf.up = Scratch(kUp, n * inter);
+  buf.rows = Scratch(kRows, std::max<int64_t>(m, 1) * hidden);
+  buf.logit_in = Scratch(kLogitIn, std::max<int64_t>(m, 1) * hidden);
+  buf.logits = Scratch(kLogits, std::max<int64_t>(m, 1) * c.vocab_size);
+  buf.argmax = reinterpret_cast<int32_t*>(Scratch(kArgmax, std::max<int64_t>(m, 1)));
+  if (!buf.meta || !buf.x || !buf.h || !buf.q || !buf.k || !buf.v || !buf.attn || !buf.gate || !buf.up ||
+      !buf.rows || !buf.logit_in || !buf.logits || !buf.argmax) {
     return absl::ResourceExhaustedError("cannot allocate activation memory for the forward pass");
   }
-  backend_->CopyToDevice(ids, in.token_ids.data(), n * sizeof(int32_t));
-  backend_->CopyToDevice(md_dev, meta.data(), meta.size() * sizeof(int32_t));
+  backend_->CopyToDevice(buf.meta, meta.data(), meta.size() * sizeof(int32_t));
+  buf.ids = buf.meta;
+  buf.out_rows = buf.meta + off_rows;
+  buf.md.num_seqs = num_seqs;
+  buf.md.num_tokens = n;
+  buf.md.max_context_len = max_context;
+  buf.md.seq_indptr = buf.meta + off_seq_indptr;
+  buf.md.positions = buf.meta + off_positions;
+  buf.md.context_lens = buf.meta + off_context;
+  buf.md.block_indptr = buf.meta + off_block_indptr;
+  buf.md.block_indices = buf.meta + off_blocks;
+  buf.md.slot_mapping = buf.meta + off_slots;
 
-  AttentionMetadata md;
-  md.num_seqs = num_seqs;
-  md.num_tokens = n;
-  md.max_context_len = max_context;
-  md.seq_indptr = md_dev;
-  md.positions = md_dev + off_positions;
-  md.context_lens = md_dev + off_context;
-  md.block_indptr = md_dev + off_block_indptr;
-  md.block_indices = md_dev + off_blocks;
-  md.slot_mapping = md_dev + off_slots;
+  // Rows flagged argmax-only come back as one id each; the logits are copied only when some row
+  // needs them (then all the real rows: one copy).
+  const bool want_argmax = argmax != nullptr && !input.argmax_only.empty();
+  const bool want_logits = !want_argmax ||
+                           std::any_of(input.argmax_only.begin(), input.argmax_only.end(), [](uint8_t a) { return a == 0; });
+  if (graph_batch > 0 && use_graphs_ && backend_->SupportsGraphs()) {
+    RETURN_IF_ERROR(RunDecodeGraph(graph_batch, buf, kv));
+  } else {
+    Enqueue(in, buf, kv, /*argmax=*/want_argmax || graph_batch > 0);
+  }
+  logits->assign(want_logits ? static_cast<size_t>(real_rows * c.vocab_size) : 0, 0.f);
+  if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(real_rows) : 0, -1);
+  if (want_argmax && real_rows > 0) {
+    backend_->CopyToHost(argmax->data(), buf.argmax, static_cast<size_t>(real_rows) * sizeof(int32_t));
+  }
+  if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
+  return backend_->CheckErrors();
+}
 
+absl::Status LlamaModel::RunDecodeGraph(int64_t batch, const StepBuffers& buf, KvCacheStorage* kv) {
+  ForwardInput shape;  // what Enqueue reads besides the buffers: sizes only
+  shape.token_ids.assign(batch, 0);
+  shape.logits_rows.assign(batch, 0);
+  if (auto it = graphs_.find(batch); it != graphs_.end()) {
+    absl::Status s = backend_->Replay(it->second);
+    if (s.ok() || s.code() != absl::StatusCode::kNotFound) return s;
+    graphs_.clear();  // the backend dropped them (its scratch grew): capture again
+  }
+  // First step of this batch size: run it as it is (which also grows every buffer it needs), then
+  // record the same work for the next ones. A capture that fails leaves graphs off, not the step.
+  Enqueue(shape, buf, kv, /*argmax=*/true);
+  RETURN_IF_ERROR(backend_->CheckErrors());
+  if (absl::Status s = backend_->BeginCapture(); !s.ok()) {
+    use_graphs_ = false;
+    return absl::OkStatus();
+  }
+  Enqueue(shape, buf, kv, /*argmax=*/true);
+  absl::StatusOr<int64_t> graph = backend_->EndCapture();
+  if (!graph.ok()) {
+    use_graphs_ = false;
+    graph_error_ = std::string(graph.status().message());
+    return absl::OkStatus();
+  }
+  graphs_[batch] = *graph;
+  return absl::OkStatus();
+}
+
+void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax) {
+  const ModelConfig& c = config_;
+  const KvCacheGeometry& g = kv->geometry();
+  const int64_t n = static_cast<int64_t>(in.token_ids.size());
+  const int64_t m = static_cast<int64_t>(in.logits_rows.size());
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  const AttentionMetadata& md = buf.md;
+  float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn, *gate = buf.gate,
+        *up = buf.up;
   Backend* b = backend_;
-  b->Embedding(embed_, ids, n, x);
+  b->Embedding(embed_, buf.ids, n, x);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
     b->RmsNorm(x, w.input_norm, eps, n, hidden, h);
@@ -300,25 +410,11 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCacheStorage* kv, std
     b->Linear(gate, n, w.down, nullptr, h);
     b->Add(x, h, n * hidden);
   }
-  // Rows flagged argmax-only come back as one id each; the logits are copied only when some row
-  // needs them (then all of them: one copy).
-  const bool want_argmax = argmax != nullptr && !in.argmax_only.empty();
-  const bool want_logits =
-      !want_argmax || std::any_of(in.argmax_only.begin(), in.argmax_only.end(), [](uint8_t a) { return a == 0; });
-  logits->assign(want_logits ? static_cast<size_t>(m * c.vocab_size) : 0, 0.f);
-  if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(m) : 0, -1);
-  if (m == 0) return b->CheckErrors();
-  b->GatherRows(x, md_dev + off_rows, m, hidden, rows);
-  b->RmsNorm(rows, final_norm_, eps, m, hidden, logit_in);
-  b->Linear(logit_in, m, lm_head_, nullptr, logits_dev);
-  if (want_argmax) {
-    auto* ids_dev = reinterpret_cast<int32_t*>(Scratch(kArgmax, m));
-    if (ids_dev == nullptr) return absl::ResourceExhaustedError("cannot allocate the argmax buffer");
-    b->ArgmaxRows(logits_dev, m, c.vocab_size, ids_dev);
-    b->CopyToHost(argmax->data(), ids_dev, static_cast<size_t>(m) * sizeof(int32_t));
-  }
-  if (want_logits) b->CopyToHost(logits->data(), logits_dev, logits->size() * sizeof(float));
-  return b->CheckErrors();
+  if (m == 0) return;
+  b->GatherRows(x, buf.out_rows, m, hidden, buf.rows);
+  b->RmsNorm(buf.rows, final_norm_, eps, m, hidden, buf.logit_in);
+  b->Linear(buf.logit_in, m, lm_head_, nullptr, buf.logits);
+  if (argmax) b->ArgmaxRows(buf.logits, m, c.vocab_size, buf.argmax);
 }
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@ struct ForwardInput {
   // Empty, or one flag per logits row: 1 = only its argmax is wanted (a plain greedy step), which
   // Forward returns instead of copying the row when given somewhere to put it.
   std::vector<uint8_t> argmax_only;
+  // The step may run as a captured decode graph (see LlamaModel::set_use_graphs): set by the engine
+  // for steps outside the prefill role (whose per-layer callbacks and transfers a graph would skip).
+  bool allow_graph = false;
   // Called after layer l's KV for this step is written (before layer l+1 runs): a prefill worker
   // sends the layer then, overlapping the transfer with the rest of the forward pass. On an
   // asynchronous backend (CUDA) the write is only enqueued at that point: a consumer must order
@@ -48,7 +52,23 @@ class LlamaModel {
   LlamaModel& operator=(const LlamaModel&) = delete;
   ~LlamaModel();
 
+  // Largest decode batch captured as a CUDA graph; bigger steps run op by op.
+  static constexpr int64_t kMaxGraphBatch = 256;
+
   const ModelConfig& config() const { return config_; }
+  // Decode steps (one token per sequence, each row sampled, input.allow_graph) run as CUDA graphs
+  // on backends that have them: padded to a bucketed batch (1, 2, 4, 8, then multiples of 8 to 64,
+  // of 32 to kMaxGraphBatch) with sequences that write nothing, captured on the first step of each
+  // size, replayed after. On a batch-invariant backend the results are bit-identical to running op by
+  // op (elsewhere the padded batch may pick other GEMM kernels, as any batch can). On by default.
+  void set_use_graphs(bool on) { use_graphs_ = on; }
+  bool use_graphs() const { return use_graphs_ && backend_->SupportsGraphs(); }
+  // Decode graphs captured and not dropped.
+  size_t num_graphs() const { return graphs_.size(); }
+  // Why capturing failed (graphs are then off), empty if it did not.
+  const std::string& graph_error() const { return graph_error_; }
+  // Runs decode steps through the padded graph layout even without graphs (tests on the CPU).
+  void set_graph_layout_for_testing(bool on) { graph_layout_for_testing_ = on; }
   Backend* backend() const { return backend_; }
   // The KV cache geometry this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size) const;
@@ -73,6 +93,22 @@ class LlamaModel {
   absl::Status LoadWeights();
   absl::Status Validate(const ForwardInput& input, const KvCacheStorage& kv) const;
   float* Scratch(size_t index, size_t elements);
+  // Device buffers and metadata of one step (pointers into the scratch slots).
+  struct StepBuffers {
+    int32_t* meta = nullptr;      // the packed metadata upload
+    const int32_t* ids = nullptr;  // [n] token ids (in meta)
+    const int32_t* out_rows = nullptr;  // [m] logits rows (in meta)
+    AttentionMetadata md;
+    float *x = nullptr, *h = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;
+    float *gate = nullptr, *up = nullptr, *rows = nullptr, *logit_in = nullptr, *logits = nullptr;
+    int32_t* argmax = nullptr;    // [m]
+  };
+  // The step's batch if it runs in the decode graph layout, else 0.
+  int64_t DecodeGraphBatch(const ForwardInput& input) const;
+  // Enqueues the step's work: embedding, every layer, logits of in.logits_rows (sizes from `in`).
+  void Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax);
+  // Replays the graph of `batch`, or runs the step and captures it for the next time.
+  absl::Status RunDecodeGraph(int64_t batch, const StepBuffers& buf, KvCacheStorage* kv);
 
   ModelConfig config_;
   Backend* backend_ = nullptr;
@@ -81,6 +117,10 @@ class LlamaModel {
   std::vector<LayerWeights> layers_;
   std::unique_ptr<DeviceBuffer> inv_freq_;  // [head_dim / 2]
   std::vector<std::unique_ptr<DeviceBuffer>> scratch_;
+  bool use_graphs_ = true;
+  bool graph_layout_for_testing_ = false;
+  std::string graph_error_;
+  std::map<int64_t, int64_t> graphs_;  // decode batch → backend graph id
 };
 
 // RoPE inverse frequencies [head_dim / 2], with Llama 3.1 scaling applied when configured.

@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, kv_cache_memory, "0",
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "engine: share of the GPU's memory this process takes for weights, activations and KV cache when "
           "--kv-cache-memory is 0 (GPU backends only; other processes' memory does not count against it)");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "engine: run decode steps as CUDA graphs (captured once per bucketed batch size, replayed after; "
+          "bit-identical to op by op); GPU backends only");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
@@ -54,6 +57,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   if (!memory.ok()) return memory.status();
   o.kv_cache_memory = *memory;
   o.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", o.gpu_memory_utilization));
@@ -93,6 +97,7 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--kv-cache-memory=", absl::GetFlag(FLAGS_kv_cache_memory)),
       absl::StrCat("--gpu-memory-utilization=", absl::GetFlag(FLAGS_gpu_memory_utilization)),
       absl::StrCat("--enable-prefix-caching=", absl::GetFlag(FLAGS_enable_prefix_caching) ? "true" : "false"),
+      absl::StrCat("--cuda-graphs=", absl::GetFlag(FLAGS_cuda_graphs) ? "true" : "false"),
       absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
   };
 }

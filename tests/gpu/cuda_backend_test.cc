@@ -495,6 +495,63 @@ void CompareModels(const std::string& preset, DType dtype) {
   EXPECT_TRUE(gpu->CheckErrors().ok());
 }
 
+// Five prompts, then decode steps of all five (a graph batch of 8), of three (4) and of all five
+// again (a replay), with the contexts growing: logits and argmax of every step, in order.
+std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs, size_t* num_graphs) {
+  CudaBackend::Options o;
+  o.batch_invariant = true;
+  auto backend = CudaBackend::Create(o).value();
+  auto model = LlamaModel::Load(dir, backend.get()).value();
+  model->set_use_graphs(graphs);
+  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 16)).value();
+  const int64_t vocab = model->config().vocab_size;
+  std::vector<int64_t> len(5);
+  std::vector<std::vector<int32_t>> tables(5);
+  std::vector<std::vector<float>> outputs;
+  std::mt19937 rng(9);
+  for (int64_t i = 0; i < 5; ++i) {
+    for (int b = 0; b < 8; ++b) tables[i].push_back(static_cast<int32_t>(8 * i + b));
+    ForwardInput in;
+    len[i] = 10 + 13 * i;
+    for (int64_t t = 0; t < len[i]; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+    in.seqs.push_back({len[i], 0, tables[i]});
+    std::vector<float> ignored;
+    EXPECT_TRUE(model->Forward(in, kv.get(), &ignored).ok());
+  }
+  for (std::vector<int64_t> who : {std::vector<int64_t>{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {1, 3, 4}, {0, 1, 2, 3, 4}}) {
+    ForwardInput in;
+    in.allow_graph = true;
+    for (size_t k = 0; k < who.size(); ++k) {
+      const int64_t i = who[k];
+      in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+      in.seqs.push_back({1, len[i]++, tables[i]});
+      in.logits_rows.push_back(static_cast<int32_t>(k));
+      in.argmax_only.push_back(k % 2);
+    }
+    std::vector<float> logits;
+    std::vector<int32_t> argmax;
+    const absl::Status s = model->Forward(in, kv.get(), &logits, &argmax);
+    EXPECT_TRUE(s.ok()) << s;
+    logits.insert(logits.end(), argmax.begin(), argmax.end());  // ids are small: exact as floats
+    outputs.push_back(std::move(logits));
+  }
+  EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
+  *num_graphs = model->num_graphs();
+  EXPECT_TRUE(backend->CheckErrors().ok());
+  return outputs;
+}
+
+TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
+  const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
+  size_t eager_graphs = 0, graphs = 0;
+  const auto eager = DecodeScript(dir, false, &eager_graphs);
+  const auto replayed = DecodeScript(dir, true, &graphs);
+  EXPECT_EQ(eager_graphs, 0u);
+  EXPECT_EQ(graphs, 2u) << "one graph for a batch of 8, one for 4";
+  ASSERT_EQ(eager.size(), replayed.size());
+  for (size_t i = 0; i < eager.size(); ++i) EXPECT_EQ(eager[i], replayed[i]) << "decode step " << i;
+}
+
 TEST_P(CudaForwardTest, MatchesCpuInF32) { CompareModels(GetParam(), DType::kF32); }
 TEST_P(CudaForwardTest, MatchesCpuInBf16) { CompareModels(GetParam(), DType::kBF16); }
 

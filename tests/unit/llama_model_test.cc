@@ -179,6 +179,50 @@ TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
   EXPECT_EQ(model_->Forward(in, kv3.get(), &logits, &argmax).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
+  // Prompts of different lengths, then one decode step of all of them, run op by op and in the
+  // padded layout decode graphs use (9 sequences: a batch of 16, 7 of them padding).
+  const int64_t vocab = model_->config().vocab_size;
+  const int64_t seqs = 9;
+  auto run = [&](bool graph_layout, std::vector<float>* logits, std::vector<int32_t>* argmax) {
+    auto kv = Cache(64, 4);
+    const int64_t floats = kv->geometry().num_layers * kv->geometry().elements_per_layer();
+    std::fill(kv->k(), kv->k() + floats, 0.f);  // so that any stray write shows
+    std::fill(kv->v(), kv->v() + floats, 0.f);
+    for (int64_t i = 0; i < seqs; ++i) {
+      ForwardInput prefill;
+      prefill.token_ids = RandomTokens(static_cast<int>(3 + i), vocab, static_cast<uint32_t>(20 + i));
+      prefill.seqs.push_back({3 + i, 0, {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1), static_cast<int32_t>(5 * i + 2),
+                                         static_cast<int32_t>(5 * i + 3)}});
+      std::vector<float> ignored;
+      EXPECT_TRUE(model_->Forward(prefill, kv.get(), &ignored).ok());
+    }
+    ForwardInput decode;
+    decode.allow_graph = true;
+    for (int64_t i = 0; i < seqs; ++i) {
+      decode.token_ids.push_back(static_cast<int32_t>((7 * i + 1) % vocab));
+      decode.seqs.push_back({1, 3 + i, {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1), static_cast<int32_t>(5 * i + 2),
+                                        static_cast<int32_t>(5 * i + 3)}});
+      decode.logits_rows.push_back(static_cast<int32_t>(i));
+      decode.argmax_only.push_back(i % 2);
+    }
+    model_->set_graph_layout_for_testing(graph_layout);
+    EXPECT_TRUE(model_->Forward(decode, kv.get(), logits, argmax).ok());
+    model_->set_graph_layout_for_testing(false);
+    std::vector<float> cache(kv->k(), kv->k() + floats);
+    cache.insert(cache.end(), kv->v(), kv->v() + floats);
+    return cache;
+  };
+  std::vector<float> logits_a, logits_b;
+  std::vector<int32_t> argmax_a, argmax_b;
+  const std::vector<float> cache_a = run(false, &logits_a, &argmax_a);
+  const std::vector<float> cache_b = run(true, &logits_b, &argmax_b);
+  ASSERT_EQ(logits_a.size(), static_cast<size_t>(seqs * vocab));
+  EXPECT_EQ(logits_a, logits_b);
+  EXPECT_EQ(argmax_a, argmax_b);
+  EXPECT_EQ(cache_a, cache_b);  // the padding sequences (block 0, slot -1) wrote nothing
+}
+
 TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {
   auto kv = Cache(4, 4);
   std::vector<float> logits;

@@ -203,6 +203,7 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
   // 1. Scatter the new keys and values into their slots.
   for (int64_t t = 0; t < md.num_tokens; ++t) {
     const int64_t slot = md.slot_mapping[t];
+    if (slot < 0) continue;  // a padding token: nothing to keep
     std::memcpy(kc + slot * token_stride, k + t * token_stride, token_stride * sizeof(float));
     std::memcpy(vc + slot * token_stride, v + t * token_stride, token_stride * sizeof(float));
   }

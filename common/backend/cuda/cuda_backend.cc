@@ -1,5 +1,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 
+#include "common/base/status_macros.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -79,6 +81,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
                       absl::StrCat("cuda:", options.device, " ", *description,
                                    options.batch_invariant ? ", batch-invariant Linear" : ""),
                       stream, cublas));
+  // cuBLAS's workspace, fixed up front: a GEMM inside a graph capture must not allocate.
+  constexpr size_t kCublasWorkspace = 32 << 20;
+  if (cudaError_t e = cudaMalloc(&backend->cublas_workspace_, kCublasWorkspace); e != cudaSuccess) {
+    return CudaStatus(e, "allocating the cuBLAS workspace");
+  }
+  if (cublasStatus_t s = cublasSetWorkspace(cublas, backend->cublas_workspace_, kCublasWorkspace);
+      s != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
+  }
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
   backend->free_at_creation_ = static_cast<int64_t>(free_bytes);
@@ -88,8 +99,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
 CudaBackend::~CudaBackend() {
   Bind();
   cudaStreamSynchronize(stream_);
+  DropGraphs();
   for (void* p : scratch_) cudaFree(p);
   cublasDestroy(cublas_);
+  cudaFree(cublas_workspace_);
   cudaStreamDestroy(stream_);
 }
 
@@ -192,8 +205,61 @@ void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps,
   Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "rms norm");
 }
 
+absl::Status CudaBackend::BeginCapture() {
+  Bind();
+  RETURN_IF_ERROR(CheckErrors());
+  if (capturing_) return absl::FailedPreconditionError("already capturing");
+  if (cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
+    return CudaStatus(e, "cudaStreamBeginCapture");
+  }
+  capturing_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaBackend::EndCapture() {
+  Bind();
+  if (!capturing_) return absl::FailedPreconditionError("not capturing");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  absl::Status failed = e != cudaSuccess ? CudaStatus(e, "cudaStreamEndCapture") : absl::OkStatus();
+  if (failed.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed = error_;  // an op refused during the capture
+  }
+  cudaGraphExec_t exec = nullptr;
+  if (failed.ok()) {
+    if (cudaError_t i = cudaGraphInstantiate(&exec, graph, 0); i != cudaSuccess) failed = CudaStatus(i, "cudaGraphInstantiate");
+  }
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  RETURN_IF_ERROR(failed);
+  graphs_.push_back(exec);
+  return static_cast<int64_t>(graphs_.size()) - 1;
+}
+
+absl::Status CudaBackend::Replay(int64_t id) {
+  Bind();
+  if (id < 0 || id >= static_cast<int64_t>(graphs_.size()) || graphs_[id] == nullptr) {
+    return absl::NotFoundError("no such graph (dropped when scratch memory grew)");
+  }
+  Check(cudaGraphLaunch(graphs_[id], stream_), "cudaGraphLaunch");
+  return absl::OkStatus();
+}
+
+void CudaBackend::DropGraphs() {
+  for (cudaGraphExec_t& g : graphs_) {
+    if (g != nullptr) cudaGraphExecDestroy(g);
+    g = nullptr;
+  }
+}
+
 void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes) {
   if (bytes <= scratch_bytes_[slot]) return scratch_[slot];
+  if (capturing_) {  // allocation would break the capture: the caller should have run the work before
+    Check(cudaErrorStreamCaptureUnsupported, "growing scratch memory while capturing a graph");
+    return nullptr;
+  }
+  DropGraphs();  // they point at the memory about to be freed
   if (scratch_[slot]) {
     Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued work still uses it
     cudaFree(scratch_[slot]);
@@ -294,7 +360,9 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   a.out = out;
   a.max_context_len = md.max_context_len;
   // Split partials when a small batch spreads long contexts over blocks of their own (kept within
-  // 64 MiB; beyond that the splits are merged in-block, with bit-identical results).
+  // 64 MiB; beyond that the splits are merged in-block, with bit-identical results). A captured
+  // launch is replayed for other contexts: in-block only.
+  if (capturing_) a.mode = cuda::AttentionMode::kInBlock;
   if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a); floats > 0 && floats <= (int64_t{16} << 20)) {
     a.workspace = static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float)));
     a.workspace_floats = a.workspace != nullptr ? floats : 0;

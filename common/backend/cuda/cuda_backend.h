@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/backend/backend.h"
 
@@ -62,6 +63,16 @@ class CudaBackend final : public Backend {
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
 
+  // CUDA graphs over this backend's stream (thread-local capture mode). While capturing, attention
+  // keeps every split of a token in one block (a captured launch must not depend on the step's
+  // longest context), bit-identical to the other modes.
+  bool SupportsGraphs() const override { return true; }
+  bool capturing() const override { return capturing_; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<int64_t> EndCapture() override;
+  absl::Status Replay(int64_t graph) override;
+  void DropGraphs() override;
+
  private:
   CudaBackend(int device, bool batch_invariant, std::string description, cudaStream_t stream, cublasHandle_t cublas)
       : device_(device), batch_invariant_(batch_invariant), description_(std::move(description)), stream_(stream),
@@ -85,6 +96,9 @@ class CudaBackend final : public Backend {
   int64_t free_at_creation_ = 0;  // device memory free when this backend was made
   void* scratch_[kNumScratch] = {};
   size_t scratch_bytes_[kNumScratch] = {};
+  void* cublas_workspace_ = nullptr;  // set once, so cuBLAS never allocates inside a capture
+  bool capturing_ = false;
+  std::vector<cudaGraphExec_t> graphs_;  // by id; nullptr once dropped
   std::mutex mu_;
   absl::Status error_;  // guarded by mu_
 };

@@ -99,6 +99,7 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
 __global__ void WriteKvKernel(float* kc, float* vc, const float* k, const float* v, const int32_t* slots,
                               int64_t row) {
   const int64_t t = blockIdx.x, slot = slots[t];
+  if (slot < 0) return;  // a padding token: nothing to keep
   for (int64_t j = threadIdx.x; j < row; j += blockDim.x) {
     kc[slot * row + j] = k[t * row + j];
     vc[slot * row + j] = v[t * row + j];

@@ -85,14 +85,11 @@ absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
 absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
   const KvCacheGeometry& g = storage_->geometry();
   const int64_t e = g.elements_per_block();
-  // After the backend's queued work: a kernel still reading these blocks for their previous owner.
-  auto* compute = static_cast<cudaStream_t>(storage_->backend()->native_stream());
-  cudaError_t err = cudaEventRecord(ready_, compute);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready_, 0);
-  if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
+  // No wait on the backend's stream: the engine reserves blocks between steps, and every step ends by
+  // waiting for its work, so nothing queued still reads blocks a reservation handed out. (Recording
+  // on that stream from here could also land inside a graph capture of the engine thread.)
+  cudaError_t err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
                           cudaMemcpyHostToDevice, stream_);
-  }
   if (err == cudaSuccess) {
     err = cuda::LaunchScatterBlocks(staging_, index_, count, e, storage_->k() + layer * g.elements_per_layer(), stream_);
   }

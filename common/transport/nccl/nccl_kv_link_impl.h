@@ -9,8 +9,8 @@
 // on the backend's stream, so the sends follow the layer's KV writes and the link's deadline covers
 // only the transfer; it sends straight from its cache blocks, which stay the request's until End.
 // The receiver receives each chunk into the link's staging memory and then, through the owner's
-// `land`, scatters it into the reserved blocks with a kernel ordered after the backend's queued work
-// (whatever still reads those blocks from a previous owner). Every wait polls the stream's
+// `land`, scatters it into the reserved blocks with a kernel and waits for it (the engine reserves
+// blocks between steps, whose work it has waited for, so nothing queued still reads them). Every wait polls the stream's
 // completion and ncclCommGetAsyncError until done or the deadline; on expiry (or any NCCL error) the
 // communicator is aborted with ncclCommAbort, which never waits for the peer. Late writes of an
 // aborted receive can only reach the staging memory, freed stream-ordered with the link.
@@ -61,7 +61,7 @@ class NcclKvLink final : public KvLink {
   int rank_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;   // this link's transfer stream
-  cudaEvent_t ready_ = nullptr;     // recorded on the backend's stream (its queued work)
+  cudaEvent_t ready_ = nullptr;     // recorded on the backend's stream before a send (its KV writes)
   cudaEvent_t done_ = nullptr;      // recorded on stream_ after each chunk
   float* staging_ = nullptr;        // [2][staging_blocks_][block elems]: K then V of the chunk received
   int64_t staging_blocks_ = 0;
