@@ -53,9 +53,19 @@ if stage tests; then
 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
 "$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
-gen() { "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$1"; }
+gen() { local d="$1"; shift; "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$d" "$@"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
+# Decode graphs against op by op, both batch-invariant: the same tokens exactly.
+gen cuda --batch-invariant=true --cuda-graphs=true > "$OUT/generate-cuda-graphs.json" 2> "$OUT/generate-cuda-graphs.err" || status=1
+gen cuda --batch-invariant=true --cuda-graphs=false > "$OUT/generate-cuda-eager.json" 2> "$OUT/generate-cuda-eager.err" || status=1
+python3 - "$OUT" <<'PY' || status=1
+import json, sys
+out = sys.argv[1]
+a, b = (json.load(open(f"{out}/generate-cuda-{m}.json"))["token_ids"] for m in ("graphs", "eager"))
+print(f"CUDA graphs vs op by op: {'identical' if a == b else 'DIFFERENT'} over {len(a)} tokens")
+sys.exit(0 if a == b else "decode graphs changed the greedy tokens")
+PY
 python3 - "$OUT" <<'PY' || status=1
 import json, sys
 out = sys.argv[1]
@@ -84,6 +94,8 @@ for p in "${presets[@]}"; do
     "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
+  "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 1 \
+    --cuda-graphs=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   levels=1,16,64; hf_levels=1,16
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \

@@ -5,7 +5,7 @@
 // share of the memory roofline and prefill's share of tensor-core peak.
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
-//                 [--decode-batch 1] [--repeats 3]
+//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--greedy]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +30,10 @@ ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (GPU backends), as the engine runs them");
+ABSL_FLAG(bool, greedy, true,
+          "decode steps return the argmax of each row (taken on the device), as the engine's greedy steps do; "
+          "false copies every row's logits to the host");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
           "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); false on the CPU "
           "uses OpenBLAS GEMM for large batches");
@@ -82,6 +86,8 @@ int Run() {
     std::iota(tables[s].begin(), tables[s].end(), static_cast<int32_t>(s * per_seq_blocks));
   }
   std::vector<float> logits;
+  std::vector<int32_t> argmax;
+  model->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   double best_prefill = 1e30, best_decode = 1e30;
   for (int r = 0; r < repeats; ++r) {
     // Prefill every sequence's prompt (timed for sequence 0 only).
@@ -97,12 +103,14 @@ int Run() {
     const auto t0 = Clock::now();
     for (int64_t step = 0; step < decode_tokens; ++step) {
       ForwardInput in;
+      in.allow_graph = true;
       for (int64_t s = 0; s < batch; ++s) {
         in.token_ids.push_back(static_cast<int32_t>((step * 31 + s) % c.vocab_size));
         in.seqs.push_back({1, prompt_len + step, tables[s]});
         in.logits_rows.push_back(static_cast<int32_t>(s));
+        if (absl::GetFlag(FLAGS_greedy)) in.argmax_only.push_back(1);
       }
-      if (!model->Forward(in, kv.get(), &logits).ok()) return 1;
+      if (!model->Forward(in, kv.get(), &logits, &argmax).ok()) return 1;
     }
     best_decode = std::min(best_decode, std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -112,9 +120,11 @@ int Run() {
               weight_bytes / 1e6, backend->device_description().c_str());
   std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s\n", static_cast<long long>(prompt_len),
               best_prefill, prompt_len / best_prefill);
-  std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)\n",
+  std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
-              step_bytes / step_seconds / 1e9);
+              step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",
+              absl::GetFlag(FLAGS_greedy) ? ", argmax on the device" : ", logits to the host");
+  if (!model->graph_error().empty()) std::printf("graphs failed: %s\n", model->graph_error().c_str());
 #ifdef TANDEM_HAVE_CUDA
   if (backend->name() == "cuda") {
     // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths), except
