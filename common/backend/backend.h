@@ -89,6 +89,9 @@ class Backend {
   // Whether buffers of this backend are host memory that other threads may read and write directly
   // (the CPU backend); otherwise data moves only through CopyToHost / CopyToDevice.
   virtual bool host_memory() const { return false; }
+  // Whether projections of the same input should run as one Linear over row-stacked weights (q|k|v,
+  // gate|up): fewer, larger GEMMs, each input converted once. The CUDA backend's choice.
+  virtual bool PrefersFusedProjections() const { return false; }
   // The device queue every op is enqueued on (a cudaStream_t on CUDA, on device `device_ordinal()`),
   // for device-side transports (NCCL) that order their own work after the backend's; nullptr and -1
   // on the CPU.
@@ -152,6 +155,10 @@ class Backend {
   virtual void Add(float* x, const float* y, int64_t n) = 0;
   // Gathers rows: out[m][d] = x[rows[i]][d] (rows is a device int32 array).
   virtual void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) = 0;
+  // out[n][cols] = columns [offset, offset + cols) of x[n][stride].
+  virtual void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) = 0;
+  // out[n][d] = silu(x[n][j]) * x[n][d + j] for j < d: SiluMul over packed gate|up rows.
+  virtual void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) = 0;
   // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
   // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
   virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;

@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
     sc.max_model_len = num_blocks * options.block_size;
   }
   if (sc.max_model_len < 2) return absl::InvalidArgumentError("the KV cache must hold at least 2 tokens");
+  model->set_graph_context_limit(sc.max_model_len);
   ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(model->backend(),
                                                        model->KvGeometry(num_blocks, options.block_size)));
   ASSIGN_OR_RETURN(e->kv_, KvCacheManager::Create({static_cast<int32_t>(num_blocks),

@@ -18,7 +18,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kNumSlots
+  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kNumSlots
 };
 
 // Batch sizes decode graphs are captured for; a step runs in the smallest that holds it. 0: none.
@@ -61,10 +61,11 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
 
 LlamaModel::~LlamaModel() = default;
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
-                                                             Backend* backend) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir, Backend* backend,
+                                                             std::optional<bool> fuse_projections) {
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->backend_ = backend;
+  m->fused_ = fuse_projections.value_or(backend->PrefersFusedProjections());
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
   RETURN_IF_ERROR(m->LoadWeights());
@@ -90,6 +91,38 @@ absl::Status LlamaModel::LoadWeights() {
     ASSIGN_OR_RETURN(*out, backend_->UploadWeight(*t));
     return absl::OkStatus();
   };
+  // Tensors of one dtype stacked by rows into one weight (shapes checked as above).
+  auto load_stacked = [&](const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
+                          DeviceWeight* out) -> absl::Status {
+    auto bytes = std::make_shared<std::vector<std::byte>>();
+    TensorView stacked;
+    for (const auto& [name, shape] : parts) {
+      ASSIGN_OR_RETURN(const TensorView* t, checkpoint_->Get(name));
+      if (t->shape != shape) {
+        return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " has shape ",
+                                                       ShapeString(t->shape), ", expected ",
+                                                       ShapeString(shape), " from config.json"));
+      }
+      if (stacked.shape.empty()) {
+        stacked.dtype = t->dtype;
+        stacked.shape = shape;
+        stacked.shape[0] = 0;
+        stacked.file = t->file;
+      } else if (t->dtype != stacked.dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " is ", std::string(DTypeName(t->dtype)),
+                                                       ", unlike the projections stacked with it"));
+      }
+      stacked.shape[0] += shape[0];
+      absl::StrAppend(&stacked.name, stacked.name.empty() ? "" : "|", name);
+      bytes->insert(bytes->end(), t->data, t->data + t->nbytes);
+      used.insert(name);
+    }
+    stacked.data = bytes->data();
+    stacked.nbytes = bytes->size();
+    ASSIGN_OR_RETURN(*out, backend_->UploadWeight(stacked));
+    if (out->data == stacked.data) out->owner = bytes;  // a backend that computes from host memory keeps it
+    return absl::OkStatus();
+  };
   RETURN_IF_ERROR(load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, &embed_));
   RETURN_IF_ERROR(load("model.norm.weight", {c.hidden_size}, &final_norm_));
   if (c.tie_word_embeddings) {
@@ -108,21 +141,40 @@ absl::Status LlamaModel::LoadWeights() {
     LayerWeights& w = layers_[l];
     RETURN_IF_ERROR(load(p + "input_layernorm.weight", {c.hidden_size}, &w.input_norm));
     RETURN_IF_ERROR(load(p + "post_attention_layernorm.weight", {c.hidden_size}, &w.post_norm));
-    RETURN_IF_ERROR(load(p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}, &w.q));
-    RETURN_IF_ERROR(load(p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}, &w.k));
-    RETURN_IF_ERROR(load(p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}, &w.v));
-    RETURN_IF_ERROR(load(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_size()}, &w.o));
-    if (c.attention_bias) {
-      RETURN_IF_ERROR(load(p + "self_attn.q_proj.bias", {c.q_size()}, &w.q_bias));
-      RETURN_IF_ERROR(load(p + "self_attn.k_proj.bias", {c.kv_size()}, &w.k_bias));
-      RETURN_IF_ERROR(load(p + "self_attn.v_proj.bias", {c.kv_size()}, &w.v_bias));
+    if (fused_) {
+      RETURN_IF_ERROR(load_stacked({{p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}},
+                                    {p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}},
+                                    {p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}}},
+                                   &w.qkv));
+      if (c.attention_bias) {
+        RETURN_IF_ERROR(load_stacked({{p + "self_attn.q_proj.bias", {c.q_size()}},
+                                      {p + "self_attn.k_proj.bias", {c.kv_size()}},
+                                      {p + "self_attn.v_proj.bias", {c.kv_size()}}},
+                                     &w.qkv_bias));
+      }
+    } else {
+      RETURN_IF_ERROR(load(p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}, &w.q));
+      RETURN_IF_ERROR(load(p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}, &w.k));
+      RETURN_IF_ERROR(load(p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}, &w.v));
+      if (c.attention_bias) {
+        RETURN_IF_ERROR(load(p + "self_attn.q_proj.bias", {c.q_size()}, &w.q_bias));
+        RETURN_IF_ERROR(load(p + "self_attn.k_proj.bias", {c.kv_size()}, &w.k_bias));
+        RETURN_IF_ERROR(load(p + "self_attn.v_proj.bias", {c.kv_size()}, &w.v_bias));
+      }
     }
+    RETURN_IF_ERROR(load(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_size()}, &w.o));
     if (c.qk_norm) {
       RETURN_IF_ERROR(load(p + "self_attn.q_norm.weight", {c.head_dim}, &w.q_norm));
       RETURN_IF_ERROR(load(p + "self_attn.k_norm.weight", {c.head_dim}, &w.k_norm));
     }
-    RETURN_IF_ERROR(load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, &w.gate));
-    RETURN_IF_ERROR(load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, &w.up));
+    if (fused_) {
+      RETURN_IF_ERROR(load_stacked({{p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}},
+                                    {p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}}},
+                                   &w.gate_up));
+    } else {
+      RETURN_IF_ERROR(load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, &w.gate));
+      RETURN_IF_ERROR(load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, &w.up));
+    }
     RETURN_IF_ERROR(load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, &w.down));
   }
   for (const auto& [name, t] : checkpoint_->tensors()) {
@@ -219,6 +271,8 @@ int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
   if (static_cast<int64_t>(in.token_ids.size()) != seqs || static_cast<int64_t>(in.logits_rows.size()) != seqs) return 0;
   for (int64_t i = 0; i < seqs; ++i) {
     if (in.logits_rows[i] != i) return 0;  // one token per sequence, each one's row sampled
+    // A captured attention launch covers contexts up to the limit it was captured for.
+    if (in.seqs[i].num_cached_tokens + 1 > GraphContextLimit()) return 0;
   }
   return GraphBucket(seqs);
 }
@@ -310,8 +364,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.logit_in = Scratch(kLogitIn, std::max<int64_t>(m, 1) * hidden);
   buf.logits = Scratch(kLogits, std::max<int64_t>(m, 1) * c.vocab_size);
   buf.argmax = reinterpret_cast<int32_t*>(Scratch(kArgmax, std::max<int64_t>(m, 1)));
+  buf.qkv = Scratch(kQkv, fused_ ? n * (qs + 2 * kvs) : 1);
+  buf.gate_up = Scratch(kGateUp, fused_ ? n * 2 * inter : 1);
   if (!buf.meta || !buf.x || !buf.h || !buf.q || !buf.k || !buf.v || !buf.attn || !buf.gate || !buf.up ||
-      !buf.rows || !buf.logit_in || !buf.logits || !buf.argmax) {
+      !buf.rows || !buf.logit_in || !buf.logits || !buf.argmax || !buf.qkv || !buf.gate_up) {
     return absl::ResourceExhaustedError("cannot allocate activation memory for the forward pass");
   }
   backend_->CopyToDevice(buf.meta, meta.data(), meta.size() * sizeof(int32_t));
@@ -319,7 +375,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.out_rows = buf.meta + off_rows;
   buf.md.num_seqs = num_seqs;
   buf.md.num_tokens = n;
-  buf.md.max_context_len = max_context;
+  // A graph's attention launch is captured for every context it may meet, not this step's longest.
+  buf.md.max_context_len = graph_batch > 0 ? GraphContextLimit() : max_context;
   buf.md.seq_indptr = buf.meta + off_seq_indptr;
   buf.md.positions = buf.meta + off_positions;
   buf.md.context_lens = buf.meta + off_context;
@@ -350,8 +407,14 @@ absl::Status LlamaModel::RunDecodeGraph(int64_t batch, const StepBuffers& buf, K
   ForwardInput shape;  // what Enqueue reads besides the buffers: sizes only
   shape.token_ids.assign(batch, 0);
   shape.logits_rows.assign(batch, 0);
+  if (kv != graph_kv_) {  // graphs write into the cache they were captured with
+    if (!graphs_.empty()) backend_->DropGraphs();
+    graphs_.clear();
+    graph_kv_ = kv;
+  }
   if (auto it = graphs_.find(batch); it != graphs_.end()) {
     absl::Status s = backend_->Replay(it->second);
+    if (s.ok()) ++graph_replays_;
     if (s.ok() || s.code() != absl::StatusCode::kNotFound) return s;
     graphs_.clear();  // the backend dropped them (its scratch grew): capture again
   }
@@ -379,7 +442,7 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
   const KvCacheGeometry& g = kv->geometry();
   const int64_t n = static_cast<int64_t>(in.token_ids.size());
   const int64_t m = static_cast<int64_t>(in.logits_rows.size());
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, qs = c.q_size(), kvs = c.kv_size();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   const AttentionMetadata& md = buf.md;
@@ -390,9 +453,26 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
     b->RmsNorm(x, w.input_norm, eps, n, hidden, h);
-    b->Linear(h, n, w.q, c.attention_bias ? &w.q_bias : nullptr, q);
-    b->Linear(h, n, w.k, c.attention_bias ? &w.k_bias : nullptr, k);
-    b->Linear(h, n, w.v, c.attention_bias ? &w.v_bias : nullptr, v);
+    if (fused_) {
+      // One GEMM for q|k|v; a single token's row is already q, k, v back to back.
+      b->Linear(h, n, w.qkv, c.attention_bias ? &w.qkv_bias : nullptr, buf.qkv);
+      if (n == 1) {
+        q = buf.qkv;
+        k = buf.qkv + qs;
+        v = buf.qkv + qs + kvs;
+      } else {
+        q = buf.q;
+        k = buf.k;
+        v = buf.v;
+        b->CopyColumns(buf.qkv, n, qs + 2 * kvs, 0, qs, q);
+        b->CopyColumns(buf.qkv, n, qs + 2 * kvs, qs, kvs, k);
+        b->CopyColumns(buf.qkv, n, qs + 2 * kvs, qs + kvs, kvs, v);
+      }
+    } else {
+      b->Linear(h, n, w.q, c.attention_bias ? &w.q_bias : nullptr, q);
+      b->Linear(h, n, w.k, c.attention_bias ? &w.k_bias : nullptr, k);
+      b->Linear(h, n, w.v, c.attention_bias ? &w.v_bias : nullptr, v);
+    }
     if (c.qk_norm) {
       b->RmsNorm(q, w.q_norm, eps, n * c.num_attention_heads, c.head_dim, q);
       b->RmsNorm(k, w.k_norm, eps, n * c.num_key_value_heads, c.head_dim, k);
@@ -404,9 +484,14 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
     b->Linear(attn, n, w.o, nullptr, h);
     b->Add(x, h, n * hidden);
     b->RmsNorm(x, w.post_norm, eps, n, hidden, h);
-    b->Linear(h, n, w.gate, nullptr, gate);
-    b->Linear(h, n, w.up, nullptr, up);
-    b->SiluMul(gate, up, n, inter, gate);
+    if (fused_) {
+      b->Linear(h, n, w.gate_up, nullptr, buf.gate_up);
+      b->SiluMulPacked(buf.gate_up, n, inter, gate);
+    } else {
+      b->Linear(h, n, w.gate, nullptr, gate);
+      b->Linear(h, n, w.up, nullptr, up);
+      b->SiluMul(gate, up, n, inter, gate);
+    }
     b->Linear(gate, n, w.down, nullptr, h);
     b->Add(x, h, n * hidden);
   }

@@ -7,9 +7,11 @@
 // A LlamaModel is used by one thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,8 +48,10 @@ struct ForwardInput {
 
 class LlamaModel {
  public:
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
-                                                          Backend* backend);
+  // `fuse_projections`: run q|k|v and gate|up as one Linear each over row-stacked weights (unset: as
+  // the backend prefers, Backend::PrefersFusedProjections).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir, Backend* backend,
+                                                          std::optional<bool> fuse_projections = std::nullopt);
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
   ~LlamaModel();
@@ -63,8 +67,12 @@ class LlamaModel {
   // op (elsewhere the padded batch may pick other GEMM kernels, as any batch can). On by default.
   void set_use_graphs(bool on) { use_graphs_ = on; }
   bool use_graphs() const { return use_graphs_ && backend_->SupportsGraphs(); }
-  // Decode graphs captured and not dropped.
+  // Decode graphs captured and not dropped, and steps that replayed one.
   size_t num_graphs() const { return graphs_.size(); }
+  int64_t graph_replays() const { return graph_replays_; }
+  // Longest context a decode graph serves (steps beyond it run op by op): the engine's max_model_len;
+  // 0 = the model's max_position_embeddings. Attention in a graph splits keys for this length.
+  void set_graph_context_limit(int64_t tokens) { graph_context_limit_ = tokens; }
   // Why capturing failed (graphs are then off), empty if it did not.
   const std::string& graph_error() const { return graph_error_; }
   // Runs decode steps through the padded graph layout even without graphs (tests on the CPU).
@@ -88,6 +96,7 @@ class LlamaModel {
     DeviceWeight q_bias, k_bias, v_bias;
     DeviceWeight q_norm, k_norm;
     DeviceWeight gate, up, down;
+    DeviceWeight qkv, qkv_bias, gate_up;  // row-stacked, when projections are fused
   };
   LlamaModel() = default;
   absl::Status LoadWeights();
@@ -101,10 +110,15 @@ class LlamaModel {
     AttentionMetadata md;
     float *x = nullptr, *h = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;
     float *gate = nullptr, *up = nullptr, *rows = nullptr, *logit_in = nullptr, *logits = nullptr;
+    float *qkv = nullptr, *gate_up = nullptr;  // [n][q + 2 kv], [n][2 inter] when fused
     int32_t* argmax = nullptr;    // [m]
   };
   // The step's batch if it runs in the decode graph layout, else 0.
   int64_t DecodeGraphBatch(const ForwardInput& input) const;
+  int64_t GraphContextLimit() const {
+    return graph_context_limit_ > 0 ? std::min(graph_context_limit_, config_.max_position_embeddings)
+                                    : config_.max_position_embeddings;
+  }
   // Enqueues the step's work: embedding, every layer, logits of in.logits_rows (sizes from `in`).
   void Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax);
   // Replays the graph of `batch`, or runs the step and captures it for the next time.
@@ -117,10 +131,14 @@ class LlamaModel {
   std::vector<LayerWeights> layers_;
   std::unique_ptr<DeviceBuffer> inv_freq_;  // [head_dim / 2]
   std::vector<std::unique_ptr<DeviceBuffer>> scratch_;
+  bool fused_ = false;  // q|k|v and gate|up as one Linear each
   bool use_graphs_ = true;
   bool graph_layout_for_testing_ = false;
   std::string graph_error_;
   std::map<int64_t, int64_t> graphs_;  // decode batch → backend graph id
+  const KvCacheStorage* graph_kv_ = nullptr;  // the cache the graphs write into
+  int64_t graph_replays_ = 0;
+  int64_t graph_context_limit_ = 0;
 };
 
 // RoPE inverse frequencies [head_dim / 2], with Llama 3.1 scaling applied when configured.

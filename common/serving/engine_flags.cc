@@ -23,7 +23,7 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "--kv-cache-memory is 0 (GPU backends only; other processes' memory does not count against it)");
 ABSL_FLAG(bool, cuda_graphs, true,
           "engine: run decode steps as CUDA graphs (captured once per bucketed batch size, replayed after; "
-          "bit-identical to op by op); GPU backends only");
+          "bit-identical to op by op with --batch-invariant); GPU backends only");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");

@@ -220,6 +220,19 @@ TEST_F(CudaBackendTest, ElementwiseOpsMatch) {
   float* out = Zeros(rows.size() * d);
   gpu_->GatherRows(Up(gate), Up(rows), rows.size(), d, out);
   EXPECT_EQ(Down(out, rows.size() * d), gathered);
+
+  // Packed gate|up rows (n rows of 2 d/2 ... here halves of d) and column copies out of them.
+  const int64_t half = d / 2;
+  std::vector<float> packed_ref(n * half);
+  cpu_->SiluMulPacked(gate.data(), n, half, packed_ref.data());
+  float* packed = Zeros(n * half);
+  gpu_->SiluMulPacked(Up(gate), n, half, packed);
+  EXPECT_LE(MaxRelDiff(Down(packed, n * half), packed_ref), 2e-6f);
+  std::vector<float> cols_ref(n * 300);
+  cpu_->CopyColumns(gate.data(), n, d, 123, 300, cols_ref.data());
+  float* cols = Zeros(n * 300);
+  gpu_->CopyColumns(Up(gate), n, d, 123, 300, cols);
+  EXPECT_EQ(Down(cols, n * 300), cols_ref);
 }
 
 // A batch mixing a fresh prefill, a chunk after a cached prefix, and decode tokens over contexts
@@ -495,24 +508,26 @@ void CompareModels(const std::string& preset, DType dtype) {
   EXPECT_TRUE(gpu->CheckErrors().ok());
 }
 
-// Five prompts, then decode steps of all five (a graph batch of 8), of three (4) and of all five
-// again (a replay), with the contexts growing: logits and argmax of every step, in order.
-std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs, size_t* num_graphs) {
+// Five prompts of 300 to 900 tokens (up to two 512-key attention splits), then decode steps of all
+// five (a graph batch of 8), of three (4) and of all five again (a replay), the contexts growing:
+// logits and argmax of every step, in order.
+std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs, size_t* num_graphs,
+                                             int64_t* replays) {
   CudaBackend::Options o;
   o.batch_invariant = true;
   auto backend = CudaBackend::Create(o).value();
   auto model = LlamaModel::Load(dir, backend.get()).value();
   model->set_use_graphs(graphs);
-  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 16)).value();
+  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(320, 16)).value();
   const int64_t vocab = model->config().vocab_size;
   std::vector<int64_t> len(5);
   std::vector<std::vector<int32_t>> tables(5);
   std::vector<std::vector<float>> outputs;
   std::mt19937 rng(9);
   for (int64_t i = 0; i < 5; ++i) {
-    for (int b = 0; b < 8; ++b) tables[i].push_back(static_cast<int32_t>(8 * i + b));
+    for (int b = 0; b < 64; ++b) tables[i].push_back(static_cast<int32_t>(64 * i + b));
     ForwardInput in;
-    len[i] = 10 + 13 * i;
+    len[i] = 300 + 150 * i;
     for (int64_t t = 0; t < len[i]; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
     in.seqs.push_back({len[i], 0, tables[i]});
     std::vector<float> ignored;
@@ -537,6 +552,7 @@ std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs
   }
   EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
   *num_graphs = model->num_graphs();
+  *replays = model->graph_replays();
   EXPECT_TRUE(backend->CheckErrors().ok());
   return outputs;
 }
@@ -544,10 +560,12 @@ std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs
 TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   size_t eager_graphs = 0, graphs = 0;
-  const auto eager = DecodeScript(dir, false, &eager_graphs);
-  const auto replayed = DecodeScript(dir, true, &graphs);
+  int64_t eager_replays = 0, replays = 0;
+  const auto eager = DecodeScript(dir, false, &eager_graphs, &eager_replays);
+  const auto replayed = DecodeScript(dir, true, &graphs, &replays);
   EXPECT_EQ(eager_graphs, 0u);
   EXPECT_EQ(graphs, 2u) << "one graph for a batch of 8, one for 4";
+  EXPECT_EQ(replays, 2) << "the second and fourth steps replay the graph of 8";
   ASSERT_EQ(eager.size(), replayed.size());
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_EQ(eager[i], replayed[i]) << "decode step " << i;
 }

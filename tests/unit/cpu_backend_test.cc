@@ -90,6 +90,27 @@ TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {
   EXPECT_EQ(out, (std::vector<int32_t>{1, 3, 0, 0, 10}));
 }
 
+TEST(CpuBackendTest, PackedGateUpAndColumnCopiesMatchTheSeparateOps) {
+  auto b = CpuBackend::Create({}).value();
+  const int64_t n = 3, d = 5;
+  std::vector<float> packed(n * 2 * d), gate(n * d), up(n * d);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < d; ++j) {
+      gate[t * d + j] = packed[t * 2 * d + j] = 0.3f * static_cast<float>(t * d + j) - 2.f;
+      up[t * d + j] = packed[t * 2 * d + d + j] = 1.f - 0.2f * static_cast<float>(j);
+    }
+  }
+  std::vector<float> a(n * d), c(n * d);
+  b->SiluMul(gate.data(), up.data(), n, d, a.data());
+  b->SiluMulPacked(packed.data(), n, d, c.data());
+  EXPECT_EQ(a, c);
+  std::vector<float> cols(n * 3);
+  b->CopyColumns(packed.data(), n, 2 * d, 4, 3, cols.data());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(cols[t * 3 + j], packed[t * 2 * d + 4 + j]);
+  }
+}
+
 TEST(CpuBackendTest, RmsNormMatchesReference) {
   auto backend = CpuBackend::Create({}).value();
   std::vector<float> x = {1, -2, 3, 4, 0.5f, 0.25f, -8, 2};

@@ -182,10 +182,14 @@ TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
 TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
   // Prompts of different lengths, then one decode step of all of them, run op by op and in the
   // padded layout decode graphs use (9 sequences: a batch of 16, 7 of them padding).
-  const int64_t vocab = model_->config().vocab_size;
+  CpuBackend::Options bo;
+  bo.batch_invariant = true;  // a row's result must not depend on the 16-row padded batch
+  auto backend = CpuBackend::Create(bo).value();
+  auto model = LlamaModel::Load(MakeModel(GetParam()), backend.get()).value();
+  const int64_t vocab = model->config().vocab_size;
   const int64_t seqs = 9;
   auto run = [&](bool graph_layout, std::vector<float>* logits, std::vector<int32_t>* argmax) {
-    auto kv = Cache(64, 4);
+    auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 4)).value();
     const int64_t floats = kv->geometry().num_layers * kv->geometry().elements_per_layer();
     std::fill(kv->k(), kv->k() + floats, 0.f);  // so that any stray write shows
     std::fill(kv->v(), kv->v() + floats, 0.f);
@@ -195,7 +199,7 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
       prefill.seqs.push_back({3 + i, 0, {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1), static_cast<int32_t>(5 * i + 2),
                                          static_cast<int32_t>(5 * i + 3)}});
       std::vector<float> ignored;
-      EXPECT_TRUE(model_->Forward(prefill, kv.get(), &ignored).ok());
+      EXPECT_TRUE(model->Forward(prefill, kv.get(), &ignored).ok());
     }
     ForwardInput decode;
     decode.allow_graph = true;
@@ -206,9 +210,9 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
       decode.logits_rows.push_back(static_cast<int32_t>(i));
       decode.argmax_only.push_back(i % 2);
     }
-    model_->set_graph_layout_for_testing(graph_layout);
-    EXPECT_TRUE(model_->Forward(decode, kv.get(), logits, argmax).ok());
-    model_->set_graph_layout_for_testing(false);
+    model->set_graph_layout_for_testing(graph_layout);
+    EXPECT_TRUE(model->Forward(decode, kv.get(), logits, argmax).ok());
+    model->set_graph_layout_for_testing(false);
     std::vector<float> cache(kv->k(), kv->k() + floats);
     cache.insert(cache.end(), kv->v(), kv->v() + floats);
     return cache;
@@ -221,6 +225,30 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
   EXPECT_EQ(logits_a, logits_b);
   EXPECT_EQ(argmax_a, argmax_b);
   EXPECT_EQ(cache_a, cache_b);  // the padding sequences (block 0, slot -1) wrote nothing
+}
+
+TEST_P(ModelTest, FusedProjectionsGiveTheSameLogits) {
+  // q|k|v and gate|up stacked into one weight each (what the CUDA backend runs): a prompt in two
+  // chunks, then single-token steps (the fused path's pointer offsets instead of column copies).
+  auto fused = LlamaModel::Load(MakeModel(GetParam()), backend_.get(), /*fuse_projections=*/true).value();
+  const int64_t vocab = model_->config().vocab_size;
+  const auto tokens = RandomTokens(24, vocab, 17);
+  auto run = [&](LlamaModel* m) {
+    auto kv = Cache(8, 8);
+    std::vector<float> all, step;
+    for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 13}, {13, 20}, {20, 21}, {21, 22}, {22, 24}}) {
+      ForwardInput in;
+      in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
+      in.seqs.push_back({end - begin, begin, {0, 1, 2}});
+      for (int64_t i = 0; i < end - begin; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
+      EXPECT_TRUE(m->Forward(in, kv.get(), &step).ok());
+      all.insert(all.end(), step.begin(), step.end());
+    }
+    return all;
+  };
+  const auto plain = run(model_.get()), stacked = run(fused.get());
+  ASSERT_EQ(plain.size(), 24u * vocab);
+  EXPECT_EQ(MaxAbsDiff(plain, stacked), 0.0f);
 }
 
 TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {

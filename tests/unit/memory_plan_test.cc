@@ -73,6 +73,10 @@ class AccountingBackend final : public Backend {
     cpu_->GatherRows(x, rows, m, d, out);
   }
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override { cpu_->ArgmaxRows(x, n, d, out); }
+  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override {
+    cpu_->CopyColumns(x, n, stride, offset, cols, out);
+  }
+  void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override { cpu_->SiluMulPacked(x, n, d, out); }
 
  private:
   class Counted final : public DeviceBuffer {

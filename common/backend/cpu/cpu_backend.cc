@@ -257,6 +257,20 @@ void CpuBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t 
   });
 }
 
+void CpuBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) {
+  pool_->ParallelFor(n * d, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t t = i / d, j = i % d;
+      const float g = x[t * 2 * d + j];
+      out[i] = g / (1.0f + std::exp(-g)) * x[t * 2 * d + d + j];
+    }
+  });
+}
+
+void CpuBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) {
+  for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * cols, x + t * stride + offset, cols * sizeof(float));
+}
+
 void CpuBackend::Add(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }

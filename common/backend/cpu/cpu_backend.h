@@ -46,6 +46,8 @@ class CpuBackend final : public Backend {
   void Add(float* x, const float* y, int64_t n) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
+  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;
+  void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
 
  private:
   CpuBackend(ThreadPool* pool, bool batch_invariant) : pool_(pool), batch_invariant_(batch_invariant) {}

@@ -210,6 +210,7 @@ absl::Status CudaBackend::BeginCapture() {
   RETURN_IF_ERROR(CheckErrors());
   if (capturing_) return absl::FailedPreconditionError("already capturing");
   if (cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
+    cudaGetLastError();  // a failed capture must not fail the next launch
     return CudaStatus(e, "cudaStreamBeginCapture");
   }
   capturing_ = true;
@@ -232,7 +233,14 @@ absl::StatusOr<int64_t> CudaBackend::EndCapture() {
     if (cudaError_t i = cudaGraphInstantiate(&exec, graph, 0); i != cudaSuccess) failed = CudaStatus(i, "cudaGraphInstantiate");
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
-  RETURN_IF_ERROR(failed);
+  if (!failed.ok()) {
+    // Nothing captured ever ran, and the backend was sound when the capture began (BeginCapture
+    // checked): forget what the capture recorded, so the failure costs graphs, not the backend.
+    cudaGetLastError();
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = absl::OkStatus();
+    return failed;
+  }
   graphs_.push_back(exec);
   return static_cast<int64_t>(graphs_.size()) - 1;
 }
@@ -253,10 +261,10 @@ void CudaBackend::DropGraphs() {
   }
 }
 
-void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes) {
+void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
   if (bytes <= scratch_bytes_[slot]) return scratch_[slot];
   if (capturing_) {  // allocation would break the capture: the caller should have run the work before
-    Check(cudaErrorStreamCaptureUnsupported, "growing scratch memory while capturing a graph");
+    if (!optional) Check(cudaErrorStreamCaptureUnsupported, "growing scratch memory while capturing a graph");
     return nullptr;
   }
   DropGraphs();  // they point at the memory about to be freed
@@ -270,7 +278,7 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes) {
   if (cudaError_t e = cudaMalloc(&scratch_[slot], want); e != cudaSuccess) {
     cudaGetLastError();  // not sticky: keep it from being reported again by the next launch
     scratch_[slot] = nullptr;
-    Check(e, "allocating GEMM scratch");
+    if (!optional) Check(e, "allocating scratch memory");
     return nullptr;
   }
   scratch_bytes_[slot] = want;
@@ -362,9 +370,11 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   // Split partials when a small batch spreads long contexts over blocks of their own (kept within
   // 64 MiB; beyond that the splits are merged in-block, with bit-identical results). A captured
   // launch is replayed for other contexts: in-block only.
-  if (capturing_) a.mode = cuda::AttentionMode::kInBlock;
+  // The workspace is optional: without it (too big, out of memory, or not allocated before a capture)
+  // the splits merge in-block, with the same bits.
   if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a); floats > 0 && floats <= (int64_t{16} << 20)) {
-    a.workspace = static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float)));
+    a.workspace = static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float),
+                                              /*optional=*/true));
     a.workspace_floats = a.workspace != nullptr ? floats : 0;
   }
   Check(cuda::LaunchPagedAttention(a, stream_), "paged attention");
@@ -378,6 +388,16 @@ void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t
 void CudaBackend::Add(float* x, const float* y, int64_t n) {
   Bind();
   Check(cuda::LaunchAdd(x, y, n, stream_), "add");
+}
+
+void CudaBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) {
+  Bind();
+  Check(cuda::LaunchCopyColumns(x, n, stride, offset, cols, out, stream_), "copy columns");
+}
+
+void CudaBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) {
+  Bind();
+  Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_), "silu-mul (packed)");
 }
 
 void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) {

@@ -62,10 +62,14 @@ class CudaBackend final : public Backend {
   void Add(float* x, const float* y, int64_t n) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
+  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;
+  void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
+  bool PrefersFusedProjections() const override { return true; }
 
-  // CUDA graphs over this backend's stream (thread-local capture mode). While capturing, attention
-  // keeps every split of a token in one block (a captured launch must not depend on the step's
-  // longest context), bit-identical to the other modes.
+  // CUDA graphs over this backend's stream (thread-local capture mode). A captured attention launch
+  // splits keys by the metadata's max_context_len, which a replayed step must not exceed (the model
+  // passes its context limit); without a workspace allocated beforehand it merges splits in-block,
+  // with the same bits. A capture that fails leaves the backend as it was.
   bool SupportsGraphs() const override { return true; }
   bool capturing() const override { return capturing_; }
   absl::Status BeginCapture() override;
@@ -84,7 +88,8 @@ class CudaBackend final : public Backend {
   void Check(cublasStatus_t s, const char* what);
   // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on failure.
   enum ScratchSlot { kHalfInput, kPaddedInput, kPaddedOutput, kAttentionPartials, kNumScratch };
-  void* Scratch(ScratchSlot slot, size_t bytes);
+  // `optional`: failing to allocate is not an error of the backend (the caller has a fallback).
+  void* Scratch(ScratchSlot slot, size_t bytes, bool optional = false);
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
 

@@ -276,12 +276,13 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
         for (int j = 0; j < kDims; ++j) dot = fmaf(q[g][j], kr[j], dot);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        const float score = dot * a.scale;
+        // Explicit roundings: one arithmetic wherever the compiler places this loop.
+        const float score = __fmul_rn(dot, a.scale);
         const float nm = fmaxf(m[g], score);
         const float c = expf(m[g] - nm), e = expf(score - nm);
-        l[g] = l[g] * c + e;
+        l[g] = __fmaf_rn(l[g], c, e);
 #pragma unroll
-        for (int j = 0; j < kDims; ++j) acc[g][j] = acc[g][j] * c + e * vr[j];
+        for (int j = 0; j < kDims; ++j) acc[g][j] = __fmaf_rn(acc[g][j], c, __fmul_rn(e, vr[j]));
         m[g] = nm;
       }
     }
@@ -392,6 +393,21 @@ __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count,
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / d, j = i % d;
+    const float g = x[t * 2 * d + j];
+    out[i] = g / (1.0f + expf(-g)) * x[t * 2 * d + d + j];
+  }
+}
+
+__global__ void CopyColumnsKernel(const float* x, int64_t stride, int64_t offset, int64_t cols, int64_t count,
+                                  float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = x[(i / cols) * stride + offset + i % cols];
   }
 }
 
@@ -562,6 +578,19 @@ cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t 
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   SiluMulKernel<<<Blocks(count), kThreads, 0, stream>>>(gate, up, count, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream) {
+  if (n * d == 0) return cudaSuccess;
+  SiluMulPackedKernel<<<Blocks(n * d), kThreads, 0, stream>>>(x, d, n * d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out,
+                              cudaStream_t stream) {
+  if (n * cols == 0) return cudaSuccess;
+  CopyColumnsKernel<<<Blocks(n * cols), kThreads, 0, stream>>>(x, stride, offset, cols, n * cols, out);
   return cudaGetLastError();
 }
 

@@ -81,6 +81,13 @@ int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& args);
 // out[count] = silu(gate) * up; out may alias gate.
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
 
+// out[n][d] = silu(x[n][j]) * x[n][d + j] for j < d (packed gate|up rows).
+cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream);
+
+// out[n][cols] = columns [offset, offset + cols) of x[n][stride].
+cudaError_t LaunchCopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out,
+                              cudaStream_t stream);
+
 // x[count] += y[count].
 cudaError_t LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stream);
 
