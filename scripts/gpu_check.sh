@@ -13,6 +13,10 @@
 #          the device's measured ceilings) and throughput_vs_hf.py (a combined CUDA worker against
 #          transformers' generate()) over random BF16 weights of qwen2.5-0.5b and, with
 #          TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each 7-8B model takes ~16 GB of disk).
+#   llama  (not in the default STAGES: about 6 minutes of building) builds llama.cpp's llama-server
+#          for sm_90 from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh), converts
+#          the benchmark models to F16 GGUF with its convert_hf_to_gguf.py, and runs
+#          throughput_vs_hf.py with the llama.cpp column (concurrency 1, 16, 64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check-out}"
@@ -103,6 +107,33 @@ for p in "${presets[@]}"; do
   python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
     --up-arg=--kv-transport=nccl 2>&1 | tee -a "$OUT/disagg.txt" || status=1
 done
+fi
+if stage llama; then
+  L=/tmp/tandem-llama.cpp
+  if [[ ! -x $L/build/bin/llama-server ]]; then
+    rm -rf "$L" && mkdir -p "$L" && tar -C "$L" -xJf .gpu_bundle/llama.cpp-src.tar.xz
+    cmake -S "$L/llama.cpp" -B "$L/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
+      cmake --build "$L/build" -j"$(nproc)" --target llama-server >> "$OUT/llama-build.log" 2>&1 || status=1
+    tail -3 "$OUT/llama-build.log"
+  fi
+  presets=(qwen2.5-0.5b)
+  [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
+  for p in "${presets[@]}"; do
+    # The same random weights, with a real tokenizer of the family (convert_hf_to_gguf.py's need).
+    tok=qwen3 && [[ $p == llama* ]] && tok=llama3
+    dir=/tmp/tandem-models/$p-$tok
+    if [[ ! -f $dir/config.json ]]; then
+      "$W/tandem" make-model --preset "$p" --out "$dir" --tokenizer "$L/tokenizers/$tok/tokenizer.json" >/dev/null || status=1
+      cp "$L/tokenizers/$tok/tokenizer_config.json" "$dir/"
+    fi
+    [[ -f $dir.f16.gguf ]] || PYTHONPATH="$L/llama.cpp/gguf-py" python3 "$L/llama.cpp/convert_hf_to_gguf.py" "$dir" \
+      --outtype f16 --outfile "$dir.f16.gguf" > "$OUT/llama-convert-$p.log" 2>&1 || status=1
+    python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 1,16,64 --skip-hf \
+      --llama-server "$L/build/bin/llama-server" --llama-gguf "$dir.f16.gguf" \
+      --json-out "$OUT/vs-llama-$p.json" 2>&1 | tee -a "$OUT/vs-llama.txt" || status=1
+  done
 fi
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status

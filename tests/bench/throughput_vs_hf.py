@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""Output-token throughput of Tandem against Hugging Face transformers' generate() on one model.
+"""Output-token throughput of Tandem against Hugging Face transformers' generate() and llama.cpp's
+llama-server on one model.
 
 Tandem: `tandem up --combined 1` on the chosen device, loaded by `tandem bench` in closed loop at each
 concurrency (random prompts of --input-len tokens, exactly --output-len output tokens each, EOS
 ignored, 2×concurrency requests, at least 8). Transformers: the same model in BF16 on the same device,
 generate() over static batches of `concurrency` prompts (greedy, min_new_tokens = max_new_tokens =
 --output-len), one warm-up batch of 2 first; tokens/s = batch × output-len ÷ wall time. The two
-share nothing but the model directory. Prints one table (side by side, with the ratio) and, with
---json-out, every figure.
+share nothing but the model directory. llama.cpp (with --llama-server and --llama-gguf, the same
+model as GGUF, e.g. F16 from llama.cpp's convert_hf_to_gguf.py): one llama-server with a slot per
+request of the highest level (--parallel, continuous batching, every layer on the GPU), loaded in
+closed loop like Tandem: the same random prompts as token ids, n_predict = --output-len with EOS
+ignored, greedy; tokens/s = tokens predicted ÷ wall time. Prints one table (side by side, with the
+ratios) and, with --json-out, every figure.
 
 Usage: throughput_vs_hf.py TANDEM MODEL_DIR [--device cuda] [--concurrency 1,16,64,256]
            [--hf-concurrency 1,16,64] [--input-len 512] [--output-len 256] [--skip-hf] [--json-out F]
+           [--llama-server BIN --llama-gguf FILE [--llama-args=-fa,on]]
 Transformers absent (as on the CPU development machine): its column says so and the run goes on.
 """
 import argparse
@@ -35,6 +41,10 @@ ap.add_argument("--port", type=int, default=50171)
 ap.add_argument("--skip-hf", action="store_true")
 ap.add_argument("--json-out", default="")
 ap.add_argument("--up-args", default="", help="extra flags for `tandem up`, comma-separated")
+ap.add_argument("--llama-server", default="", help="llama.cpp's llama-server binary (adds a llama.cpp column)")
+ap.add_argument("--llama-gguf", default="", help="the model as GGUF for llama-server")
+ap.add_argument("--llama-args", default="", help="extra llama-server flags, comma-separated")
+ap.add_argument("--llama-port", type=int, default=50181)
 args = ap.parse_args()
 levels = [int(c) for c in args.concurrency.split(",")]
 hf_levels = [int(c) for c in (args.hf_concurrency or args.concurrency).split(",")]
@@ -116,14 +126,98 @@ def hf_throughput():
     return out, f"transformers {transformers.__version__}, torch {torch.__version__}"
 
 
+def llama_throughput():
+    if not args.llama_server:
+        return {}, "llama.cpp not run (no --llama-server)"
+    import threading
+    import urllib.request
+    vocab = json.load(open(os.path.join(args.model, "config.json")))["vocab_size"]
+    slots = max(levels)
+    work = tempfile.mkdtemp(prefix="tandem-vs-llama-")
+    log = open(os.path.join(work, "llama-server.log"), "w")
+    cmd = [args.llama_server, "-m", args.llama_gguf, "--port", str(args.llama_port), "--host", "127.0.0.1",
+           "-np", str(slots), "-c", str(slots * (args.input_len + args.output_len + 16)), "-ngl", "999",
+           "--cont-batching", "--no-warmup"] + [a for a in args.llama_args.split(",") if a]
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{args.llama_port}"
+
+    def post(body, timeout=600):
+        req = urllib.request.Request(base + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.load(r)
+
+    try:
+        deadline = time.time() + 900
+        while True:
+            if server.poll() is not None:
+                sys.exit(f"llama-server exited (log in {work})")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                pass
+            if time.time() > deadline:
+                sys.exit(f"llama-server did not get ready (log in {work})")
+            time.sleep(0.5)
+        rng = random.Random(2)
+
+        def body():
+            return {"prompt": [rng.randrange(vocab) for _ in range(args.input_len)], "n_predict": args.output_len,
+                    "ignore_eos": True, "temperature": 0, "cache_prompt": False, "stream": False}
+
+        post(body())  # warm-up
+        out = {}
+        for c in levels:
+            requests = [body() for _ in range(max(8, 2 * c))]
+            predicted, errors, lock = [0], [], threading.Lock()
+
+            def worker():
+                while True:
+                    with lock:
+                        if not requests:
+                            return
+                        b = requests.pop()
+                    try:
+                        n = post(b)["tokens_predicted"]
+                        with lock:
+                            predicted[0] += n
+                    except Exception as e:  # noqa: BLE001 (reported below)
+                        with lock:
+                            errors.append(str(e))
+
+            t0 = time.time()
+            threads = [threading.Thread(target=worker) for _ in range(c)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                sys.exit(f"llama-server at concurrency {c}: {len(errors)} requests failed: {errors[0]}")
+            out[c] = predicted[0] / (time.time() - t0)
+            print(f"llama.cpp   concurrency {c:4d}: {out[c]:10.1f} output tok/s", file=sys.stderr)
+        return out, f"llama.cpp {os.path.basename(args.llama_gguf)}, {' '.join(cmd[5:])}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 tandem = tandem_throughput()
 hf, hf_note = hf_throughput()
-print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {hf_note}")
-print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10}")
+llama, llama_note = llama_throughput()
+print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {hf_note}; "
+      f"{llama_note}")
+print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10} {'llama.cpp':>10} {'Tandem/llama':>13}")
 for c in levels:
-    h = hf.get(c)
+    h, l = hf.get(c), llama.get(c)
     print(f"{c:11d} {tandem[c]:13.1f} {h if h is None else round(h, 1)!s:>10} "
-          f"{'' if not h else f'{tandem[c] / h:.2f}x':>10}")
+          f"{'' if not h else f'{tandem[c] / h:.2f}x':>10} {l if l is None else round(l, 1)!s:>10} "
+          f"{'' if not l else f'{tandem[c] / l:.2f}x':>13}")
 if args.json_out:
     json.dump({"model": args.model, "device": args.device, "input_len": args.input_len, "output_len": args.output_len,
-               "tandem": tandem, "hf": hf, "hf_note": hf_note}, open(args.json_out, "w"), indent=1)
+               "tandem": tandem, "hf": hf, "hf_note": hf_note, "llama_cpp": llama, "llama_note": llama_note},
+              open(args.json_out, "w"), indent=1)
