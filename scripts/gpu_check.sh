@@ -114,7 +114,7 @@ if stage llama; then
     rm -rf "$L" && mkdir -p "$L" && tar -C "$L" -xJf .gpu_bundle/llama.cpp-src.tar.xz
     cmake -S "$L/llama.cpp" -B "$L/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
+      -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llama-build.log" 2>&1 &&
       cmake --build "$L/build" -j"$(nproc)" --target llama-server >> "$OUT/llama-build.log" 2>&1 || status=1
     tail -3 "$OUT/llama-build.log"
   fi
