@@ -153,6 +153,13 @@ class Backend {
   virtual void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) = 0;
   // x[n] += y[n].
   virtual void Add(float* x, const float* y, int64_t n) = 0;
+  // x[n][d] += y[n][d], then out[n][d] = RmsNorm(x) (the residual add and the next norm in one pass,
+  // bit-identical to Add then RmsNorm; out may alias y).
+  virtual void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+                          float* out) {
+    Add(x, y, n * d);
+    RmsNorm(x, weight, eps, n, d, out);
+  }
   // Gathers rows: out[m][d] = x[rows[i]][d] (rows is a device int32 array).
   virtual void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) = 0;
   // out[n][cols] = columns [offset, offset + cols) of x[n][stride].

@@ -450,9 +450,10 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
         *up = buf.up;
   Backend* b = backend_;
   b->Embedding(embed_, buf.ids, n, x);
+  if (c.num_hidden_layers > 0) b->RmsNorm(x, layers_[0].input_norm, eps, n, hidden, h);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    b->RmsNorm(x, w.input_norm, eps, n, hidden, h);
+    // h = input_norm(x) here: the first layer's above, the others' fused with the last residual add.
     if (fused_) {
       // One GEMM for q|k|v; a single token's row is already q, k, v back to back.
       b->Linear(h, n, w.qkv, c.attention_bias ? &w.qkv_bias : nullptr, buf.qkv);
@@ -482,8 +483,7 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
     b->PagedAttention(q, k, v, kv->k(), kv->v(), g, l, md, c.num_attention_heads, scale, attn);
     if (in.on_layer_done) in.on_layer_done(l);
     b->Linear(attn, n, w.o, nullptr, h);
-    b->Add(x, h, n * hidden);
-    b->RmsNorm(x, w.post_norm, eps, n, hidden, h);
+    b->AddRmsNorm(x, h, w.post_norm, eps, n, hidden, h);
     if (fused_) {
       b->Linear(h, n, w.gate_up, nullptr, buf.gate_up);
       b->SiluMulPacked(buf.gate_up, n, inter, gate);
@@ -493,7 +493,11 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
       b->SiluMul(gate, up, n, inter, gate);
     }
     b->Linear(gate, n, w.down, nullptr, h);
-    b->Add(x, h, n * hidden);
+    if (l + 1 < c.num_hidden_layers) {
+      b->AddRmsNorm(x, h, layers_[l + 1].input_norm, eps, n, hidden, h);
+    } else {
+      b->Add(x, h, n * hidden);
+    }
   }
   if (m == 0) return;
   b->GatherRows(x, buf.out_rows, m, hidden, buf.rows);

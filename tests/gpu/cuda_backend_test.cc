@@ -221,6 +221,19 @@ TEST_F(CudaBackendTest, ElementwiseOpsMatch) {
   gpu_->GatherRows(Up(gate), Up(rows), rows.size(), d, out);
   EXPECT_EQ(Down(out, rows.size() * d), gathered);
 
+  // The residual add fused with the next norm: the same bits as Add then RmsNorm, out aliasing y.
+  {
+    const std::vector<float> wv = Random(d, 12);
+    const DeviceWeight w = gpu_->UploadWeight(View(wv, 1, d, DType::kF32)).value();
+    float *x1 = Up(gate), *y1 = Up(y), *o1 = Zeros(n * d);
+    gpu_->Add(x1, y1, n * d);
+    gpu_->RmsNorm(x1, w, 1e-6f, n, d, o1);
+    float *x2 = Up(gate), *y2 = Up(y);
+    gpu_->AddRmsNorm(x2, y2, w, 1e-6f, n, d, y2);
+    EXPECT_EQ(Down(x2, n * d), Down(x1, n * d));
+    EXPECT_EQ(Down(y2, n * d), Down(o1, n * d));
+  }
+
   // Packed gate|up rows (n rows of 2 d/2 ... here halves of d) and column copies out of them.
   const int64_t half = d / 2;
   std::vector<float> packed_ref(n * half);

@@ -205,6 +205,12 @@ void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps,
   Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "rms norm");
 }
 
+void CudaBackend::AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+                             float* out) {
+  Bind();
+  Check(cuda::LaunchAddRmsNorm(x, y, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "add + rms norm");
+}
+
 absl::Status CudaBackend::BeginCapture() {
   Bind();
   RETURN_IF_ERROR(CheckErrors());

@@ -60,6 +60,8 @@ class CudaBackend final : public Backend {
                       float* out) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
+  void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
+                  float* out) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
   void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;

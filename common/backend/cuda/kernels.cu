@@ -59,6 +59,24 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) oi[j] = xi[j] * inv * w[j];
 }
 
+// RmsNormKernel after the residual add, with the same arithmetic: each thread reads its elements of
+// y before the reduction's barriers and writes out after them, so out may alias y.
+__global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float eps, int64_t d, float* out) {
+  __shared__ float red[32];
+  float* xi = x + blockIdx.x * d;
+  const float* yi = y + blockIdx.x * d;
+  float ss = 0.f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = xi[j] + yi[j];
+    xi[j] = v;
+    ss += v * v;
+  }
+  ss = BlockReduce<false>(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  float* oi = out + blockIdx.x * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) oi[j] = xi[j] * inv * w[j];
+}
+
 template <typename T>
 __device__ T FromF32(float v);
 template <>
@@ -449,6 +467,14 @@ cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
   RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, weight, eps, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, float eps, int64_t n, int64_t d,
+                             float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (n > 0x7fffffff) return cudaErrorInvalidValue;
+  AddRmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, y, weight, eps, d, out);
   return cudaGetLastError();
 }
 

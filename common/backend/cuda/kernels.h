@@ -81,6 +81,10 @@ int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& args);
 // out[count] = silu(gate) * up; out may alias gate.
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
 
+// x[n][d] += y[n][d], then out = RmsNorm(x) as LaunchRmsNorm computes it (out may alias y).
+cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, float eps, int64_t n, int64_t d,
+                             float* out, cudaStream_t stream);
+
 // out[n][d] = silu(x[n][j]) * x[n][d + j] for j < d (packed gate|up rows).
 cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream);
 
