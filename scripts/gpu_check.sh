@@ -52,6 +52,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" | grep "not found" | tee "$OUT/missing-libs.txt"
 status=0
 STAGES="${STAGES:-tests e2e bench}"
+# A random model of preset $1 in $2, written once (a .done marker, so a cut-short write is redone).
+make_model() {
+  [[ -f $2/.done ]] && return 0
+  rm -rf "$2" && "$W/tandem" make-model --preset "$1" --out "$2" >/dev/null && touch "$2/.done"
+}
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 if stage tests; then
 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
@@ -93,7 +98,7 @@ presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
-  [[ -f $dir/config.json ]] || "$W/tandem" make-model --preset "$p" --out "$dir" >/dev/null || status=1
+  make_model "$p" "$dir" || status=1
   for b in 1 16 64; do
     "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
@@ -118,22 +123,33 @@ if stage llama; then
       cmake --build "$L/build" -j"$(nproc)" --target llama-server >> "$OUT/llama-build.log" 2>&1 || status=1
     tail -3 "$OUT/llama-build.log"
   fi
-  presets=(qwen2.5-0.5b)
-  [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
-  for p in "${presets[@]}"; do
-    # The same random weights, with a real tokenizer of the family (convert_hf_to_gguf.py's need).
-    tok=qwen3 && [[ $p == llama* ]] && tok=llama3
-    dir=/tmp/tandem-models/$p-$tok
-    if [[ ! -f $dir/config.json ]]; then
-      "$W/tandem" make-model --preset "$p" --out "$dir" --tokenizer "$L/tokenizers/$tok/tokenizer.json" >/dev/null || status=1
-      cp "$L/tokenizers/$tok/tokenizer_config.json" "$dir/"
-    fi
-    [[ -f $dir.f16.gguf ]] || PYTHONPATH="$L/llama.cpp/gguf-py" python3 "$L/llama.cpp/convert_hf_to_gguf.py" "$dir" \
-      --outtype f16 --outfile "$dir.f16.gguf" > "$OUT/llama-convert-$p.log" 2>&1 || status=1
-    python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 1,16,64 --skip-hf \
-      --llama-server "$L/build/bin/llama-server" --llama-gguf "$dir.f16.gguf" \
-      --json-out "$OUT/vs-llama-$p.json" 2>&1 | tee -a "$OUT/vs-llama.txt" || status=1
-  done
+  if [[ ! -x $L/build/bin/llama-server ]]; then
+    echo "gpu_check: llama-server did not build (see $OUT/llama-build.log); llama stage skipped"
+    status=1
+  else
+    presets=(qwen2.5-0.5b)
+    [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
+    for p in "${presets[@]}"; do
+      # The same random weights (links to the bench stage's files, no second copy on disk) with a real
+      # tokenizer of the family, which convert_hf_to_gguf.py needs.
+      tok=qwen3 && [[ $p == llama* ]] && tok=llama3
+      make_model "$p" "/tmp/tandem-models/$p" || { status=1; continue; }
+      dir=/tmp/tandem-models/$p-$tok
+      rm -rf "$dir" && mkdir -p "$dir"
+      for f in /tmp/tandem-models/$p/*; do ln -s "$f" "$dir/"; done
+      rm -f "$dir/tokenizer.json" "$dir/tokenizer_config.json"
+      cp "$L/tokenizers/$tok/tokenizer.json" "$L/tokenizers/$tok/tokenizer_config.json" "$dir/"
+      gguf=/tmp/tandem-models/$p.f16.gguf
+      if [[ ! -f $gguf ]]; then
+        PYTHONPATH="$L/llama.cpp/gguf-py" python3 "$L/llama.cpp/convert_hf_to_gguf.py" "$dir" --outtype f16 \
+          --outfile "$gguf.part" > "$OUT/llama-convert-$p.log" 2>&1 && mv "$gguf.part" "$gguf" ||
+          { status=1; echo "gpu_check: converting $p failed (see $OUT/llama-convert-$p.log)"; continue; }
+      fi
+      python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 1,16,64 --skip-hf \
+        --llama-server "$L/build/bin/llama-server" --llama-gguf "$gguf" \
+        --json-out "$OUT/vs-llama-$p.json" 2>&1 | tee -a "$OUT/vs-llama.txt" || status=1
+    done
+  fi
 fi
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status

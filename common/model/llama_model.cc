@@ -135,6 +135,24 @@ absl::Status LlamaModel::LoadWeights() {
   } else {
     RETURN_IF_ERROR(load("lm_head.weight", {c.vocab_size, c.hidden_size}, &lm_head_));
   }
+  // Stacking needs one dtype per group; a checkpoint that mixes them keeps separate projections.
+  auto same_dtype = [&](const std::vector<std::string>& names) {
+    std::optional<DType> dtype;
+    for (const std::string& name : names) {
+      absl::StatusOr<const TensorView*> t = checkpoint_->Get(name);
+      if (!t.ok()) return true;  // reported by the loads below
+      if (dtype.has_value() && *dtype != (*t)->dtype) return false;
+      dtype = (*t)->dtype;
+    }
+    return true;
+  };
+  for (int64_t l = 0; fused_ && l < c.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".self_attn.");
+    const std::string m = absl::StrCat("model.layers.", l, ".mlp.");
+    fused_ = same_dtype({p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"}) &&
+             same_dtype({m + "gate_proj.weight", m + "up_proj.weight"}) &&
+             (!c.attention_bias || same_dtype({p + "q_proj.bias", p + "k_proj.bias", p + "v_proj.bias"}));
+  }
   layers_.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
@@ -359,7 +377,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.v = Scratch(kV, n * kvs);
   buf.attn = Scratch(kAttn, n * qs);
   buf.gate = Scratch(kGate, n * inter);
-  buf.up = Scratch(kUp, n * inter);
+  buf.up = Scratch(kUp, fused_ ? 1 : n * inter);  // fused: gate|up lands in kGateUp
   buf.rows = Scratch(kRows, std::max<int64_t>(m, 1) * hidden);
   buf.logit_in = Scratch(kLogitIn, std::max<int64_t>(m, 1) * hidden);
   buf.logits = Scratch(kLogits, std::max<int64_t>(m, 1) * c.vocab_size);
@@ -376,7 +394,16 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.md.num_seqs = num_seqs;
   buf.md.num_tokens = n;
   // A graph's attention launch is captured for every context it may meet, not this step's longest.
-  buf.md.max_context_len = graph_batch > 0 ? GraphContextLimit() : max_context;
+  // A graph's attention launch is split for every context its graph may meet: the step's longest
+  // rounded up to a power of two (at least one 512-key split), within the limit; graphs are kept per
+  // (batch, that bound), so short contexts do not pay for the longest splits.
+  int64_t graph_context = 0;
+  if (graph_batch > 0) {
+    graph_context = 512;
+    while (graph_context < max_context) graph_context *= 2;
+    graph_context = std::min(graph_context, GraphContextLimit());
+  }
+  buf.md.max_context_len = graph_batch > 0 ? graph_context : max_context;
   buf.md.seq_indptr = buf.meta + off_seq_indptr;
   buf.md.positions = buf.meta + off_positions;
   buf.md.context_lens = buf.meta + off_context;
@@ -390,7 +417,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   const bool want_logits = !want_argmax ||
                            std::any_of(input.argmax_only.begin(), input.argmax_only.end(), [](uint8_t a) { return a == 0; });
   if (graph_batch > 0 && use_graphs_ && backend_->SupportsGraphs()) {
-    RETURN_IF_ERROR(RunDecodeGraph(graph_batch, buf, kv));
+    RETURN_IF_ERROR(RunDecodeGraph({graph_batch, graph_context}, buf, kv));
   } else {
     Enqueue(in, buf, kv, /*argmax=*/want_argmax || graph_batch > 0);
   }
@@ -403,16 +430,19 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   return backend_->CheckErrors();
 }
 
-absl::Status LlamaModel::RunDecodeGraph(int64_t batch, const StepBuffers& buf, KvCacheStorage* kv) {
+absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv) {
+  const int64_t batch = key.first;
   ForwardInput shape;  // what Enqueue reads besides the buffers: sizes only
   shape.token_ids.assign(batch, 0);
   shape.logits_rows.assign(batch, 0);
-  if (kv != graph_kv_) {  // graphs write into the cache they were captured with
+  // Graphs write into the cache memory they were captured with.
+  const GraphCache cache{kv->k(), kv->v(), kv->geometry().num_blocks, kv->geometry().block_size};
+  if (!(cache == graph_cache_)) {
     if (!graphs_.empty()) backend_->DropGraphs();
     graphs_.clear();
-    graph_kv_ = kv;
+    graph_cache_ = cache;
   }
-  if (auto it = graphs_.find(batch); it != graphs_.end()) {
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
     absl::Status s = backend_->Replay(it->second);
     if (s.ok()) ++graph_replays_;
     if (s.ok() || s.code() != absl::StatusCode::kNotFound) return s;
@@ -424,6 +454,7 @@ absl::Status LlamaModel::RunDecodeGraph(int64_t batch, const StepBuffers& buf, K
   RETURN_IF_ERROR(backend_->CheckErrors());
   if (absl::Status s = backend_->BeginCapture(); !s.ok()) {
     use_graphs_ = false;
+    graph_error_ = std::string(s.message());
     return absl::OkStatus();
   }
   Enqueue(shape, buf, kv, /*argmax=*/true);
@@ -433,7 +464,7 @@ absl::Status LlamaModel::RunDecodeGraph(int64_t batch, const StepBuffers& buf, K
     graph_error_ = std::string(graph.status().message());
     return absl::OkStatus();
   }
-  graphs_[batch] = *graph;
+  graphs_[key] = *graph;
   return absl::OkStatus();
 }
 

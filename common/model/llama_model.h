@@ -72,7 +72,12 @@ class LlamaModel {
   int64_t graph_replays() const { return graph_replays_; }
   // Longest context a decode graph serves (steps beyond it run op by op): the engine's max_model_len;
   // 0 = the model's max_position_embeddings. Attention in a graph splits keys for this length.
-  void set_graph_context_limit(int64_t tokens) { graph_context_limit_ = tokens; }
+  void set_graph_context_limit(int64_t tokens) {
+    if (tokens == graph_context_limit_) return;
+    graph_context_limit_ = tokens;
+    if (!graphs_.empty()) backend_->DropGraphs();  // their attention was split for the old limit
+    graphs_.clear();
+  }
   // Why capturing failed (graphs are then off), empty if it did not.
   const std::string& graph_error() const { return graph_error_; }
   // Runs decode steps through the padded graph layout even without graphs (tests on the CPU).
@@ -122,7 +127,8 @@ class LlamaModel {
   // Enqueues the step's work: embedding, every layer, logits of in.logits_rows (sizes from `in`).
   void Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax);
   // Replays the graph of `batch`, or runs the step and captures it for the next time.
-  absl::Status RunDecodeGraph(int64_t batch, const StepBuffers& buf, KvCacheStorage* kv);
+  // `key`: (padded batch, the context its attention is split for).
+  absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv);
 
   ModelConfig config_;
   Backend* backend_ = nullptr;
@@ -135,8 +141,16 @@ class LlamaModel {
   bool use_graphs_ = true;
   bool graph_layout_for_testing_ = false;
   std::string graph_error_;
-  std::map<int64_t, int64_t> graphs_;  // decode batch → backend graph id
-  const KvCacheStorage* graph_kv_ = nullptr;  // the cache the graphs write into
+  std::map<std::pair<int64_t, int64_t>, int64_t> graphs_;  // (decode batch, context) → backend graph id
+  struct GraphCache {  // the cache memory the graphs write into
+    const float* k = nullptr;
+    const float* v = nullptr;
+    int64_t num_blocks = 0, block_size = 0;
+    bool operator==(const GraphCache& o) const {
+      return k == o.k && v == o.v && num_blocks == o.num_blocks && block_size == o.block_size;
+    }
+  };
+  GraphCache graph_cache_;
   int64_t graph_replays_ = 0;
   int64_t graph_context_limit_ = 0;
 };

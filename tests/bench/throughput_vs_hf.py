@@ -138,7 +138,10 @@ def llama_throughput():
     cmd = [args.llama_server, "-m", args.llama_gguf, "--port", str(args.llama_port), "--host", "127.0.0.1",
            "-np", str(slots), "-c", str(slots * (args.input_len + args.output_len + 16)), "-ngl", "999",
            "--cont-batching", "--no-warmup"] + [a for a in args.llama_args.split(",") if a]
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    except OSError as e:
+        return {}, f"llama.cpp failed to start: {e}"
     base = f"http://127.0.0.1:{args.llama_port}"
 
     def post(body, timeout=600):
@@ -151,7 +154,7 @@ def llama_throughput():
         deadline = time.time() + 900
         while True:
             if server.poll() is not None:
-                sys.exit(f"llama-server exited (log in {work})")
+                return {}, f"llama.cpp failed: llama-server exited (log in {work})"
             try:
                 with urllib.request.urlopen(base + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -159,7 +162,7 @@ def llama_throughput():
             except Exception:
                 pass
             if time.time() > deadline:
-                sys.exit(f"llama-server did not get ready (log in {work})")
+                return {}, f"llama.cpp failed: llama-server did not get ready (log in {work})"
             time.sleep(0.5)
         rng = random.Random(2)
 
@@ -194,10 +197,10 @@ def llama_throughput():
             for t in threads:
                 t.join()
             if errors:
-                sys.exit(f"llama-server at concurrency {c}: {len(errors)} requests failed: {errors[0]}")
+                return out, f"llama.cpp failed at concurrency {c}: {len(errors)} requests failed: {errors[0]}"
             out[c] = predicted[0] / (time.time() - t0)
             print(f"llama.cpp   concurrency {c:4d}: {out[c]:10.1f} output tok/s", file=sys.stderr)
-        return out, f"llama.cpp {os.path.basename(args.llama_gguf)}, {' '.join(cmd[5:])}"
+        return out, f"llama.cpp {os.path.basename(args.llama_gguf)}, {' '.join(cmd[3:])}"
     finally:
         server.terminate()
         try:

@@ -48,6 +48,8 @@ float MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return d;
 }
 
+struct AttentionCase;  // below, with the attention tests
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -72,6 +74,8 @@ class CudaBackendTest : public ::testing::Test {
     return p;
   }
   float* Zeros(size_t n) { return Up(std::vector<float>(n, 0.f)); }
+  // The case's attention metadata with every array copied to the device.
+  AttentionMetadata OnDevice(const AttentionCase& c);
   std::vector<float> Down(const float* dev, size_t n) {
     std::vector<float> host(n);
     gpu_->CopyToHost(host.data(), dev, n * sizeof(float));
@@ -309,6 +313,17 @@ struct AttentionCase {
   float scale() const { return 1.f / std::sqrt(static_cast<float>(g.head_dim)); }
 };
 
+AttentionMetadata CudaBackendTest::OnDevice(const AttentionCase& c) {
+  AttentionMetadata md = c.Host();
+  md.seq_indptr = Up(c.seq_indptr);
+  md.positions = Up(c.positions);
+  md.context_lens = Up(c.context_lens);
+  md.block_indptr = Up(c.block_indptr);
+  md.block_indices = Up(c.blocks);
+  md.slot_mapping = Up(c.slots);
+  return md;
+}
+
 const std::vector<AttentionCase::Seq> kMixedBatch = {{0, 37}, {300, 1}, {150, 20}, {700, 1}, {5, 3}};
 
 TEST_F(CudaBackendTest, PagedAttentionMatches) {
@@ -319,13 +334,7 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
       AttentionCase c(hd, hq, kvh, kMixedBatch);
       const size_t cache_elems = c.g.num_layers * c.g.elements_per_layer();
       float *kcg = Up(c.kc), *vcg = Up(c.vc), *out = Zeros(c.n * hq * hd);
-      AttentionMetadata md = c.Host();
-      md.seq_indptr = Up(c.seq_indptr);
-      md.positions = Up(c.positions);
-      md.context_lens = Up(c.context_lens);
-      md.block_indptr = Up(c.block_indptr);
-      md.block_indices = Up(c.blocks);
-      md.slot_mapping = Up(c.slots);
+      const AttentionMetadata md = OnDevice(c);
       gpu_->PagedAttention(Up(c.q), Up(c.k), Up(c.v), kcg, vcg, c.g, c.layer, md, hq, c.scale(), out);
       std::vector<float> ref(c.n * hq * hd), kc = c.kc, vc = c.vc;
       cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc.data(), vc.data(), c.g, c.layer, c.Host(), hq,
@@ -340,13 +349,7 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
 TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
   for (int64_t hd : {32, 64, 128, 256}) {
     AttentionCase c(hd, 16, 2, kMixedBatch);
-    AttentionMetadata md = c.Host();
-    md.seq_indptr = Up(c.seq_indptr);
-    md.positions = Up(c.positions);
-    md.context_lens = Up(c.context_lens);
-    md.block_indptr = Up(c.block_indptr);
-    md.block_indices = Up(c.blocks);
-    md.slot_mapping = Up(c.slots);
+    const AttentionMetadata md = OnDevice(c);
     cuda::PagedAttentionArgs a;
     a.layer = {Up(c.kc) + c.layer * c.g.elements_per_layer(), Up(c.vc) + c.layer * c.g.elements_per_layer(),
                c.g.block_size, c.g.num_kv_heads, hd};

@@ -149,6 +149,7 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes
 
 void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
   Bind();
+  std::lock_guard<std::mutex> no_capture(capture_mu_);
   if (bytes == 0) return;
   // Callers may free `src` on return, and an asynchronous copy from pageable memory is not promised
   // to have read it by then: wait. (Forward ends each step with CheckErrors, so the stream is idle
@@ -159,6 +160,7 @@ void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
 
 void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   Bind();
+  std::lock_guard<std::mutex> no_capture(capture_mu_);
   if (bytes == 0) return;
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
   Check(cudaStreamSynchronize(stream_), "copy to host");
@@ -215,8 +217,11 @@ absl::Status CudaBackend::BeginCapture() {
   Bind();
   RETURN_IF_ERROR(CheckErrors());
   if (capturing_) return absl::FailedPreconditionError("already capturing");
+  // Other threads copy on this stream (a KV transfer's staged layers): they wait while it is captured.
+  capture_lock_ = std::unique_lock<std::mutex>(capture_mu_);
   if (cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
     cudaGetLastError();  // a failed capture must not fail the next launch
+    capture_lock_.unlock();
     return CudaStatus(e, "cudaStreamBeginCapture");
   }
   capturing_ = true;
@@ -229,6 +234,7 @@ absl::StatusOr<int64_t> CudaBackend::EndCapture() {
   capturing_ = false;
   cudaGraph_t graph = nullptr;
   const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  capture_lock_.unlock();
   absl::Status failed = e != cudaSuccess ? CudaStatus(e, "cudaStreamEndCapture") : absl::OkStatus();
   if (failed.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -240,8 +246,9 @@ absl::StatusOr<int64_t> CudaBackend::EndCapture() {
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (!failed.ok()) {
-    // Nothing captured ever ran, and the backend was sound when the capture began (BeginCapture
-    // checked): forget what the capture recorded, so the failure costs graphs, not the backend.
+    // Nothing captured ever ran, the backend was sound when the capture began (BeginCapture checked),
+    // and no other thread used it meanwhile (copies wait for captures): forget what the capture
+    // recorded, so the failure costs graphs, not the backend.
     cudaGetLastError();
     std::lock_guard<std::mutex> lock(mu_);
     error_ = absl::OkStatus();
@@ -273,8 +280,11 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
     if (!optional) Check(cudaErrorStreamCaptureUnsupported, "growing scratch memory while capturing a graph");
     return nullptr;
   }
-  DropGraphs();  // they point at the memory about to be freed
+  // An optional buffer that could not be had at this size is not tried again (each try would cost the
+  // graphs below and a failed cudaMalloc).
+  if (optional && scratch_refused_[slot] != 0 && bytes >= scratch_refused_[slot]) return nullptr;
   if (scratch_[slot]) {
+    DropGraphs();  // they point at the memory about to be freed
     Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued work still uses it
     cudaFree(scratch_[slot]);
   }
@@ -284,7 +294,11 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
   if (cudaError_t e = cudaMalloc(&scratch_[slot], want); e != cudaSuccess) {
     cudaGetLastError();  // not sticky: keep it from being reported again by the next launch
     scratch_[slot] = nullptr;
-    if (!optional) Check(e, "allocating scratch memory");
+    if (optional) {
+      scratch_refused_[slot] = bytes;
+    } else {
+      Check(e, "allocating scratch memory");
+    }
     return nullptr;
   }
   scratch_bytes_[slot] = want;
@@ -375,7 +389,7 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   a.max_context_len = md.max_context_len;
   // Split partials when a small batch spreads long contexts over blocks of their own (kept within
   // 64 MiB; beyond that the splits are merged in-block, with bit-identical results). A captured
-  // launch is replayed for other contexts: in-block only.
+  // launch is split for the context its graph serves (the metadata's max_context_len).
   // The workspace is optional: without it (too big, out of memory, or not allocated before a capture)
   // the splits merge in-block, with the same bits.
   if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a); floats > 0 && floats <= (int64_t{16} << 20)) {

@@ -103,8 +103,12 @@ class CudaBackend final : public Backend {
   int64_t free_at_creation_ = 0;  // device memory free when this backend was made
   void* scratch_[kNumScratch] = {};
   size_t scratch_bytes_[kNumScratch] = {};
+  size_t scratch_refused_[kNumScratch] = {};  // optional sizes cudaMalloc refused
   void* cublas_workspace_ = nullptr;  // set once, so cuBLAS never allocates inside a capture
   bool capturing_ = false;
+  // Held from BeginCapture to EndCapture (one thread); copies from other threads take it.
+  std::mutex capture_mu_;
+  std::unique_lock<std::mutex> capture_lock_;
   std::vector<cudaGraphExec_t> graphs_;  // by id; nullptr once dropped
   std::mutex mu_;
   absl::Status error_;  // guarded by mu_
