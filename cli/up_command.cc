@@ -164,6 +164,9 @@ int UpCommand() {
   // Every worker here runs on the one --device: NCCL pairs two processes on one GPU only when they
   // claim different hosts (common/transport/nccl/nccl_kv_link.h).
   const bool distinct_nccl_hosts = kv_transport == "nccl" && std::getenv("NCCL_HOSTID") == nullptr;
+  // Pairs that claim different hosts talk through NCCL's socket transport: here, over loopback (NCCL
+  // skips `lo` unless told, and a machine may have no other interface up). The workers inherit it.
+  if (distinct_nccl_hosts) ::setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
   for (const std::string& a : absl::GetFlag(FLAGS_worker_args)) common.push_back(a);
   auto start_workers = [&](int n, const std::string& role, const std::string& binary, const std::string& subdir,
                            std::vector<std::string> extra) -> absl::Status {

@@ -52,6 +52,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" | grep "not found" | tee "$OUT/missing-libs.txt"
 status=0
 STAGES="${STAGES:-tests e2e bench}"
+# Processes on this one GPU pair through NCCL's socket transport (distinct NCCL_HOSTIDs): over loopback,
+# with no InfiniBand probing.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
 # A random model of preset $1 in $2, written once (a .done marker, so a cut-short write is redone).
 make_model() {
   [[ -f $2/.done ]] && return 0

@@ -5,8 +5,9 @@
 // Two workers on one GPU: NCCL refuses two ranks of a communicator on the same device when it thinks
 // they share a host. Give each such process its own NCCL_HOSTID (--nccl-host-id; `tandem up` does it
 // when all its workers share one device); the pair then talks through NCCL's network transport
-// (sockets, over the interface NCCL picks or NCCL_SOCKET_IFNAME names). Across GPUs and nodes leave
-// NCCL_HOSTID unset, so NCCL takes NVLink, PCIe peer-to-peer or InfiniBand paths.
+// (sockets, over the interface NCCL_SOCKET_IFNAME names: `lo` for processes on one machine, which
+// `tandem up` sets, since NCCL skips loopback by default). Across GPUs and nodes leave NCCL_HOSTID
+// unset, so NCCL takes NVLink, PCIe peer-to-peer or InfiniBand paths.
 #pragma once
 
 #include <memory>
