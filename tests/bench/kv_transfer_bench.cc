@@ -185,6 +185,7 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens, con
 
 int RunGpu() {
   ::setenv("NCCL_HOSTID", "tandem-kv-bench-sender", 1);
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the pair talks over loopback (the receiver inherits it)
   const std::vector<std::string> transports = absl::GetFlag(FLAGS_transports);
   std::printf("%-14s %7s %10s", "geometry", "tokens", "MiB");
   for (const std::string& t : transports) std::printf(" %10s", (t + " GB/s").c_str());

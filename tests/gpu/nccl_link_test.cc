@@ -301,6 +301,7 @@ int main(int argc, char** argv) {
     return tandem::RunSender(argv[2], port, argv[4]);
   }
   ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-receiver", 1);
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the pair talks over loopback (the sender inherits it)
   ::testing::InitGoogleTest(&argc, argv);
   if (auto b = tandem::CreateBackend({"cuda", {}}); !b.ok()) {
     const std::string why(b.status().message());
