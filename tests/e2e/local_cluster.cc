@@ -132,7 +132,10 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
   }
   if (const std::string transport = Env("TANDEM_E2E_KV_TRANSPORT"); !transport.empty()) {
     argv.push_back("--kv-transport=" + transport);
-    if (transport == "nccl") argv.push_back(absl::StrCat("--nccl-host-id=e2e-", ::getpid(), "-", next_));
+    if (transport == "nccl") {
+      argv.push_back(absl::StrCat("--nccl-host-id=e2e-", ::getpid(), "-", next_));
+      ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the workers, all on this machine, inherit it
+    }
   }
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
