@@ -309,6 +309,9 @@ TEST_P(TcpKvTransportTest, ADyingSenderDoesNotDisturbTheRetryThatTookItsTransfer
   auto first = Connect(address).value();
   ASSERT_TRUE(first->Begin("r", 8).ok());
   ASSERT_TRUE(first->SendLayer("r", 0, {2, 3}, src_.get()).ok());
+  // An acknowledged End (of nothing) makes sure the receiver has taken in everything sent before it:
+  // connections are served by threads of their own, in no order between them.
+  EXPECT_FALSE(first->End("sync", 0).ok());
   auto retry = Connect(address).value();  // the router retried the prefill elsewhere
   ASSERT_TRUE(retry->Begin("r", 8).ok());
   ASSERT_TRUE(retry->SendLayer("r", 0, {2, 3}, src_.get()).ok());
