@@ -49,7 +49,7 @@ for b in "$BIN"/*; do
 done
 W=.gpu_bundle/run/wrap
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
-LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" | grep "not found" | tee "$OUT/missing-libs.txt"
+LD_LIBRARY_PATH="$TLD" ldd "$BIN/cuda_backend_test" "$BIN/tandem" "$BIN/libtandem_cuda_plugin.so" | grep "not found" | tee "$OUT/missing-libs.txt"
 status=0
 STAGES="${STAGES:-tests e2e bench}"
 # Processes on this one GPU pair through NCCL's socket transport (distinct NCCL_HOSTIDs): over loopback,
