@@ -267,6 +267,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     bool sample;          // the chunk's last row: the next token is sampled from it
   };
   std::vector<RowUse> rows;
+  // Logprobs where the logits are (CUDA): such rows then need no logits on the host.
+  const bool device_logprobs = model_->backend()->SupportsLogprobs();
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
     const ScheduledChunk& ch = step.chunks[ci];
     const SchedRequest* r = ch.request;
@@ -283,9 +285,18 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       if (prompt_row || sample_row) {
         in.logits_rows.push_back(static_cast<int32_t>(row0 + (p - begin)));
         rows.push_back({ci, p, prompt_row, sample_row});
-        // A plain greedy step without logprobs needs the argmax alone: taken on the device.
-        in.argmax_only.push_back(!prompt_row && seq.params.max_tokens != 0 && seq.params.logprobs < 0 &&
-                                 seq.sampler->PlainArgmax());
+        // A plain greedy step needs the argmax alone, taken on the device, and its logprobs (if asked)
+        // can be computed there too.
+        const int32_t k = prompt_row ? seq.params.prompt_logprobs : seq.params.logprobs;
+        const bool lp_on_device = device_logprobs && k >= 0 && k <= LlamaModel::kMaxLogprobsTopK;
+        const bool argmax_only =
+            !prompt_row && seq.params.max_tokens != 0 && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
+        in.argmax_only.push_back(argmax_only);
+        int32_t lp_token = ForwardInput::kNoLogprobs;
+        if (lp_on_device && prompt_row) lp_token = r->token_ids[p + 1];
+        if (lp_on_device && argmax_only && seq.params.logprobs >= 0) lp_token = -1;  // the argmax, sampled below
+        in.logprob_tokens.push_back(lp_token);
+        if (lp_token != ForwardInput::kNoLogprobs) in.logprob_top_k = std::max(in.logprob_top_k, k);
       }
     }
   }
@@ -300,7 +311,18 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   }
   std::vector<float> logits;
   std::vector<int32_t> argmax;
-  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax));
+  std::vector<std::optional<RowLogprobs>> device_lp;
+  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp));
+  // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
+  auto from_device = [&](size_t k, int32_t top_k) {
+    const RowLogprobs& d = *device_lp[k];
+    LogprobEntry e{d.token, d.logprob, d.rank, {}};
+    for (int32_t i = 0; i < top_k && i < static_cast<int32_t>(d.top_ids.size()); ++i) {
+      e.top.push_back({d.top_ids[i], d.top_logprobs[i]});
+    }
+    return e;
+  };
+  auto on_device = [&](size_t k) { return k < device_lp.size() && device_lp[k].has_value(); };
   ++steps_;
   computed_tokens_ += step.num_tokens;
   last_step_tokens_ = step.num_tokens;
@@ -322,10 +344,12 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     const ScheduledChunk& ch = step.chunks[rows[k].chunk];
     SchedRequest* r = ch.request;
     Sequence& seq = sequences_.at(r->id);
-    const float* row = logits.empty() ? nullptr : logits.data() + k * vocab;  // null: argmax-only rows
+    // Null when no row of the step needs host logits (argmax-only rows, logprobs computed on the device).
+    const float* row = logits.empty() ? nullptr : logits.data() + k * vocab;
     const int64_t p = rows[k].position;
     if (rows[k].prompt_logprob) {
-      seq.prompt_logprobs[p + 1] = ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
+      seq.prompt_logprobs[p + 1] = on_device(k) ? from_device(k, seq.params.prompt_logprobs)
+                                                : ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
       if (p + 2 == r->prompt_len) seq.prompt_logprobs_sent_until = r->prompt_len;
     }
     if (rows[k].sample && seq.params.max_tokens == 0) {
@@ -343,7 +367,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       sampled[r->id] = token;
       RequestOutput& o = output_for(r->id);
       o.new_token_ids.push_back(token);
-      if (seq.params.logprobs >= 0) o.new_logprobs.push_back(ComputeLogprobs(row, vocab, token, seq.params.logprobs));
+      if (seq.params.logprobs >= 0) {
+        o.new_logprobs.push_back(on_device(k) ? from_device(k, seq.params.logprobs)
+                                              : ComputeLogprobs(row, vocab, token, seq.params.logprobs));
+      }
       if (seq.params.prompt_logprobs >= 0 && r->num_output_tokens() == 0) {
         o.prompt_logprobs = seq.prompt_logprobs;
       }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <set>
 
@@ -18,7 +19,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kNumSlots
+  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kLogprobs,
+  kNumSlots
 };
 
 // Batch sizes decode graphs are captured for; a step runs in the smallest that holds it. 0: none.
@@ -264,6 +266,19 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
   if (!in.argmax_only.empty() && in.argmax_only.size() != in.logits_rows.size()) {
     return absl::InvalidArgumentError("argmax_only needs one flag per logits row");
   }
+  if (!in.logprob_tokens.empty()) {
+    if (in.logprob_tokens.size() != in.logits_rows.size()) {
+      return absl::InvalidArgumentError("logprob_tokens needs one token per logits row");
+    }
+    if (in.logprob_top_k < 0 || in.logprob_top_k > kMaxLogprobsTopK || in.logprob_top_k > config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("logprob_top_k must be in [0, ", kMaxLogprobsTopK, "]"));
+    }
+    for (int32_t t : in.logprob_tokens) {
+      if (t < ForwardInput::kNoLogprobs || t >= config_.vocab_size) {
+        return absl::InvalidArgumentError("logprob token outside the vocabulary");
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -296,7 +311,7 @@ int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
 }
 
 absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
-                                 std::vector<int32_t>* argmax) {
+                                 std::vector<int32_t>* argmax, std::vector<std::optional<RowLogprobs>>* logprobs) {
   RETURN_IF_ERROR(Validate(input, *kv));
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
@@ -414,8 +429,13 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   // Rows flagged argmax-only come back as one id each; the logits are copied only when some row
   // needs them (then all the real rows: one copy).
   const bool want_argmax = argmax != nullptr && !input.argmax_only.empty();
-  const bool want_logits = !want_argmax ||
-                           std::any_of(input.argmax_only.begin(), input.argmax_only.end(), [](uint8_t a) { return a == 0; });
+  const bool want_logprobs = logprobs != nullptr && !input.logprob_tokens.empty() && backend_->SupportsLogprobs();
+  bool want_logits = false;  // some row needs its logits on the host
+  for (int64_t k = 0; k < real_rows; ++k) {
+    const bool argmax_only = want_argmax && input.argmax_only[k] != 0;
+    const bool logprobs_only = want_logprobs && input.logprob_tokens[k] != ForwardInput::kNoLogprobs;
+    want_logits |= !argmax_only && !logprobs_only;
+  }
   if (graph_batch > 0 && use_graphs_ && backend_->SupportsGraphs()) {
     RETURN_IF_ERROR(RunDecodeGraph({graph_batch, graph_context}, buf, kv));
   } else {
@@ -427,7 +447,43 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
     backend_->CopyToHost(argmax->data(), buf.argmax, static_cast<size_t>(real_rows) * sizeof(int32_t));
   }
   if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
+  if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
+  if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprobs));
   return backend_->CheckErrors();
+}
+
+absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* logits_dev,
+                                        std::vector<std::optional<RowLogprobs>>* out) {
+  const int64_t rows = static_cast<int64_t>(in.logprob_tokens.size());
+  const int64_t k = in.logprob_top_k;
+  // One scratch region, copied back at once: tokens (in) | token | logprob | rank | top ids | top logprobs.
+  const int64_t words = 4 * rows + 2 * rows * k;
+  auto* region = reinterpret_cast<int32_t*>(Scratch(kLogprobs, words));
+  if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the logprobs buffer");
+  std::vector<int32_t> tokens(in.logprob_tokens);
+  for (int32_t& t : tokens) t = t == ForwardInput::kNoLogprobs ? 0 : t;  // computed, not returned
+  backend_->CopyToDevice(region, tokens.data(), tokens.size() * sizeof(int32_t));
+  int32_t* token_out = region + rows;
+  auto* logprob = reinterpret_cast<float*>(region + 2 * rows);
+  int32_t* rank = region + 3 * rows;
+  int32_t* top_ids = region + 4 * rows;
+  auto* top_logprobs = reinterpret_cast<float*>(region + 4 * rows + rows * k);
+  backend_->Logprobs(logits_dev, rows, config_.vocab_size, region, static_cast<int32_t>(k), token_out, logprob, rank,
+                     top_ids, top_logprobs);
+  std::vector<int32_t> host(static_cast<size_t>(words));
+  backend_->CopyToHost(host.data(), region, host.size() * sizeof(int32_t));
+  for (int64_t i = 0; i < rows; ++i) {
+    if (in.logprob_tokens[i] == ForwardInput::kNoLogprobs) continue;
+    RowLogprobs r;
+    r.token = host[rows + i];
+    std::memcpy(&r.logprob, &host[2 * rows + i], sizeof(float));
+    r.rank = host[3 * rows + i];
+    r.top_ids.assign(host.begin() + 4 * rows + i * k, host.begin() + 4 * rows + (i + 1) * k);
+    r.top_logprobs.resize(static_cast<size_t>(k));
+    std::memcpy(r.top_logprobs.data(), &host[4 * rows + rows * k + i * k], static_cast<size_t>(k) * sizeof(float));
+    (*out)[i] = std::move(r);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv) {

@@ -36,6 +36,12 @@ struct ForwardInput {
   // Empty, or one flag per logits row: 1 = only its argmax is wanted (a plain greedy step), which
   // Forward returns instead of copying the row when given somewhere to put it.
   std::vector<uint8_t> argmax_only;
+  // Empty, or per logits row: the token whose log-probability to compute where the logits are (on
+  // backends with Backend::SupportsLogprobs; -1: the row's argmax), or kNoLogprobs. A row with one
+  // needs no host logits for it.
+  static constexpr int32_t kNoLogprobs = -2;
+  std::vector<int32_t> logprob_tokens;
+  int32_t logprob_top_k = 0;  // top entries returned per such row
   // The step may run as a captured decode graph (see LlamaModel::set_use_graphs): set by the engine
   // for steps outside the prefill role (whose per-layer callbacks and transfers a graph would skip).
   bool allow_graph = false;
@@ -44,6 +50,15 @@ struct ForwardInput {
   // asynchronous backend (CUDA) the write is only enqueued at that point: a consumer must order
   // itself after it on the device (an event), not read the cache from the host at once.
   std::function<void(int64_t layer)> on_layer_done;
+};
+
+// One row's log-probabilities computed on the backend (ForwardInput::logprob_tokens).
+struct RowLogprobs {
+  int32_t token = 0;
+  float logprob = 0.f;
+  int32_t rank = 0;
+  std::vector<int32_t> top_ids;  // most likely first, logprob_top_k of them
+  std::vector<float> top_logprobs;
 };
 
 class LlamaModel {
@@ -56,6 +71,8 @@ class LlamaModel {
   LlamaModel& operator=(const LlamaModel&) = delete;
   ~LlamaModel();
 
+  // Most top entries ForwardInput::logprob_top_k may ask for.
+  static constexpr int32_t kMaxLogprobsTopK = 64;
   // Largest decode batch captured as a CUDA graph; bigger steps run op by op.
   static constexpr int64_t kMaxGraphBatch = 256;
 
@@ -91,8 +108,11 @@ class LlamaModel {
   // computed on the device), and `logits` is left empty when every row is argmax-only (nothing but
   // the ids leaves the device). Validates ids, positions and block tables first; INVALID_ARGUMENT
   // leaves the cache untouched.
+  // With `logprobs` and input.logprob_tokens on a backend that supports it: (*logprobs)[i] for every
+  // row that asked. `logits` then holds every row (or is empty when no row needs host logits).
   absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
-                       std::vector<int32_t>* argmax = nullptr);
+                       std::vector<int32_t>* argmax = nullptr,
+                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr);
 
  private:
   struct LayerWeights {
@@ -127,6 +147,9 @@ class LlamaModel {
   // Enqueues the step's work: embedding, every layer, logits of in.logits_rows (sizes from `in`).
   void Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax);
   // Replays the graph of `batch`, or runs the step and captures it for the next time.
+  // Backend::Logprobs over the step's real rows into `out`.
+  absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev,
+                              std::vector<std::optional<RowLogprobs>>* out);
   // `key`: (padded batch, the context its attention is split for).
   absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv);
 

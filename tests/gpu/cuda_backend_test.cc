@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -23,7 +24,9 @@
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
+#include "common/base/argmax.h"
 #include "common/model/llama_model.h"
+#include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
 #include "tests/unit/tiny_models.h"
 
@@ -431,6 +434,39 @@ TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
   EXPECT_EQ(ref[2], 0);
   EXPECT_EQ(ref[3], 0);
   EXPECT_EQ(ref[4], d - 1);
+}
+
+TEST_F(CudaBackendTest, LogprobsMatchTheSampler) {
+  // Rows of a 151936-wide vocabulary: given tokens and the argmax (-1), top 5 and top 0.
+  const int64_t d = 151936, n = 4;
+  std::vector<float> x = Random(n * d, 41, 8.f);
+  x[2 * d + 100] = x[2 * d + 200] = 30.f;  // a tie at the top: the lower id first
+  const std::vector<int32_t> tokens = {7, -1, 200, 151935};
+  for (int32_t top_k : {5, 0}) {
+    auto region = gpu_->Allocate(static_cast<size_t>(n * (4 + 2 * top_k)) * 4).value();
+    auto* r = static_cast<int32_t*>(region->data());
+    gpu_->CopyToDevice(r, tokens.data(), n * sizeof(int32_t));
+    gpu_->Logprobs(Up(x), n, d, r, top_k, r + n, reinterpret_cast<float*>(r + 2 * n), r + 3 * n, r + 4 * n,
+                   reinterpret_cast<float*>(r + 4 * n + n * top_k));
+    std::vector<int32_t> host(static_cast<size_t>(n * (4 + 2 * top_k)));
+    gpu_->CopyToHost(host.data(), r, host.size() * 4);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x.data() + i * d;
+      const int32_t token = tokens[i] >= 0 ? tokens[i] : ArgmaxRow(row, d);
+      const LogprobEntry e = ComputeLogprobs(row, d, token, top_k);
+      float lp;
+      std::memcpy(&lp, &host[2 * n + i], 4);
+      EXPECT_EQ(host[n + i], e.token_id) << i;
+      EXPECT_NEAR(lp, e.logprob, 1e-5f) << i;
+      EXPECT_EQ(host[3 * n + i], e.rank) << i;
+      for (int32_t k = 0; k < top_k; ++k) {
+        float tlp;
+        std::memcpy(&tlp, &host[4 * n + n * top_k + i * top_k + k], 4);
+        EXPECT_EQ(host[4 * n + i * top_k + k], e.top[k].token_id) << i << " top " << k;
+        EXPECT_NEAR(tlp, e.top[k].logprob, 1e-5f) << i << " top " << k;
+      }
+    }
+  }
 }
 
 TEST_F(CudaBackendTest, BadLaunchBecomesTheStickyError) {

@@ -10,6 +10,8 @@
 #include "common/model/random_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/base/argmax.h"
+#include "tests/unit/forwarding_backend.h"
 #include "tests/unit/tiny_models.h"
 
 namespace tandem {
@@ -100,6 +102,93 @@ TEST_P(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
     const auto solo = RunAll(alone.get());
     ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
     EXPECT_EQ(batched.at(r.id).size(), static_cast<size_t>(r.params.max_tokens));
+  }
+}
+
+// A backend that computes logprobs where the logits are, as the CUDA one does, here with the
+// sampler's own ComputeLogprobs: the engine's device-logprobs path on the CPU.
+class DeviceLogprobsBackend final : public ForwardingBackend {
+ public:
+  bool SupportsLogprobs() const override { return true; }
+  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
+                float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override {
+    ++calls;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = logits + i * d;
+      const int32_t token = tokens[i] >= 0 ? tokens[i] : ArgmaxRow(row, d);
+      const LogprobEntry e = ComputeLogprobs(row, d, token, top_k);
+      token_out[i] = e.token_id;
+      logprob[i] = e.logprob;
+      rank[i] = static_cast<int32_t>(e.rank);
+      for (int32_t k = 0; k < top_k; ++k) {
+        top_ids[i * top_k + k] = e.top[k].token_id;
+        top_logprobs[i * top_k + k] = e.top[k].logprob;
+      }
+    }
+  }
+  int calls = 0;
+};
+
+TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
+  // Greedy requests with logprobs and prompt logprobs, and a sampled one (whose logprobs stay on the
+  // host): the same tokens, logprobs, ranks and top entries either way.
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_token_ids = Prompt(5 + 7 * i, 40 + i);
+    r.params.temperature = i == 3 ? 0.7f : 0.f;
+    r.params.seed = 5;
+    r.params.ignore_eos = true;
+    r.params.max_tokens = 6;
+    r.params.logprobs = i == 0 ? 0 : 3;
+    r.params.prompt_logprobs = i == 1 ? -1 : 2;
+    reqs.push_back(r);
+  }
+  auto run = [&](Backend* backend) {
+    auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
+    EngineOptions o;
+    o.block_size = 4;
+    o.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 4));
+    o.scheduler.max_num_batched_tokens = 16;  // prompts in chunks, prompt logprobs across them
+    o.scheduler.max_prefill_chunk = 8;
+    auto engine = Engine::Create(model.get(), o).value();
+    for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
+    std::map<std::string, std::vector<RequestOutput>> all;
+    RunAll(engine.get(), &all);
+    return all;
+  };
+  DeviceLogprobsBackend device;
+  const auto host_outs = run(backend_.get());
+  const auto device_outs = run(&device);
+  EXPECT_GT(device.calls, 0);
+  ASSERT_EQ(host_outs.size(), device_outs.size());
+  auto same = [](const LogprobEntry& a, const LogprobEntry& b) {
+    if (a.token_id != b.token_id || a.logprob != b.logprob || a.rank != b.rank || a.top.size() != b.top.size()) return false;
+    for (size_t i = 0; i < a.top.size(); ++i) {
+      if (a.top[i].token_id != b.top[i].token_id || a.top[i].logprob != b.top[i].logprob) return false;
+    }
+    return true;
+  };
+  for (const auto& [id, host] : host_outs) {
+    const auto& dev = device_outs.at(id);
+    ASSERT_EQ(host.size(), dev.size()) << id;
+    for (size_t s = 0; s < host.size(); ++s) {
+      EXPECT_EQ(host[s].new_token_ids, dev[s].new_token_ids) << id;
+      ASSERT_EQ(host[s].new_logprobs.size(), dev[s].new_logprobs.size()) << id;
+      for (size_t k = 0; k < host[s].new_logprobs.size(); ++k) {
+        EXPECT_TRUE(same(host[s].new_logprobs[k], dev[s].new_logprobs[k])) << id << " step " << s;
+      }
+      ASSERT_EQ(host[s].prompt_logprobs.has_value(), dev[s].prompt_logprobs.has_value()) << id;
+      if (!host[s].prompt_logprobs) continue;
+      ASSERT_EQ(host[s].prompt_logprobs->size(), dev[s].prompt_logprobs->size());
+      for (size_t p = 0; p < host[s].prompt_logprobs->size(); ++p) {
+        const auto& a = (*host[s].prompt_logprobs)[p];
+        const auto& b = (*dev[s].prompt_logprobs)[p];
+        ASSERT_EQ(a.has_value(), b.has_value());
+        if (a) EXPECT_TRUE(same(*a, *b)) << id << " prompt position " << p;
+      }
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "common/backend/cpu/cpu_backend.h"
+#include "tests/unit/forwarding_backend.h"
 #include "common/engine/engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,11 +18,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Forwards every op to a CPU backend; Memory() reports `capacity` minus what is allocated through it
+// Every op on a CPU backend; Memory() reports `capacity` minus what is allocated through it
 // (2-D weights count as uploaded) and the high-water mark is kept.
-class AccountingBackend final : public Backend {
+class AccountingBackend final : public ForwardingBackend {
  public:
-  explicit AccountingBackend(int64_t capacity) : capacity_(capacity), cpu_(CpuBackend::Create({}).value()) {}
+  explicit AccountingBackend(int64_t capacity) : capacity_(capacity) {}
 
   int64_t used() const { return used_; }
   int64_t peak() const { return peak_; }
@@ -42,41 +43,10 @@ class AccountingBackend final : public Backend {
     Charge(static_cast<int64_t>(bytes));
     return std::unique_ptr<DeviceBuffer>(new Counted(std::move(*inner), this, static_cast<int64_t>(bytes)));
   }
-  void CopyToDevice(void* dst, const void* src, size_t bytes) override { cpu_->CopyToDevice(dst, src, bytes); }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override { cpu_->CopyToHost(dst, src, bytes); }
   absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& t) override {
     Charge(static_cast<int64_t>(t.nbytes));
     return cpu_->UploadWeight(t);
   }
-  void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override {
-    cpu_->Embedding(table, ids, n, out);
-  }
-  void RmsNorm(const float* x, const DeviceWeight& w, float eps, int64_t n, int64_t d, float* out) override {
-    cpu_->RmsNorm(x, w, eps, n, d, out);
-  }
-  void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) override {
-    cpu_->Linear(x, n, w, bias, out);
-  }
-  void Rope(float* q, float* k, const int32_t* pos, const float* inv, int64_t n, int64_t hq, int64_t hk,
-            int64_t hd) override {
-    cpu_->Rope(q, k, pos, inv, n, hq, hk, hd);
-  }
-  void PagedAttention(const float* q, const float* k, const float* v, float* kc, float* vc, const KvCacheGeometry& g,
-                      int64_t layer, const AttentionMetadata& md, int64_t hq, float scale, float* out) override {
-    cpu_->PagedAttention(q, k, v, kc, vc, g, layer, md, hq, scale, out);
-  }
-  void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override {
-    cpu_->SiluMul(gate, up, n, d, out);
-  }
-  void Add(float* x, const float* y, int64_t n) override { cpu_->Add(x, y, n); }
-  void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override {
-    cpu_->GatherRows(x, rows, m, d, out);
-  }
-  void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override { cpu_->ArgmaxRows(x, n, d, out); }
-  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override {
-    cpu_->CopyColumns(x, n, stride, offset, cols, out);
-  }
-  void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override { cpu_->SiluMulPacked(x, n, d, out); }
 
  private:
   class Counted final : public DeviceBuffer {
@@ -101,7 +71,6 @@ class AccountingBackend final : public Backend {
   int64_t used_ = 0;
   int64_t others_ = 0;
   int64_t peak_ = 0;
-  std::unique_ptr<CpuBackend> cpu_;
 };
 
 class MemoryPlanTest : public ::testing::Test {

@@ -420,6 +420,13 @@ void CudaBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out
   Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_), "silu-mul (packed)");
 }
 
+void CudaBackend::Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
+                           int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
+  Bind();
+  Check(cuda::LaunchLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs, stream_),
+        "logprobs");
+}
+
 void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) {
   Bind();
   Check(cuda::LaunchArgmaxRows(x, n, d, out, stream_), "argmax rows");

@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
                   float* out) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
+  bool SupportsLogprobs() const override { return true; }
+  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
+                float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override;
   void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;
   void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
   bool PrefersFusedProjections() const override { return true; }

@@ -579,6 +579,114 @@ __global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == INT64_MAX ? 0 : static_cast<int32_t>(best_i[0]);
 }
 
+// (value, index) of the largest logit of `row` not in taken[0..count) (lowest index on ties, -inf
+// included; NaN skipped), reduced over the block; every thread gets it. best_v/best_i: shared [kThreads].
+__device__ void BlockArgmax(const float* row, int64_t d, const int32_t* taken, int count, float* best_v,
+                            int64_t* best_i, float* v_out, int64_t* i_out) {
+  float v = -INFINITY;
+  int64_t i = INT64_MAX;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float y = row[j];
+    if (!(y > v || (y == v && j < i))) continue;  // -inf still counts (it ranks by id, as on the CPU)
+    bool skip = false;
+    for (int t = 0; t < count; ++t) skip |= taken[t] == j;
+    if (skip) continue;
+    v = y;
+    i = j;
+  }
+  __syncthreads();  // earlier readers of best_* are done
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = i;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const int64_t oi = best_i[threadIdx.x + stride];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  *v_out = best_v[0];
+  *i_out = best_i[0];
+}
+
+__global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
+                               float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
+  __shared__ float best_v[kThreads];
+  __shared__ int64_t best_i[kThreads];
+  __shared__ double red_d[kThreads];
+  __shared__ int32_t taken[kMaxLogprobsTopK];
+  const float* row = logits + blockIdx.x * d;
+  // The normaliser in double, as ComputeLogprobs: max, then the sum of exp(x - max).
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) m = fmaxf(m, row[j]);
+  best_v[threadIdx.x] = m;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) best_v[threadIdx.x] = fmaxf(best_v[threadIdx.x], best_v[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  const double max_logit = best_v[0];
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) sum += exp(double(row[j]) - max_logit);
+  red_d[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) red_d[threadIdx.x] += red_d[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double log_z = max_logit + log(red_d[0]);
+  // The token (the argmax when none is given) and its rank.
+  int64_t token = tokens[blockIdx.x];
+  if (token < 0) {
+    float v;
+    int64_t i;
+    BlockArgmax(row, d, taken, 0, best_v, best_i, &v, &i);
+    token = i == INT64_MAX ? 0 : i;
+  }
+  const float x = row[token];
+  int64_t above = 0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) above += (row[j] > x || (row[j] == x && j < token)) ? 1 : 0;
+  __syncthreads();
+  red_d[threadIdx.x] = static_cast<double>(above);
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) red_d[threadIdx.x] += red_d[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    token_out[blockIdx.x] = static_cast<int32_t>(token);
+    logprob[blockIdx.x] = static_cast<float>(double(x) - log_z);
+    rank[blockIdx.x] = static_cast<int32_t>(red_d[0]) + 1;
+  }
+  // The top k, one block-wide argmax at a time over what is not taken yet.
+  for (int k = 0; k < top_k; ++k) {
+    float v;
+    int64_t i;
+    BlockArgmax(row, d, taken, k, best_v, best_i, &v, &i);
+    if (i == INT64_MAX) i = 0;  // nothing left but NaN
+    if (threadIdx.x == 0) {
+      taken[k] = static_cast<int32_t>(i);
+      top_ids[blockIdx.x * top_k + k] = static_cast<int32_t>(i);
+      top_logprobs[blockIdx.x * top_k + k] = static_cast<float>(double(row[i]) - log_z);
+    }
+    __syncthreads();
+  }
+}
+
+cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
+                           int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (n > 0x7fffffff || top_k < 0 || top_k > kMaxLogprobsTopK || top_k > d) return cudaErrorInvalidValue;
+  LogprobsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, d, tokens, top_k, token_out, logprob, rank,
+                                                                     top_ids, top_logprobs);
+  return cudaGetLastError();
+}
+
 cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7fffffff) return cudaErrorInvalidValue;
