@@ -169,12 +169,13 @@ class Backend {
   // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
   // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
   virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;
-  // Log-probabilities where the logits are, as common/sampling's ComputeLogprobs gives them (log-softmax
-  // with the normaliser summed in double): for row i of logits[n][d], token_out[i] = tokens[i], or the
-  // row's argmax when tokens[i] < 0; logprob[i] and rank[i] (1-based, equal logits rank the lower id
-  // first) of that token; and the top_k most likely ids and logprobs, most likely first,
-  // top_ids/top_logprobs[n][top_k]. Device arrays. Only where SupportsLogprobs() (CUDA); elsewhere the
-  // caller computes them from host logits.
+  // Log-probabilities where the logits are, as common/sampling's ComputeLogprobs gives them to rounding
+  // (log-softmax with the normaliser summed in double): for row i of logits[n][d], token_out[i] =
+  // tokens[i], or the row's argmax (ArgmaxRows' choice) when tokens[i] is -1; logprob[i] and rank[i]
+  // (1-based, equal logits rank the lower id first) of that token; and the top_k most likely ids and
+  // logprobs, most likely first, top_ids/top_logprobs[n][top_k]. Rows whose token is -2 are skipped.
+  // Device arrays. Only where SupportsLogprobs() (CUDA); elsewhere the caller computes them from host
+  // logits.
   virtual bool SupportsLogprobs() const { return false; }
   virtual void Logprobs(const float* /*logits*/, int64_t /*n*/, int64_t /*d*/, const int32_t* /*tokens*/,
                         int32_t /*top_k*/, int32_t* /*token_out*/, float* /*logprob*/, int32_t* /*rank*/,

@@ -368,8 +368,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       RequestOutput& o = output_for(r->id);
       o.new_token_ids.push_back(token);
       if (seq.params.logprobs >= 0) {
-        o.new_logprobs.push_back(on_device(k) ? from_device(k, seq.params.logprobs)
-                                              : ComputeLogprobs(row, vocab, token, seq.params.logprobs));
+        LogprobEntry e = on_device(k) ? from_device(k, seq.params.logprobs)
+                                      : ComputeLogprobs(row, vocab, token, seq.params.logprobs);
+        e.token_id = token;  // the sampled token, whatever a degenerate row's argmax said
+        o.new_logprobs.push_back(std::move(e));
       }
       if (seq.params.prompt_logprobs >= 0 && r->num_output_tokens() == 0) {
         o.prompt_logprobs = seq.prompt_logprobs;

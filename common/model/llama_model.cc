@@ -286,7 +286,7 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   auto& buf = scratch_[index];
   const size_t bytes = std::max<size_t>(elements, 1) * sizeof(float);
   if (!buf || buf->size() < bytes) {
-    if (!graphs_.empty()) {  // captured graphs point at the buffer about to be replaced
+    if (!graphs_.empty() && index != kLogprobs) {  // captured graphs point at the buffer about to be replaced
       backend_->DropGraphs();
       graphs_.clear();
     }
@@ -436,6 +436,11 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
     const bool logprobs_only = want_logprobs && input.logprob_tokens[k] != ForwardInput::kNoLogprobs;
     want_logits |= !argmax_only && !logprobs_only;
   }
+  // The logprob tokens go up now, while the stream is idle (a copy waits for it).
+  int32_t* logprob_region = nullptr;
+  if (want_logprobs && real_rows > 0) {
+    ASSIGN_OR_RETURN(logprob_region, UploadLogprobTokens(input));
+  }
   if (graph_batch > 0 && use_graphs_ && backend_->SupportsGraphs()) {
     RETURN_IF_ERROR(RunDecodeGraph({graph_batch, graph_context}, buf, kv));
   } else {
@@ -448,21 +453,24 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   }
   if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
   if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
-  if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprobs));
+  if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprob_region, logprobs));
   return backend_->CheckErrors();
 }
 
-absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* logits_dev,
+absl::StatusOr<int32_t*> LlamaModel::UploadLogprobTokens(const ForwardInput& in) {
+  const int64_t rows = static_cast<int64_t>(in.logprob_tokens.size());
+  // One scratch region, copied back at once: tokens (in) | token | logprob | rank | top ids | top logprobs.
+  auto* region = reinterpret_cast<int32_t*>(Scratch(kLogprobs, 4 * rows + 2 * rows * in.logprob_top_k));
+  if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the logprobs buffer");
+  backend_->CopyToDevice(region, in.logprob_tokens.data(), in.logprob_tokens.size() * sizeof(int32_t));
+  return region;
+}
+
+absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
                                         std::vector<std::optional<RowLogprobs>>* out) {
   const int64_t rows = static_cast<int64_t>(in.logprob_tokens.size());
   const int64_t k = in.logprob_top_k;
-  // One scratch region, copied back at once: tokens (in) | token | logprob | rank | top ids | top logprobs.
   const int64_t words = 4 * rows + 2 * rows * k;
-  auto* region = reinterpret_cast<int32_t*>(Scratch(kLogprobs, words));
-  if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the logprobs buffer");
-  std::vector<int32_t> tokens(in.logprob_tokens);
-  for (int32_t& t : tokens) t = t == ForwardInput::kNoLogprobs ? 0 : t;  // computed, not returned
-  backend_->CopyToDevice(region, tokens.data(), tokens.size() * sizeof(int32_t));
   int32_t* token_out = region + rows;
   auto* logprob = reinterpret_cast<float*>(region + 2 * rows);
   int32_t* rank = region + 3 * rows;

@@ -147,8 +147,10 @@ class LlamaModel {
   // Enqueues the step's work: embedding, every layer, logits of in.logits_rows (sizes from `in`).
   void Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax);
   // Replays the graph of `batch`, or runs the step and captures it for the next time.
-  // Backend::Logprobs over the step's real rows into `out`.
-  absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev,
+  // Backend::Logprobs over the step's real rows into `out`: the tokens first (into a scratch region
+  // that is also where the results land), then the computation after the step.
+  absl::StatusOr<int32_t*> UploadLogprobTokens(const ForwardInput& in);
+  absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
                               std::vector<std::optional<RowLogprobs>>* out);
   // `key`: (padded batch, the context its attention is split for).
   absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv);

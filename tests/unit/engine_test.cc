@@ -115,6 +115,7 @@ class DeviceLogprobsBackend final : public ForwardingBackend {
     ++calls;
     for (int64_t i = 0; i < n; ++i) {
       const float* row = logits + i * d;
+      if (tokens[i] == -2) continue;  // asked for nothing
       const int32_t token = tokens[i] >= 0 ? tokens[i] : ArgmaxRow(row, d);
       const LogprobEntry e = ComputeLogprobs(row, d, token, top_k);
       token_out[i] = e.token_id;
@@ -126,7 +127,13 @@ class DeviceLogprobsBackend final : public ForwardingBackend {
       }
     }
   }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes >= row_bytes) ++row_copies;  // a row of logits or more came back
+    cpu_->CopyToHost(dst, src, bytes);
+  }
   int calls = 0;
+  size_t row_bytes = SIZE_MAX;
+  int row_copies = 0;
 };
 
 TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
@@ -145,7 +152,7 @@ TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
     r.params.prompt_logprobs = i == 1 ? -1 : 2;
     reqs.push_back(r);
   }
-  auto run = [&](Backend* backend) {
+  auto run = [&](Backend* backend, const std::vector<EngineRequest>& reqs) {
     auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
     EngineOptions o;
     o.block_size = 4;
@@ -159,9 +166,15 @@ TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
     return all;
   };
   DeviceLogprobsBackend device;
-  const auto host_outs = run(backend_.get());
-  const auto device_outs = run(&device);
+  const auto host_outs = run(backend_.get(), reqs);
+  const auto device_outs = run(&device, reqs);
   EXPECT_GT(device.calls, 0);
+  // Without the sampled request, no step brings logits back at all.
+  DeviceLogprobsBackend greedy_only;
+  greedy_only.row_bytes = static_cast<size_t>(model_->config().vocab_size) * sizeof(float);
+  run(&greedy_only, std::vector<EngineRequest>(reqs.begin(), reqs.begin() + 3));
+  EXPECT_GT(greedy_only.calls, 0);
+  EXPECT_EQ(greedy_only.row_copies, 0);
   ASSERT_EQ(host_outs.size(), device_outs.size());
   auto same = [](const LogprobEntry& a, const LogprobEntry& b) {
     if (a.token_id != b.token_id || a.logprob != b.logprob || a.rank != b.rank || a.top.size() != b.top.size()) return false;

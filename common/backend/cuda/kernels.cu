@@ -619,6 +619,7 @@ __global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* to
   __shared__ int64_t best_i[kThreads];
   __shared__ double red_d[kThreads];
   __shared__ int32_t taken[kMaxLogprobsTopK];
+  if (tokens[blockIdx.x] == -2) return;  // a row that asked for nothing (the whole block leaves)
   const float* row = logits + blockIdx.x * d;
   // The normaliser in double, as ComputeLogprobs: max, then the sum of exp(x - max).
   float m = -INFINITY;
@@ -645,7 +646,7 @@ __global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* to
     float v;
     int64_t i;
     BlockArgmax(row, d, taken, 0, best_v, best_i, &v, &i);
-    token = i == INT64_MAX ? 0 : i;
+    token = i == INT64_MAX || v == -INFINITY ? 0 : i;  // ArgmaxRows' choice: 0 when nothing beats -inf
   }
   const float x = row[token];
   int64_t above = 0;
@@ -681,7 +682,9 @@ cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int3
                            int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs,
                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (n > 0x7fffffff || top_k < 0 || top_k > kMaxLogprobsTopK || top_k > d) return cudaErrorInvalidValue;
+  if (n > 0x7fffffff || d > 0x7fffffff || top_k < 0 || top_k > kMaxLogprobsTopK || top_k > d) {
+    return cudaErrorInvalidValue;
+  }
   LogprobsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, d, tokens, top_k, token_out, logprob, rank,
                                                                      top_ids, top_logprobs);
   return cudaGetLastError();
