@@ -545,6 +545,22 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   }
 }
 
+// Tree reduction of the block's (value, index) pairs in shared best_v/best_i [blockDim.x] (written
+// and published by a barrier before): larger value first, then lower index; the winner ends in [0].
+__device__ void ReduceArgmax(float* best_v, int64_t* best_i) {
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const int64_t oi = best_i[threadIdx.x + stride];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 // One block per row. (value, index) pairs ordered by value, then lower index first; NaN is skipped,
 // so a row of NaN and -inf yields the initial index 0.
 __global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
@@ -565,17 +581,7 @@ __global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
   best_v[threadIdx.x] = v;
   best_i[threadIdx.x] = found ? i : INT64_MAX;
   __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) {
-      const float ov = best_v[threadIdx.x + stride];
-      const int64_t oi = best_i[threadIdx.x + stride];
-      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-        best_v[threadIdx.x] = ov;
-        best_i[threadIdx.x] = oi;
-      }
-    }
-    __syncthreads();
-  }
+  ReduceArgmax(best_v, best_i);
   if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == INT64_MAX ? 0 : static_cast<int32_t>(best_i[0]);
 }
 
@@ -598,17 +604,7 @@ __device__ void BlockArgmax(const float* row, int64_t d, const int32_t* taken, i
   best_v[threadIdx.x] = v;
   best_i[threadIdx.x] = i;
   __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) {
-      const float ov = best_v[threadIdx.x + stride];
-      const int64_t oi = best_i[threadIdx.x + stride];
-      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-        best_v[threadIdx.x] = ov;
-        best_i[threadIdx.x] = oi;
-      }
-    }
-    __syncthreads();
-  }
+  ReduceArgmax(best_v, best_i);
   *v_out = best_v[0];
   *i_out = best_i[0];
 }
