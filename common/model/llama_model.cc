@@ -81,8 +81,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
 absl::Status LlamaModel::LoadWeights() {
   const ModelConfig& c = config_;
   std::set<std::string> used;
-  auto load = [&](const std::string& name, std::vector<int64_t> shape,
-                  DeviceWeight* out) -> absl::Status {
+  // The checkpoint's tensor `name`, which must have `shape`; marked as used.
+  auto get = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::StatusOr<const TensorView*> {
     ASSIGN_OR_RETURN(const TensorView* t, checkpoint_->Get(name));
     if (t->shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " has shape ",
@@ -90,34 +90,31 @@ absl::Status LlamaModel::LoadWeights() {
                                                      ShapeString(shape), " from config.json"));
     }
     used.insert(name);
+    return t;
+  };
+  auto load = [&](const std::string& name, std::vector<int64_t> shape,
+                  DeviceWeight* out) -> absl::Status {
+    ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
     ASSIGN_OR_RETURN(*out, backend_->UploadWeight(*t));
     return absl::OkStatus();
   };
-  // Tensors of one dtype stacked by rows into one weight (shapes checked as above).
+  // Tensors stacked by rows into one weight; they share one dtype (checked below, before fused_ is
+  // relied on).
   auto load_stacked = [&](const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
                           DeviceWeight* out) -> absl::Status {
     auto bytes = std::make_shared<std::vector<std::byte>>();
     TensorView stacked;
     for (const auto& [name, shape] : parts) {
-      ASSIGN_OR_RETURN(const TensorView* t, checkpoint_->Get(name));
-      if (t->shape != shape) {
-        return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " has shape ",
-                                                       ShapeString(t->shape), ", expected ",
-                                                       ShapeString(shape), " from config.json"));
-      }
+      ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
       if (stacked.shape.empty()) {
         stacked.dtype = t->dtype;
         stacked.shape = shape;
         stacked.shape[0] = 0;
         stacked.file = t->file;
-      } else if (t->dtype != stacked.dtype) {
-        return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " is ", std::string(DTypeName(t->dtype)),
-                                                       ", unlike the projections stacked with it"));
       }
       stacked.shape[0] += shape[0];
       absl::StrAppend(&stacked.name, stacked.name.empty() ? "" : "|", name);
       bytes->insert(bytes->end(), t->data, t->data + t->nbytes);
-      used.insert(name);
     }
     stacked.data = bytes->data();
     stacked.nbytes = bytes->size();
@@ -286,10 +283,7 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   auto& buf = scratch_[index];
   const size_t bytes = std::max<size_t>(elements, 1) * sizeof(float);
   if (!buf || buf->size() < bytes) {
-    if (!graphs_.empty() && index != kLogprobs) {  // captured graphs point at the buffer about to be replaced
-      backend_->DropGraphs();
-      graphs_.clear();
-    }
+    if (index != kLogprobs) DropAllGraphs();  // captured graphs point at the buffer about to be replaced
     auto fresh = backend_->Allocate(bytes + bytes / 4);
     if (!fresh.ok()) return nullptr;
     buf = std::move(fresh).value();
@@ -316,37 +310,28 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
   const int64_t real_rows = static_cast<int64_t>(input.logits_rows.size());
-  // A decode step padded to its graph batch: extra one-token sequences over block 0 whose keys and
-  // values are not written (slot -1) and whose rows are dropped.
+  const int64_t real_seqs = static_cast<int64_t>(input.seqs.size());
+  // A decode step padded to its graph batch: extra one-token sequences (token 0) over block 0 whose
+  // keys and values are not written (slot -1) and whose rows (one each, after the real ones) are
+  // dropped.
   const int64_t graph_batch = DecodeGraphBatch(input);
-  const ForwardInput* step = &input;
-  ForwardInput padded;
-  if (graph_batch > static_cast<int64_t>(input.seqs.size())) {
-    padded.token_ids = input.token_ids;
-    padded.seqs = input.seqs;
-    padded.logits_rows = input.logits_rows;
-    for (int64_t i = static_cast<int64_t>(input.seqs.size()); i < graph_batch; ++i) {
-      padded.token_ids.push_back(0);
-      padded.seqs.push_back({1, 0, {0}});
-      padded.logits_rows.push_back(static_cast<int32_t>(i));
-    }
-    step = &padded;
-  }
-  const ForwardInput& in = *step;
-  const int64_t n = static_cast<int64_t>(in.token_ids.size());
-  const int64_t num_seqs = static_cast<int64_t>(in.seqs.size());
-  const int64_t m = static_cast<int64_t>(in.logits_rows.size());
+  static const SequenceStep kPadding{1, 0, {0}};
+  const int64_t padding = std::max<int64_t>(0, graph_batch - real_seqs);
+  const int64_t num_seqs = real_seqs + padding;
+  const int64_t n = static_cast<int64_t>(input.token_ids.size()) + padding;
+  const int64_t m = real_rows + padding;
 
   // Host-side metadata, packed into one int32 upload. Every offset depends on n, S and m alone (the
   // block table, of varying length, comes last), so a captured graph's pointers stay right:
   // ids[n] seq_indptr[S+1] positions[n] context_lens[S] block_indptr[S+1] slot_mapping[n]
   // logits_rows[m] block_indices[B]
-  std::vector<int32_t> meta(in.token_ids.begin(), in.token_ids.end());
+  std::vector<int32_t> meta(input.token_ids.begin(), input.token_ids.end());
+  meta.resize(static_cast<size_t>(n), 0);
   std::vector<int32_t> seq_indptr{0}, positions, context_lens, block_indptr{0}, blocks, slots;
   int64_t max_context = 0;
   for (int64_t i = 0; i < num_seqs; ++i) {
-    const SequenceStep& s = in.seqs[i];
-    const bool padding = i >= static_cast<int64_t>(input.seqs.size());
+    const bool is_padding = i >= real_seqs;
+    const SequenceStep& s = is_padding ? kPadding : input.seqs[i];
     seq_indptr.push_back(seq_indptr.back() + static_cast<int32_t>(s.num_new_tokens));
     const int64_t context = s.num_cached_tokens + s.num_new_tokens;
     context_lens.push_back(static_cast<int32_t>(context));
@@ -354,7 +339,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
     for (int64_t t = 0; t < s.num_new_tokens; ++t) {
       const int64_t pos = s.num_cached_tokens + t;
       positions.push_back(static_cast<int32_t>(pos));
-      slots.push_back(padding ? -1
+      slots.push_back(is_padding ? -1
                               : static_cast<int32_t>(s.block_table[pos / g.block_size] * g.block_size +
                                                      pos % g.block_size));
     }
@@ -372,7 +357,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   const size_t off_slots = meta.size();
   meta.insert(meta.end(), slots.begin(), slots.end());
   const size_t off_rows = meta.size();
-  meta.insert(meta.end(), in.logits_rows.begin(), in.logits_rows.end());
+  meta.insert(meta.end(), input.logits_rows.begin(), input.logits_rows.end());
+  for (int64_t i = real_seqs; i < num_seqs; ++i) meta.push_back(static_cast<int32_t>(i));  // padding rows
   const size_t off_blocks = meta.size();
   meta.insert(meta.end(), blocks.begin(), blocks.end());
 
@@ -408,7 +394,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.out_rows = buf.meta + off_rows;
   buf.md.num_seqs = num_seqs;
   buf.md.num_tokens = n;
-  // A graph's attention launch is captured for every context it may meet, not this step's longest.
+  buf.num_rows = m;
   // A graph's attention launch is split for every context its graph may meet: the step's longest
   // rounded up to a power of two (at least one 512-key split), within the limit; graphs are kept per
   // (batch, that bound), so short contexts do not pay for the longest splits.
@@ -444,7 +430,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   if (graph_batch > 0 && use_graphs_ && backend_->SupportsGraphs()) {
     RETURN_IF_ERROR(RunDecodeGraph({graph_batch, graph_context}, buf, kv));
   } else {
-    Enqueue(in, buf, kv, /*argmax=*/want_argmax || graph_batch > 0);
+    Enqueue(buf, kv, input.on_layer_done, /*argmax=*/want_argmax || graph_batch > 0);
   }
   logits->assign(want_logits ? static_cast<size_t>(real_rows * c.vocab_size) : 0, 0.f);
   if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(real_rows) : 0, -1);
@@ -495,15 +481,10 @@ absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* log
 }
 
 absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv) {
-  const int64_t batch = key.first;
-  ForwardInput shape;  // what Enqueue reads besides the buffers: sizes only
-  shape.token_ids.assign(batch, 0);
-  shape.logits_rows.assign(batch, 0);
   // Graphs write into the cache memory they were captured with.
   const GraphCache cache{kv->k(), kv->v(), kv->geometry().num_blocks, kv->geometry().block_size};
   if (!(cache == graph_cache_)) {
-    if (!graphs_.empty()) backend_->DropGraphs();
-    graphs_.clear();
+    DropAllGraphs();
     graph_cache_ = cache;
   }
   if (auto it = graphs_.find(key); it != graphs_.end()) {
@@ -514,14 +495,14 @@ absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const S
   }
   // First step of this batch size: run it as it is (which also grows every buffer it needs), then
   // record the same work for the next ones. A capture that fails leaves graphs off, not the step.
-  Enqueue(shape, buf, kv, /*argmax=*/true);
+  Enqueue(buf, kv, nullptr, /*argmax=*/true);
   RETURN_IF_ERROR(backend_->CheckErrors());
   if (absl::Status s = backend_->BeginCapture(); !s.ok()) {
     use_graphs_ = false;
     graph_error_ = std::string(s.message());
     return absl::OkStatus();
   }
-  Enqueue(shape, buf, kv, /*argmax=*/true);
+  Enqueue(buf, kv, nullptr, /*argmax=*/true);
   absl::StatusOr<int64_t> graph = backend_->EndCapture();
   if (!graph.ok()) {
     use_graphs_ = false;
@@ -532,11 +513,11 @@ absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const S
   return absl::OkStatus();
 }
 
-void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax) {
+void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::function<void(int64_t)>& on_layer_done,
+                         bool argmax) {
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
-  const int64_t n = static_cast<int64_t>(in.token_ids.size());
-  const int64_t m = static_cast<int64_t>(in.logits_rows.size());
+  const int64_t n = buf.md.num_tokens, m = buf.num_rows;
   const int64_t hidden = c.hidden_size, inter = c.intermediate_size, qs = c.q_size(), kvs = c.kv_size();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
@@ -576,7 +557,7 @@ void LlamaModel::Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCache
     b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads,
             c.head_dim);
     b->PagedAttention(q, k, v, kv->k(), kv->v(), g, l, md, c.num_attention_heads, scale, attn);
-    if (in.on_layer_done) in.on_layer_done(l);
+    if (on_layer_done) on_layer_done(l);
     b->Linear(attn, n, w.o, nullptr, h);
     b->AddRmsNorm(x, h, w.post_norm, eps, n, hidden, h);
     if (fused_) {

@@ -92,8 +92,7 @@ class LlamaModel {
   void set_graph_context_limit(int64_t tokens) {
     if (tokens == graph_context_limit_) return;
     graph_context_limit_ = tokens;
-    if (!graphs_.empty()) backend_->DropGraphs();  // their attention was split for the old limit
-    graphs_.clear();
+    DropAllGraphs();  // their attention was split for the old limit
   }
   // Why capturing failed (graphs are then off), empty if it did not.
   const std::string& graph_error() const { return graph_error_; }
@@ -137,6 +136,7 @@ class LlamaModel {
     float *gate = nullptr, *up = nullptr, *rows = nullptr, *logit_in = nullptr, *logits = nullptr;
     float *qkv = nullptr, *gate_up = nullptr;  // [n][q + 2 kv], [n][2 inter] when fused
     int32_t* argmax = nullptr;    // [m]
+    int64_t num_rows = 0;         // m: logits rows (md.num_tokens is n)
   };
   // The step's batch if it runs in the decode graph layout, else 0.
   int64_t DecodeGraphBatch(const ForwardInput& input) const;
@@ -144,16 +144,23 @@ class LlamaModel {
     return graph_context_limit_ > 0 ? std::min(graph_context_limit_, config_.max_position_embeddings)
                                     : config_.max_position_embeddings;
   }
-  // Enqueues the step's work: embedding, every layer, logits of in.logits_rows (sizes from `in`).
-  void Enqueue(const ForwardInput& in, const StepBuffers& buf, KvCacheStorage* kv, bool argmax);
-  // Replays the graph of `batch`, or runs the step and captures it for the next time.
+  // Enqueues the step's work: embedding, every layer (calling `on_layer_done` after each layer's KV
+  // write, when set), logits of the buffers' rows and, with `argmax`, their argmax.
+  void Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::function<void(int64_t)>& on_layer_done,
+               bool argmax);
+  // Replays the graph of `key`, or runs the step and captures it for the next time. `key`: (padded
+  // batch, the context its attention is split for).
+  absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv);
+  // Forgets every captured graph (the backend's and the map of them).
+  void DropAllGraphs() {
+    if (!graphs_.empty()) backend_->DropGraphs();
+    graphs_.clear();
+  }
   // Backend::Logprobs over the step's real rows into `out`: the tokens first (into a scratch region
   // that is also where the results land), then the computation after the step.
   absl::StatusOr<int32_t*> UploadLogprobTokens(const ForwardInput& in);
   absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
                               std::vector<std::optional<RowLogprobs>>* out);
-  // `key`: (padded batch, the context its attention is split for).
-  absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv);
 
   ModelConfig config_;
   Backend* backend_ = nullptr;
