@@ -346,11 +346,11 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       // the pool before anything is allocated: a hostile peer cannot make us allocate at will.
       v1::KvLayerHeader h;
       if (!h.ParseFromString(bytes)) return finish(absl::DataLossError("malformed layer header"));
+      const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_floats * sizeof(float);
+      if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks || static_cast<uint64_t>(h.payload_bytes()) != expected) {
+        return finish(absl::DataLossError("layer header does not match the cache geometry"));
+      }
       if (link != nullptr) {  // no payload frame: the layer moves over the link
-        const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_floats * sizeof(float);
-        if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks || static_cast<uint64_t>(h.payload_bytes()) != expected) {
-          return finish(absl::DataLossError("layer header does not match the cache geometry"));
-        }
         if (absl::Status s = ReceiveLayerOverLink(link.get(), connection, h.request_id(), h.layer(), h.num_blocks());
             !s.ok()) {
           return finish(s);
@@ -360,16 +360,14 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       FrameType ptype;
       uint32_t plen;
       if (absl::Status s = ReadHeader(fd, &ptype, &plen); !s.ok()) return finish(s);
-      const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_floats * sizeof(float);
-      if (ptype != kLayerPayload || plen != static_cast<uint64_t>(h.payload_bytes()) || plen != expected ||
-          h.num_blocks() < 0 || h.num_blocks() > g.num_blocks) {
+      if (ptype != kLayerPayload || plen != expected) {
         return finish(absl::DataLossError("layer payload does not match its header"));
       }
       bool wanted;
       {
         absl::MutexLock lock(&mu_);
         auto it = transfers_.find(h.request_id());
-        wanted = it != transfers_.end() && !it->second.failed && !it->second.done && it->second.connection == connection;
+        wanted = it != transfers_.end() && it->second.OwnedBy(connection);
       }
       if (!wanted) {  // cancelled, unknown or another connection's: drain the payload without keeping it
         char scratch[1 << 16];
@@ -384,7 +382,7 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
       absl::ReleasableMutexLock lock(&mu_);
       auto it = transfers_.find(h.request_id());
-      if (it == transfers_.end() || it->second.failed || it->second.done || it->second.connection != connection) {
+      if (it == transfers_.end() || !it->second.OwnedBy(connection)) {
         continue;  // cancelled or taken over meanwhile
       }
       Transfer& t = it->second;
@@ -410,11 +408,10 @@ absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connectio
                                                  int32_t layer, int32_t num_blocks) {
   std::vector<int32_t> blocks;  // empty: not wanted
   std::string misfit;
-  auto owned = [&](const Transfer& t) { return !t.failed && !t.done && t.connection == connection; };
   {
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it != transfers_.end() && owned(it->second)) {
+    if (it != transfers_.end() && it->second.OwnedBy(connection)) {
       const Transfer& t = it->second;
       if (layer < 0 || layer >= options_.storage->geometry().num_layers || num_blocks != static_cast<int32_t>(t.blocks.size()) ||
           num_blocks == 0) {
@@ -433,7 +430,7 @@ absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connectio
   const KvLink::Landing land = [&](const std::function<void()>& write) {
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
-    if (it != transfers_.end() && owned(it->second) && it->second.blocks == blocks) {
+    if (it != transfers_.end() && it->second.OwnedBy(connection) && it->second.blocks == blocks) {
       write();
     } else {
       landed_all = false;
@@ -442,7 +439,7 @@ absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connectio
   RETURN_IF_ERROR(link->RecvLayer(layer, blocks, land, options_.io_timeout));
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
-  if (landed_all && it != transfers_.end() && owned(it->second)) ++it->second.layers_received;
+  if (landed_all && it != transfers_.end() && it->second.OwnedBy(connection)) ++it->second.layers_received;
   return absl::OkStatus();
 }
 

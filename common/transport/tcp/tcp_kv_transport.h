@@ -56,6 +56,8 @@ class TcpKvReceiver final : public KvReceiver {
     bool done = false;
     bool failed = false;
     int64_t connection = -1;  // the connection whose Begin owns it: a retry's, not a dead sender's
+    // Still open, and begun on `c`: only then may data from `c` land in its blocks.
+    bool OwnedBy(int64_t c) const { return !failed && !done && connection == c; }
     std::string error;
     int32_t first_token = -1;
   };
