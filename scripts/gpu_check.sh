@@ -61,6 +61,9 @@ make_model() {
   rm -rf "$2" && "$W/tandem" make-model --preset "$1" --out "$2" >/dev/null && touch "$2/.done"
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# The benchmark models of the bench and llama stages.
+presets=(qwen2.5-0.5b)
+[[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
 if stage tests; then
 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
@@ -97,8 +100,6 @@ fi
 if stage bench; then
 "$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
   2>&1 | tee "$OUT/kv_transfer.txt" || status=1
-presets=(qwen2.5-0.5b)
-[[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1
@@ -130,8 +131,6 @@ if stage llama; then
     echo "gpu_check: llama-server did not build (see $OUT/llama-build.log); llama stage skipped"
     status=1
   else
-    presets=(qwen2.5-0.5b)
-    [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
     for p in "${presets[@]}"; do
       # The same random weights (links to the bench stage's files, no second copy on disk) with a real
       # tokenizer of the family, which convert_hf_to_gguf.py needs.

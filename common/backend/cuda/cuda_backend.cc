@@ -387,11 +387,10 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   a.block_indices = md.block_indices;
   a.out = out;
   a.max_context_len = md.max_context_len;
-  // Split partials when a small batch spreads long contexts over blocks of their own (kept within
-  // 64 MiB; beyond that the splits are merged in-block, with bit-identical results). A captured
-  // launch is split for the context its graph serves (the metadata's max_context_len).
-  // The workspace is optional: without it (too big, out of memory, or not allocated before a capture)
-  // the splits merge in-block, with the same bits.
+  // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
+  // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
+  // splits merge in-block, with the same bits. A captured launch is split for the context its graph
+  // serves (the metadata's max_context_len).
   if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a); floats > 0 && floats <= (int64_t{16} << 20)) {
     a.workspace = static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float),
                                               /*optional=*/true));
