@@ -8,21 +8,6 @@
 
 namespace tandem {
 
-namespace {
-
-// Asks the CUDA plugin for a backend.
-absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend(int device, bool batch_invariant) {
-  using Factory = Backend* (*)(int, bool, char*, size_t);
-  absl::StatusOr<void*> symbol = CudaPluginSymbol("TandemCreateCudaBackend");
-  if (!symbol.ok()) return absl::FailedPreconditionError(absl::StrCat("--device cuda: ", symbol.status().message()));
-  char error[512] = {0};
-  Backend* backend = reinterpret_cast<Factory>(*symbol)(device, batch_invariant, error, sizeof(error));
-  if (backend == nullptr) return absl::FailedPreconditionError(error);
-  return std::unique_ptr<Backend>(backend);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   const std::string& device = options.device;
   if (device == "cpu") {
@@ -36,7 +21,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   const std::string& name = device;
   if (name == "cuda" || (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &ordinal) &&
                          ordinal >= 0)) {
-    return LoadCudaBackend(ordinal, options.batch_invariant.value_or(false));
+    return CallCudaPluginFactory<Backend>("TandemCreateCudaBackend", "--device cuda", ordinal,
+                                          options.batch_invariant.value_or(false));
   }
   return absl::InvalidArgumentError(absl::StrCat("--device: '", name, "' is not cpu, cuda or cuda:N"));
 }

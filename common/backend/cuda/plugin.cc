@@ -5,6 +5,21 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/transport/nccl/nccl_kv_link_impl.h"
 
+namespace {
+
+// The C side of tandem::CallCudaPluginFactory: the object, released to the caller, or nullptr with
+// the reason in `error`.
+template <typename T>
+T* Release(absl::StatusOr<std::unique_ptr<T>> made, char* error, size_t error_size) {
+  if (!made.ok()) {
+    std::snprintf(error, error_size, "%s", std::string(made.status().message()).c_str());
+    return nullptr;
+  }
+  return made->release();
+}
+
+}  // namespace
+
 extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateCudaBackend(int device,
                                                                                          bool batch_invariant,
                                                                                          char* error,
@@ -12,20 +27,10 @@ extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateC
   tandem::CudaBackend::Options o;
   o.device = device;
   o.batch_invariant = batch_invariant;
-  auto backend = tandem::CudaBackend::Create(o);
-  if (!backend.ok()) {
-    std::snprintf(error, error_size, "%s", std::string(backend.status().message()).c_str());
-    return nullptr;
-  }
-  return backend->release();
+  return Release<tandem::Backend>(tandem::CudaBackend::Create(o), error, error_size);
 }
 
 extern "C" __attribute__((visibility("default"))) tandem::KvLinkFactory* TandemCreateNcclKvLinkFactory(
     tandem::KvCacheStorage* storage, char* error, size_t error_size) {
-  auto factory = tandem::NcclKvLinkFactory::Create(storage);
-  if (!factory.ok()) {
-    std::snprintf(error, error_size, "%s", std::string(factory.status().message()).c_str());
-    return nullptr;
-  }
-  return factory->release();
+  return Release<tandem::KvLinkFactory>(tandem::NcclKvLinkFactory::Create(storage), error, error_size);
 }
