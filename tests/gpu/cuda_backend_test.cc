@@ -353,23 +353,8 @@ TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
   for (int64_t hd : {32, 64, 128, 256}) {
     AttentionCase c(hd, 16, 2, kMixedBatch);
     const AttentionMetadata md = OnDevice(c);
-    cuda::PagedAttentionArgs a;
-    a.layer = {Up(c.kc) + c.layer * c.g.elements_per_layer(), Up(c.vc) + c.layer * c.g.elements_per_layer(),
-               c.g.block_size, c.g.num_kv_heads, hd};
-    a.q = Up(c.q);
-    a.k = Up(c.k);
-    a.v = Up(c.v);
-    a.slot_mapping = md.slot_mapping;
-    a.num_tokens = c.n;
-    a.num_seqs = md.num_seqs;
-    a.num_q_heads = c.hq;
-    a.scale = c.scale();
-    a.seq_indptr = md.seq_indptr;
-    a.positions = md.positions;
-    a.context_lens = md.context_lens;
-    a.block_indptr = md.block_indptr;
-    a.block_indices = md.block_indices;
-    a.max_context_len = c.max_context;
+    cuda::PagedAttentionArgs a = CudaBackend::AttentionArgs(Up(c.q), Up(c.k), Up(c.v), Up(c.kc), Up(c.vc), c.g, c.layer,
+                                                            md, c.hq, c.scale(), nullptr);
     std::map<std::string, std::vector<float>> outs;
     for (auto [name, mode] : std::vector<std::pair<std::string, cuda::AttentionMode>>{
              {"in-block", cuda::AttentionMode::kInBlock}, {"grid-split", cuda::AttentionMode::kGridSplit}}) {

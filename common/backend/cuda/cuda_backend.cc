@@ -360,10 +360,10 @@ void CudaBackend::Rope(float* q, float* k, const int32_t* positions, const float
   Check(cuda::LaunchRope(q, k, positions, inv_freq, n, num_q_heads, num_kv_heads, head_dim, stream_), "rope");
 }
 
-void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, float* k_cache, float* v_cache,
-                                 const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
-                                 int64_t num_q_heads, float scale, float* out) {
-  Bind();
+cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float* k, const float* v, float* k_cache,
+                                                    float* v_cache, const KvCacheGeometry& g, int64_t layer,
+                                                    const AttentionMetadata& md, int64_t num_q_heads, float scale,
+                                                    float* out) {
   cuda::PagedLayer pl;
   pl.k_cache = k_cache + layer * g.elements_per_layer();
   pl.v_cache = v_cache + layer * g.elements_per_layer();
@@ -387,6 +387,14 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   a.block_indices = md.block_indices;
   a.out = out;
   a.max_context_len = md.max_context_len;
+  return a;
+}
+
+void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, float* k_cache, float* v_cache,
+                                 const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
+                                 int64_t num_q_heads, float scale, float* out) {
+  Bind();
+  cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
   // splits merge in-block, with the same bits. A captured launch is split for the context its graph

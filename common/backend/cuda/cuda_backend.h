@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/backend/backend.h"
+#include "common/backend/cuda/kernels.h"
 
 namespace tandem {
 
@@ -58,6 +59,12 @@ class CudaBackend final : public Backend {
                       float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                       const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                       float* out) override;
+  // The attention kernels' arguments for PagedAttention's (the launch mode and workspace left to the
+  // caller); tests launch them in each mode.
+  static cuda::PagedAttentionArgs AttentionArgs(const float* q, const float* k, const float* v, float* k_cache,
+                                                float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+                                                const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                                                float* out);
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
   void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
