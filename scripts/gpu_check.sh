@@ -58,17 +58,22 @@ export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB
 # A random model of preset $1 in $2, written once (a .done marker, so a cut-short write is redone).
 make_model() {
   [[ -f $2/.done ]] && return 0
-  rm -rf "$2" && "$W/tandem" make-model --preset "$1" --out "$2" >/dev/null && touch "$2/.done"
+  rm -rf "$2" && lim 600 "$W/tandem" make-model --preset "$1" --out "$2" >/dev/null && touch "$2/.done"
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
+lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
+# The bench stage's steps (BENCH_STEPS picks; default all).
+step() { [[ " ${BENCH_STEPS:-kv forward throughput disagg} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
+[[ -n "${BENCH_PRESETS:-}" ]] && read -r -a presets <<< "$BENCH_PRESETS"
 if stage tests; then
-"$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
-"$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
-"$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
-gen() { local d="$1"; shift; "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$d" "$@"; }
+lim 60 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
+lim 150 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
+lim 120 "$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
+gen() { local d="$1"; shift; lim 120 "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$d" "$@"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
 # Decode graphs against op by op, both batch-invariant: the same tokens exactly.
@@ -94,26 +99,26 @@ PY
 fi
 if stage e2e; then
   TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=nccl \
-    "$W/service_e2e_test" --gtest_filter="${E2E_FILTER:-*}" > "$OUT/e2e-cuda-nccl.log" 2>&1 || status=1
+    lim 300 "$W/service_e2e_test" --gtest_filter="${E2E_FILTER:-*}" > "$OUT/e2e-cuda-nccl.log" 2>&1 || status=1
   grep -E "^\[ +(OK|FAILED|PASSED) " "$OUT/e2e-cuda-nccl.log"
 fi
 if stage bench; then
-"$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
+! step kv || lim 180 "$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
   2>&1 | tee "$OUT/kv_transfer.txt" || status=1
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1
-  for b in 1 16 64; do
-    "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
+  for b in $(step forward && echo ${DECODE_BATCHES:-1 16 64}); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
-  "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 1 \
+  ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 1 \
     --cuda-graphs=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   levels=1,16,64; hf_levels=1,16
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
-  python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \
+  ! step throughput || lim 900 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \
     --hf-concurrency $hf_levels --json-out "$OUT/throughput-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
-  python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
+  ! step disagg || lim 600 python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
     --up-arg=--kv-transport=nccl 2>&1 | tee -a "$OUT/disagg.txt" || status=1
 done
 fi
