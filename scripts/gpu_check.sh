@@ -4,7 +4,8 @@
 # goes, so a run cut short still returns what it finished. Stages, in order (STAGES picks; default
 # all three):
 #   tests  the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU), the
-#          NCCL link test (two processes on this GPU), and `tandem generate` on models/kjv-target with
+#          NCCL link test (two processes on this GPU), every tiny preset in BF16 against transformers
+#          (tests/gpu/hf_forward_check.py), and `tandem generate` on models/kjv-target with
 #          --device cuda vs --device cpu (greedy, 64 tokens);
 #   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL (E2E_FILTER picks
 #          tests, default all);
@@ -79,6 +80,8 @@ gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
 # Decode graphs against op by op, both batch-invariant: the same tokens exactly.
 gen cuda --batch-invariant=true --cuda-graphs=true > "$OUT/generate-cuda-graphs.json" 2> "$OUT/generate-cuda-graphs.err" || status=1
 gen cuda --batch-invariant=true --cuda-graphs=false > "$OUT/generate-cuda-eager.json" 2> "$OUT/generate-cuda-eager.err" || status=1
+# The whole forward pass (prefill and decode graphs) in BF16 against transformers on this GPU.
+lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" 2>&1 | tee "$OUT/hf_forward_check.log" || status=1
 python3 - "$OUT" <<'PY' || status=1
 import json, sys
 out = sys.argv[1]

@@ -73,8 +73,9 @@ struct AttentionMetadata {
 struct DeviceMemory {
   int64_t free_bytes = 0;
   int64_t total_bytes = 0;
-  // Taken since the backend was created (free then − free now): this process's own use, as far as
-  // the device can tell (another process allocating meanwhile counts too).
+  // Held by this backend now: what it allocated and has not freed (weights, KV cache, activations,
+  // workspaces). Counted by the backend itself, so other processes sharing the device do not show up
+  // in it (they do in free_bytes).
   int64_t own_bytes = 0;
 };
 

@@ -541,7 +541,11 @@ void CompareModels(const std::string& preset, DType dtype) {
   if (dtype == DType::kF32) {
     EXPECT_LE(max_logit_diff, 2e-3f) << preset;
   }
-  EXPECT_LE(max_dp, 1e-2f) << preset;
+  // In BF16 the GPU rounds each GEMM's activations to BF16 (tensor cores), the CPU keeps them in f32
+  // against the same BF16 weights: on these small random models with peaked distributions that parts
+  // the probabilities by up to ~1.7e-2 (seen on an H200). The 1e-2 bound against transformers in BF16,
+  // which rounds where the GPU does, is checked by tests/gpu/hf_forward_check.py.
+  EXPECT_LE(max_dp, dtype == DType::kF32 ? 1e-2f : 3e-2f) << preset;
   EXPECT_TRUE(gpu->CheckErrors().ok());
 }
 

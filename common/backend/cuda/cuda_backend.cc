@@ -12,16 +12,24 @@
 namespace tandem {
 namespace {
 
+using LiveBytes = std::shared_ptr<std::atomic<int64_t>>;
+
 class CudaBuffer final : public DeviceBuffer {
  public:
-  CudaBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  ~CudaBuffer() override { cudaFree(data_); }
+  CudaBuffer(void* data, size_t bytes, LiveBytes live) : data_(data), bytes_(bytes), live_(std::move(live)) {
+    *live_ += static_cast<int64_t>(bytes_);
+  }
+  ~CudaBuffer() override {
+    cudaFree(data_);
+    *live_ -= static_cast<int64_t>(bytes_);
+  }
   void* data() override { return data_; }
   size_t size() const override { return bytes_; }
 
  private:
   void* data_;
   size_t bytes_;
+  LiveBytes live_;
 };
 
 absl::Status CudaStatus(cudaError_t e, const char* what) {
@@ -29,14 +37,20 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
 }
 
 // Device memory freed when the last DeviceWeight copy referring to it goes.
-absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes, cudaStream_t stream) {
+absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes, cudaStream_t stream,
+                                                  const LiveBytes& live) {
   void* dev = nullptr;
-  if (cudaError_t e = cudaMalloc(&dev, std::max<size_t>(bytes, 1)); e != cudaSuccess) {
+  const size_t held = std::max<size_t>(bytes, 1);
+  if (cudaError_t e = cudaMalloc(&dev, held); e != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory for a weight: ",
                                                      cudaGetErrorString(e)));
   }
-  std::shared_ptr<void> owner(dev, [](void* p) { cudaFree(p); });
+  *live += static_cast<int64_t>(held);
+  std::shared_ptr<void> owner(dev, [live, held](void* p) {
+    cudaFree(p);
+    *live -= static_cast<int64_t>(held);
+  });
   if (cudaError_t e = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, stream); e != cudaSuccess) {
     return CudaStatus(e, "uploading a weight");
   }
@@ -86,13 +100,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (cudaError_t e = cudaMalloc(&backend->cublas_workspace_, kCublasWorkspace); e != cudaSuccess) {
     return CudaStatus(e, "allocating the cuBLAS workspace");
   }
+  *backend->live_bytes_ += kCublasWorkspace;
   if (cublasStatus_t s = cublasSetWorkspace(cublas, backend->cublas_workspace_, kCublasWorkspace);
       s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
   }
-  size_t free_bytes = 0, total_bytes = 0;
-  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
-  backend->free_at_creation_ = static_cast<int64_t>(free_bytes);
   return backend;
 }
 
@@ -129,8 +141,7 @@ absl::StatusOr<DeviceMemory> CudaBackend::Memory() {
   Bind();
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
-  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes),
-                      free_at_creation_ - static_cast<int64_t>(free_bytes)};
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes), live_bytes_->load()};
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
@@ -144,7 +155,7 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes
   }
   // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns.
   Check(cudaMemsetAsync(dev, 0, bytes, stream_), "cudaMemset");
-  return std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes));
+  return std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes, live_bytes_));
 }
 
 void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
@@ -176,14 +187,14 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
     w.dtype = DType::kF32;
     host.resize(static_cast<size_t>(std::max<int64_t>(w.cols, 1)));
     ConvertToF32(t.dtype, t.data, host.data(), static_cast<size_t>(w.cols));
-    auto owner = UploadBytes(host.data(), static_cast<size_t>(w.cols) * sizeof(float), stream_);
+    auto owner = UploadBytes(host.data(), static_cast<size_t>(w.cols) * sizeof(float), stream_, live_bytes_);
     if (!owner.ok()) return owner.status();
     w.owner = *std::move(owner);
   } else if (t.shape.size() == 2) {
     w.dtype = t.dtype;
     w.rows = t.shape[0];
     w.cols = t.shape[1];
-    auto owner = UploadBytes(t.data, t.nbytes, stream_);
+    auto owner = UploadBytes(t.data, t.nbytes, stream_, live_bytes_);
     if (!owner.ok()) return owner.status();
     w.owner = *std::move(owner);
   } else {
@@ -287,6 +298,7 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
     DropGraphs();  // they point at the memory about to be freed
     Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued work still uses it
     cudaFree(scratch_[slot]);
+    *live_bytes_ -= static_cast<int64_t>(scratch_bytes_[slot]);
   }
   scratch_[slot] = nullptr;
   scratch_bytes_[slot] = 0;
@@ -302,6 +314,7 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
     return nullptr;
   }
   scratch_bytes_[slot] = want;
+  *live_bytes_ += static_cast<int64_t>(want);
   return scratch_[slot];
 }
 

@@ -11,6 +11,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -110,7 +111,9 @@ class CudaBackend final : public Backend {
   std::string description_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
-  int64_t free_at_creation_ = 0;  // device memory free when this backend was made
+  // Bytes this backend holds in cudaMalloc'd memory (buffers and weights decrement it when freed,
+  // which may be after the backend is gone: hence shared).
+  std::shared_ptr<std::atomic<int64_t>> live_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   void* scratch_[kNumScratch] = {};
   size_t scratch_bytes_[kNumScratch] = {};
   size_t scratch_refused_[kNumScratch] = {};  // optional sizes cudaMalloc refused

@@ -198,13 +198,15 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
 // [s * kSplitKeys, (s + 1) * kSplitKeys) of every token, whatever else is in the batch. Within a split
 // each of the block's warps takes every kSplitWarps-th key, lanes holding head dimensions lane + 32 j
 // (coalesced rows), with a running softmax per head; the warps' partials are then merged in warp
-// order. Splits are merged in split order, either by the same block one after another (in-block) or,
+// order. A warp loads KeyBatch keys' rows at once before it folds them in, in key order (the loads
+// overlap; the arithmetic is that of one key at a time), and reduces its group's dot products
+// together (independent shuffle chains). Splits are merged in split order, either by the same block one after another (in-block) or,
 // when the batch is too small to fill the device, by one block per split and MergeSplitsKernel. Both
 // merges go through MergeStep, whose arithmetic cannot be contracted or reordered, so a token's
 // output is bit-identical either way and independent of its batch (what the batch-invariant mode
 // and the equivalence tests need).
 constexpr int kSplitKeys = 512;
-constexpr int kSplitWarps = 4;
+constexpr int kSplitWarps = 8;
 constexpr int kSplitThreads = kSplitWarps * 32;
 constexpr int kSplitMaxElems = 1024;  // kGroup * head_dim per block
 constexpr int kElemsPerThread = kSplitMaxElems / kSplitThreads;
@@ -212,6 +214,9 @@ constexpr int kElemsPerThread = kSplitMaxElems / kSplitThreads;
 __host__ __device__ constexpr int SplitGroup(int64_t head_dim) {
   return kSplitMaxElems / head_dim < 8 ? static_cast<int>(kSplitMaxElems / head_dim) : 8;
 }
+
+// Keys whose K and V rows a warp holds in registers at once: 16 floats of each per lane.
+__host__ __device__ constexpr int KeyBatch(int dims) { return dims >= 8 ? 2 : (dims >= 4 ? 4 : 8); }
 
 // (M, L, O) ⊕ (m, l, o), the ordered merge of two softmax partials; an empty partial (m = -inf)
 // changes nothing.
@@ -278,30 +283,50 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 #pragma unroll
       for (int j = 0; j < kDims; ++j) acc[g][j] = 0.f;
     }
-    for (int64_t p = k0 + warp; p < k1; p += kSplitWarps) {
-      const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
-      float kr[kDims], vr[kDims];
+    constexpr int kBatch = KeyBatch(kDims);
+    for (int64_t p0 = k0 + warp; p0 < k1; p0 += int64_t(kSplitWarps) * kBatch) {
+      // This warp's next keys p0, p0 + kSplitWarps, ...: every row load issued before the first use.
+      float kr[kBatch][kDims], vr[kBatch][kDims];
 #pragma unroll
-      for (int j = 0; j < kDims; ++j) {
-        kr[j] = kb[slot * row + lane + 32 * j];
-        vr[j] = vb[slot * row + lane + 32 * j];
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t p = p0 + int64_t(b) * kSplitWarps;
+        if (p < k1) {
+          const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
+#pragma unroll
+          for (int j = 0; j < kDims; ++j) {
+            kr[b][j] = kb[slot * row + lane + 32 * j];
+            vr[b][j] = vb[slot * row + lane + 32 * j];
+          }
+        }
       }
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        if (g >= gc) break;
-        float dot = 0.f;
+      for (int b = 0; b < kBatch; ++b) {
+        if (p0 + int64_t(b) * kSplitWarps >= k1) break;  // the same for the whole warp
+        // Every group row's dot product (rows past gc hold zeros and are never written out), the
+        // shuffle reductions interleaved.
+        float dot[kGroup];
 #pragma unroll
-        for (int j = 0; j < kDims; ++j) dot = fmaf(q[g][j], kr[j], dot);
+        for (int g = 0; g < kGroup; ++g) {
+          dot[g] = 0.f;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        // Explicit roundings: one arithmetic wherever the compiler places this loop.
-        const float score = __fmul_rn(dot, a.scale);
-        const float nm = fmaxf(m[g], score);
-        const float c = expf(m[g] - nm), e = expf(score - nm);
-        l[g] = __fmaf_rn(l[g], c, e);
+          for (int j = 0; j < kDims; ++j) dot[g] = fmaf(q[g][j], kr[b][j], dot[g]);
+        }
 #pragma unroll
-        for (int j = 0; j < kDims; ++j) acc[g][j] = __fmaf_rn(acc[g][j], c, __fmul_rn(e, vr[j]));
-        m[g] = nm;
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+        }
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+          // Explicit roundings: one arithmetic wherever the compiler places this loop.
+          const float score = __fmul_rn(dot[g], a.scale);
+          const float nm = fmaxf(m[g], score);
+          const float c = expf(m[g] - nm), e = expf(score - nm);
+          l[g] = __fmaf_rn(l[g], c, e);
+#pragma unroll
+          for (int j = 0; j < kDims; ++j) acc[g][j] = __fmaf_rn(acc[g][j], c, __fmul_rn(e, vr[b][j]));
+          m[g] = nm;
+        }
       }
     }
 #pragma unroll
