@@ -432,12 +432,13 @@ TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
 }
 
 TEST_F(ServiceTest, KvPressureRefusesNewWorkInsteadOfFallingOver) {
-  // 64 blocks of 16 tokens; above half of them in use the decode worker reports itself full.
+  // 64 blocks of 16 tokens; above a quarter of them in use the decode worker reports itself full.
+  // Heartbeats every 50 ms: on a GPU the long request holds the blocks for a few hundred ms only.
   auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--kv-cache-memory=1M"},
-                         .decode_args = {"--kv-high-water=0.5"}});
+                         .decode_args = {"--kv-high-water=0.25", "--heartbeat-interval-ms=50"}});
   std::mt19937 rng(12);
   StreamResult first;
-  std::thread t([&] { first = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 400, vocab_), 590)); });
+  std::jthread t([&] { first = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 400, vocab_), 590)); });
   bool full = false;
   for (const absl::Time end = absl::Now() + absl::Seconds(3); !full && absl::Now() < end;) {
     grpc::ClientContext ctx;

@@ -255,6 +255,18 @@ TEST_F(NcclLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   ASSERT_TRUE(receiver->Expect("r1", dst).ok());
   Subprocess child = SpawnSender("pause", receiver->port());
   ASSERT_TRUE(WaitForFile(dir_ + "/layer0", absl::Seconds(60)));
+  // The sender's marker means layer 0 was sent; the receiver lands it just after its receive completes
+  // (a cancel before that drops it, by design). Wait until it is here.
+  const auto layer0_landed = [&] {
+    for (size_t i = 0; i < dst.size(); ++i) {
+      if (!Holds(dst[i], src[i], 0, 1)) return false;
+    }
+    return true;
+  };
+  for (const absl::Time end = absl::Now() + absl::Seconds(20); !layer0_landed() && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(layer0_landed()) << "layer 0 was sent but never landed";
   const absl::Time t0 = absl::Now();
   receiver->Cancel("r1");  // returns at once: the blocks could go back to the pool now
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(100));
@@ -263,7 +275,7 @@ TEST_F(NcclLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
   for (size_t i = 0; i < dst.size(); ++i) {
-    ASSERT_TRUE(Holds(dst[i], src[i], 0, 1)) << "layer 0 landed before the cancel, block " << dst[i];
+    ASSERT_TRUE(Holds(dst[i], src[i], 0, 1)) << "layer 0, landed before the cancel, was lost: block " << dst[i];
     ASSERT_TRUE(IsZero(dst[i], 1, kGeometry.num_layers)) << "a layer landed after the cancel, block " << dst[i];
   }
 }
