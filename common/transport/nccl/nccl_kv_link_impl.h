@@ -3,11 +3,12 @@
 //
 // One communicator of two ranks per control connection: the decode worker (rank 1) makes the
 // ncclUniqueId, the handshake reply carries it, both ends join with a non-blocking
-// ncclCommInitRankConfig. A layer moves in chunks of at most kChunkBlocks blocks, one NCCL group per
-// chunk: an ncclSend / ncclRecv per K block of the chunk, then one per V block, both ends splitting
-// the same way, on the link's own stream. The sender first waits (on the host) for an event recorded
-// on the backend's stream, so the sends follow the layer's KV writes and the link's deadline covers
-// only the transfer; it sends straight from its cache blocks, which stay the request's until End.
+// ncclCommInitRankConfig. A layer moves in chunks of at most kChunkBlocks blocks, one message per
+// chunk ([K of its blocks][V of its blocks], contiguous), both ends splitting the same way, on the
+// link's own stream. The sender first waits (on the host) for an event recorded on the backend's
+// stream, so the sends follow the layer's KV writes and the link's deadline covers only the
+// transfer; it packs the chunk from its cache blocks (which stay the request's until End) into its
+// staging memory with a gather kernel and sends that.
 // The receiver receives each chunk into the link's staging memory and then, through the owner's
 // `land`, scatters it into the reserved blocks with a kernel and waits for it (the engine reserves
 // blocks between steps, whose work it has waited for, so nothing queued still reads them). Every wait polls the stream's
@@ -31,8 +32,7 @@ namespace tandem {
 
 class NcclKvLink final : public KvLink {
  public:
-  // Blocks per NCCL group: 2 × 256 operations, well under NCCL's 2048 per group; 32 MiB of staging
-  // for a 64 KiB block.
+  // Blocks per message: 32 MiB of staging for a 64 KiB block.
   static constexpr int64_t kChunkBlocks = 256;
   ~NcclKvLink() override;
 
@@ -48,6 +48,8 @@ class NcclKvLink final : public KvLink {
   // staging and lands each chunk into `blocks` through `land` (nullptr: dropped).
   absl::Status Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
                     const Landing* land, absl::Duration timeout);
+  // Packs blocks[first, first + count) of `layer` into staging (queued on the link's stream).
+  absl::Status Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count);
   // Copies `count` staged blocks into blocks[first, first + count) of `layer` and waits for it.
   absl::Status Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count);
   absl::Status GrowStaging(int64_t blocks);
@@ -63,9 +65,9 @@ class NcclKvLink final : public KvLink {
   cudaStream_t stream_ = nullptr;   // this link's transfer stream
   cudaEvent_t ready_ = nullptr;     // recorded on the backend's stream before a send (its KV writes)
   cudaEvent_t done_ = nullptr;      // recorded on stream_ after each chunk
-  float* staging_ = nullptr;        // [2][staging_blocks_][block elems]: K then V of the chunk received
+  float* staging_ = nullptr;        // [2][count][block elems]: K then V of the chunk sent or received
   int64_t staging_blocks_ = 0;
-  int32_t* index_ = nullptr;        // [kChunkBlocks] destination block ids of a scatter (device)
+  int32_t* index_ = nullptr;        // [kChunkBlocks] block ids of a gather or scatter (device)
   bool aborted_ = false;
   std::string abort_reason_;
 };
