@@ -21,6 +21,7 @@
 
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/cuda/cuda_backend.h"
+#include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
@@ -153,18 +154,68 @@ TEST_F(CudaBackendTest, LinearMatchesInEveryDtypeAndBatch) {
       for (bool with_bias : {false, true}) {
         auto x = Random(n * cols, 6 + n);
         std::vector<float> x_ref = x;
-        // The GPU feeds 16-bit weights' GEMMs with activations rounded to the same type.
-        if (dt == DType::kBF16) for (float& v : x_ref) v = Bf16ToF32(F32ToBf16(v));
-        if (dt == DType::kF16) for (float& v : x_ref) v = F16ToF32(F32ToF16(v));
+        float* xg = Up(x);
+        // The GPU feeds 16-bit weights' GEMMs with activations rounded to the same type (its GEMV for
+        // a few rows keeps them in f32).
+        if (!cuda::GemvCovers(n, dt, cols, xg, wg.data)) {
+          if (dt == DType::kBF16) for (float& v : x_ref) v = Bf16ToF32(F32ToBf16(v));
+          if (dt == DType::kF16) for (float& v : x_ref) v = F16ToF32(F32ToF16(v));
+        }
         std::vector<float> ref(n * rows);
         cpu_->Linear(x_ref.data(), n, wc, with_bias ? &bc : nullptr, ref.data());
         float* out = Zeros(n * rows);
-        gpu_->Linear(Up(x), n, wg, with_bias ? &bg : nullptr, out);
+        gpu_->Linear(xg, n, wg, with_bias ? &bg : nullptr, out);
         EXPECT_LE(MaxRelDiff(Down(out, n * rows), ref), 1e-4f)
             << DTypeName(dt) << " n " << n << " bias " << with_bias;
       }
     }
   }
+}
+
+// The decode GEMV on model-sized shapes (odd column counts, the unrolled loop and its tail) against
+// a double-precision product of the same rounded weights and f32 activations; every row the same bits
+// whatever the number of rows beside it.
+TEST_F(CudaBackendTest, GemvMatchesADoubleProductAndIsTheSameForEveryRowCount) {
+  struct Shape { int64_t m, k; };
+  for (const Shape sh : {Shape{1000, 896}, Shape{333, 4096}, Shape{70, 8}, Shape{9, 1160}}) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      const auto w = Random(sh.m * sh.k, 31, 0.05f);
+      const auto x = Random(cuda::kGemvMaxRows * sh.k, 32);
+      const DeviceWeight wg = gpu_->UploadWeight(View(w, sh.m, sh.k, dt)).value();
+      std::vector<float> wr(w.size());  // the weights as stored
+      for (size_t i = 0; i < w.size(); ++i) {
+        wr[i] = dt == DType::kBF16 ? Bf16ToF32(F32ToBf16(w[i])) : F16ToF32(F32ToF16(w[i]));
+      }
+      float* xg = Up(x);
+      std::vector<float> alone;
+      for (int64_t n = 1; n <= cuda::kGemvMaxRows; ++n) {
+        ASSERT_TRUE(cuda::GemvCovers(n, dt, sh.k, xg, wg.data));
+        float* out = Zeros(n * sh.m);
+        gpu_->Linear(xg, n, wg, nullptr, out);
+        const std::vector<float> got = Down(out, n * sh.m);
+        double worst = 0;
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t c = 0; c < sh.m; ++c) {
+            double ref = 0, scale = 0;
+            for (int64_t i = 0; i < sh.k; ++i) {
+              ref += double(wr[c * sh.k + i]) * x[t * sh.k + i];
+              scale += std::fabs(double(wr[c * sh.k + i]) * x[t * sh.k + i]);
+            }
+            worst = std::max(worst, std::fabs(got[t * sh.m + c] - ref) / (scale + 1e-30));
+          }
+        }
+        // f32 accumulation of k exact products: well under k · 2^-24 of the sum of magnitudes.
+        EXPECT_LE(worst, 1e-6 * std::sqrt(double(sh.k))) << DTypeName(dt) << " m " << sh.m << " k " << sh.k << " n " << n;
+        if (n == 1) alone = got;
+        EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + sh.m), alone)
+            << "row 0 alone vs with " << n - 1 << " others: " << DTypeName(dt) << " k " << sh.k;
+      }
+    }
+  }
+  // Outside its shapes Linear goes to cuBLAS: k not a multiple of 8, more rows than it takes, F32.
+  EXPECT_FALSE(cuda::GemvCovers(1, DType::kBF16, 100, nullptr, nullptr));
+  EXPECT_FALSE(cuda::GemvCovers(cuda::kGemvMaxRows + 1, DType::kBF16, 64, nullptr, nullptr));
+  EXPECT_FALSE(cuda::GemvCovers(1, DType::kF32, 64, nullptr, nullptr));
 }
 
 TEST_F(CudaBackendTest, BatchInvariantLinearGivesEveryRowTheSameBitsAloneOrBatched) {

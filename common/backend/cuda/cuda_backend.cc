@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/smoke_kernel.h"
 
@@ -342,7 +343,10 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
   Bind();
   if (n == 0) return;
   const int64_t m = w.rows, k = w.cols;
-  if (!batch_invariant_) {
+  if (!batch_invariant_ && cuda::GemvCovers(n, w.dtype, k, x, w.data)) {
+    // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations.
+    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_), "gemv");
+  } else if (!batch_invariant_) {
     Gemm(x, n, w, out);
   } else {
     // Same-shaped GEMMs only: full chunks in place, the last one through zero-padded scratch.

@@ -1,7 +1,9 @@
 // The CUDA backend: the Backend interface on one NVIDIA GPU. Weights stay in their checkpoint dtype on
 // the device (BF16/F16/F32); activations and the paged KV cache are f32 as the interface defines.
 // Linear runs on cuBLAS: 16-bit weights take their activations rounded to the same 16-bit type and
-// multiply on the tensor cores with f32 accumulation; F32 weights use SGEMM (no TF32). The other ops
+// multiply on the tensor cores with f32 accumulation; F32 weights use SGEMM (no TF32). A decode step's
+// few rows (up to cuda::kGemvMaxRows) over 16-bit weights go through this backend's GEMV instead
+// (gemv.h: one pass over the weights, f32 activations), except in the batch-invariant mode. The other ops
 // are this backend's own kernels (kernels.cu). Every op is enqueued on one stream; CopyToHost waits
 // for it. A failed launch or cuBLAS call is kept as the backend's sticky error (Backend::CheckErrors).
 //

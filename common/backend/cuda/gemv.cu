@@ -1,0 +1,130 @@
+#include "common/backend/cuda/gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kGemvWarps = 8;  // output columns per block
+constexpr int kGemvUnroll = 4;  // 16-byte weight loads in flight per lane
+
+// 16 bytes of weights, streamed past L1 (the activations, re-read by every warp, stay there).
+__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// The two 16-bit weights of a 32-bit word as floats (low half first).
+__device__ __forceinline__ float2 Unpack(uint32_t word, __nv_bfloat16*) {
+  return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
+}
+__device__ __forceinline__ float2 Unpack(uint32_t word, __half*) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = word;
+  return __half22float2(h);
+}
+
+// acc[t] += Σ_{i<8} w[i] · x[t][base + i], in element order.
+template <typename W, int N>
+__device__ __forceinline__ void Fold(const uint4& wv, const float* __restrict__ x, int64_t k, int64_t base,
+                                     float (&acc)[N]) {
+  float w[8];
+  const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = Unpack(words[i], static_cast<W*>(nullptr));
+    w[2 * i] = f.x;
+    w[2 * i + 1] = f.y;
+  }
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const float4 a = *reinterpret_cast<const float4*>(x + t * k + base);
+    const float4 b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
+    float s = acc[t];
+    s = fmaf(w[0], a.x, s);
+    s = fmaf(w[1], a.y, s);
+    s = fmaf(w[2], a.z, s);
+    s = fmaf(w[3], a.w, s);
+    s = fmaf(w[4], b.x, s);
+    s = fmaf(w[5], b.y, s);
+    s = fmaf(w[6], b.z, s);
+    s = fmaf(w[7], b.w, s);
+    acc[t] = s;
+  }
+}
+
+// Grid ceil(m / kGemvWarps), kGemvWarps warps: warp w of block b computes column b * kGemvWarps + w.
+template <typename W, int N>
+__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
+                                                              int64_t m, int64_t k, float* __restrict__ out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t col = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+  if (col >= m) return;
+  const uint4* row = reinterpret_cast<const uint4*>(w + col * k);
+  const int64_t pieces = k / 8;
+  float acc[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) acc[t] = 0.f;
+  int64_t p = lane;
+  // Every load of a round issued before the first use; the pieces are folded in the same order as
+  // the tail loop below would, so the split point does not change the arithmetic.
+  for (; p + 32 * (kGemvUnroll - 1) < pieces; p += 32 * kGemvUnroll) {
+    uint4 wv[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = LoadStreaming(row + p + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) Fold<W, N>(wv[u], x, k, (p + 32 * u) * 8, acc);
+  }
+  for (; p < pieces; p += 32) Fold<W, N>(LoadStreaming(row + p), x, k, p * 8, acc);
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) out[t * m + col] = acc[t];
+  }
+}
+
+template <typename W>
+cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, float* out, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((m + kGemvWarps - 1) / kGemvWarps);
+  constexpr unsigned threads = kGemvWarps * 32;
+  switch (n) {
+    case 1: GemvKernel<W, 1><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 2: GemvKernel<W, 2><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 3: GemvKernel<W, 3><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 4: GemvKernel<W, 4><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 5: GemvKernel<W, 5><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 6: GemvKernel<W, 6><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 7: GemvKernel<W, 7><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 8: GemvKernel<W, 8><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* w) {
+  return n >= 1 && n <= kGemvMaxRows && (w_dtype == DType::kBF16 || w_dtype == DType::kF16) && k > 0 && k % 8 == 0 &&
+         Aligned16(x) && Aligned16(w);
+}
+
+cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
+                       cudaStream_t stream) {
+  if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  if (w_dtype == DType::kBF16) return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, out, stream);
+  return Launch(x, n, static_cast<const __half*>(w), m, k, out, stream);
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,30 @@
+// Matrix-vector products for decode steps: out[n][m] = x[n][k] · W[m][k]^T for a handful of rows
+// (n <= kGemvMaxRows) over 16-bit weights, reading each weight once, 16 bytes a lane, at the
+// device's memory bandwidth, with the activations kept in f32 (no rounding to the weight type).
+//
+// Each warp computes one output column for all n rows: lane l takes the 8-element pieces l, l + 32,
+// ... of the weight row in order, folding each into one f32 sum per activation row (fma in element
+// order), then the warp adds its lanes' sums by an xor-shuffle tree. A row's result therefore does not
+// depend on n or on the other rows: a token gets the same bits alone or in any batch of up to
+// kGemvMaxRows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/model/dtype.h"
+
+namespace tandem::cuda {
+
+constexpr int64_t kGemvMaxRows = 8;
+
+// Whether LaunchGemv takes these shapes: 1 <= n <= kGemvMaxRows, BF16 or F16 weights, k a multiple of
+// 8, and x, w 16-byte aligned.
+bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* w);
+
+// x: [n][k] f32; w: [m][k] of w_dtype; out: [n][m] f32. cudaErrorInvalidValue outside GemvCovers.
+cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
+                       cudaStream_t stream);
+
+}  // namespace tandem::cuda
