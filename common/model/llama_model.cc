@@ -396,7 +396,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.md.num_tokens = n;
   buf.num_rows = m;
   // A graph's attention launch is split for every context its graph may meet: the step's longest
-  // rounded up to a power of two (at least one 512-key split), within the limit; graphs are kept per
+  // rounded up to a power of two (at least 512 keys), within the limit; graphs are kept per
   // (batch, that bound), so short contexts do not pay for the longest splits.
   int64_t graph_context = 0;
   if (graph_batch > 0) {

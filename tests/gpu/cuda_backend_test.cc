@@ -600,7 +600,7 @@ void CompareModels(const std::string& preset, DType dtype) {
   EXPECT_TRUE(gpu->CheckErrors().ok());
 }
 
-// Five prompts of 300 to 900 tokens (up to two 512-key attention splits), then decode steps of all
+// Five prompts of 300 to 900 tokens (up to four 256-key attention splits), then decode steps of all
 // five (a graph batch of 8), of three (4) and of all five again (a replay), the contexts growing:
 // logits and argmax of every step, in order.
 std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs, size_t* num_graphs,

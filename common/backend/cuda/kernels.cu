@@ -205,7 +205,7 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
 // merges go through MergeStep, whose arithmetic cannot be contracted or reordered, so a token's
 // output is bit-identical either way and independent of its batch (what the batch-invariant mode
 // and the equivalence tests need).
-constexpr int kSplitKeys = 512;
+constexpr int kSplitKeys = 256;
 constexpr int kSplitWarps = 8;
 constexpr int kSplitThreads = kSplitWarps * 32;
 constexpr int kSplitMaxElems = 1024;  // kGroup * head_dim per block
@@ -416,14 +416,17 @@ cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_split
   return cudaGetLastError();
 }
 
-// Blocks that fill the device about twice; fewer: the splits get blocks of their own.
+// Fewer blocks than this and the splits get blocks of their own: eight a multiprocessor. The split
+// kernel fits one or two of its 8-warp blocks on a multiprocessor, each walking its keys in a chain
+// of dependent loads, so a few waves of them leave the device latency-bound (a batch of 64 on an
+// 8-KV-head model is 512 blocks); the merge of the partials costs far less.
 int64_t FillBlocks() {
   static const int64_t blocks = [] {
     int device = 0, sms = 0;
     if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
       sms = 132;
     }
-    return int64_t(2) * sms;
+    return int64_t(8) * sms;
   }();
   return blocks;
 }
