@@ -11,9 +11,11 @@
 #          tests, default all);
 #   bench  kv_transfer_bench (TCP staging vs NCCL, two processes), disagg_bench.py (TTFT with
 #          layer-wise overlap on and off, over NCCL), forward_bench (prefill and batch-1 decode against
-#          the device's measured ceilings) and throughput_vs_hf.py (a combined CUDA worker against
-#          transformers' generate()) over random BF16 weights of qwen2.5-0.5b and, with
-#          TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each 7-8B model takes ~16 GB of disk).
+#          the device's measured ceilings; with --profile-ops, the time of every op) and
+#          throughput_vs_hf.py (a combined CUDA worker against transformers' generate()) over random
+#          BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each
+#          7-8B model takes ~16 GB of disk). BENCH_PRESETS names the models instead, BENCH_STEPS picks
+#          among kv, forward, profile, throughput and disagg, DECODE_BATCHES the forward batches.
 #   llama  (not in the default STAGES: about 6 minutes of building) builds llama.cpp's llama-server
 #          for sm_90 from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh), converts
 #          the benchmark models to F16 GGUF with its convert_hf_to_gguf.py, and runs
@@ -65,7 +67,7 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
-step() { [[ " ${BENCH_STEPS:-kv forward throughput disagg} " == *" $1 "* ]]; }
+step() { [[ " ${BENCH_STEPS:-kv forward profile throughput disagg} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
@@ -114,6 +116,11 @@ for p in "${presets[@]}"; do
   for b in $(step forward && echo ${DECODE_BATCHES:-1 16 64}); do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
+  # Where the time goes: every op of a prefill and of batch-1 and batch-64 decode steps, timed.
+  for b in $(step profile && echo 1 64); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 16 --decode-batch $b \
+      --repeats 1 --profile-ops 2>&1 | tee -a "$OUT/profile.txt" || status=1
   done
   ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 1 \
     --cuda-graphs=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1

@@ -116,6 +116,12 @@ class Backend {
   virtual absl::Status Replay(int64_t /*graph*/) { return absl::UnimplementedError("graphs need a CUDA backend"); }
   virtual void DropGraphs() {}
 
+  // Per-op device timing (GPU backends; TANDEM_CUDA_OP_PROFILE=1 turns it on at creation): while on,
+  // every op enqueued outside a graph capture is timed; the report is a table of what was timed
+  // since the last report, the most time first ("" when off or unsupported).
+  virtual void SetOpProfiling(bool /*on*/) {}
+  virtual std::string OpProfileReport() { return ""; }
+
   // --- Memory ---
   // Free and total memory of the device (all processes' use counted). UNIMPLEMENTED where the
   // backend computes in host memory (CPU), whose KV cache is sized by --kv-cache-memory instead.

@@ -5,7 +5,7 @@
 // share of the memory roofline and prefill's share of tensor-core peak.
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
-//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--greedy]
+//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--greedy] [--profile-ops]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +30,9 @@ ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(bool, profile_ops, false,
+          "after the measurement, time every op of one prefill and of the decode steps (GPU backends; op by op, "
+          "so without graphs) and print a table per phase");
 ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (GPU backends), as the engine runs them");
 ABSL_FLAG(bool, greedy, true,
           "decode steps return the argmax of each row (taken on the device), as the engine's greedy steps do; "
@@ -88,19 +91,14 @@ int Run() {
   std::vector<float> logits;
   std::vector<int32_t> argmax;
   model->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
-  double best_prefill = 1e30, best_decode = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    // Prefill every sequence's prompt (timed for sequence 0 only).
-    for (int64_t s = 0; s < batch; ++s) {
-      ForwardInput in;
-      in.token_ids = prompt;
-      in.seqs.push_back({prompt_len, 0, tables[s]});
-      in.logits_rows = {static_cast<int32_t>(prompt_len - 1)};
-      const auto t0 = Clock::now();
-      if (!model->Forward(in, kv.get(), &logits).ok()) return 1;
-      if (s == 0) best_prefill = std::min(best_prefill, std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    const auto t0 = Clock::now();
+  const auto prefill = [&](int64_t s) {
+    ForwardInput in;
+    in.token_ids = prompt;
+    in.seqs.push_back({prompt_len, 0, tables[s]});
+    in.logits_rows = {static_cast<int32_t>(prompt_len - 1)};
+    return model->Forward(in, kv.get(), &logits).ok();
+  };
+  const auto decode = [&] {
     for (int64_t step = 0; step < decode_tokens; ++step) {
       ForwardInput in;
       in.allow_graph = true;
@@ -110,8 +108,20 @@ int Run() {
         in.logits_rows.push_back(static_cast<int32_t>(s));
         if (absl::GetFlag(FLAGS_greedy)) in.argmax_only.push_back(1);
       }
-      if (!model->Forward(in, kv.get(), &logits, &argmax).ok()) return 1;
+      if (!model->Forward(in, kv.get(), &logits, &argmax).ok()) return false;
     }
+    return true;
+  };
+  double best_prefill = 1e30, best_decode = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    // Prefill every sequence's prompt (timed for sequence 0 only).
+    for (int64_t s = 0; s < batch; ++s) {
+      const auto t0 = Clock::now();
+      if (!prefill(s)) return 1;
+      if (s == 0) best_prefill = std::min(best_prefill, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    const auto t0 = Clock::now();
+    if (!decode()) return 1;
     best_decode = std::min(best_decode, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double step_seconds = best_decode / decode_tokens;
@@ -125,6 +135,26 @@ int Run() {
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",
               absl::GetFlag(FLAGS_greedy) ? ", argmax on the device" : ", logits to the host");
   if (!model->graph_error().empty()) std::printf("graphs failed: %s\n", model->graph_error().c_str());
+  if (absl::GetFlag(FLAGS_profile_ops)) {
+    // Once more, op by op with every op timed: sequence 0's prefill, then the decode steps.
+    backend->SetOpProfiling(true);
+    model->set_use_graphs(false);
+    if (!prefill(0)) return 1;
+    const std::string prefill_ops = backend->OpProfileReport();
+    if (prefill_ops.empty()) {
+      std::printf("--profile-ops: this backend does not time its ops\n");
+    } else {
+      for (int64_t s = 1; s < batch; ++s) {
+        if (!prefill(s)) return 1;
+      }
+      (void)backend->OpProfileReport();
+      if (!decode()) return 1;
+      std::printf("ops of one %lld-token prefill:\n%s", static_cast<long long>(prompt_len), prefill_ops.c_str());
+      std::printf("ops of %lld decode steps of batch %lld (op by op):\n%s", static_cast<long long>(decode_tokens),
+                  static_cast<long long>(batch), backend->OpProfileReport().c_str());
+    }
+    backend->SetOpProfiling(false);
+  }
 #ifdef TANDEM_HAVE_CUDA
   if (backend->name() == "cuda") {
     // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths), except

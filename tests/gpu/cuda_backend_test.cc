@@ -218,6 +218,32 @@ TEST_F(CudaBackendTest, GemvMatchesADoubleProductAndIsTheSameForEveryRowCount) {
   EXPECT_FALSE(cuda::GemvCovers(1, DType::kF32, 64, nullptr, nullptr));
 }
 
+TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
+  const int64_t rows = 64, cols = 128;
+  auto [wc, wg] = Weights(Random(rows * cols, 41, 0.1f), rows, cols, DType::kBF16);
+  float* x = Up(Random(cols, 42));
+  float* out = Zeros(rows);
+  EXPECT_EQ(gpu_->OpProfileReport(), "");  // off
+  gpu_->SetOpProfiling(true);
+  gpu_->Linear(x, 1, wg, nullptr, out);
+  gpu_->Linear(x, 1, wg, nullptr, out);
+  gpu_->Add(out, out, rows);
+  ASSERT_TRUE(gpu_->CheckErrors().ok());
+  const std::string report = gpu_->OpProfileReport();
+  EXPECT_NE(report.find("gemv 64x128"), std::string::npos) << report;
+  EXPECT_NE(report.find(" 2 "), std::string::npos) << report;  // the GEMV's two calls
+  EXPECT_NE(report.find("add"), std::string::npos) << report;
+  // Captured ops are not timed; the report starts afresh after each one.
+  ASSERT_TRUE(gpu_->BeginCapture().ok());
+  gpu_->Add(out, out, rows);
+  auto graph = gpu_->EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  const std::string after = gpu_->OpProfileReport();
+  EXPECT_EQ(after.find("add "), std::string::npos) << after;
+  gpu_->SetOpProfiling(false);
+  EXPECT_EQ(gpu_->OpProfileReport(), "");
+}
+
 TEST_F(CudaBackendTest, BatchInvariantLinearGivesEveryRowTheSameBitsAloneOrBatched) {
   auto inv = CudaBackend::Create({0, /*batch_invariant=*/true}).value();
   const int64_t rows = 256, cols = 384, n = 150;  // two full chunks of 64 and a padded one

@@ -3,6 +3,7 @@
 #include "common/base/status_macros.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     return CudaStatus(e, "allocating the cuBLAS workspace");
   }
   *backend->live_bytes_ += kCublasWorkspace;
+  if (const char* p = std::getenv("TANDEM_CUDA_OP_PROFILE"); p != nullptr && std::string(p) == "1") {
+    backend->SetOpProfiling(true);
+  }
   if (cublasStatus_t s = cublasSetWorkspace(cublas, backend->cublas_workspace_, kCublasWorkspace);
       s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
@@ -134,8 +138,27 @@ void CudaBackend::Check(cublasStatus_t s, const char* what) {
 absl::Status CudaBackend::CheckErrors() {
   Bind();
   Check(cudaStreamSynchronize(stream_), "synchronising the stream");
+  if (profiler_) profiler_->Collect();
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
+}
+
+void CudaBackend::SetOpProfiling(bool on) {
+  if (!on) {
+    profiler_.reset();
+  } else if (!profiler_) {
+    profiler_ = std::make_unique<cuda::OpProfiler>();
+  }
+}
+
+std::string CudaBackend::OpProfileReport() {
+  if (!profiler_) return "";
+  Bind();
+  Check(cudaStreamSynchronize(stream_), "synchronising the stream");
+  profiler_->Collect();
+  std::string report = profiler_->Report();
+  profiler_->Reset();
+  return report;
 }
 
 absl::StatusOr<DeviceMemory> CudaBackend::Memory() {
@@ -210,18 +233,21 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
 
 void CudaBackend::Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "embedding", 0, stream_);
   Check(cuda::LaunchEmbedding(table.dtype, table.data, table.cols, ids, n, out, stream_), "embedding");
 }
 
 void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
                           float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "rms_norm", 0, stream_);
   Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "rms norm");
 }
 
 void CudaBackend::AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
                              float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "add_rms_norm", 0, stream_);
   Check(cuda::LaunchAddRmsNorm(x, y, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "add + rms norm");
 }
 
@@ -343,7 +369,11 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
   Bind();
   if (n == 0) return;
   const int64_t m = w.rows, k = w.cols;
-  if (!batch_invariant_ && cuda::GemvCovers(n, w.dtype, k, x, w.data)) {
+  const bool gemv = !batch_invariant_ && cuda::GemvCovers(n, w.dtype, k, x, w.data);
+  cuda::OpScope op(profiler_.get(), capturing_,
+                   profiler_ ? absl::StrCat(gemv ? "gemv " : "gemm ", m, "x", k, n > 1 ? " (batched)" : "") : "",
+                   m * k * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
+  if (gemv) {
     // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations.
     Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_), "gemv");
   } else if (!batch_invariant_) {
@@ -374,6 +404,7 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
 void CudaBackend::Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "rope", 0, stream_);
   Check(cuda::LaunchRope(q, k, positions, inv_freq, n, num_q_heads, num_kv_heads, head_dim, stream_), "rope");
 }
 
@@ -411,6 +442,7 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
                                  const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
                                  int64_t num_q_heads, float scale, float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
   cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
@@ -426,38 +458,45 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
 
 void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "silu_mul", 0, stream_);
   Check(cuda::LaunchSiluMul(gate, up, n * d, out, stream_), "silu-mul");
 }
 
 void CudaBackend::Add(float* x, const float* y, int64_t n) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "add", 0, stream_);
   Check(cuda::LaunchAdd(x, y, n, stream_), "add");
 }
 
 void CudaBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "copy_columns", 0, stream_);
   Check(cuda::LaunchCopyColumns(x, n, stride, offset, cols, out, stream_), "copy columns");
 }
 
 void CudaBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "silu_mul", 0, stream_);
   Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_), "silu-mul (packed)");
 }
 
 void CudaBackend::Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
                            int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "logprobs", 0, stream_);
   Check(cuda::LaunchLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs, stream_),
         "logprobs");
 }
 
 void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "argmax", 0, stream_);
   Check(cuda::LaunchArgmaxRows(x, n, d, out, stream_), "argmax rows");
 }
 
 void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {
   Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "gather_rows", 0, stream_);
   Check(cuda::LaunchGatherRows(x, rows, m, d, out, stream_), "gather rows");
 }
 

@@ -21,6 +21,7 @@
 
 #include "common/backend/backend.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/op_profiler.h"
 
 namespace tandem {
 
@@ -80,6 +81,8 @@ class CudaBackend final : public Backend {
   void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;
   void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
   bool PrefersFusedProjections() const override { return true; }
+  void SetOpProfiling(bool on) override;
+  std::string OpProfileReport() override;
 
   // CUDA graphs over this backend's stream (thread-local capture mode). A captured attention launch
   // splits keys by the metadata's max_context_len, which a replayed step must not exceed (the model
@@ -125,6 +128,7 @@ class CudaBackend final : public Backend {
   std::mutex capture_mu_;
   std::unique_lock<std::mutex> capture_lock_;
   std::vector<cudaGraphExec_t> graphs_;  // by id; nullptr once dropped
+  std::unique_ptr<cuda::OpProfiler> profiler_;  // set while ops are being timed
   std::mutex mu_;
   absl::Status error_;  // guarded by mu_
 };
