@@ -512,13 +512,17 @@ TEST_F(ServiceTest, DeadlineOnALongRequestEndsItInTimeAndOrphansNothing) {
 TEST_F(ServiceTest, KilledDecodeWorkerFailsOnlyItsStreamsAndIsRoutedAround) {
   auto c = StartCluster({.prefill = 2, .decode = 2});
   const std::string victim = c->workers("decode")[0];
+  // The kill lands a quarter into what one such stream takes here alone (at most 400 ms): mid-decode on
+  // a CPU or a GPU alike.
+  const StreamResult alone = Stream(c->generation(), TokenRequest({9, 8, 7, 100}, 1500));
+  ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
   constexpr int kStreams = 8;
   std::vector<StreamResult> results(kStreams);
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
     threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({9, 8, 7, i}, 1500)); });
   }
-  absl::SleepFor(absl::Milliseconds(400));
+  absl::SleepFor(std::min(absl::Milliseconds(400), (alone.end - alone.start) / 4));
   const absl::Time killed = absl::Now();
   c->process(victim)->Signal(SIGKILL);
   for (auto& t : threads) t.join();
