@@ -117,6 +117,9 @@ for p in "${presets[@]}"; do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
+  # The same batch-64 decode over an f32 KV cache (the default above is the model's BF16).
+  ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 \
+    --decode-batch 64 --kv-cache-dtype f32 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   # Where the time goes: every op of a prefill and of batch-1 and batch-64 decode steps, timed.
   for b in $(step profile && echo 1 64); do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 16 --decode-batch $b \

@@ -45,8 +45,16 @@ struct KvCacheGeometry {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
 
+  // What the cache stores: F32, or BF16/F16 (half the memory and the attention's reads; keys and
+  // values are rounded to it when written, and read back as f32).
+  DType dtype = DType::kF32;
+
   int64_t elements_per_layer() const { return num_blocks * block_size * num_kv_heads * head_dim; }
   int64_t elements_per_block() const { return block_size * num_kv_heads * head_dim; }
+  int64_t bytes_per_element() const { return static_cast<int64_t>(DTypeSize(dtype)); }
+  // One block of one layer, of K or of V.
+  int64_t bytes_per_block() const { return elements_per_block() * bytes_per_element(); }
+  int64_t bytes_per_layer() const { return elements_per_layer() * bytes_per_element(); }
 };
 
 // Per-step attention metadata, CSR style (flashinfer's layout). All arrays are device pointers.
@@ -150,10 +158,11 @@ class Backend {
   virtual void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
                     int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) = 0;
   // Writes k,v [n][kv_heads][head_dim] into the layer's cache at metadata.slot_mapping (a negative
-  // slot: not written, a padding token), then out[n][num_q_heads][head_dim] = causal softmax(q k^T ·
-  // scale) v over each sequence's blocks.
-  virtual void PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
-                              float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+  // slot: not written, a padding token), rounded to geometry.dtype, then out[n][num_q_heads][head_dim]
+  // = causal softmax(q k^T · scale) v over each sequence's blocks. k_cache, v_cache: the whole caches
+  // (every layer) in geometry.dtype.
+  virtual void PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
+                              void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                               const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                               float* out) = 0;
   // out[n][d] = silu(gate[n][d]) * up[n][d].

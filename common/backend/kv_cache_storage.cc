@@ -11,25 +11,28 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(Backend* 
       g.head_dim <= 0) {
     return absl::InvalidArgumentError("KV cache geometry must be positive in every dimension");
   }
-  const int64_t elements = g.num_layers * g.elements_per_layer();
-  ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(elements) * sizeof(float)));
-  ASSIGN_OR_RETURN(auto v, backend->Allocate(static_cast<size_t>(elements) * sizeof(float)));
+  if (g.dtype != DType::kF32 && g.dtype != DType::kBF16 && g.dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV cache stores f32, bf16 or f16, not ", std::string(DTypeName(g.dtype))));
+  }
+  const int64_t bytes = g.num_layers * g.bytes_per_layer();
+  ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(bytes)));
+  ASSIGN_OR_RETURN(auto v, backend->Allocate(static_cast<size_t>(bytes)));
   return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(backend, g, std::move(k), std::move(v)));
 }
 
-void KvCacheStorage::ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, float* host_out) {
-  const int64_t n = geometry_.elements_per_block();
-  const float* base = (v ? this->v() : k()) + layer * geometry_.elements_per_layer();
+void KvCacheStorage::ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out) {
+  const int64_t n = geometry_.bytes_per_block();
+  const std::byte* base = layer_data(v, layer);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    backend_->CopyToHost(host_out + i * n, base + blocks[i] * n, static_cast<size_t>(n) * sizeof(float));
+    backend_->CopyToHost(static_cast<std::byte*>(host_out) + i * n, base + blocks[i] * n, static_cast<size_t>(n));
   }
 }
 
-void KvCacheStorage::WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const float* host_in) {
-  const int64_t n = geometry_.elements_per_block();
-  float* base = (v ? this->v() : k()) + layer * geometry_.elements_per_layer();
+void KvCacheStorage::WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const void* host_in) {
+  const int64_t n = geometry_.bytes_per_block();
+  std::byte* base = layer_data(v, layer);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    backend_->CopyToDevice(base + blocks[i] * n, host_in + i * n, static_cast<size_t>(n) * sizeof(float));
+    backend_->CopyToDevice(base + blocks[i] * n, static_cast<const std::byte*>(host_in) + i * n, static_cast<size_t>(n));
   }
 }
 

@@ -1,8 +1,9 @@
 // Device memory of a paged KV cache: K and V, each [layers][num_blocks][block_size][kv_heads][head_dim]
-// in f32. Which blocks belong to which sequence is host-side bookkeeping (common/kv/); this object only
+// in the geometry's dtype (f32, bf16 or f16). Which blocks belong to which sequence is host-side bookkeeping (common/kv/); this object only
 // owns the memory, and moves blocks between it and the host for KV transfer. Non-copyable.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -27,17 +28,22 @@ class KvCacheStorage {
   // Makes host_accessible() false, so the staged path is exercised on the CPU backend too (tests).
   void ForceStagingForTesting() { staging_forced_ = true; }
   // host_out[i] = layer `layer` of block blocks[i] of K (v = false) or V (v = true), each
-  // [block_size][kv_heads][head_dim]; waits for work enqueued on the backend before reading.
-  void ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, float* host_out);
+  // [block_size][kv_heads][head_dim] in the cache's dtype (bytes_per_block bytes); waits for work
+  // enqueued on the backend before reading.
+  void ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out);
   // The reverse: block blocks[i] of the layer = host_in[i]; done when it returns.
-  void WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const float* host_in);
-  float* k() { return k_->f32(); }
-  float* v() { return v_->f32(); }
+  void WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const void* host_in);
+  // The whole K or V memory, every layer, in the geometry's dtype.
+  void* k_data() { return k_->data(); }
+  void* v_data() { return v_->data(); }
+  // Layer `layer` of K or V: [num_blocks][block_size][kv_heads][head_dim] in the geometry's dtype.
+  std::byte* layer_data(bool v, int64_t layer) {
+    return static_cast<std::byte*>(v ? v_->data() : k_->data()) + layer * geometry_.bytes_per_layer();
+  }
   // Bytes of K plus V.
   size_t bytes() const { return k_->size() + v_->size(); }
-  static int64_t BytesPerBlock(const KvCacheGeometry& g) {
-    return 2 * g.num_layers * g.elements_per_block() * static_cast<int64_t>(sizeof(float));
-  }
+  // Bytes of K and V of one block across every layer.
+  static int64_t BytesPerBlock(const KvCacheGeometry& g) { return 2 * g.num_layers * g.bytes_per_block(); }
 
  private:
   KvCacheStorage(Backend* backend, const KvCacheGeometry& g, std::unique_ptr<DeviceBuffer> k,

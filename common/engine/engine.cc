@@ -18,6 +18,13 @@ std::string Size(int64_t bytes) {
                                      : absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
 }
 
+// The KV cache's element type: as given, or (auto) the weights' 16-bit type on a GPU, else f32.
+DType KvDType(const LlamaModel& model, const EngineOptions& o) {
+  if (o.kv_cache_dtype.has_value()) return *o.kv_cache_dtype;
+  const DType w = model.config().torch_dtype;
+  return model.backend()->name() == "cuda" && w != DType::kF32 ? w : DType::kF32;
+}
+
 // Runs the largest step the scheduler can build once on a scratch cache, so the model's activation
 // buffers reach their peak: max_num_batched_tokens prompt tokens (spread over as many sequences as
 // max_model_len and max_num_seqs require), each sequence with a block table of a full max_model_len,
@@ -36,7 +43,8 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, 
   const int64_t seqs = std::max((tokens + max_len - 1) / max_len, std::min<int64_t>(std::max<int64_t>(1, sc.max_num_seqs), tokens));
   const int64_t table_len = (max_len + o.block_size - 1) / o.block_size;
   {
-    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(), model->KvGeometry(table_len, o.block_size)));
+    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(),
+                                                          model->KvGeometry(table_len, o.block_size, KvDType(*model, o))));
     std::vector<int32_t> table(static_cast<size_t>(table_len));
     for (int64_t b = 0; b < table_len; ++b) table[b] = static_cast<int32_t>(b);
     ForwardInput in;
@@ -85,7 +93,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   if (options.block_size <= 0 || options.block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--block-size must be in [1, 1024], got ", options.block_size));
   }
-  const int64_t bytes_per_block = KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size));
+  const DType kv_dtype = KvDType(*model, options);
+  const int64_t bytes_per_block = KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size, kv_dtype));
   int64_t memory = options.kv_cache_memory;
   if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
   absl::StatusOr<DeviceMemory> device_memory = model->backend()->Memory();
@@ -117,7 +126,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   if (sc.max_model_len < 2) return absl::InvalidArgumentError("the KV cache must hold at least 2 tokens");
   model->set_graph_context_limit(sc.max_model_len);
   ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(model->backend(),
-                                                       model->KvGeometry(num_blocks, options.block_size)));
+                                                       model->KvGeometry(num_blocks, options.block_size, kv_dtype)));
   ASSIGN_OR_RETURN(e->kv_, KvCacheManager::Create({static_cast<int32_t>(num_blocks),
                                                    static_cast<int32_t>(options.block_size),
                                                    options.enable_prefix_caching, 0}));
@@ -125,7 +134,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   if (c.eos_token_id >= 0) e->eos_ids_.push_back(static_cast<int32_t>(c.eos_token_id));
   const int64_t tokens = num_blocks * options.block_size;
   TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size << " tokens ("
-                   << memory / (1 << 20) << " MiB, " << bytes_per_block << " bytes per block) = " << tokens
+                   << memory / (1 << 20) << " MiB, " << bytes_per_block << " bytes per block, "
+                   << DTypeName(kv_dtype) << ") = " << tokens
                    << " tokens, " << tokens / sc.max_model_len << " sequences of " << sc.max_model_len
                    << " tokens; prefix caching " << (options.enable_prefix_caching ? "on" : "off");
   return e;

@@ -34,6 +34,9 @@ struct EngineOptions {
   // cache), whatever other processes hold; the pool never takes more than is free.
   double gpu_memory_utilization = 0.9;
   bool enable_prefix_caching = true;
+  // What the KV cache stores. Unset ("auto"): on a GPU backend the model's dtype when it is BF16 or
+  // F16 (half the memory and attention reads of f32), else f32.
+  std::optional<DType> kv_cache_dtype;
   SchedulerConfig scheduler;  // max_model_len 0 → the model's max_position_embeddings
   int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request
   // Decode steps as CUDA graphs where the backend has them (LlamaModel::set_use_graphs).

@@ -205,8 +205,9 @@ absl::Status LlamaModel::LoadWeights() {
   return absl::OkStatus();
 }
 
-KvCacheGeometry LlamaModel::KvGeometry(int64_t num_blocks, int64_t block_size) const {
+KvCacheGeometry LlamaModel::KvGeometry(int64_t num_blocks, int64_t block_size, DType kv_dtype) const {
   KvCacheGeometry g;
+  g.dtype = kv_dtype;
   g.num_layers = config_.num_hidden_layers;
   g.num_blocks = num_blocks;
   g.block_size = block_size;
@@ -482,7 +483,8 @@ absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* log
 
 absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv) {
   // Graphs write into the cache memory they were captured with.
-  const GraphCache cache{kv->k(), kv->v(), kv->geometry().num_blocks, kv->geometry().block_size};
+  const GraphCache cache{kv->k_data(), kv->v_data(), kv->geometry().num_blocks, kv->geometry().block_size,
+                         kv->geometry().dtype};
   if (!(cache == graph_cache_)) {
     DropAllGraphs();
     graph_cache_ = cache;
@@ -556,7 +558,7 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
     }
     b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads,
             c.head_dim);
-    b->PagedAttention(q, k, v, kv->k(), kv->v(), g, l, md, c.num_attention_heads, scale, attn);
+    b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale, attn);
     if (on_layer_done) on_layer_done(l);
     b->Linear(attn, n, w.o, nullptr, h);
     b->AddRmsNorm(x, h, w.post_norm, eps, n, hidden, h);

@@ -100,7 +100,7 @@ class LlamaModel {
   void set_graph_layout_for_testing(bool on) { graph_layout_for_testing_ = on; }
   Backend* backend() const { return backend_; }
   // The KV cache geometry this model needs for `num_blocks` blocks of `block_size` tokens.
-  KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size) const;
+  KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size, DType kv_dtype = DType::kF32) const;
 
   // Runs one step. On success writes logits [logits_rows.size()][vocab_size] to `logits` (host).
   // With `argmax` and input.argmax_only set: argmax[i] = the argmax of logits row i (ArgmaxRows,
@@ -175,11 +175,12 @@ class LlamaModel {
   std::string graph_error_;
   std::map<std::pair<int64_t, int64_t>, int64_t> graphs_;  // (decode batch, context) → backend graph id
   struct GraphCache {  // the cache memory the graphs write into
-    const float* k = nullptr;
-    const float* v = nullptr;
+    const void* k = nullptr;
+    const void* v = nullptr;
     int64_t num_blocks = 0, block_size = 0;
+    DType dtype = DType::kF32;
     bool operator==(const GraphCache& o) const {
-      return k == o.k && v == o.v && num_blocks == o.num_blocks && block_size == o.block_size;
+      return k == o.k && v == o.v && num_blocks == o.num_blocks && block_size == o.block_size && dtype == o.dtype;
     }
   };
   GraphCache graph_cache_;

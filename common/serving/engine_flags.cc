@@ -4,6 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/types/optional.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/backend/create_backend.h"
@@ -25,6 +26,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "engine: run decode steps as CUDA graphs (captured once per bucketed batch size, replayed after; "
           "bit-identical to op by op with --batch-invariant); GPU backends only");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "engine: what the KV cache stores: f32, bf16, f16, or auto (on a GPU the model's dtype when it is bf16 "
+          "or f16, else f32); bf16/f16 halve the cache's memory and the attention's reads. Prefill and decode "
+          "workers exchanging KV must agree");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
@@ -63,6 +68,14 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
         absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", o.gpu_memory_utilization));
   }
   o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); kv != "auto") {
+    const std::string upper = absl::AsciiStrToUpper(kv);
+    const std::optional<DType> d = ParseDType(upper);
+    if (!d.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype must be auto, f32, bf16 or f16, got '", kv, "'"));
+    }
+    o.kv_cache_dtype = *d;
+  }
   SchedulerConfig& sc = o.scheduler;
   sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   sc.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
@@ -99,6 +112,7 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--enable-prefix-caching=", absl::GetFlag(FLAGS_enable_prefix_caching) ? "true" : "false"),
       absl::StrCat("--cuda-graphs=", absl::GetFlag(FLAGS_cuda_graphs) ? "true" : "false"),
       absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
+      absl::StrCat("--kv-cache-dtype=", absl::GetFlag(FLAGS_kv_cache_dtype)),
   };
 }
 

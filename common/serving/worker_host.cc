@@ -13,6 +13,7 @@
 #include "common/base/logging.h"
 #include "common/base/signals.h"
 #include "common/metrics/metrics.h"
+#include "common/model/dtype_proto.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
@@ -50,15 +51,6 @@ absl::StatusOr<std::unique_ptr<KvLinkFactory>> KvLinkFactoryFromFlags(KvCacheSto
 
 namespace {
 
-
-v1::WeightDType WeightDTypeOf(DType t) {
-  switch (t) {
-    case DType::kF32: return v1::WEIGHT_DTYPE_F32;
-    case DType::kF16: return v1::WEIGHT_DTYPE_F16;
-    case DType::kBF16: return v1::WEIGHT_DTYPE_BF16;
-  }
-  return v1::WEIGHT_DTYPE_UNSPECIFIED;
-}
 
 class StatusService final : public v1::WorkerStatus::CallbackService {
  public:
@@ -228,7 +220,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   info->set_fingerprint(*fingerprint);
   info->set_vocab_size(static_cast<int32_t>(config.vocab_size));
   info->set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
-  info->set_weight_dtype(WeightDTypeOf(config.torch_dtype));
+  info->set_weight_dtype(ToProto(config.torch_dtype));
   if (absl::GetFlag(FLAGS_kv_host_staging)) (*engine)->kv_storage()->ForceStagingForTesting();
   const KvCacheGeometry g = (*engine)->kv_storage()->geometry();
   v1::KvGeometry* kg = description.mutable_kv_geometry();
@@ -236,7 +228,8 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   kg->set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
   kg->set_head_dim(static_cast<int32_t>(g.head_dim));
   kg->set_block_size(static_cast<int32_t>(g.block_size));
-  kg->set_bytes_per_element(4);
+  kg->set_bytes_per_element(static_cast<int32_t>(g.bytes_per_element()));
+  kg->set_dtype(ToProto(g.dtype));
   description.set_total_blocks(g.num_blocks);
   description.set_max_model_len((*engine)->stats().max_model_len);
   (*metrics)->SetBuildInfo((*backend)->name(), (*backend)->device_description());

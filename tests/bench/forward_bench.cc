@@ -6,6 +6,7 @@
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--greedy] [--profile-ops]
+//                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/types/optional.h"
 #include "common/backend/create_backend.h"
 #ifdef TANDEM_HAVE_CUDA
@@ -30,6 +32,9 @@ ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, else f32), as the "
+          "engine's flag");
 ABSL_FLAG(bool, profile_ops, false,
           "after the measurement, time every op of one prefill and of the decode steps (GPU backends; op by op, "
           "so without graphs) and print a table per phase");
@@ -79,7 +84,16 @@ int Run() {
 
   const int64_t block_size = 16;
   const int64_t per_seq_blocks = (prompt_len + decode_tokens + block_size) / block_size + 1;
-  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(per_seq_blocks * batch, block_size)).value();
+  DType kv_dtype = backend->name() == "cuda" && c.torch_dtype != DType::kF32 ? c.torch_dtype : DType::kF32;
+  if (const std::string f = absl::GetFlag(FLAGS_kv_cache_dtype); f != "auto") {
+    const std::optional<DType> d = ParseDType(absl::AsciiStrToUpper(f));
+    if (!d.has_value()) {
+      std::fprintf(stderr, "forward_bench: --kv-cache-dtype must be auto, f32, bf16 or f16\n");
+      return 1;
+    }
+    kv_dtype = *d;
+  }
+  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(per_seq_blocks * batch, block_size, kv_dtype)).value();
   std::mt19937 rng(1);
   std::vector<int32_t> prompt(prompt_len);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
@@ -125,9 +139,9 @@ int Run() {
     best_decode = std::min(best_decode, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double step_seconds = best_decode / decode_tokens;
-  std::printf("model=%s arch=%s dtype=%s weights=%.1f MB backend=%s\n", dir.c_str(),
+  std::printf("model=%s arch=%s dtype=%s weights=%.1f MB kv=%s backend=%s\n", dir.c_str(),
               c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
-              weight_bytes / 1e6, backend->device_description().c_str());
+              weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(), backend->device_description().c_str());
   std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s\n", static_cast<long long>(prompt_len),
               best_prefill, prompt_len / best_prefill);
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",

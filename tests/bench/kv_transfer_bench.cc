@@ -234,7 +234,7 @@ int Run() {
       auto src = KvCacheStorage::Create(backend.get(), g).value();
       auto dst = KvCacheStorage::Create(backend.get(), g).value();
       const int64_t floats = g.num_layers * g.elements_per_layer();
-      for (int64_t i = 0; i < floats; ++i) src->k()[i] = src->v()[i] = static_cast<float>(i % 1000);
+      for (int64_t i = 0; i < floats; ++i) static_cast<float*>(src->k_data())[i] = static_cast<float*>(src->v_data())[i] = static_cast<float>(i % 1000);
       const KvEndpointInfo info{"bench", g};
       auto receiver = TcpKvReceiver::Create({"127.0.0.1", 0, dst.get(), info, absl::Seconds(30)}).value();
       auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(30)).value();
@@ -256,15 +256,15 @@ int Run() {
         if (!sender->End(id, 1).ok() || !receiver->Wait(id, absl::Seconds(30)).ok()) return 1;
         best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      if (std::memcmp(src->k(), dst->k(), floats * sizeof(float)) != 0) {
+      if (std::memcmp(static_cast<float*>(src->k_data()), static_cast<float*>(dst->k_data()), floats * sizeof(float)) != 0) {
         std::fprintf(stderr, "transferred KV differs from the source\n");
         return 1;
       }
       double copy_best = 1e30;
       for (int it = 0; it < absl::GetFlag(FLAGS_iterations); ++it) {
         const auto t0 = Clock::now();
-        std::memcpy(dst->k(), src->k(), floats * sizeof(float));
-        std::memcpy(dst->v(), src->v(), floats * sizeof(float));
+        std::memcpy(static_cast<float*>(dst->k_data()), static_cast<float*>(src->k_data()), floats * sizeof(float));
+        std::memcpy(static_cast<float*>(dst->v_data()), static_cast<float*>(src->v_data()), floats * sizeof(float));
         copy_best = std::min(copy_best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
       std::printf("%-14s %7lld %10.1f %12.2f %12.2f %12.2f\n", name.c_str(), static_cast<long long>(tokens),

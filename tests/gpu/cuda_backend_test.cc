@@ -426,6 +426,35 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
   }
 }
 
+// A BF16 or F16 cache: keys and values written rounded to nearest even, exactly as the CPU rounds
+// them, and attention over them within f32 rounding of the CPU's.
+TEST_F(CudaBackendTest, PagedAttentionOverA16BitCacheMatchesTheCpu) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (int64_t hd : {64, 80, 128}) {
+      AttentionCase c(hd, 8, 2, kMixedBatch);
+      c.g.dtype = dt;
+      const size_t cache_elems = c.g.num_layers * c.g.elements_per_layer();
+      std::vector<uint16_t> kc(cache_elems), vc(cache_elems);
+      for (size_t i = 0; i < cache_elems; ++i) {
+        kc[i] = dt == DType::kBF16 ? F32ToBf16(c.kc[i]) : F32ToF16(c.kc[i]);
+        vc[i] = dt == DType::kBF16 ? F32ToBf16(c.vc[i]) : F32ToF16(c.vc[i]);
+      }
+      uint16_t *kcg = Up(kc), *vcg = Up(vc);
+      float* out = Zeros(c.n * c.hq * hd);
+      gpu_->PagedAttention(Up(c.q), Up(c.k), Up(c.v), kcg, vcg, c.g, c.layer, OnDevice(c), c.hq, c.scale(), out);
+      std::vector<float> ref(c.n * c.hq * hd);
+      cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc.data(), vc.data(), c.g, c.layer, c.Host(), c.hq,
+                           c.scale(), ref.data());
+      EXPECT_LE(MaxRelDiff(Down(out, ref.size()), ref), 1e-4f) << DTypeName(dt) << " head_dim " << hd;
+      std::vector<uint16_t> k_back(cache_elems), v_back(cache_elems);
+      gpu_->CopyToHost(k_back.data(), kcg, cache_elems * 2);
+      gpu_->CopyToHost(v_back.data(), vcg, cache_elems * 2);
+      EXPECT_EQ(k_back, kc) << "K cache writes, " << DTypeName(dt) << " head_dim " << hd;
+      EXPECT_EQ(v_back, vc) << "V cache writes, " << DTypeName(dt) << " head_dim " << hd;
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
   for (int64_t hd : {32, 64, 128, 256}) {
     AttentionCase c(hd, 16, 2, kMixedBatch);

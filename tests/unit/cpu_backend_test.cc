@@ -142,15 +142,24 @@ TEST(CpuBackendTest, RopeRotatesHalvesByPosition) {
   EXPECT_NEAR(k[3], std::cos(a1), 1e-6);
 }
 
-TEST(CpuBackendTest, PagedAttentionMatchesDenseCausalAttention) {
+class CpuPagedAttentionTest : public ::testing::TestWithParam<DType> {};
+
+// In every cache dtype: the cache holds k and v rounded to it, and the output is dense causal
+// attention over those rounded keys and values.
+TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
   auto backend = CpuBackend::Create({}).value();
+  const DType dtype = GetParam();
   const int64_t heads = 4, kv_heads = 2, hd = 8, n = 5, bs = 2;
   KvCacheGeometry g{1, 4, bs, kv_heads, hd};
-  std::vector<float> kc(g.elements_per_layer()), vc(g.elements_per_layer());
+  g.dtype = dtype;
+  std::vector<char> kc(g.bytes_per_layer()), vc(g.bytes_per_layer());
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
   std::vector<float> q(n * heads * hd), k(n * kv_heads * hd), v(n * kv_heads * hd), out(n * heads * hd);
   for (auto* vec : {&q, &k, &v}) for (auto& e : *vec) e = dist(rng);
+  const auto round = [&](float x) {
+    return dtype == DType::kBF16 ? Bf16ToF32(F32ToBf16(x)) : dtype == DType::kF16 ? F16ToF32(F32ToF16(x)) : x;
+  };
   std::vector<int32_t> table = {3, 1, 0};
   std::vector<int32_t> seq_indptr = {0, 5}, positions = {0, 1, 2, 3, 4}, ctx = {5}, bptr = {0, 3}, slots;
   for (int32_t p : positions) slots.push_back(table[p / bs] * bs + p % bs);
@@ -159,6 +168,13 @@ TEST(CpuBackendTest, PagedAttentionMatchesDenseCausalAttention) {
   const float scale = 1 / std::sqrt(float(hd));
   backend->PagedAttention(q.data(), k.data(), v.data(), kc.data(), vc.data(), g, 0, md, heads, scale,
                           out.data());
+  // Token p's keys sit at its slot, rounded to the cache's type.
+  for (int64_t p = 0; p < n; ++p) {
+    std::vector<float> stored(kv_heads * hd);
+    ConvertToF32(dtype, kc.data() + slots[p] * kv_heads * hd * g.bytes_per_element(), stored.data(), stored.size());
+    for (int64_t i = 0; i < kv_heads * hd; ++i) ASSERT_EQ(stored[i], round(k[p * kv_heads * hd + i])) << p;
+  }
+  for (auto* vec : {&k, &v}) for (auto& e : *vec) e = round(e);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kh = h / (heads / kv_heads);
@@ -179,6 +195,9 @@ TEST(CpuBackendTest, PagedAttentionMatchesDenseCausalAttention) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(CacheTypes, CpuPagedAttentionTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(DTypeName(i.param)); });
 
 }  // namespace
 }  // namespace tandem

@@ -27,10 +27,11 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Engine> MakeEngine(int64_t kv_blocks, int64_t budget, int64_t chunk, bool caching = true,
-                                     int64_t max_seqs = 64) {
+                                     int64_t max_seqs = 64, DType kv_dtype = DType::kF32) {
     EngineOptions o;
     o.block_size = 4;
-    o.kv_cache_memory = kv_blocks * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
+    o.kv_cache_dtype = kv_dtype;
+    o.kv_cache_memory = kv_blocks * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4, kv_dtype));
     o.enable_prefix_caching = caching;
     o.scheduler.max_num_batched_tokens = budget;
     o.scheduler.max_prefill_chunk = chunk;
@@ -98,6 +99,36 @@ TEST_P(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
   // Alone: each request by itself with a roomy engine.
   for (const auto& r : reqs) {
     auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false);
+    ASSERT_TRUE(alone->AddRequest(r).ok());
+    const auto solo = RunAll(alone.get());
+    ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
+    EXPECT_EQ(batched.at(r.id).size(), static_cast<size_t>(r.params.max_tokens));
+  }
+}
+
+// A BF16 KV cache: half the bytes a block, and still the same tokens for a request alone or
+// batched, chunked and preempted (keys and values are rounded once, when written).
+TEST_P(EngineTest, Bf16KvCacheHalvesTheBlockAndKeepsBatchInvariance) {
+  EXPECT_EQ(2 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4, DType::kBF16)),
+            KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4)));
+  std::vector<EngineRequest> reqs;
+  std::mt19937 rng(23);
+  for (int i = 0; i < 16; ++i) {
+    EngineRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_token_ids = Prompt(1 + static_cast<int>(rng() % 40), 300 + i);
+    r.params.temperature = 0;
+    r.params.ignore_eos = true;
+    r.params.max_tokens = 1 + static_cast<int32_t>(rng() % 12);
+    reqs.push_back(r);
+  }
+  auto together = MakeEngine(/*kv_blocks=*/24, /*budget=*/32, /*chunk=*/8, true, 64, DType::kBF16);
+  EXPECT_EQ(together->kv_storage()->geometry().dtype, DType::kBF16);
+  for (const auto& r : reqs) ASSERT_TRUE(together->AddRequest(r).ok());
+  const auto batched = RunAll(together.get());
+  EXPECT_GT(together->stats().preemptions, 0) << "the test should force preemption";
+  for (const auto& r : reqs) {
+    auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false, 64, DType::kBF16);
     ASSERT_TRUE(alone->AddRequest(r).ok());
     const auto solo = RunAll(alone.get());
     ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
@@ -457,8 +488,8 @@ TEST_P(EngineTest, SeededSamplingContinuesAcrossTheHandOff) {
     for (size_t b = 0; b < src.size(); ++b) {
       const int64_t from = l * g.elements_per_layer() + src[b] * g.elements_per_block();
       const int64_t to = l * g.elements_per_layer() + dst[b] * g.elements_per_block();
-      std::copy_n(prefill->kv_storage()->k() + from, g.elements_per_block(), decode->kv_storage()->k() + to);
-      std::copy_n(prefill->kv_storage()->v() + from, g.elements_per_block(), decode->kv_storage()->v() + to);
+      std::copy_n(static_cast<float*>(prefill->kv_storage()->k_data()) + from, g.elements_per_block(), static_cast<float*>(decode->kv_storage()->k_data()) + to);
+      std::copy_n(static_cast<float*>(prefill->kv_storage()->v_data()) + from, g.elements_per_block(), static_cast<float*>(decode->kv_storage()->v_data()) + to);
     }
   }
   ASSERT_TRUE(decode->AdmitPrefilled(r, first[0]).ok());

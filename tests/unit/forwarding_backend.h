@@ -32,7 +32,7 @@ class ForwardingBackend : public Backend {
             int64_t hd) override {
     cpu_->Rope(q, k, pos, inv, n, hq, hk, hd);
   }
-  void PagedAttention(const float* q, const float* k, const float* v, float* kc, float* vc, const KvCacheGeometry& g,
+  void PagedAttention(const float* q, const float* k, const float* v, void* kc, void* vc, const KvCacheGeometry& g,
                       int64_t layer, const AttentionMetadata& md, int64_t hq, float scale, float* out) override {
     cpu_->PagedAttention(q, k, v, kc, vc, g, layer, md, hq, scale, out);
   }

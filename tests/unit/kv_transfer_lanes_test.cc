@@ -22,8 +22,8 @@ class KvTransferLanesTest : public ::testing::Test {
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     std::mt19937 rng(2);
     for (int64_t i = 0; i < geometry_.num_layers * geometry_.elements_per_layer(); ++i) {
-      src_->k()[i] = static_cast<float>(rng() % 1000);
-      src_->v()[i] = static_cast<float>(rng() % 1000);
+      static_cast<float*>(src_->k_data())[i] = static_cast<float>(rng() % 1000);
+      static_cast<float*>(src_->v_data())[i] = static_cast<float>(rng() % 1000);
     }
     info_ = {"m", geometry_};
     receiver_ = TcpKvReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
@@ -61,8 +61,8 @@ TEST_F(KvTransferLanesTest, DeliversInOrderAndReportsTheAcknowledgement) {
   const int64_t e = geometry_.elements_per_block();
   for (int64_t l = 0; l < geometry_.num_layers; ++l) {
     const int64_t base = l * geometry_.elements_per_layer();
-    EXPECT_TRUE(std::equal(src_->k() + base + 1 * e, src_->k() + base + 2 * e, dst_->k() + base + 6 * e));
-    EXPECT_TRUE(std::equal(src_->v() + base + 1 * e, src_->v() + base + 2 * e, dst_->v() + base + 6 * e));
+    EXPECT_TRUE(std::equal(static_cast<float*>(src_->k_data()) + base + 1 * e, static_cast<float*>(src_->k_data()) + base + 2 * e, static_cast<float*>(dst_->k_data()) + base + 6 * e));
+    EXPECT_TRUE(std::equal(static_cast<float*>(src_->v_data()) + base + 1 * e, static_cast<float*>(src_->v_data()) + base + 2 * e, static_cast<float*>(dst_->v_data()) + base + 6 * e));
   }
 }
 

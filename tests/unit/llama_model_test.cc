@@ -191,8 +191,8 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
   auto run = [&](bool graph_layout, std::vector<float>* logits, std::vector<int32_t>* argmax) {
     auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 4)).value();
     const int64_t floats = kv->geometry().num_layers * kv->geometry().elements_per_layer();
-    std::fill(kv->k(), kv->k() + floats, 0.f);  // so that any stray write shows
-    std::fill(kv->v(), kv->v() + floats, 0.f);
+    std::fill(static_cast<float*>(kv->k_data()), static_cast<float*>(kv->k_data()) + floats, 0.f);  // so that any stray write shows
+    std::fill(static_cast<float*>(kv->v_data()), static_cast<float*>(kv->v_data()) + floats, 0.f);
     for (int64_t i = 0; i < seqs; ++i) {
       ForwardInput prefill;
       prefill.token_ids = RandomTokens(static_cast<int>(3 + i), vocab, static_cast<uint32_t>(20 + i));
@@ -213,8 +213,8 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
     model->set_graph_layout_for_testing(graph_layout);
     EXPECT_TRUE(model->Forward(decode, kv.get(), logits, argmax).ok());
     model->set_graph_layout_for_testing(false);
-    std::vector<float> cache(kv->k(), kv->k() + floats);
-    cache.insert(cache.end(), kv->v(), kv->v() + floats);
+    std::vector<float> cache(static_cast<float*>(kv->k_data()), static_cast<float*>(kv->k_data()) + floats);
+    cache.insert(cache.end(), static_cast<float*>(kv->v_data()), static_cast<float*>(kv->v_data()) + floats);
     return cache;
   };
   std::vector<float> logits_a, logits_b;

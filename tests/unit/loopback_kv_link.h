@@ -29,7 +29,7 @@ class LoopbackKvHub {
     bool joined[2] = {false, false};
     bool aborted = false;
     std::string why;
-    std::deque<std::vector<float>> queue;  // layers sent and not yet received: [2][blocks][block elems]
+    std::deque<std::vector<char>> queue;  // layers sent and not yet received: [2][blocks][block bytes]
     int64_t sent = 0, taken = 0;
   };
   std::shared_ptr<Pair> Get(const std::string& token) {
@@ -65,8 +65,8 @@ class LoopbackKvLink final : public KvLink {
 
   absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
-    const int64_t e = storage_->geometry().elements_per_block();
-    std::vector<float> data(2 * blocks.size() * e);
+    const int64_t e = storage_->geometry().bytes_per_block();
+    std::vector<char> data(2 * blocks.size() * e);
     storage_->ReadBlocks(false, layer, blocks, data.data());
     storage_->ReadBlocks(true, layer, blocks, data.data() + blocks.size() * e);
     if (send_delay_ms_->load() > 0) absl::SleepFor(absl::Milliseconds(send_delay_ms_->load()));
@@ -89,9 +89,9 @@ class LoopbackKvLink final : public KvLink {
 
   absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
                          absl::Duration timeout) override {
-    std::vector<float> data;
+    std::vector<char> data;
     RETURN_IF_ERROR(Take(static_cast<int32_t>(blocks.size()), timeout, &data));
-    const int64_t e = storage_->geometry().elements_per_block();
+    const int64_t e = storage_->geometry().bytes_per_block();
     land([&] {
       storage_->WriteBlocks(false, layer, blocks, data.data());
       storage_->WriteBlocks(true, layer, blocks, data.data() + blocks.size() * e);
@@ -100,12 +100,12 @@ class LoopbackKvLink final : public KvLink {
   }
 
   absl::Status DiscardLayer(int32_t num_blocks, absl::Duration timeout) override {
-    std::vector<float> data;
+    std::vector<char> data;
     return Take(num_blocks, timeout, &data);
   }
 
  private:
-  absl::Status Take(int32_t num_blocks, absl::Duration timeout, std::vector<float>* out) {
+  absl::Status Take(int32_t num_blocks, absl::Duration timeout, std::vector<char>* out) {
     absl::MutexLock lock(&pair_->mu);
     auto ready = [this]() { return pair_->aborted || !pair_->queue.empty(); };
     if (!pair_->mu.AwaitWithDeadline(absl::Condition(&ready), absl::Now() + timeout)) {
@@ -116,7 +116,7 @@ class LoopbackKvLink final : public KvLink {
     *out = std::move(pair_->queue.front());
     pair_->queue.pop_front();
     ++pair_->taken;
-    const size_t expected = 2 * static_cast<size_t>(num_blocks) * storage_->geometry().elements_per_block();
+    const size_t expected = 2 * static_cast<size_t>(num_blocks) * storage_->geometry().bytes_per_block();
     if (out->size() != expected) {
       AbortLocked("sizes of a send and its receive differ");
       return absl::DataLossError("loopback link: sizes of a send and its receive differ");

@@ -9,10 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
@@ -34,22 +36,24 @@ enum class Mode { kHost, kStaged, kLink };
 class TransportFixture : public ::testing::Test {
  protected:
   virtual Mode mode() const = 0;
+  virtual DType kv_dtype() const { return DType::kF32; }
   void SetUp() override {
     backend_ = CpuBackend::Create({}).value();
     geometry_ = {/*num_layers=*/3, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2, /*head_dim=*/8};
+    geometry_.dtype = kv_dtype();
     src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     if (mode() == Mode::kStaged) {
       src_->ForceStagingForTesting();
       dst_->ForceStagingForTesting();
     }
+    // Random nonzero bytes in the source, zeros in the destination: blocks compare byte for byte.
     std::mt19937 rng(1);
-    std::uniform_real_distribution<float> dist(-1, 1);
-    const int64_t n = geometry_.num_layers * geometry_.elements_per_layer();
+    const int64_t n = geometry_.num_layers * geometry_.bytes_per_layer();
     for (int64_t i = 0; i < n; ++i) {
-      src_->k()[i] = dist(rng);
-      src_->v()[i] = dist(rng);
-      dst_->k()[i] = dst_->v()[i] = 0.f;
+      Bytes(src_.get(), false)[i] = static_cast<char>(1 + rng() % 255);
+      Bytes(src_.get(), true)[i] = static_cast<char>(1 + rng() % 255);
+      Bytes(dst_.get(), false)[i] = Bytes(dst_.get(), true)[i] = 0;
     }
     info_ = {"model-A", geometry_};
     src_link_ = std::make_unique<LoopbackKvLinkFactory>(src_.get(), &hub_);
@@ -67,23 +71,25 @@ class TransportFixture : public ::testing::Test {
     return TcpKvSender::Connect(address, info_, absl::Seconds(2), mode() == Mode::kLink ? src_link_.get() : nullptr);
   }
 
-  // True when dst block `d` of every layer holds src block `s` (K and V).
-  bool SameBlock(int32_t s, int32_t d) const {
-    const int64_t e = geometry_.elements_per_block();
-    for (int64_t l = 0; l < geometry_.num_layers; ++l) {
-      const int64_t base = l * geometry_.elements_per_layer();
-      for (int64_t i = 0; i < e; ++i) {
-        if (src_->k()[base + s * e + i] != dst_->k()[base + d * e + i]) return false;
-        if (src_->v()[base + s * e + i] != dst_->v()[base + d * e + i]) return false;
+  static char* Bytes(KvCacheStorage* s, bool v) { return static_cast<char*>(v ? s->v_data() : s->k_data()); }
+  // True when dst block `d` of layers [first, last) holds src block `s` (K and V).
+  bool SameBlock(int32_t s, int32_t d, int64_t first = 0, int64_t last = -1) const {
+    const int64_t e = geometry_.bytes_per_block();
+    for (int64_t l = first; l < (last < 0 ? geometry_.num_layers : last); ++l) {
+      const int64_t base = l * geometry_.bytes_per_layer();
+      for (bool v : {false, true}) {
+        if (std::memcmp(Bytes(src_.get(), v) + base + s * e, Bytes(dst_.get(), v) + base + d * e, e) != 0) return false;
       }
     }
     return true;
   }
-  bool BlockIsZero(int32_t d) const {
-    const int64_t e = geometry_.elements_per_block();
-    for (int64_t l = 0; l < geometry_.num_layers; ++l) {
-      for (int64_t i = 0; i < e; ++i) {
-        if (dst_->k()[l * geometry_.elements_per_layer() + d * e + i] != 0.f) return false;
+  // True when dst block `d` of layers [first, last) is all zeros (K and V).
+  bool BlockIsZero(int32_t d, int64_t first = 0, int64_t last = -1) const {
+    const int64_t e = geometry_.bytes_per_block();
+    for (int64_t l = first; l < (last < 0 ? geometry_.num_layers : last); ++l) {
+      for (bool v : {false, true}) {
+        const char* p = Bytes(dst_.get(), v) + l * geometry_.bytes_per_layer() + d * e;
+        if (std::any_of(p, p + e, [](char c) { return c != 0; })) return false;
       }
     }
     return true;
@@ -99,9 +105,10 @@ class TransportFixture : public ::testing::Test {
   std::string address_;
 };
 
-class TcpKvTransportTest : public TransportFixture, public ::testing::WithParamInterface<Mode> {
+class TcpKvTransportTest : public TransportFixture, public ::testing::WithParamInterface<std::tuple<Mode, DType>> {
  protected:
-  Mode mode() const override { return GetParam(); }
+  Mode mode() const override { return std::get<0>(GetParam()); }
+  DType kv_dtype() const override { return std::get<1>(GetParam()); }
 };
 
 TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
@@ -143,6 +150,12 @@ TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
   other.geometry.head_dim = 16;
   s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
   EXPECT_THAT(s.status().message(), HasSubstr("geometry"));
+  // A cache of another element type: refused, naming the flag that sets it.
+  other = info_;
+  other.geometry.dtype = info_.geometry.dtype == DType::kF32 ? DType::kBF16 : DType::kF32;
+  s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("--kv-cache-dtype"));
   EXPECT_EQ(TcpKvSender::Connect("127.0.0.1:1", info_, absl::Seconds(1)).status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(TcpKvSender::Connect("nonsense", info_, absl::Seconds(1)).status().code(),
@@ -229,7 +242,9 @@ TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations
   hello.mutable_geometry()->set_num_kv_heads(2);
   hello.mutable_geometry()->set_head_dim(8);
   hello.mutable_geometry()->set_block_size(4);
-  hello.mutable_geometry()->set_bytes_per_element(4);
+  // An f32 cache is announced as senders from before 16-bit caches did (no dtype, 4-byte elements).
+  hello.mutable_geometry()->set_bytes_per_element(static_cast<int32_t>(DTypeSize(kv_dtype())));
+  if (kv_dtype() == DType::kBF16) hello.mutable_geometry()->set_dtype(v1::WEIGHT_DTYPE_BF16);
   const std::string h = hello.SerializeAsString();
   RawFrame(fd, 1, h, static_cast<uint32_t>(h.size()));
   unsigned char reply_header[5];
@@ -325,9 +340,13 @@ TEST_P(TcpKvTransportTest, ADyingSenderDoesNotDisturbTheRetryThatTookItsTransfer
   EXPECT_TRUE(SameBlock(3, 1));
 }
 
-INSTANTIATE_TEST_SUITE_P(DataPaths, TcpKvTransportTest, ::testing::Values(Mode::kHost, Mode::kStaged, Mode::kLink),
-                         [](const ::testing::TestParamInfo<Mode>& i) {
-                           return i.param == Mode::kHost ? "host" : i.param == Mode::kStaged ? "staged" : "link";
+INSTANTIATE_TEST_SUITE_P(DataPaths, TcpKvTransportTest,
+                         ::testing::Combine(::testing::Values(Mode::kHost, Mode::kStaged, Mode::kLink),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const ::testing::TestParamInfo<std::tuple<Mode, DType>>& i) {
+                           const Mode m = std::get<0>(i.param);
+                           return std::string(m == Mode::kHost ? "host" : m == Mode::kStaged ? "staged" : "link") +
+                                  (std::get<1>(i.param) == DType::kF32 ? "_f32" : "_bf16");
                          });
 
 // ---------------------------------------------------------------- side link only
@@ -391,11 +410,8 @@ TEST_F(TcpKvLinkTest, ACancelDuringAReceiveReturnsAtOnceAndNothingLandsAfterIt) 
   ASSERT_TRUE(sender->SendLayer("r", 2, {0}, src_.get()).ok());  // drained: the pair stays in step
   EXPECT_THAT(sender->End("r", 1).message(), HasSubstr("no reservation"));
   // Block 1 holds layer 0 of source block 0 and nothing of the layers that arrived after the cancel.
-  const int64_t e = geometry_.elements_per_block();
-  for (int64_t i = 0; i < e; ++i) ASSERT_EQ(dst_->k()[1 * e + i], src_->k()[0 * e + i]);
-  for (int64_t l = 1; l < 3; ++l) {
-    for (int64_t i = 0; i < e; ++i) ASSERT_EQ(dst_->k()[l * geometry_.elements_per_layer() + 1 * e + i], 0.f) << l;
-  }
+  EXPECT_TRUE(SameBlock(0, 1, 0, 1));
+  EXPECT_TRUE(BlockIsZero(1, 1, 3));
   // The connection is still good for the next transfer.
   ASSERT_TRUE(receiver_->Expect("r2", {3}).ok());
   ASSERT_TRUE(sender->Begin("r2", 4).ok());

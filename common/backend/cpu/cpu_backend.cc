@@ -192,20 +192,29 @@ void CpuBackend::Rope(float* q, float* k, const int32_t* positions, const float*
   });
 }
 
-void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
-                                float* v_cache, const KvCacheGeometry& g, int64_t layer,
+void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
+                                void* v_cache, const KvCacheGeometry& g, int64_t layer,
                                 const AttentionMetadata& md, int64_t num_q_heads, float scale,
                                 float* out) {
   const int64_t hd = g.head_dim, kvh = g.num_kv_heads;
   const int64_t token_stride = kvh * hd;
-  float* kc = k_cache + layer * g.elements_per_layer();
-  float* vc = v_cache + layer * g.elements_per_layer();
-  // 1. Scatter the new keys and values into their slots.
+  const int64_t es = g.bytes_per_element();
+  std::byte* kc = static_cast<std::byte*>(k_cache) + layer * g.bytes_per_layer();
+  std::byte* vc = static_cast<std::byte*>(v_cache) + layer * g.bytes_per_layer();
+  // 1. Scatter the new keys and values into their slots (rounded to the cache's dtype).
+  const auto store = [&](std::byte* dst, const float* src) {
+    if (g.dtype == DType::kF32) {
+      std::memcpy(dst, src, token_stride * sizeof(float));
+      return;
+    }
+    auto* d = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < token_stride; ++i) d[i] = g.dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
+  };
   for (int64_t t = 0; t < md.num_tokens; ++t) {
     const int64_t slot = md.slot_mapping[t];
     if (slot < 0) continue;  // a padding token: nothing to keep
-    std::memcpy(kc + slot * token_stride, k + t * token_stride, token_stride * sizeof(float));
-    std::memcpy(vc + slot * token_stride, v + t * token_stride, token_stride * sizeof(float));
+    store(kc + slot * token_stride * es, k + t * token_stride);
+    store(vc + slot * token_stride * es, v + t * token_stride);
   }
   // 2. Causal attention of every (token, head) over its sequence's blocks.
   std::vector<int32_t> seq_of_token(md.num_tokens);
@@ -215,7 +224,7 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
   const int64_t group = num_q_heads / kvh;
   pool_->ParallelFor(md.num_tokens * num_q_heads, 1, [&](int64_t b, int64_t e) {
     std::vector<float> scores(md.max_context_len + 1);
-    std::vector<float> acc(hd);
+    std::vector<float> acc(hd), row(hd);
     for (int64_t idx = b; idx < e; ++idx) {
       const int64_t t = idx / num_q_heads, h = idx % num_q_heads, kh = h / group;
       const int64_t s = seq_of_token[t];
@@ -225,7 +234,7 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
       float max_score = -INFINITY;
       for (int64_t p = 0; p < len; ++p) {
         const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        const float sc = cpu::Dot(qv, kc + slot * token_stride + kh * hd, DType::kF32, hd) * scale;
+        const float sc = cpu::Dot(qv, kc + (slot * token_stride + kh * hd) * es, g.dtype, hd) * scale;
         scores[p] = sc;
         max_score = std::max(max_score, sc);
       }
@@ -237,7 +246,12 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t p = 0; p < len; ++p) {
         const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        const float* vv = vc + slot * token_stride + kh * hd;
+        const std::byte* vb = vc + (slot * token_stride + kh * hd) * es;
+        const float* vv = reinterpret_cast<const float*>(vb);
+        if (g.dtype != DType::kF32) {
+          ConvertToF32(g.dtype, vb, row.data(), static_cast<size_t>(hd));
+          vv = row.data();
+        }
         const float wgt = scores[p];
         for (int64_t i = 0; i < hd; ++i) acc[i] += wgt * vv[i];
       }

@@ -408,13 +408,14 @@ void CudaBackend::Rope(float* q, float* k, const int32_t* positions, const float
   Check(cuda::LaunchRope(q, k, positions, inv_freq, n, num_q_heads, num_kv_heads, head_dim, stream_), "rope");
 }
 
-cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float* k, const float* v, float* k_cache,
-                                                    float* v_cache, const KvCacheGeometry& g, int64_t layer,
+cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float* k, const float* v, void* k_cache,
+                                                    void* v_cache, const KvCacheGeometry& g, int64_t layer,
                                                     const AttentionMetadata& md, int64_t num_q_heads, float scale,
                                                     float* out) {
   cuda::PagedLayer pl;
-  pl.k_cache = k_cache + layer * g.elements_per_layer();
-  pl.v_cache = v_cache + layer * g.elements_per_layer();
+  pl.k_cache = static_cast<std::byte*>(k_cache) + layer * g.bytes_per_layer();
+  pl.v_cache = static_cast<std::byte*>(v_cache) + layer * g.bytes_per_layer();
+  pl.dtype = g.dtype;
   pl.block_size = g.block_size;
   pl.num_kv_heads = g.num_kv_heads;
   pl.head_dim = g.head_dim;
@@ -438,7 +439,7 @@ cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float*
   return a;
 }
 
-void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, float* k_cache, float* v_cache,
+void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
                                  const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
                                  int64_t num_q_heads, float scale, float* out) {
   Bind();

@@ -59,14 +59,14 @@ class CudaBackend final : public Backend {
               float* out) override;
   void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
             int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
-  void PagedAttention(const float* q, const float* k, const float* v, float* k_cache,
-                      float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+  void PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
+                      void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                       const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                       float* out) override;
   // The attention kernels' arguments for PagedAttention's (the launch mode and workspace left to the
   // caller); tests launch them in each mode.
-  static cuda::PagedAttentionArgs AttentionArgs(const float* q, const float* k, const float* v, float* k_cache,
-                                                float* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+  static cuda::PagedAttentionArgs AttentionArgs(const float* q, const float* k, const float* v, void* k_cache,
+                                                void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                                                 const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                                                 float* out);
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/backend/cuda/kernels.h"
 
@@ -114,13 +115,32 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
   }
 }
 
-__global__ void WriteKvKernel(float* kc, float* vc, const float* k, const float* v, const int32_t* slots,
-                              int64_t row) {
+// KV cache elements: f32, or 16-bit rounded to nearest even, read back as f32.
+__device__ __forceinline__ float LoadKv(const float* p) { return *p; }
+__device__ __forceinline__ float LoadKv(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float LoadKv(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ void StoreKv(float* p, float x) { *p = x; }
+__device__ __forceinline__ void StoreKv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void StoreKv(__half* p, float x) { *p = __float2half_rn(x); }
+
+// fn(static_cast<T*>(nullptr)) for the cache's element type T.
+template <typename Fn>
+cudaError_t WithKvType(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: return fn(static_cast<float*>(nullptr));
+    case DType::kBF16: return fn(static_cast<__nv_bfloat16*>(nullptr));
+    case DType::kF16: return fn(static_cast<__half*>(nullptr));
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+__global__ void WriteKvKernel(T* kc, T* vc, const float* k, const float* v, const int32_t* slots, int64_t row) {
   const int64_t t = blockIdx.x, slot = slots[t];
   if (slot < 0) return;  // a padding token: nothing to keep
   for (int64_t j = threadIdx.x; j < row; j += blockDim.x) {
-    kc[slot * row + j] = k[t * row + j];
-    vc[slot * row + j] = v[t * row + j];
+    StoreKv(kc + slot * row + j, k[t * row + j]);
+    StoreKv(vc + slot * row + j, v[t * row + j]);
   }
 }
 
@@ -130,6 +150,7 @@ __host__ __device__ int64_t SlotsOffset(int64_t head_dim) { return (head_dim + k
 // Grid (num_tokens, num_q_heads), kAttentionThreads threads. Each tile: every thread scores one key,
 // the block agrees on the tile's max and sum (online softmax), then each thread accumulates its
 // head dimensions over the tile's values.
+template <typename T>
 __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
   extern __shared__ __align__(16) float smem[];
   float* qs = smem;                                                   // [head_dim]
@@ -148,8 +169,8 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
   const int64_t group = a.num_q_heads / a.layer.num_kv_heads, kh = h / group;
   const int64_t row = a.layer.num_kv_heads * hd;
   const int32_t* table = a.block_indices + a.block_indptr[s];
-  const float* kbase = a.layer.k_cache + kh * hd;
-  const float* vbase = a.layer.v_cache + kh * hd;
+  const T* kbase = static_cast<const T*>(a.layer.k_cache) + kh * hd;
+  const T* vbase = static_cast<const T*>(a.layer.v_cache) + kh * hd;
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = a.q[(t * a.num_q_heads + h) * hd + i];
   __syncthreads();
 
@@ -161,9 +182,9 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
     if (p < len) {
       const int64_t slot = int64_t(table[p / a.layer.block_size]) * a.layer.block_size + p % a.layer.block_size;
       slots[threadIdx.x] = slot;
-      const float* kv = kbase + slot * row;
+      const T* kv = kbase + slot * row;
       float dot = 0.f;
-      for (int64_t i = 0; i < hd; ++i) dot += qs[i] * kv[i];
+      for (int64_t i = 0; i < hd; ++i) dot += qs[i] * LoadKv(kv + i);
       score = dot * a.scale;
     }
     const float new_max = fmaxf(running_max, BlockReduce<true>(score, red));
@@ -178,7 +199,7 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
       const int64_t d = threadIdx.x + int64_t(j) * blockDim.x;
       if (d >= hd) break;
       float v = acc[j] * correction;
-      for (int64_t k = 0; k < tile; ++k) v += probs[k] * vbase[slots[k] * row + d];
+      for (int64_t k = 0; k < tile; ++k) v += probs[k] * LoadKv(vbase + slots[k] * row + d);
       acc[j] = v;
     }
     __syncthreads();  // the next tile overwrites probs and slots
@@ -242,7 +263,7 @@ __device__ __forceinline__ int64_t CausalLength(const PagedAttentionArgs& a, int
 
 // Grid (num_tokens, num_kv_heads * head_chunks, 1 or the batch's split count); kSplitThreads threads.
 // partials (grid split): [num_tokens][num_q_heads][gridDim.z][head_dim + 2] (o..., m, l).
-template <int kDims, int kGroup>
+template <int kDims, int kGroup, typename T>
 __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, float* partials) {
   constexpr int64_t hd = kDims * 32;
   __shared__ float sm_m[kSplitWarps * kGroup], sm_l[kSplitWarps * kGroup];
@@ -259,8 +280,8 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
   const int64_t s_begin = grid_split ? blockIdx.z : 0, s_end = grid_split ? min(s_begin + 1, splits) : splits;
   const int64_t row = a.layer.num_kv_heads * hd, bs = a.layer.block_size;
   const int32_t* table = a.block_indices + a.block_indptr[seq];
-  const float* kb = a.layer.k_cache + kh * hd;
-  const float* vb = a.layer.v_cache + kh * hd;
+  const T* kb = static_cast<const T*>(a.layer.k_cache) + kh * hd;
+  const T* vb = static_cast<const T*>(a.layer.v_cache) + kh * hd;
 
   float q[kGroup][kDims];
 #pragma unroll
@@ -294,8 +315,8 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
           const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
 #pragma unroll
           for (int j = 0; j < kDims; ++j) {
-            kr[b][j] = kb[slot * row + lane + 32 * j];
-            vr[b][j] = vb[slot * row + lane + 32 * j];
+            kr[b][j] = LoadKv(kb + slot * row + lane + 32 * j);
+            vr[b][j] = LoadKv(vb + slot * row + lane + 32 * j);
           }
         }
       }
@@ -401,14 +422,14 @@ __global__ void MergeSplitsKernel(PagedAttentionArgs a, int64_t splits, const fl
   a.out[(t * a.num_q_heads + h) * hd + d] = L > 0.f ? __fdiv_rn(O, L) : 0.f;
 }
 
-template <int kDims>
+template <int kDims, typename T>
 cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_splits, cudaStream_t stream) {
   constexpr int kGroup = SplitGroup(kDims * 32);
   const int64_t group = a.num_q_heads / a.layer.num_kv_heads;
   const int64_t chunks = (group + kGroup - 1) / kGroup;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.layer.num_kv_heads * chunks),
                   static_cast<unsigned>(grid_splits));
-  SplitAttentionKernel<kDims, kGroup><<<grid, kSplitThreads, 0, stream>>>(a, chunks, a.workspace);
+  SplitAttentionKernel<kDims, kGroup, T><<<grid, kSplitThreads, 0, stream>>>(a, chunks, a.workspace);
   if (grid_splits > 1) {
     const dim3 merge_grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
     MergeSplitsKernel<<<merge_grid, static_cast<unsigned>(a.layer.head_dim), 0, stream>>>(a, grid_splits, a.workspace);
@@ -556,21 +577,25 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   const int64_t ws = SplitAttentionWorkspaceFloats(a);
   const bool grid_split = ws > 0 && a.workspace != nullptr && a.workspace_floats >= ws;
   if (a.mode == AttentionMode::kGridSplit && !grid_split && SplitCount(a.max_context_len) > 1) return cudaErrorInvalidValue;
-  WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
-      a.layer.k_cache, a.layer.v_cache, a.k, a.v, a.slot_mapping, a.layer.num_kv_heads * a.layer.head_dim);
-  if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
-    const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
-    const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
-    PagedAttentionKernel<<<grid, kAttentionThreads, smem, stream>>>(a);
-    return cudaGetLastError();
-  }
-  const int64_t grid_splits = grid_split ? SplitCount(a.max_context_len) : 1;
-  switch (a.layer.head_dim) {
-    case 32: return LaunchSplitAttention<1>(a, grid_splits, stream);
-    case 64: return LaunchSplitAttention<2>(a, grid_splits, stream);
-    case 128: return LaunchSplitAttention<4>(a, grid_splits, stream);
-    default: return LaunchSplitAttention<8>(a, grid_splits, stream);
-  }
+  return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
+    using T = std::remove_pointer_t<decltype(type)>;
+    WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
+        static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
+        a.layer.num_kv_heads * a.layer.head_dim);
+    if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
+      const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
+      const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
+      PagedAttentionKernel<T><<<grid, kAttentionThreads, smem, stream>>>(a);
+      return cudaGetLastError();
+    }
+    const int64_t grid_splits = grid_split ? SplitCount(a.max_context_len) : 1;
+    switch (a.layer.head_dim) {
+      case 32: return LaunchSplitAttention<1, T>(a, grid_splits, stream);
+      case 64: return LaunchSplitAttention<2, T>(a, grid_splits, stream);
+      case 128: return LaunchSplitAttention<4, T>(a, grid_splits, stream);
+      default: return LaunchSplitAttention<8, T>(a, grid_splits, stream);
+    }
+  });
 }
 
 // Tree reduction of the block's (value, index) pairs in shared best_v/best_i [blockDim.x] (written

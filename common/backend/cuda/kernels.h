@@ -30,10 +30,12 @@ cudaError_t LaunchAddBias(float* out, const float* bias, int64_t n, int64_t m, c
 cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, cudaStream_t stream);
 
-// Paged-cache layout of one layer: [num_blocks][block_size][num_kv_heads][head_dim].
+// Paged-cache layout of one layer: [num_blocks][block_size][num_kv_heads][head_dim] of `dtype` (f32,
+// bf16 or f16: written rounded to nearest even, read as f32).
 struct PagedLayer {
-  float* k_cache = nullptr;
-  float* v_cache = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType dtype = DType::kF32;
   int64_t block_size = 16;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;

@@ -73,7 +73,7 @@ absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
   if (staging_ != nullptr) cudaFreeAsync(staging_, stream_);
   staging_ = nullptr;
   staging_blocks_ = 0;
-  const size_t bytes = 2 * static_cast<size_t>(blocks) * storage_->geometry().elements_per_block() * sizeof(float);
+  const size_t bytes = 2 * static_cast<size_t>(blocks) * storage_->geometry().bytes_per_block();
   if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&staging_), bytes, stream_); e != cudaSuccess) {
     staging_ = nullptr;
     return Failed(absl::StrCat("allocating ", bytes, " bytes of staging: ", CudaError(e)));
@@ -83,37 +83,37 @@ absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
 }
 
 absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
-  const KvCacheGeometry& g = storage_->geometry();
-  const int64_t e = g.elements_per_block();
+  const int64_t e = BlockWords();
   // No wait on the backend's stream: the engine reserves blocks between steps, and every step ends by
   // waiting for its work, so nothing queued still reads blocks a reservation handed out. (Recording
   // on that stream from here could also land inside a graph capture of the engine thread.)
   cudaError_t err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
                           cudaMemcpyHostToDevice, stream_);
   if (err == cudaSuccess) {
-    err = cuda::LaunchScatterBlocks(staging_, index_, count, e, storage_->k() + layer * g.elements_per_layer(), stream_);
+    err = cuda::LaunchScatterBlocks(staging_, index_, count, e, LayerWords(false, layer), stream_);
   }
   if (err == cudaSuccess) {
-    err = cuda::LaunchScatterBlocks(staging_ + count * e, index_, count, e, storage_->v() + layer * g.elements_per_layer(),
-                                    stream_);
+    err = cuda::LaunchScatterBlocks(staging_ + count * e, index_, count, e, LayerWords(true, layer), stream_);
   }
   if (err == cudaSuccess) err = cudaEventRecord(done_, stream_);
   if (err == cudaSuccess) err = cudaEventSynchronize(done_);  // device-local copies: short
   return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("landing a layer: ", CudaError(err)));
 }
 
+int64_t NcclKvLink::BlockWords() const { return storage_->geometry().bytes_per_block() / 4; }
+
+float* NcclKvLink::LayerWords(bool v, int32_t layer) const { return reinterpret_cast<float*>(storage_->layer_data(v, layer)); }
+
 absl::Status NcclKvLink::Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
-  const KvCacheGeometry& g = storage_->geometry();
-  const int64_t e = g.elements_per_block();
+  const int64_t e = BlockWords();
   // Stream-ordered on the link's stream, before the send that reads the staging memory.
   cudaError_t err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, stream_);
   if (err == cudaSuccess) {
-    err = cuda::LaunchGatherRows(storage_->k() + layer * g.elements_per_layer(), index_, count, e, staging_, stream_);
+    err = cuda::LaunchGatherRows(LayerWords(false, layer), index_, count, e, staging_, stream_);
   }
   if (err == cudaSuccess) {
-    err = cuda::LaunchGatherRows(storage_->v() + layer * g.elements_per_layer(), index_, count, e, staging_ + count * e,
-                                 stream_);
+    err = cuda::LaunchGatherRows(LayerWords(true, layer), index_, count, e, staging_ + count * e, stream_);
   }
   return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("packing a layer: ", CudaError(err)));
 }
@@ -137,7 +137,7 @@ absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_
     if (e != cudaSuccess) return Failed(CudaError(e));
   }
   const absl::Time deadline = absl::Now() + timeout;
-  const int64_t e = g.elements_per_block();
+  const int64_t e = BlockWords();
   const int peer = 1 - rank_;
   for (int64_t first = 0; first < num_blocks; first += kChunkBlocks) {
     const int64_t count = std::min<int64_t>(kChunkBlocks, num_blocks - first);
@@ -180,6 +180,10 @@ absl::Status NcclKvLink::DiscardLayer(int32_t num_blocks, absl::Duration timeout
 absl::StatusOr<std::unique_ptr<NcclKvLinkFactory>> NcclKvLinkFactory::Create(KvCacheStorage* storage) {
   if (storage == nullptr || storage->backend()->native_stream() == nullptr || storage->backend()->device_ordinal() < 0) {
     return absl::FailedPreconditionError("--kv-transport nccl needs the KV cache in CUDA memory (--device cuda)");
+  }
+  if (storage->geometry().bytes_per_block() % 4 != 0) {
+    return absl::FailedPreconditionError("--kv-transport nccl moves KV blocks as 4-byte words: this cache's blocks are "
+                                         "not a whole number of them (an odd head_dim with a 16-bit cache)");
   }
   int version = 0;
   ncclGetVersion(&version);

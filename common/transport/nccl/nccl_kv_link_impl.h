@@ -53,6 +53,10 @@ class NcclKvLink final : public KvLink {
   // Copies `count` staged blocks into blocks[first, first + count) of `layer` and waits for it.
   absl::Status Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count);
   absl::Status GrowStaging(int64_t blocks);
+  // Blocks move as 4-byte words whatever the cache's dtype (a block of a 16-bit cache holds an even
+  // number of elements: head_dim is even): the words of one block, and layer `layer` of K or V.
+  int64_t BlockWords() const;
+  float* LayerWords(bool v, int32_t layer) const;
   // Polls until the comm has no operation in progress and, when `event` is set, the event completed.
   absl::Status WaitIdle(cudaEvent_t event, absl::Time deadline, const char* what);
   absl::Status Failed(const std::string& why);  // aborts, returns UNAVAILABLE (or the given code)
@@ -65,7 +69,7 @@ class NcclKvLink final : public KvLink {
   cudaStream_t stream_ = nullptr;   // this link's transfer stream
   cudaEvent_t ready_ = nullptr;     // recorded on the backend's stream before a send (its KV writes)
   cudaEvent_t done_ = nullptr;      // recorded on stream_ after each chunk
-  float* staging_ = nullptr;        // [2][count][block elems]: K then V of the chunk sent or received
+  float* staging_ = nullptr;        // [2][count][block words]: K then V of the chunk sent or received
   int64_t staging_blocks_ = 0;
   int32_t* index_ = nullptr;        // [kChunkBlocks] block ids of a gather or scatter (device)
   bool aborted_ = false;

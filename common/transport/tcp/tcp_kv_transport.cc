@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/model/dtype_proto.h"
 #include "tandem/v1/kv_transfer.pb.h"
 
 namespace tandem {
@@ -149,7 +150,8 @@ v1::KvGeometry ToProto(const KvCacheGeometry& g) {
   p.set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
   p.set_head_dim(static_cast<int32_t>(g.head_dim));
   p.set_block_size(static_cast<int32_t>(g.block_size));
-  p.set_bytes_per_element(4);
+  p.set_bytes_per_element(static_cast<int32_t>(g.bytes_per_element()));
+  p.set_dtype(tandem::ToProto(g.dtype));
   return p;
 }
 
@@ -161,10 +163,12 @@ std::string KvIncompatibility(const KvEndpointInfo& s, const KvEndpointInfo& r) 
   }
   const KvCacheGeometry &a = s.geometry, &b = r.geometry;
   if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
-      a.block_size != b.block_size) {
+      a.block_size != b.block_size || a.dtype != b.dtype) {
     return absl::StrCat("KV geometry differs (sender layers=", a.num_layers, " kv_heads=", a.num_kv_heads,
-                        " head_dim=", a.head_dim, " block_size=", a.block_size, "; receiver layers=", b.num_layers,
-                        " kv_heads=", b.num_kv_heads, " head_dim=", b.head_dim, " block_size=", b.block_size, ")");
+                        " head_dim=", a.head_dim, " block_size=", a.block_size, " dtype=", std::string(DTypeName(a.dtype)),
+                        "; receiver layers=", b.num_layers, " kv_heads=", b.num_kv_heads, " head_dim=", b.head_dim,
+                        " block_size=", b.block_size, " dtype=", std::string(DTypeName(b.dtype)),
+                        "; give both workers the same --kv-cache-dtype)");
   }
   return "";
 }
@@ -259,9 +263,20 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   sender.model_fingerprint = hello.model_fingerprint();
   sender.geometry = {hello.geometry().num_layers(), 0, hello.geometry().block_size(), hello.geometry().num_kv_heads(),
                      hello.geometry().head_dim()};
+  // A sender from before 16-bit caches names no dtype: f32, as its 4-byte elements say.
+  const std::optional<DType> dtype = hello.geometry().dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
+                                             hello.geometry().bytes_per_element() == 4
+                                         ? std::optional<DType>(DType::kF32)
+                                         : FromProto(hello.geometry().dtype());
   v1::KvHandshakeReply reply;
-  std::string why = KvIncompatibility(sender, options_.info);
-  if (hello.geometry().bytes_per_element() != 4) why = "only f32 KV is supported by the TCP transport";
+  std::string why;
+  if (!dtype.has_value() || static_cast<int64_t>(DTypeSize(*dtype)) != hello.geometry().bytes_per_element()) {
+    why = absl::StrCat("the sender's KV cache type (", static_cast<int>(hello.geometry().dtype()), ", ",
+                       hello.geometry().bytes_per_element(), "-byte elements) is not one this worker knows");
+  } else {
+    sender.geometry.dtype = *dtype;
+    why = KvIncompatibility(sender, options_.info);
+  }
   std::string rendezvous;  // set when the layers travel over a side link
   if (why.empty() && !hello.data_path().empty()) {
     KvLinkFactory* factory = options_.link_factory;
@@ -287,8 +302,8 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
     link = *std::move(joined);
   }
   const KvCacheGeometry& g = options_.storage->geometry();
-  const size_t block_floats = static_cast<size_t>(g.elements_per_block());
-  std::vector<float> payload;
+  const size_t block_bytes = static_cast<size_t>(g.bytes_per_block());
+  std::vector<char> payload;
   while (!stopping_) {
     FrameType type;
     uint32_t len;
@@ -346,7 +361,7 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       // the pool before anything is allocated: a hostile peer cannot make us allocate at will.
       v1::KvLayerHeader h;
       if (!h.ParseFromString(bytes)) return finish(absl::DataLossError("malformed layer header"));
-      const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_floats * sizeof(float);
+      const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_bytes;
       if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks || static_cast<uint64_t>(h.payload_bytes()) != expected) {
         return finish(absl::DataLossError("layer header does not match the cache geometry"));
       }
@@ -378,7 +393,7 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
         }
         continue;
       }
-      payload.resize(plen / sizeof(float));
+      payload.resize(plen);
       if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
       absl::ReleasableMutexLock lock(&mu_);
       auto it = transfers_.find(h.request_id());
@@ -395,7 +410,7 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       }
       // Host or device memory alike (a memcpy per block on the CPU); complete when it returns.
       options_.storage->WriteBlocks(false, h.layer(), t.blocks, payload.data());
-      options_.storage->WriteBlocks(true, h.layer(), t.blocks, payload.data() + t.blocks.size() * block_floats);
+      options_.storage->WriteBlocks(true, h.layer(), t.blocks, payload.data() + t.blocks.size() * block_bytes);
       ++t.layers_received;
     } else {
       return finish(absl::DataLossError(absl::StrCat("unexpected frame type ", type)));
@@ -548,7 +563,7 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
                                     KvCacheStorage* storage) {
   const KvCacheGeometry& g = storage->geometry();
   if (layer < 0 || layer >= g.num_layers) return absl::InvalidArgumentError("layer out of range");
-  const size_t block_bytes = static_cast<size_t>(g.elements_per_block()) * sizeof(float);
+  const size_t block_bytes = static_cast<size_t>(g.bytes_per_block());
   for (int32_t b : src_blocks) {
     if (b < 0 || b >= g.num_blocks) return absl::InvalidArgumentError("block out of range");
   }
@@ -572,18 +587,15 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   if (!storage->host_accessible()) {
     // Device memory: copy the layer out first. ReadBlocks waits for the work enqueued before it, so
     // the layer's KV writes are complete; the blocks stay the request's until End().
-    staging_.resize(payload / sizeof(float));
+    staging_.resize(payload);
     storage->ReadBlocks(false, layer, src_blocks, staging_.data());
-    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * g.elements_per_block());
+    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes);
     iov_.push_back({staging_.data(), payload});
     return WriteVector(fd_, iov_);
   }
-  const float* k = storage->k() + layer * g.elements_per_layer();
-  const float* v = storage->v() + layer * g.elements_per_layer();
-  for (const float* base : {k, v}) {
-    for (int32_t b : src_blocks) {
-      iov_.push_back({const_cast<float*>(base + b * g.elements_per_block()), block_bytes});
-    }
+  for (bool v : {false, true}) {
+    std::byte* base = storage->layer_data(v, layer);
+    for (int32_t b : src_blocks) iov_.push_back({base + b * block_bytes, block_bytes});
   }
   return WriteVector(fd_, iov_);
 }

@@ -110,7 +110,7 @@ class TcpKvSender final : public KvSender {
   absl::Duration io_timeout_;
   std::unique_ptr<KvLink> link_;  // the side data path, when the handshake set one up
   std::vector<iovec> iov_;  // frame header, then K blocks, then V blocks of one layer
-  std::vector<float> staging_;  // [2][blocks][block elems]: a layer copied out of device memory
+  std::vector<char> staging_;  // [2][blocks][block bytes]: a layer copied out of device memory
 };
 
 }  // namespace tandem
