@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -112,10 +113,12 @@ struct Expected {
 };
 
 // The in-process engine's outputs (same engine settings and device as the workers').
-std::vector<Expected> Reference(const std::string& model_dir, const std::vector<v1::GenerateRequest>& reqs) {
+std::vector<Expected> Reference(const std::string& model_dir, const std::vector<v1::GenerateRequest>& reqs,
+                                std::optional<DType> kv_dtype) {
   auto backend = E2eBackend().value();
   auto model = LlamaModel::Load(model_dir, backend.get()).value();
   EngineOptions o;
+  o.kv_cache_dtype = kv_dtype;
   o.gpu_memory_utilization = 0.15;  // on a GPU, beside the cluster's workers (as LocalCluster gives them)
   auto engine = Engine::Create(model.get(), o).value();
   std::vector<Expected> out(reqs.size());
@@ -137,7 +140,9 @@ std::vector<Expected> Reference(const std::string& model_dir, const std::vector<
   return out;
 }
 
-void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, int num_requests) {
+// kv_dtype: the workers' --kv-cache-dtype (unset: their default).
+void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, int num_requests,
+                      std::optional<DType> kv_dtype = std::nullopt) {
   std::mt19937 rng(77);
   std::vector<v1::GenerateRequest> reqs;
   for (int i = 0; i < num_requests; ++i) {
@@ -151,7 +156,7 @@ void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, 
     }
     reqs.push_back(g);
   }
-  const std::vector<Expected> expected = Reference(model_dir, reqs);
+  const std::vector<Expected> expected = Reference(model_dir, reqs, kv_dtype);
   std::vector<StreamResult> got(reqs.size());
   ParallelFor(num_requests, 12, [&](int i) { got[i] = Stream(stub, reqs[i]); });
   int mismatches = 0;
@@ -183,6 +188,15 @@ void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, 
 TEST_F(ServiceTest, OnePrefillOneDecodeMatchesTheInProcessEngine) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
   ExpectEquivalent(c->generation(), model_dir_, 100);
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+// A BF16 KV cache on both workers: the blocks cross the wire as BF16 and decode goes on from them
+// exactly as the in-process engine with the same cache does.
+TEST_F(ServiceTest, Bf16KvCacheDisaggregatedMatchesTheInProcessEngine) {
+  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--kv-cache-dtype=bf16"}});
+  ExpectEquivalent(c->generation(), model_dir_, 40, DType::kBF16);
   std::string why;
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
 }
