@@ -23,6 +23,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/base/argmax.h"
@@ -451,6 +452,50 @@ TEST_F(CudaBackendTest, PagedAttentionOverA16BitCacheMatchesTheCpu) {
       gpu_->CopyToHost(v_back.data(), vcg, cache_elems * 2);
       EXPECT_EQ(k_back, kc) << "K cache writes, " << DTypeName(dt) << " head_dim " << hd;
       EXPECT_EQ(v_back, vc) << "V cache writes, " << DTypeName(dt) << " head_dim " << hd;
+    }
+  }
+}
+
+// The tiled prompt kernel against the CPU: long prompt chunks over cached prefixes, tiles that span
+// sequences, a decode token among them, in an f32 and a BF16 cache; and the backend's own launch
+// (kAuto, not batch-invariant) takes it for such a step.
+TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
+  const std::vector<AttentionCase::Seq> prompts = {{0, 150}, {40, 90}, {300, 70}, {700, 1}, {5, 3}};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t hd : {32, 64, 128, 256}) {
+      for (auto [hq, kvh] : std::vector<std::pair<int64_t, int64_t>>{{8, 2}, {7, 7}}) {
+        AttentionCase c(hd, hq, kvh, prompts);
+        c.g.dtype = dt;
+        const size_t cache_elems = c.g.num_layers * c.g.elements_per_layer();
+        // Both caches as the dtype stores them.
+        std::vector<uint16_t> k16(cache_elems), v16(cache_elems);
+        for (size_t i = 0; i < cache_elems && dt != DType::kF32; ++i) {
+          k16[i] = F32ToBf16(c.kc[i]);
+          v16[i] = F32ToBf16(c.vc[i]);
+        }
+        void* kc_host = dt == DType::kF32 ? static_cast<void*>(c.kc.data()) : k16.data();
+        void* vc_host = dt == DType::kF32 ? static_cast<void*>(c.vc.data()) : v16.data();
+        const auto up_cache = [&](const std::vector<float>& f, const std::vector<uint16_t>& h) -> void* {
+          return dt == DType::kF32 ? static_cast<void*>(Up(f)) : static_cast<void*>(Up(h));
+        };
+        void *kcg = up_cache(c.kc, k16), *vcg = up_cache(c.vc, v16);
+        const AttentionMetadata md = OnDevice(c);
+        const float *qg = Up(c.q), *kg = Up(c.k), *vg = Up(c.v);
+        cuda::PagedAttentionArgs a = CudaBackend::AttentionArgs(qg, kg, vg, kcg, vcg, c.g, c.layer, md, hq, c.scale(),
+                                                                Zeros(c.n * hq * hd));
+        a.mode = cuda::AttentionMode::kTiled;
+        ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> tiled = Down(a.out, c.n * hq * hd);
+        std::vector<float> ref(c.n * hq * hd);
+        cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc_host, vc_host, c.g, c.layer, c.Host(), hq, c.scale(),
+                             ref.data());
+        EXPECT_LE(MaxRelDiff(tiled, ref), 1e-4f) << DTypeName(dt) << " head_dim " << hd << " heads " << hq << "/" << kvh;
+        ASSERT_TRUE(cuda::TiledPrefillPays(a));
+        float* out = Zeros(c.n * hq * hd);
+        gpu_->PagedAttention(qg, kg, vg, kcg, vcg, c.g, c.layer, md, hq, c.scale(), out);
+        EXPECT_EQ(Down(out, c.n * hq * hd), tiled) << "kAuto took another kernel: " << DTypeName(dt) << " " << hd;
+      }
     }
   }
 }

@@ -445,6 +445,7 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
   cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
+  a.allow_tiled = !batch_invariant_;
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
   // splits merge in-block, with the same bits. A captured launch is split for the context its graph

@@ -7,6 +7,8 @@
 #include <type_traits>
 
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/kv_types.cuh"
+#include "common/backend/cuda/prefill_attention.h"
 
 namespace tandem::cuda {
 namespace {
@@ -112,25 +114,6 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
     const float x0 = x[i], x1 = x[i + half];
     x[i] = x0 * c - x1 * s;
     x[i + half] = x1 * c + x0 * s;
-  }
-}
-
-// KV cache elements: f32, or 16-bit rounded to nearest even, read back as f32.
-__device__ __forceinline__ float LoadKv(const float* p) { return *p; }
-__device__ __forceinline__ float LoadKv(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float LoadKv(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ void StoreKv(float* p, float x) { *p = x; }
-__device__ __forceinline__ void StoreKv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
-__device__ __forceinline__ void StoreKv(__half* p, float x) { *p = __float2half_rn(x); }
-
-// fn(static_cast<T*>(nullptr)) for the cache's element type T.
-template <typename Fn>
-cudaError_t WithKvType(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32: return fn(static_cast<float*>(nullptr));
-    case DType::kBF16: return fn(static_cast<__nv_bfloat16*>(nullptr));
-    case DType::kF16: return fn(static_cast<__half*>(nullptr));
-    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -556,6 +539,7 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float
 
 int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
   if (!SplitCapable(a.layer.head_dim) || a.mode == AttentionMode::kInBlock || a.mode == AttentionMode::kLegacy ||
+      a.mode == AttentionMode::kTiled ||
       a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0) {
     return 0;
   }
@@ -582,6 +566,10 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
     WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
         static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
         a.layer.num_kv_heads * a.layer.head_dim);
+    if (a.mode == AttentionMode::kTiled ||
+        (a.mode == AttentionMode::kAuto && a.allow_tiled && TiledPrefillCapable(a) && TiledPrefillPays(a))) {
+      return LaunchTiledPrefillAttention(a, stream);
+    }
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
       const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
       const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));

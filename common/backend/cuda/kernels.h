@@ -47,6 +47,7 @@ enum class AttentionMode {
   kInBlock,    // split-KV, every split of a token merged by one block
   kGridSplit,  // split-KV, one block per split and a merge kernel (needs the workspace)
   kLegacy,     // one block per (token, query head): any head_dim up to 512
+  kTiled,      // the tiled prompt kernel (prefill_attention.h): head_dim 32, 64, 128 or 256
 };
 
 // First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
@@ -73,6 +74,9 @@ struct PagedAttentionArgs {
   float* out = nullptr;
   int64_t max_context_len = 0;  // of the batch: sets the number of splits
   AttentionMode mode = AttentionMode::kAuto;
+  // kAuto may take the tiled prompt kernel for steps that are mostly prompt (not in the
+  // batch-invariant mode: its arithmetic is not the split-KV kernels').
+  bool allow_tiled = false;
   float* workspace = nullptr;   // [SplitAttentionWorkspaceFloats(args)] for split partials
   int64_t workspace_floats = 0;
 };

@@ -1,0 +1,27 @@
+// Tiled causal attention for prompt chunks (FlashAttention-2's loop, in f32 arithmetic on the CUDA
+// cores): a block takes kTileQ consecutive new tokens and one query head, and walks the sequence's
+// cached keys and values in tiles through shared memory with an online softmax, so each key and
+// value row is read once per tile of queries instead of once per query. Rows of a tile that belong to
+// different sequences (a chunk's end, decode tokens batched beside it) are taken one sequence at a
+// time. The cache already holds the step's new keys and values (LaunchPagedAttention writes them
+// first).
+//
+// Its arithmetic differs from the split-KV decode kernels', so the batch-invariant mode never uses
+// it (a token's bits would depend on whether its step was a prefill).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/backend/cuda/kernels.h"
+
+namespace tandem::cuda {
+
+// Whether the tiled kernel takes this launch: head_dim 32, 64, 128 or 256.
+bool TiledPrefillCapable(const PagedAttentionArgs& a);
+// Whether it pays over the split-KV kernels: a step that is mostly prompt (at least 64 new tokens, four
+// a sequence on average).
+bool TiledPrefillPays(const PagedAttentionArgs& a);
+// Attention only (no KV write); cudaErrorInvalidValue outside TiledPrefillCapable.
+cudaError_t LaunchTiledPrefillAttention(const PagedAttentionArgs& a, cudaStream_t stream);
+
+}  // namespace tandem::cuda
