@@ -73,37 +73,42 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return p;
   }
 
+  // Greedy requests run together (a 32-token budget, 8-token prompt chunks, a pool of
+  // `together_blocks` too small for all at once, so some are preempted) give each request the same
+  // tokens as running it alone in a roomy engine.
+  void ExpectBatchInvariance(int requests, uint32_t seed, int64_t together_blocks, DType kv_dtype) {
+    std::vector<EngineRequest> reqs;
+    std::mt19937 rng(seed);
+    for (int i = 0; i < requests; ++i) {
+      EngineRequest r;
+      r.id = "r" + std::to_string(i);
+      r.prompt_token_ids = Prompt(1 + static_cast<int>(rng() % 40), seed * 10 + i);
+      r.params.temperature = 0;
+      r.params.ignore_eos = true;
+      r.params.max_tokens = 1 + static_cast<int32_t>(rng() % 12);
+      reqs.push_back(r);
+    }
+    auto together = MakeEngine(together_blocks, /*budget=*/32, /*chunk=*/8, true, 64, kv_dtype);
+    EXPECT_EQ(together->kv_storage()->geometry().dtype, kv_dtype);
+    for (const auto& r : reqs) ASSERT_TRUE(together->AddRequest(r).ok());
+    const auto batched = RunAll(together.get());
+    EXPECT_GT(together->stats().preemptions, 0) << "the test should force preemption";
+    EXPECT_EQ(together->stats().free_blocks, together_blocks);
+    for (const auto& r : reqs) {
+      auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false, 64, kv_dtype);
+      ASSERT_TRUE(alone->AddRequest(r).ok());
+      const auto solo = RunAll(alone.get());
+      ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
+      EXPECT_EQ(batched.at(r.id).size(), static_cast<size_t>(r.params.max_tokens));
+    }
+  }
+
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<LlamaModel> model_;
 };
 
 TEST_P(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
-  constexpr int kRequests = 64;
-  std::vector<EngineRequest> reqs;
-  std::mt19937 rng(17);
-  for (int i = 0; i < kRequests; ++i) {
-    EngineRequest r;
-    r.id = "r" + std::to_string(i);
-    r.prompt_token_ids = Prompt(1 + static_cast<int>(rng() % 40), 100 + i);
-    r.params.temperature = 0;
-    r.params.ignore_eos = true;
-    r.params.max_tokens = 1 + static_cast<int32_t>(rng() % 12);
-    reqs.push_back(r);
-  }
-  // Together: a 32-token budget, 8-token prompt chunks, and a pool too small for all at once.
-  auto together = MakeEngine(/*kv_blocks=*/48, /*budget=*/32, /*chunk=*/8);
-  for (const auto& r : reqs) ASSERT_TRUE(together->AddRequest(r).ok());
-  const auto batched = RunAll(together.get());
-  EXPECT_GT(together->stats().preemptions, 0) << "the test should force preemption";
-  EXPECT_EQ(together->stats().free_blocks, 48);
-  // Alone: each request by itself with a roomy engine.
-  for (const auto& r : reqs) {
-    auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false);
-    ASSERT_TRUE(alone->AddRequest(r).ok());
-    const auto solo = RunAll(alone.get());
-    ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
-    EXPECT_EQ(batched.at(r.id).size(), static_cast<size_t>(r.params.max_tokens));
-  }
+  ExpectBatchInvariance(/*requests=*/64, /*seed=*/17, /*together_blocks=*/48, DType::kF32);
 }
 
 // A BF16 KV cache: half the bytes a block, and still the same tokens for a request alone or
@@ -111,29 +116,7 @@ TEST_P(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
 TEST_P(EngineTest, Bf16KvCacheHalvesTheBlockAndKeepsBatchInvariance) {
   EXPECT_EQ(2 * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4, DType::kBF16)),
             KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4)));
-  std::vector<EngineRequest> reqs;
-  std::mt19937 rng(23);
-  for (int i = 0; i < 16; ++i) {
-    EngineRequest r;
-    r.id = "r" + std::to_string(i);
-    r.prompt_token_ids = Prompt(1 + static_cast<int>(rng() % 40), 300 + i);
-    r.params.temperature = 0;
-    r.params.ignore_eos = true;
-    r.params.max_tokens = 1 + static_cast<int32_t>(rng() % 12);
-    reqs.push_back(r);
-  }
-  auto together = MakeEngine(/*kv_blocks=*/24, /*budget=*/32, /*chunk=*/8, true, 64, DType::kBF16);
-  EXPECT_EQ(together->kv_storage()->geometry().dtype, DType::kBF16);
-  for (const auto& r : reqs) ASSERT_TRUE(together->AddRequest(r).ok());
-  const auto batched = RunAll(together.get());
-  EXPECT_GT(together->stats().preemptions, 0) << "the test should force preemption";
-  for (const auto& r : reqs) {
-    auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false, 64, DType::kBF16);
-    ASSERT_TRUE(alone->AddRequest(r).ok());
-    const auto solo = RunAll(alone.get());
-    ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
-    EXPECT_EQ(batched.at(r.id).size(), static_cast<size_t>(r.params.max_tokens));
-  }
+  ExpectBatchInvariance(/*requests=*/16, /*seed=*/23, /*together_blocks=*/24, DType::kBF16);
 }
 
 // A backend that computes logprobs where the logits are, as the CUDA one does, here with the
