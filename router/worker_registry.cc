@@ -22,6 +22,12 @@ absl::Status WorkerRegistry::Register(const WorkerRegistration& w) {
                                                         ", kv_heads ", w.num_kv_heads, ", head_dim ", w.head_dim,
                                                         ", block_size ", w.block_size, ") different from ", address));
     }
+    // Prefill and decode workers exchange KV blocks: their caches must store the same type.
+    if (o.role != WorkerRole::kCombined && w.role != WorkerRole::kCombined && o.kv_dtype != w.kv_dtype) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", w.address, " keeps its KV cache in ", w.kv_dtype,
+                                                        " and ", address, " in ", o.kv_dtype,
+                                                        ": prefill and decode workers must agree (--kv-cache-dtype)"));
+    }
   }
   Entry& e = workers_[w.address];
   e.registration = w;

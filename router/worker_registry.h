@@ -26,6 +26,7 @@ struct WorkerRegistration {
   WorkerRole role = WorkerRole::kCombined;
   std::string model_fingerprint;
   int64_t num_layers = 0, num_kv_heads = 0, head_dim = 0, block_size = 16;
+  std::string kv_dtype = "F32";  // what its KV cache stores ("F32", "BF16", "F16")
   int64_t total_blocks = 0;
 };
 

@@ -47,7 +47,7 @@ class KvLink {
 class KvLinkFactory {
  public:
   virtual ~KvLinkFactory() = default;
-  // The data path's name in handshakes ("nccl").
+  // The data path's name in handshakes ("nccl-chunks"), which also names its message layout.
   virtual std::string name() const = 0;
   // Receiver side: a fresh token for one sender–receiver pair (an ncclUniqueId), which the
   // handshake reply carries to the sender.

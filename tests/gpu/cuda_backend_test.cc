@@ -457,11 +457,15 @@ TEST_F(CudaBackendTest, PagedAttentionOverA16BitCacheMatchesTheCpu) {
 }
 
 // The tiled prompt kernel against the CPU: long prompt chunks over cached prefixes, tiles that span
-// sequences, a decode token among them, in an f32 and a BF16 cache; and the backend's own launch
-// (kAuto, not batch-invariant) takes it for such a step.
+// sequences, a decode token among them; a first tile of five runs with sequences of no new tokens
+// between them; in f32, BF16 and F16 caches; and the backend's own launch (kAuto, not
+// batch-invariant) takes it for such a step.
 TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
-  const std::vector<AttentionCase::Seq> prompts = {{0, 150}, {40, 90}, {300, 70}, {700, 1}, {5, 3}};
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+  const std::vector<std::vector<AttentionCase::Seq>> batches = {
+      {{0, 150}, {40, 90}, {300, 70}, {700, 1}, {5, 3}},
+      {{10, 5}, {0, 0}, {0, 7}, {260, 30}, {3, 9}, {40, 0}, {0, 40}}};
+  for (const auto& prompts : batches)
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int64_t hd : {32, 64, 128, 256}) {
       for (auto [hq, kvh] : std::vector<std::pair<int64_t, int64_t>>{{8, 2}, {7, 7}}) {
         AttentionCase c(hd, hq, kvh, prompts);
@@ -470,8 +474,8 @@ TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
         // Both caches as the dtype stores them.
         std::vector<uint16_t> k16(cache_elems), v16(cache_elems);
         for (size_t i = 0; i < cache_elems && dt != DType::kF32; ++i) {
-          k16[i] = F32ToBf16(c.kc[i]);
-          v16[i] = F32ToBf16(c.vc[i]);
+          k16[i] = dt == DType::kBF16 ? F32ToBf16(c.kc[i]) : F32ToF16(c.kc[i]);
+          v16[i] = dt == DType::kBF16 ? F32ToBf16(c.vc[i]) : F32ToF16(c.vc[i]);
         }
         void* kc_host = dt == DType::kF32 ? static_cast<void*>(c.kc.data()) : k16.data();
         void* vc_host = dt == DType::kF32 ? static_cast<void*>(c.vc.data()) : v16.data();

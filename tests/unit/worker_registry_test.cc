@@ -67,6 +67,16 @@ TEST_F(WorkerRegistryTest, RefusesOtherModelsAndGeometries) {
   odd.head_dim = 128;
   EXPECT_EQ(registry_.Register(odd).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(registry_.Register(Worker("", WorkerRole::kDecode)).code(), absl::StatusCode::kInvalidArgument);
+  // A decode worker whose KV cache stores another type than the prefill worker's: refused, naming
+  // the flag; a combined worker exchanges no KV, so its cache type is its own business.
+  auto bf16 = Worker("d2:1", WorkerRole::kDecode);
+  bf16.kv_dtype = "BF16";
+  const absl::Status refused = registry_.Register(bf16);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("--kv-cache-dtype"));
+  auto combined = Worker("c1:1", WorkerRole::kCombined);
+  combined.kv_dtype = "BF16";
+  EXPECT_TRUE(registry_.Register(combined).ok());
 }
 
 TEST_F(WorkerRegistryTest, CombinedWorkersServeBothRoles) {

@@ -1,5 +1,6 @@
 // The CUDA backend: the Backend interface on one NVIDIA GPU. Weights stay in their checkpoint dtype on
-// the device (BF16/F16/F32); activations and the paged KV cache are f32 as the interface defines.
+// the device (BF16/F16/F32); activations are f32 as the interface defines, the paged KV cache f32,
+// BF16 or F16 (KvCacheGeometry::dtype).
 // Linear runs on cuBLAS: 16-bit weights take their activations rounded to the same 16-bit type and
 // multiply on the tensor cores with f32 accumulation; F32 weights use SGEMM (no TF32). A decode step's
 // few rows (up to cuda::kGemvMaxRows) over 16-bit weights go through this backend's GEMV instead

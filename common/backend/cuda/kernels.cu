@@ -306,22 +306,26 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (p0 + int64_t(b) * kSplitWarps >= k1) break;  // the same for the whole warp
-        // Every group row's dot product (rows past gc hold zeros and are never written out), the
-        // shuffle reductions interleaved.
+        // The group rows' dot products, their shuffle reductions interleaved. Rows past gc are
+        // skipped (gc is the same for the whole block: no divergence) and never written out.
         float dot[kGroup];
 #pragma unroll
         for (int g = 0; g < kGroup; ++g) {
           dot[g] = 0.f;
+          if (g >= gc) continue;
 #pragma unroll
           for (int j = 0; j < kDims; ++j) dot[g] = fmaf(q[g][j], kr[b][j], dot[g]);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
 #pragma unroll
-          for (int g = 0; g < kGroup; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+          for (int g = 0; g < kGroup; ++g) {
+            if (g < gc) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+          }
         }
 #pragma unroll
         for (int g = 0; g < kGroup; ++g) {
+          if (g >= gc) continue;
           // Explicit roundings: one arithmetic wherever the compiler places this loop.
           const float score = __fmul_rn(dot[g], a.scale);
           const float nm = fmaxf(m[g], score);
@@ -537,10 +541,14 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float
   return cudaGetLastError();
 }
 
+// Whether kAuto takes the tiled prompt kernel for this launch.
+static bool TakesTiled(const PagedAttentionArgs& a) {
+  return a.mode == AttentionMode::kAuto && a.allow_tiled && TiledPrefillCapable(a) && TiledPrefillPays(a);
+}
+
 int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
   if (!SplitCapable(a.layer.head_dim) || a.mode == AttentionMode::kInBlock || a.mode == AttentionMode::kLegacy ||
-      a.mode == AttentionMode::kTiled ||
-      a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0) {
+      a.mode == AttentionMode::kTiled || a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0 || TakesTiled(a)) {
     return 0;
   }
   const int64_t splits = SplitCount(a.max_context_len);
@@ -561,15 +569,13 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   const int64_t ws = SplitAttentionWorkspaceFloats(a);
   const bool grid_split = ws > 0 && a.workspace != nullptr && a.workspace_floats >= ws;
   if (a.mode == AttentionMode::kGridSplit && !grid_split && SplitCount(a.max_context_len) > 1) return cudaErrorInvalidValue;
+  if (a.mode == AttentionMode::kTiled && !TiledPrefillCapable(a)) return cudaErrorInvalidValue;  // nothing written
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
     WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
         static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
         a.layer.num_kv_heads * a.layer.head_dim);
-    if (a.mode == AttentionMode::kTiled ||
-        (a.mode == AttentionMode::kAuto && a.allow_tiled && TiledPrefillCapable(a) && TiledPrefillPays(a))) {
-      return LaunchTiledPrefillAttention(a, stream);
-    }
+    if (a.mode == AttentionMode::kTiled || TakesTiled(a)) return LaunchTiledPrefillAttention(a, stream);
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
       const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
       const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));

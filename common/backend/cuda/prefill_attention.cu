@@ -158,10 +158,13 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
 template <int kHd, typename T>
 cudaError_t Launch(const PagedAttentionArgs& a, cudaStream_t stream) {
   constexpr size_t bytes = SharedFloats<kHd>() * sizeof(float);
-  // Over 48 KiB of dynamic shared memory must be asked for, once per kernel.
-  static const cudaError_t opted_in =
-      cudaFuncSetAttribute(TiledPrefillKernel<kHd, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (opted_in != cudaSuccess) return opted_in;
+  // Over 48 KiB of dynamic shared memory must be asked for, per device: asked at every launch (a
+  // host-side call of a microsecond, once per layer of a prompt step).
+  if (cudaError_t e = cudaFuncSetAttribute(TiledPrefillKernel<kHd, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(bytes));
+      e != cudaSuccess) {
+    return e;
+  }
   const dim3 grid(static_cast<unsigned>((a.num_tokens + kTileQ - 1) / kTileQ), static_cast<unsigned>(a.num_q_heads));
   TiledPrefillKernel<kHd, T><<<grid, kPrefillThreads, bytes, stream>>>(a);
   return cudaGetLastError();

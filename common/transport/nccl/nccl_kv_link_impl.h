@@ -80,7 +80,9 @@ class NcclKvLinkFactory final : public KvLinkFactory {
  public:
   // FAILED_PRECONDITION when `storage` is not CUDA memory.
   static absl::StatusOr<std::unique_ptr<NcclKvLinkFactory>> Create(KvCacheStorage* storage);
-  std::string name() const override { return "nccl"; }
+  // Versioned with the message layout: "nccl" sent one message per block, "nccl-chunks" one per chunk
+  // of up to kChunkBlocks blocks; ends of different layouts refuse each other at the handshake.
+  std::string name() const override { return "nccl-chunks"; }
   absl::StatusOr<std::string> NewRendezvous() override;
   absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& rendezvous, int rank, absl::Duration timeout) override;
 
