@@ -185,6 +185,13 @@ class Backend {
   // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
   // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
   virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;
+  // Top-k candidates where the logits are, for sampling that needs no more of the row: ids[i][0..k)
+  // and values[i][0..k) (device arrays) = row i's k largest values of x[n][d], largest first, the
+  // lower id first among equal values, NaN counted as -inf: the sampler's SelectTopK, whose result
+  // SequenceSampler::SampleFromTopK finishes exactly. Backends without it return false.
+  virtual bool SupportsTopK() const { return false; }
+  virtual void TopKRows(const float* /*x*/, int64_t /*n*/, int64_t /*d*/, int32_t /*k*/, int32_t* /*ids*/,
+                        float* /*values*/) {}
   // Log-probabilities where the logits are, as common/sampling's ComputeLogprobs gives them to rounding
   // (log-softmax with the normaliser summed in double): for row i of logits[n][d], token_out[i] =
   // tokens[i], or the row's argmax (ArgmaxRows' choice) when tokens[i] is -1; logprob[i] and rank[i]

@@ -279,6 +279,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RowUse> rows;
   // Logprobs where the logits are (CUDA): such rows then need no logits on the host.
   const bool device_logprobs = model_->backend()->SupportsLogprobs();
+  // Top-k candidates where the logits are: top-k sampling rows then copy k ids and logits, not the row.
+  const bool device_top_k = model_->backend()->SupportsTopK();
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
     const ScheduledChunk& ch = step.chunks[ci];
     const SchedRequest* r = ch.request;
@@ -302,6 +304,9 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
         const bool argmax_only =
             !prompt_row && seq.params.max_tokens != 0 && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
         in.argmax_only.push_back(argmax_only);
+        const bool top_k_row = device_top_k && sample_row && !prompt_row && !argmax_only && seq.params.max_tokens != 0 &&
+                               seq.params.logprobs < 0;
+        in.sample_top_k.push_back(top_k_row ? seq.sampler->TopKCandidates(LlamaModel::kMaxSampleTopK) : 0);
         int32_t lp_token = ForwardInput::kNoLogprobs;
         if (lp_on_device && prompt_row) lp_token = r->token_ids[p + 1];
         if (lp_on_device && argmax_only && seq.params.logprobs >= 0) lp_token = -1;  // the argmax, sampled below
@@ -322,7 +327,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<float> logits;
   std::vector<int32_t> argmax;
   std::vector<std::optional<RowLogprobs>> device_lp;
-  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp));
+  TopKCandidates top_k;
+  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &top_k));
   // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
   auto from_device = [&](size_t k, int32_t top_k) {
     const RowLogprobs& d = *device_lp[k];
@@ -371,8 +377,16 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       o.finish_reason = "length";
       prompt_only.push_back(r->id);
     } else if (rows[k].sample) {
-      const int32_t token =
-          in.argmax_only[k] ? argmax[k] : seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
+      int32_t token;
+      if (in.argmax_only[k]) {
+        token = argmax[k];
+      } else if (in.sample_top_k[k] > 0 && top_k.k > 0) {
+        const size_t at = k * static_cast<size_t>(top_k.k);
+        token = seq.sampler->SampleFromTopK(std::span<const int32_t>(top_k.ids.data() + at, top_k.k),
+                                            std::span<const float>(top_k.logits.data() + at, top_k.k), workspace_);
+      } else {
+        token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
+      }
       seq.sampler->Accept(token);
       sampled[r->id] = token;
       RequestOutput& o = output_for(r->id);

@@ -19,7 +19,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kLogprobs,
+  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kLogprobs, kTopK,
   kNumSlots
 };
 
@@ -264,6 +264,16 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
   if (!in.argmax_only.empty() && in.argmax_only.size() != in.logits_rows.size()) {
     return absl::InvalidArgumentError("argmax_only needs one flag per logits row");
   }
+  if (!in.sample_top_k.empty()) {
+    if (in.sample_top_k.size() != in.logits_rows.size()) {
+      return absl::InvalidArgumentError("sample_top_k needs one entry per logits row");
+    }
+    for (int32_t k : in.sample_top_k) {
+      if (k < 0 || k > kMaxSampleTopK || k > config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sample_top_k must be in [0, ", kMaxSampleTopK, "]"));
+      }
+    }
+  }
   if (!in.logprob_tokens.empty()) {
     if (in.logprob_tokens.size() != in.logits_rows.size()) {
       return absl::InvalidArgumentError("logprob_tokens needs one token per logits row");
@@ -284,7 +294,7 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   auto& buf = scratch_[index];
   const size_t bytes = std::max<size_t>(elements, 1) * sizeof(float);
   if (!buf || buf->size() < bytes) {
-    if (index != kLogprobs) DropAllGraphs();  // captured graphs point at the buffer about to be replaced
+    if (index != kLogprobs && index != kTopK) DropAllGraphs();  // graphs point at the buffer about to be replaced
     auto fresh = backend_->Allocate(bytes + bytes / 4);
     if (!fresh.ok()) return nullptr;
     buf = std::move(fresh).value();
@@ -306,7 +316,8 @@ int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
 }
 
 absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
-                                 std::vector<int32_t>* argmax, std::vector<std::optional<RowLogprobs>>* logprobs) {
+                                 std::vector<int32_t>* argmax, std::vector<std::optional<RowLogprobs>>* logprobs,
+                                 TopKCandidates* top_k) {
   RETURN_IF_ERROR(Validate(input, *kv));
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
@@ -417,11 +428,15 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   // needs them (then all the real rows: one copy).
   const bool want_argmax = argmax != nullptr && !input.argmax_only.empty();
   const bool want_logprobs = logprobs != nullptr && !input.logprob_tokens.empty() && backend_->SupportsLogprobs();
+  const bool want_top_k = top_k != nullptr && !input.sample_top_k.empty() && backend_->SupportsTopK();
   bool want_logits = false;  // some row needs its logits on the host
+  int32_t top_k_width = 0;
   for (int64_t k = 0; k < real_rows; ++k) {
     const bool argmax_only = want_argmax && input.argmax_only[k] != 0;
     const bool logprobs_only = want_logprobs && input.logprob_tokens[k] != ForwardInput::kNoLogprobs;
-    want_logits |= !argmax_only && !logprobs_only;
+    const bool top_k_only = want_top_k && input.sample_top_k[k] > 0;
+    want_logits |= !argmax_only && !logprobs_only && !top_k_only;
+    if (top_k_only) top_k_width = std::max(top_k_width, input.sample_top_k[k]);
   }
   // The logprob tokens go up now, while the stream is idle (a copy waits for it).
   int32_t* logprob_region = nullptr;
@@ -441,6 +456,20 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
   if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
   if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprob_region, logprobs));
+  if (top_k != nullptr) *top_k = TopKCandidates{};
+  if (top_k_width > 0) {
+    // One region: ids [rows][k] | logits [rows][k], copied back at once.
+    const int64_t cells = real_rows * top_k_width;
+    auto* region = reinterpret_cast<int32_t*>(Scratch(kTopK, 2 * cells));
+    if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the top-k buffer");
+    backend_->TopKRows(buf.logits, real_rows, c.vocab_size, top_k_width, region, reinterpret_cast<float*>(region + cells));
+    std::vector<int32_t> host(static_cast<size_t>(2 * cells));
+    backend_->CopyToHost(host.data(), region, host.size() * sizeof(int32_t));
+    top_k->k = top_k_width;
+    top_k->ids.assign(host.begin(), host.begin() + cells);
+    top_k->logits.resize(static_cast<size_t>(cells));
+    std::memcpy(top_k->logits.data(), host.data() + cells, static_cast<size_t>(cells) * sizeof(float));
+  }
   return backend_->CheckErrors();
 }
 

@@ -42,6 +42,10 @@ struct ForwardInput {
   static constexpr int32_t kNoLogprobs = -2;
   std::vector<int32_t> logprob_tokens;
   int32_t logprob_top_k = 0;  // top entries returned per such row
+  // Empty, or per logits row: k > 0 = only its k most likely tokens and their logits are wanted (a
+  // top-k sampling step the sampler can finish from them, SequenceSampler::SampleFromTopK), which
+  // Forward returns, on backends with Backend::SupportsTopK, instead of copying the row; 0 = not.
+  std::vector<int32_t> sample_top_k;
   // The step may run as a captured decode graph (see LlamaModel::set_use_graphs): set by the engine
   // for steps outside the prefill role (whose per-layer callbacks and transfers a graph would skip).
   bool allow_graph = false;
@@ -50,6 +54,14 @@ struct ForwardInput {
   // asynchronous backend (CUDA) the write is only enqueued at that point: a consumer must order
   // itself after it on the device (an event), not read the cache from the host at once.
   std::function<void(int64_t layer)> on_layer_done;
+};
+
+// The top-k candidates of the rows that asked (ForwardInput::sample_top_k): rows [logits rows][k],
+// k = the largest any row asked for (a row's own k candidates are its first k), most likely first.
+struct TopKCandidates {
+  int32_t k = 0;
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
 };
 
 // One row's log-probabilities computed on the backend (ForwardInput::logprob_tokens).
@@ -108,10 +120,14 @@ class LlamaModel {
   // the ids leaves the device). Validates ids, positions and block tables first; INVALID_ARGUMENT
   // leaves the cache untouched.
   // With `logprobs` and input.logprob_tokens on a backend that supports it: (*logprobs)[i] for every
-  // row that asked. `logits` then holds every row (or is empty when no row needs host logits).
+  // row that asked. With `top_k` and input.sample_top_k on a backend with SupportsTopK: the rows'
+  // candidates (left empty, k 0, elsewhere). `logits` then holds every row (or is empty when no row
+  // needs host logits).
   absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
                        std::vector<int32_t>* argmax = nullptr,
-                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr);
+                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr, TopKCandidates* top_k = nullptr);
+  // Largest k of ForwardInput::sample_top_k taken on the device.
+  static constexpr int32_t kMaxSampleTopK = 256;
 
  private:
   struct LayerWeights {

@@ -185,10 +185,32 @@ void SequenceSampler::ApplyLogitsProcessors(float* logits) const {
   }
 }
 
-int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws) {
+int32_t SequenceSampler::TopKCandidates(int32_t max_k) const {
+  const bool greedy = params_.greedy() || params_.top_k == 1;
+  if (greedy || params_.top_k <= 1 || params_.top_k >= vocab_size_ || params_.top_k > max_k) return 0;
+  return HasLogitsProcessors() ? 0 : params_.top_k;
+}
+
+int32_t SequenceSampler::SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits,
+                                        SamplingWorkspace& ws) {
+  const int32_t k = TopKCandidates(static_cast<int32_t>(ids.size()));
+  if (k == 0 || logits.size() < ids.size()) {
+    TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromTopK: " << ids.size() << " candidates for top_k "
+                      << params_.top_k << " (or logits processors active)";
+    std::abort();
+  }
+  // Only the candidates' entries of the processed row are read on the top-k path.
+  ws.logits_.resize(vocab_size_);
+  for (int32_t i = 0; i < k; ++i) ws.logits_[ids[i]] = std::isnan(logits[i]) ? kNegInf : logits[i];
+  const std::vector<int32_t> selected(ids.begin(), ids.begin() + k);
+  return SampleFromProcessed(ws, &selected);
+}
+
+int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids) {
   const double u = NextUniform();  // drawn first: one draw per sampled step, whatever the path
   const float* logits = ws.logits_.data();
-  const int32_t best = ArgmaxRow(logits, vocab_size_);
+  // SelectTopK's first is the row's argmax (the same order, the same tie rule).
+  const int32_t best = top_k_ids != nullptr ? top_k_ids->front() : ArgmaxRow(logits, vocab_size_);
   const float max_logit = logits[best];
   // All masked, or an infinite logit: there is nothing to weigh.
   if (!std::isfinite(max_logit)) return best;
@@ -205,7 +227,11 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws) {
   size_t n = static_cast<size_t>(vocab_size_);
   double total = 0;
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
-    SelectTopK(logits, vocab_size_, params_.top_k, ids);
+    if (top_k_ids != nullptr) {
+      ids = *top_k_ids;
+    } else {
+      SelectTopK(logits, vocab_size_, params_.top_k, ids);
+    }
     all_tokens = false;
     n = ids.size();
     for (int32_t t : ids) total += weights[t] = weight(t);

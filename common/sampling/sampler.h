@@ -94,6 +94,17 @@ class SequenceSampler {
   // (Backend::ArgmaxRows, same ties and NaN rules) and skip copying the row.
   bool PlainArgmax() const;
 
+  // The k of a sampled step that needs only the row's k most likely tokens and their raw logits
+  // (top_k sampling, 1 < top_k < vocab, top_k <= max_k, no logits processor active this step): the
+  // caller may select them where the logits are (Backend::TopKRows) and call SampleFromTopK. 0 when
+  // the step needs the whole row.
+  int32_t TopKCandidates(int32_t max_k) const;
+  // Sample(row) for a step TopKCandidates() allows, from the row's top-k candidates alone: ids and
+  // logits of at least TopKCandidates() entries, most likely first, lower id first among equal
+  // logits, NaN given as -inf (Backend::TopKRows' order). The same token and the same draw as
+  // Sample() over the whole row.
+  int32_t SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits, SamplingWorkspace& workspace);
+
   // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
   void Accept(int32_t token);
 
@@ -112,7 +123,9 @@ class SequenceSampler {
   bool HasLogitsProcessors() const;
   // Steps 1-4 above on logits [vocab_size].
   void ApplyLogitsProcessors(float* logits) const;
-  int32_t SampleFromProcessed(SamplingWorkspace& ws);
+  // The draw over ws.logits_ (processed). `top_k_ids`: the top-k candidates, already selected (then
+  // only their entries of ws.logits_ are read).
+  int32_t SampleFromProcessed(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids = nullptr);
   // A uniform double in [0, 1) from the top 53 bits of one draw: the same on every platform,
   // unlike std::uniform_real_distribution.
   double NextUniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }

@@ -576,6 +576,50 @@ TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
   EXPECT_EQ(ref[4], d - 1);
 }
 
+// Top-k candidates on the device against a plain sort (value, then lower id; NaN as -inf), on a
+// Qwen-sized vocabulary with ties at the cut, NaN, -inf and +inf; and the sampler finishing from them
+// gives the token it gives from the whole row.
+TEST_F(CudaBackendTest, TopKRowsMatchAPlainSortAndTheSampler) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t d = 151936, n = 4;
+  const int32_t k = 64;
+  std::vector<float> x = Random(n * d, 33);
+  for (int64_t j = 0; j < d; j += 1000) x[j] = 4.f;                 // row 0: many ties around the cut
+  for (int64_t j = 0; j < d; j += 3) x[1 * d + j] = nan;           // row 1: a third NaN
+  for (int64_t j = 0; j < d; ++j) x[2 * d + j] = j < d - 10 ? -inf : 1.f;  // row 2: ten finite, then -inf by id
+  x[3 * d + 77] = inf;                                              // row 3: +inf first
+  float* xg = Up(x);
+  auto ids_dev = gpu_->Allocate(n * k * sizeof(int32_t)).value();
+  auto vals_dev = gpu_->Allocate(n * k * sizeof(float)).value();
+  gpu_->TopKRows(xg, n, d, k, static_cast<int32_t*>(ids_dev->data()), vals_dev->f32());
+  std::vector<int32_t> ids(n * k);
+  std::vector<float> vals(n * k);
+  gpu_->CopyToHost(ids.data(), ids_dev->data(), ids.size() * sizeof(int32_t));
+  gpu_->CopyToHost(vals.data(), vals_dev->data(), vals.size() * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x.data() + i * d;
+    auto key = [&](int32_t t) { return std::isnan(row[t]) ? -inf : row[t]; };
+    std::vector<int32_t> order(static_cast<size_t>(d));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+    for (int32_t j = 0; j < k; ++j) {
+      ASSERT_EQ(ids[i * k + j], order[j]) << "row " << i << " rank " << j;
+      ASSERT_EQ(vals[i * k + j], key(order[j])) << "row " << i << " rank " << j;
+    }
+    SamplingParams p;
+    p.temperature = 0.9f;
+    p.top_k = 40;
+    p.top_p = 0.9f;
+    p.seed = 7 + i;
+    SequenceSampler whole(p, {}, d, {}), from_top(p, {}, d, {});
+    SamplingWorkspace ws;
+    EXPECT_EQ(from_top.SampleFromTopK(std::span<const int32_t>(ids.data() + i * k, k),
+                                      std::span<const float>(vals.data() + i * k, k), ws),
+              whole.Sample(std::span<const float>(row, d)))
+        << "row " << i;
+  }
+}
+
 TEST_F(CudaBackendTest, LogprobsMatchTheSampler) {
   // Rows of a 151936-wide vocabulary: given tokens and the argmax (-1), top 5 and top 0.
   const int64_t d = 151936, n = 4;

@@ -2,7 +2,11 @@
 // reuse with identical logprobs, aborts in every phase, validation, and no leaked KV blocks.
 #include "common/engine/engine.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
+#include <numeric>
 #include <random>
 
 #include "common/backend/cpu/cpu_backend.h"
@@ -149,6 +153,75 @@ class DeviceLogprobsBackend final : public ForwardingBackend {
   size_t row_bytes = SIZE_MAX;
   int row_copies = 0;
 };
+
+// A backend that selects top-k candidates where the logits are, as the CUDA one does, here by a plain
+// sort on the host: the engine's device top-k sampling path on the CPU.
+class DeviceTopKBackend final : public ForwardingBackend {
+ public:
+  bool SupportsTopK() const override { return true; }
+  void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) override {
+    ++calls;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x + i * d;
+      auto key = [&](int32_t t) { return std::isnan(row[t]) ? -std::numeric_limits<float>::infinity() : row[t]; };
+      std::vector<int32_t> order(static_cast<size_t>(d));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+      for (int32_t j = 0; j < k; ++j) {
+        ids[i * k + j] = order[j];
+        values[i * k + j] = key(order[j]);
+      }
+    }
+  }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes >= row_bytes) ++row_copies;
+    cpu_->CopyToHost(dst, src, bytes);
+  }
+  int calls = 0;
+  size_t row_bytes = SIZE_MAX;
+  int row_copies = 0;
+};
+
+// Seeded top-k sampling (with top-p and min-p on some requests) from candidates selected where the
+// logits are: the same tokens as sampling the whole rows on the host, and no row of logits copied.
+// A request with a repetition penalty needs its rows and still gets them.
+TEST_P(EngineTest, TopKSamplingFromDeviceCandidatesMatchesTheHostPath) {
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    EngineRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_token_ids = Prompt(4 + 9 * i, 70 + i);
+    r.params.temperature = 0.6f + 0.3f * static_cast<float>(i);
+    r.params.top_k = i == 2 ? 1000 : 3 + 7 * i;  // 1000: over the device limit (or the vocabulary)
+    r.params.top_p = i == 1 ? 0.8f : 1.f;
+    r.params.min_p = i == 3 ? 0.1f : 0.f;
+    r.params.repetition_penalty = i == 4 ? 1.3f : 1.f;
+    r.params.seed = 90 + i;
+    r.params.ignore_eos = true;
+    r.params.max_tokens = 8;
+    reqs.push_back(r);
+  }
+  auto run = [&](Backend* backend, const std::vector<EngineRequest>& reqs) {
+    auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
+    EngineOptions o;
+    o.block_size = 4;
+    o.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 4));
+    auto engine = Engine::Create(model.get(), o).value();
+    for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
+    return RunAll(engine.get());
+  };
+  const auto host = run(backend_.get(), reqs);
+  DeviceTopKBackend device;
+  EXPECT_EQ(run(&device, reqs), host);
+  EXPECT_GT(device.calls, 0);
+  // The requests the device serves alone copy no row back.
+  DeviceTopKBackend top_k_only;
+  top_k_only.row_bytes = static_cast<size_t>(model_->config().vocab_size) * sizeof(float);
+  const std::vector<EngineRequest> served = {reqs[0], reqs[1], reqs[3]};
+  const auto got = run(&top_k_only, served);
+  EXPECT_EQ(top_k_only.row_copies, 0);
+  for (const auto& r : served) EXPECT_EQ(got.at(r.id), host.at(r.id)) << r.id;
+}
 
 TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
   // Greedy requests with logprobs and prompt logprobs, and a sampled one (whose logprobs stay on the

@@ -24,6 +24,8 @@ using ::testing::HasSubstr;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// LlamaModel::kMaxSampleTopK, without linking the model library.
+constexpr int32_t LlamaTopKLimit() { return 256; }
 
 // ---------------------------------------------------------------------------------------------
 // Validation
@@ -549,6 +551,72 @@ SamplingParams Seeded(uint64_t seed) {
   p.top_p = 0.95f;
   p.frequency_penalty = 0.1f;
   return p;
+}
+
+// Sampling from the row's top-k candidates alone (as a GPU selects them) gives the same tokens, and
+// the same draws, as sampling the whole row: over vocabularies, k, top-p, min-p and temperatures, on
+// rows with tied logits, NaN and -inf. The candidates come from a plain sort here, not from the
+// sampler's own selection.
+TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
+  std::mt19937 rng(5);
+  int configs = 0;
+  for (int64_t vocab : {50, 300, 5000}) {
+    for (int32_t k : {2, 5, 40, 256}) {
+      if (k >= vocab) continue;
+      for (float top_p : {1.f, 0.9f, 0.3f}) {
+        for (float min_p : {0.f, 0.05f}) {
+          for (float temperature : {0.5f, 1.f, 1.7f}) {
+            SamplingParams p;
+            p.seed = 1000 + configs++;
+            p.temperature = temperature;
+            p.top_k = k;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            SequenceSampler whole(p, {}, vocab, {});
+            SequenceSampler from_top(p, {}, vocab, {});
+            SamplingWorkspace ws;
+            ASSERT_EQ(from_top.TopKCandidates(LlamaTopKLimit()), k);
+            for (int step = 0; step < 20; ++step) {
+              std::vector<float> row(static_cast<size_t>(vocab));
+              // Quantised values: many ties; a few NaN and -inf.
+              for (auto& x : row) x = static_cast<float>(static_cast<int>(rng() % 40)) * 0.25f - 5.f;
+              row[rng() % vocab] = kNaN;
+              row[rng() % vocab] = -kInf;
+              std::vector<int32_t> order(static_cast<size_t>(vocab));
+              std::iota(order.begin(), order.end(), 0);
+              auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
+              std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+              const size_t width = std::min<size_t>(256, order.size());  // more than k, as a batch's widest row
+              std::vector<int32_t> ids(order.begin(), order.begin() + width);
+              std::vector<float> values;
+              for (int32_t t : ids) values.push_back(key(t));
+              const int32_t want = whole.Sample(row);
+              const int32_t got = from_top.SampleFromTopK(ids, values, ws);
+              ASSERT_EQ(got, want) << "vocab " << vocab << " k " << k << " top_p " << top_p << " min_p " << min_p
+                                   << " temperature " << temperature << " step " << step;
+              whole.Accept(want);
+              from_top.Accept(got);
+            }
+          }
+        }
+      }
+    }
+  }
+  // Steps that need the whole row: greedy, top_k off or over the limit, a logits processor.
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.top_k = 5;
+  EXPECT_EQ(SequenceSampler(greedy, {}, 100, {}).TopKCandidates(256), 0);
+  SamplingParams no_k;
+  no_k.temperature = 1;
+  EXPECT_EQ(SequenceSampler(no_k, {}, 100, {}).TopKCandidates(256), 0);
+  SamplingParams wide = no_k;
+  wide.top_k = 300;
+  EXPECT_EQ(SequenceSampler(wide, {}, 1000, {}).TopKCandidates(256), 0);
+  SamplingParams penalised = no_k;
+  penalised.top_k = 5;
+  penalised.repetition_penalty = 1.3f;
+  EXPECT_EQ(SequenceSampler(penalised, std::vector<int32_t>{1, 2}, 100, {}).TopKCandidates(256), 0);
 }
 
 TEST(SequenceSamplerTest, SameSeedSameTokensDifferentSeedDifferentTokens) {

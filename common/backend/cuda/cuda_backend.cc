@@ -496,6 +496,12 @@ void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out)
   Check(cuda::LaunchArgmaxRows(x, n, d, out, stream_), "argmax rows");
 }
 
+void CudaBackend::TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) {
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "top_k", 0, stream_);
+  Check(cuda::LaunchTopKRows(x, n, d, k, ids, values, stream_), "top-k rows");
+}
+
 void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "gather_rows", 0, stream_);

@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
                   float* out) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
+  bool SupportsTopK() const override { return true; }
+  void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) override;
   bool SupportsLogprobs() const override { return true; }
   void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
                 float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override;
