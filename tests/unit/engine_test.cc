@@ -70,6 +70,16 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return tokens;
   }
 
+  // A request `id` of a random prompt of n tokens, with EOS ignored and max_tokens output tokens.
+  EngineRequest Request(const std::string& id, int n, uint32_t seed, int32_t max_tokens) {
+    EngineRequest r;
+    r.id = id;
+    r.prompt_token_ids = Prompt(n, seed);
+    r.params.ignore_eos = true;
+    r.params.max_tokens = max_tokens;
+    return r;
+  }
+
   std::vector<int32_t> Prompt(int n, uint32_t seed) {
     std::mt19937 rng(seed);
     std::vector<int32_t> p(n);
@@ -107,6 +117,22 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
+  // `reqs` through an engine of 64 blocks of 4 tokens over this preset loaded on `backend`; budget
+  // and chunk 0: the scheduler's defaults.
+  std::map<std::string, std::vector<int32_t>> RunOn(Backend* backend, const std::vector<EngineRequest>& reqs,
+                                                     int64_t budget = 0, int64_t chunk = 0,
+                                                     std::map<std::string, std::vector<RequestOutput>>* all = nullptr) {
+    auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
+    EngineOptions o;
+    o.block_size = 4;
+    o.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 4));
+    if (budget > 0) o.scheduler.max_num_batched_tokens = budget;
+    if (chunk > 0) o.scheduler.max_prefill_chunk = chunk;
+    auto engine = Engine::Create(model.get(), o).value();
+    for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
+    return RunAll(engine.get(), all);
+  }
+
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<LlamaModel> model_;
 };
@@ -123,9 +149,21 @@ TEST_P(EngineTest, Bf16KvCacheHalvesTheBlockAndKeepsBatchInvariance) {
   ExpectBatchInvariance(/*requests=*/16, /*seed=*/23, /*together_blocks=*/24, DType::kBF16);
 }
 
+// A CPU backend standing in for a device: counts the copies to the host of a row of logits or more.
+class RowCountingBackend : public ForwardingBackend {
+ public:
+  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes >= row_bytes) ++row_copies;  // a row of logits or more came back
+    cpu_->CopyToHost(dst, src, bytes);
+  }
+  int calls = 0;
+  size_t row_bytes = SIZE_MAX;
+  int row_copies = 0;
+};
+
 // A backend that computes logprobs where the logits are, as the CUDA one does, here with the
 // sampler's own ComputeLogprobs: the engine's device-logprobs path on the CPU.
-class DeviceLogprobsBackend final : public ForwardingBackend {
+class DeviceLogprobsBackend final : public RowCountingBackend {
  public:
   bool SupportsLogprobs() const override { return true; }
   void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
@@ -145,18 +183,11 @@ class DeviceLogprobsBackend final : public ForwardingBackend {
       }
     }
   }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    if (bytes >= row_bytes) ++row_copies;  // a row of logits or more came back
-    cpu_->CopyToHost(dst, src, bytes);
-  }
-  int calls = 0;
-  size_t row_bytes = SIZE_MAX;
-  int row_copies = 0;
 };
 
 // A backend that selects top-k candidates where the logits are, as the CUDA one does, here by a plain
 // sort on the host: the engine's device top-k sampling path on the CPU.
-class DeviceTopKBackend final : public ForwardingBackend {
+class DeviceTopKBackend final : public RowCountingBackend {
  public:
   bool SupportsTopK() const override { return true; }
   void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) override {
@@ -173,13 +204,6 @@ class DeviceTopKBackend final : public ForwardingBackend {
       }
     }
   }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    if (bytes >= row_bytes) ++row_copies;
-    cpu_->CopyToHost(dst, src, bytes);
-  }
-  int calls = 0;
-  size_t row_bytes = SIZE_MAX;
-  int row_copies = 0;
 };
 
 // Seeded top-k sampling (with top-p and min-p on some requests) from candidates selected where the
@@ -188,28 +212,16 @@ class DeviceTopKBackend final : public ForwardingBackend {
 TEST_P(EngineTest, TopKSamplingFromDeviceCandidatesMatchesTheHostPath) {
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 5; ++i) {
-    EngineRequest r;
-    r.id = "r" + std::to_string(i);
-    r.prompt_token_ids = Prompt(4 + 9 * i, 70 + i);
+    EngineRequest r = Request("r" + std::to_string(i), 4 + 9 * i, 70 + i, /*max_tokens=*/8);
     r.params.temperature = 0.6f + 0.3f * static_cast<float>(i);
     r.params.top_k = i == 2 ? 1000 : 3 + 7 * i;  // 1000: over the device limit (or the vocabulary)
     r.params.top_p = i == 1 ? 0.8f : 1.f;
     r.params.min_p = i == 3 ? 0.1f : 0.f;
     r.params.repetition_penalty = i == 4 ? 1.3f : 1.f;
     r.params.seed = 90 + i;
-    r.params.ignore_eos = true;
-    r.params.max_tokens = 8;
     reqs.push_back(r);
   }
-  auto run = [&](Backend* backend, const std::vector<EngineRequest>& reqs) {
-    auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
-    EngineOptions o;
-    o.block_size = 4;
-    o.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 4));
-    auto engine = Engine::Create(model.get(), o).value();
-    for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
-    return RunAll(engine.get());
-  };
+  auto run = [&](Backend* backend, const std::vector<EngineRequest>& reqs) { return RunOn(backend, reqs); };
   const auto host = run(backend_.get(), reqs);
   DeviceTopKBackend device;
   EXPECT_EQ(run(&device, reqs), host);
@@ -228,28 +240,17 @@ TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
   // host): the same tokens, logprobs, ranks and top entries either way.
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 4; ++i) {
-    EngineRequest r;
-    r.id = "r" + std::to_string(i);
-    r.prompt_token_ids = Prompt(5 + 7 * i, 40 + i);
+    EngineRequest r = Request("r" + std::to_string(i), 5 + 7 * i, 40 + i, /*max_tokens=*/6);
     r.params.temperature = i == 3 ? 0.7f : 0.f;
     r.params.seed = 5;
-    r.params.ignore_eos = true;
-    r.params.max_tokens = 6;
     r.params.logprobs = i == 0 ? 0 : 3;
     r.params.prompt_logprobs = i == 1 ? -1 : 2;
     reqs.push_back(r);
   }
   auto run = [&](Backend* backend, const std::vector<EngineRequest>& reqs) {
-    auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
-    EngineOptions o;
-    o.block_size = 4;
-    o.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 4));
-    o.scheduler.max_num_batched_tokens = 16;  // prompts in chunks, prompt logprobs across them
-    o.scheduler.max_prefill_chunk = 8;
-    auto engine = Engine::Create(model.get(), o).value();
-    for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
     std::map<std::string, std::vector<RequestOutput>> all;
-    RunAll(engine.get(), &all);
+    // Prompts in chunks, prompt logprobs across them.
+    RunOn(backend, reqs, /*budget=*/16, /*chunk=*/8, &all);
     return all;
   };
   DeviceLogprobsBackend device;
