@@ -38,7 +38,8 @@ Commands:
                [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
                [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--min-tokens N] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
-               [--batch-file F.jsonl]
+               [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16]
+               [engine flags]
                --server HOST:PORT streams from a Tandem router instead (no --model needed), with
                [--stop S1,S2] [--timeout-s T] [--priority P] besides the flags above.
   tokenize     Encode text with the model's tokenizer.json; prints the ids.

@@ -34,6 +34,8 @@ ap.add_argument("--tol", type=float, default=1e-2)
 ap.add_argument("--prompt-lens", default="7,64,700", help="prompt lengths (700 crosses 256-key attention splits)")
 ap.add_argument("--greedy", type=int, default=16, help="greedy decode steps compared")
 ap.add_argument("--seed", type=int, default=5)
+ap.add_argument("--kv-cache-dtype", default="f32",
+                help="Tandem's KV cache (f32: the forward pass alone is checked; bf16 adds the cache's rounding)")
 args = ap.parse_args()
 
 
@@ -91,7 +93,8 @@ def main():
         info = []  # Tandem vs transformers' BF16: printed only
         for n in (int(x) for x in args.prompt_lens.split(",")):
             ids = torch.randint(0, vocab, (n,), generator=g).tolist()
-            common = ["generate", "--model", model_dir, "--device", "cuda", "--token-ids", ",".join(map(str, ids)), "--json"]
+            common = ["generate", "--model", model_dir, "--device", "cuda", "--token-ids", ",".join(map(str, ids)), "--json",
+                      f"--kv-cache-dtype={args.kv_cache_dtype}"]
             pre = json.loads(tandem(*common, "--max-tokens", "0", "--prompt-logprobs", str(vocab)))
             dec = json.loads(tandem(*common, "--max-tokens", str(args.greedy), "--temperature", "0", "--ignore-eos",
                                     "--logprobs", str(vocab)))
