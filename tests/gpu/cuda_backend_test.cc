@@ -458,8 +458,8 @@ TEST_F(CudaBackendTest, PagedAttentionOverA16BitCacheMatchesTheCpu) {
 
 // The tiled prompt kernel against the CPU: long prompt chunks over cached prefixes, tiles that span
 // sequences, a decode token among them; a first tile of five runs with sequences of no new tokens
-// between them; in f32, BF16 and F16 caches; and the backend's own launch (kAuto, not
-// batch-invariant) takes it for such a step.
+// between them; in f32, BF16 and F16 caches. The backend's own launch (kAuto, not batch-invariant)
+// takes it for such a step's long sequences and the split-KV kernel for the short ones.
 TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
   const std::vector<std::vector<AttentionCase::Seq>> batches = {
       {{0, 150}, {40, 90}, {300, 70}, {700, 1}, {5, 3}},
@@ -495,10 +495,28 @@ TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
         cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc_host, vc_host, c.g, c.layer, c.Host(), hq, c.scale(),
                              ref.data());
         EXPECT_LE(MaxRelDiff(tiled, ref), 1e-4f) << DTypeName(dt) << " head_dim " << hd << " heads " << hq << "/" << kvh;
+        // The split-KV kernel's own result, for the short sequences the backend leaves to it.
+        a.mode = cuda::AttentionMode::kInBlock;
+        a.out = Zeros(c.n * hq * hd);
+        ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> split = Down(a.out, c.n * hq * hd);
         ASSERT_TRUE(cuda::TiledPrefillPays(a));
         float* out = Zeros(c.n * hq * hd);
         gpu_->PagedAttention(qg, kg, vg, kcg, vcg, c.g, c.layer, md, hq, c.scale(), out);
-        EXPECT_EQ(Down(out, c.n * hq * hd), tiled) << "kAuto took another kernel: " << DTypeName(dt) << " " << hd;
+        const std::vector<float> got = Down(out, c.n * hq * hd);
+        EXPECT_LE(MaxRelDiff(got, ref), 1e-4f) << "kAuto, " << DTypeName(dt) << " head_dim " << hd;
+        // kAuto: sequences of at least kMinTiledNewTokens new tokens tiled, the others split-KV.
+        const size_t row = static_cast<size_t>(hq * hd);
+        for (size_t s = 0; s + 1 < c.seq_indptr.size(); ++s) {
+          const bool tiled_seq = c.seq_indptr[s + 1] - c.seq_indptr[s] >= cuda::kMinTiledNewTokens;
+          const std::vector<float>& want = tiled_seq ? tiled : split;
+          for (int32_t t = c.seq_indptr[s]; t < c.seq_indptr[s + 1]; ++t) {
+            EXPECT_TRUE(std::equal(got.begin() + t * row, got.begin() + (t + 1) * row, want.begin() + t * row))
+                << "token " << t << " (sequence " << s << ") not from the " << (tiled_seq ? "tiled" : "split-KV")
+                << " kernel: " << DTypeName(dt) << " head_dim " << hd;
+          }
+        }
       }
     }
   }

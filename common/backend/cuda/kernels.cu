@@ -258,6 +258,9 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
   const int gc = static_cast<int>(min(int64_t(kGroup), group - chunk * kGroup));
   int64_t seq;
   const int64_t len = CausalLength(a, t, &seq);
+  if (a.tiled_min_new_tokens > 0 && a.seq_indptr[seq + 1] - a.seq_indptr[seq] >= a.tiled_min_new_tokens) {
+    return;  // the tiled kernel's (the whole block alike: no barrier is left waiting)
+  }
   const int64_t splits = (len + kSplitKeys - 1) / kSplitKeys;
   const bool grid_split = gridDim.z > 1;
   const int64_t s_begin = grid_split ? blockIdx.z : 0, s_end = grid_split ? min(s_begin + 1, splits) : splits;
@@ -401,6 +404,11 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 // Grid (num_tokens, num_q_heads), head_dim threads: merges a token's split partials in split order.
 __global__ void MergeSplitsKernel(PagedAttentionArgs a, int64_t splits, const float* partials) {
   const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.layer.head_dim, d = threadIdx.x;
+  if (a.tiled_min_new_tokens > 0) {
+    int64_t seq;
+    CausalLength(a, t, &seq);
+    if (a.seq_indptr[seq + 1] - a.seq_indptr[seq] >= a.tiled_min_new_tokens) return;  // the tiled kernel's
+  }
   float M = -INFINITY, L = 0.f, O = 0.f;
   for (int64_t s = 0; s < splits; ++s) {
     const float* part = partials + ((t * a.num_q_heads + h) * splits + s) * (hd + 2);
@@ -575,7 +583,21 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
     WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
         static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
         a.layer.num_kv_heads * a.layer.head_dim);
-    if (a.mode == AttentionMode::kTiled || TakesTiled(a)) return LaunchTiledPrefillAttention(a, stream);
+    if (a.mode == AttentionMode::kTiled) return LaunchTiledPrefillAttention(a, stream);
+    if (TakesTiled(a)) {
+      // Prompt chunks through the tiled kernel; decode tokens and short chunks beside them through
+      // the split-KV kernel, in-block (a run of one token would hold a whole tiled block).
+      PagedAttentionArgs split = a;
+      split.tiled_min_new_tokens = kMinTiledNewTokens;
+      if (cudaError_t e = LaunchTiledPrefillAttention(split, stream); e != cudaSuccess) return e;
+      if (!SplitCapable(a.layer.head_dim)) return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
+      switch (a.layer.head_dim) {
+        case 32: return LaunchSplitAttention<1, T>(split, 1, stream);
+        case 64: return LaunchSplitAttention<2, T>(split, 1, stream);
+        case 128: return LaunchSplitAttention<4, T>(split, 1, stream);
+        default: return LaunchSplitAttention<8, T>(split, 1, stream);
+      }
+    }
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
       const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
       const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));

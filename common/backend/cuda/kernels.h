@@ -78,6 +78,10 @@ struct PagedAttentionArgs {
   // kAuto may take the tiled prompt kernel for steps that are mostly prompt (not in the
   // batch-invariant mode: its arithmetic is not the split-KV kernels').
   bool allow_tiled = false;
+  // Set by the launcher when both kinds run in one step: sequences with at least this many new
+  // tokens go to the tiled kernel, the others (decode tokens beside a prompt chunk) to the split-KV
+  // kernel; each skips the other's. 0: one kernel takes every token.
+  int64_t tiled_min_new_tokens = 0;
   float* workspace = nullptr;   // [SplitAttentionWorkspaceFloats(args)] for split partials
   int64_t workspace_floats = 0;
 };

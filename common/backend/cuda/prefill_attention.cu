@@ -50,6 +50,10 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
     }
     const int64_t seq = lo;
     const int64_t run_end = min(t_end, int64_t(a.seq_indptr[seq + 1]));
+    if (a.tiled_min_new_tokens > 0 && a.seq_indptr[seq + 1] - a.seq_indptr[seq] < a.tiled_min_new_tokens) {
+      run = run_end;  // the split-KV kernel's (uniform across the block)
+      continue;
+    }
     const int32_t* table = a.block_indices + a.block_indptr[seq];
     const int64_t ctx = a.context_lens[seq];
     // Keys each of this thread's rows sees (0: not a row of the run), and the run's most.

@@ -21,6 +21,9 @@ bool TiledPrefillCapable(const PagedAttentionArgs& a);
 // Whether it pays over the split-KV kernels: a step that is mostly prompt (at least 64 new tokens, four
 // a sequence on average).
 bool TiledPrefillPays(const PagedAttentionArgs& a);
+// In a step that pays, sequences with fewer new tokens than this (decode tokens beside a prompt chunk)
+// stay with the split-KV kernel (PagedAttentionArgs::tiled_min_new_tokens).
+constexpr int64_t kMinTiledNewTokens = 16;
 // Attention only (no KV write); cudaErrorInvalidValue outside TiledPrefillCapable.
 cudaError_t LaunchTiledPrefillAttention(const PagedAttentionArgs& a, cudaStream_t stream);
 
