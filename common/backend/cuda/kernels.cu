@@ -587,15 +587,15 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
     if (TakesTiled(a)) {
       // Prompt chunks through the tiled kernel; decode tokens and short chunks beside them through
       // the split-KV kernel, in-block (a run of one token would hold a whole tiled block).
-      PagedAttentionArgs split = a;
-      split.tiled_min_new_tokens = kMinTiledNewTokens;
-      if (cudaError_t e = LaunchTiledPrefillAttention(split, stream); e != cudaSuccess) return e;
+      PagedAttentionArgs both = a;  // each kernel skips the other's sequences
+      both.tiled_min_new_tokens = kMinTiledNewTokens;
+      if (cudaError_t e = LaunchTiledPrefillAttention(both, stream); e != cudaSuccess) return e;
       if (!SplitCapable(a.layer.head_dim)) return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
       switch (a.layer.head_dim) {
-        case 32: return LaunchSplitAttention<1, T>(split, 1, stream);
-        case 64: return LaunchSplitAttention<2, T>(split, 1, stream);
-        case 128: return LaunchSplitAttention<4, T>(split, 1, stream);
-        default: return LaunchSplitAttention<8, T>(split, 1, stream);
+        case 32: return LaunchSplitAttention<1, T>(both, 1, stream);
+        case 64: return LaunchSplitAttention<2, T>(both, 1, stream);
+        case 128: return LaunchSplitAttention<4, T>(both, 1, stream);
+        default: return LaunchSplitAttention<8, T>(both, 1, stream);
       }
     }
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
