@@ -7,8 +7,8 @@
 #          NCCL link test (two processes on this GPU), every tiny preset in BF16 against transformers
 #          (tests/gpu/hf_forward_check.py), and `tandem generate` on models/kjv-target with
 #          --device cuda vs --device cpu (greedy, 64 tokens);
-#   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL (E2E_FILTER picks
-#          tests, default all);
+#   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL, one process per
+#          test (E2E_FILTER picks tests, default all);
 #   bench  kv_transfer_bench (TCP staging vs NCCL, two processes), disagg_bench.py (TTFT with
 #          layer-wise overlap on and off, over NCCL), forward_bench (prefill and batch-1 decode against
 #          the device's measured ceilings; with --profile-ops, the time of every op) and
@@ -23,6 +23,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check-out}"
+# The device tool returns at most 8 files from $OUT: with GPU_CHECK_TAR=1 the logs go to a folder
+# that is packed into $OUT/gpu-check-<stages>.tgz when the script exits.
+if [[ "${GPU_CHECK_TAR:-0}" == 1 ]]; then
+  TAR_TO="$OUT/gpu-check-$(echo "${STAGES:-all}" | tr ' ' '-').tgz"
+  OUT=$(mktemp -d /tmp/gpu-check.XXXX)
+  trap 'tar -C "$OUT" -czf "$TAR_TO" . 2>/dev/null' EXIT
+fi
 mkdir -p "$OUT" .gpu_bundle/run
 tar -C .gpu_bundle/run -xJf .gpu_bundle/bundle.tar.xz
 BIN=.gpu_bundle/run/bin
@@ -103,9 +110,14 @@ sys.exit(0 if same >= 8 else f"CUDA and CPU part after {same} tokens: expected a
 PY
 fi
 if stage e2e; then
-  TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=nccl \
-    lim 300 "$W/service_e2e_test" --gtest_filter="${E2E_FILTER:-*}" > "$OUT/e2e-cuda-nccl.log" 2>&1 || status=1
-  grep -E "^\[ +(OK|FAILED|PASSED) " "$OUT/e2e-cuda-nccl.log"
+  # One process per test: a test that aborts (or hangs to its limit) costs itself, not the rest.
+  tests=$("$W/service_e2e_test" --gtest_list_tests --gtest_filter="${E2E_FILTER:-*}" |
+          awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
+  for t in $tests; do
+    TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=nccl \
+      lim 120 "$W/service_e2e_test" --gtest_filter="$t" >> "$OUT/e2e-cuda-nccl.log" 2>&1 || { status=1; echo "[  FAILED  ] $t (exit)"; }
+  done
+  grep -E "^\[ +(OK|FAILED) " "$OUT/e2e-cuda-nccl.log"
 fi
 if stage bench; then
 ! step kv || lim 180 "$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
