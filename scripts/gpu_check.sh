@@ -122,6 +122,8 @@ fi
 if stage bench; then
 ! step kv || lim 180 "$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
   2>&1 | tee "$OUT/kv_transfer.txt" || status=1
+! step kv || lim 180 "$W/kv_transfer_bench" --device cuda --presets llama-3-8b --tokens 4096 --iterations 3 --kv-dtype bf16 \
+  2>&1 | tee -a "$OUT/kv_transfer.txt" || status=1
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1

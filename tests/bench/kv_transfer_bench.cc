@@ -45,6 +45,7 @@ ABSL_FLAG(bool, two_processes, false,
           "--transports tcp checks it without a GPU");
 ABSL_FLAG(std::string, role, "", "internal: 'receiver' is the receiving process of a --device cuda run");
 ABSL_FLAG(std::string, ready_file, "", "internal: where the receiver writes its port");
+ABSL_FLAG(std::string, kv_dtype, "f32", "two-process runs: what the caches store, f32 or bf16 (half the bytes)");
 
 namespace tandem {
 namespace {
@@ -56,11 +57,29 @@ absl::StatusOr<KvCacheGeometry> Geometry(const std::string& preset_name, int64_t
   if (!preset.ok()) return preset.status();
   const ModelConfig& c = preset->config;
   const int64_t bs = absl::GetFlag(FLAGS_block_size);
-  return KvCacheGeometry{c.num_hidden_layers, (tokens + bs - 1) / bs, bs, c.num_key_value_heads, c.head_dim};
+  KvCacheGeometry g{c.num_hidden_layers, (tokens + bs - 1) / bs, bs, c.num_key_value_heads, c.head_dim};
+  const std::string dtype = absl::GetFlag(FLAGS_kv_dtype);
+  if (dtype != "f32" && dtype != "bf16") return absl::InvalidArgumentError("--kv-dtype must be f32 or bf16");
+  g.dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  return g;
 }
 
-// The cache content both processes know: element i of layer l of K (V: negated).
-float Pattern(int64_t layer, int64_t i) { return static_cast<float>((layer * 7919 + i) % 1000); }
+// The cache content both processes know: element i of layer l of K (V: negated), in the cache's
+// dtype (zeros when !fill).
+std::vector<char> LayerBytes(const KvCacheGeometry& g, int64_t layer, bool v, bool fill) {
+  std::vector<char> bytes(static_cast<size_t>(g.bytes_per_layer()), 0);
+  if (!fill) return bytes;
+  for (int64_t i = 0; i < g.elements_per_layer(); ++i) {
+    const float x = (v ? -1.f : 1.f) * static_cast<float>((layer * 7919 + i) % 1000);
+    if (g.dtype == DType::kF32) {
+      std::memcpy(bytes.data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t h = F32ToBf16(x);
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  return bytes;
+}
 
 struct GpuEnd {
   std::unique_ptr<Backend> backend;
@@ -78,12 +97,8 @@ absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& t
   if (!storage.ok()) return storage.status();
   e.storage = *std::move(storage);
   for (int64_t b = 0; b < g.num_blocks; ++b) e.table.push_back(static_cast<int32_t>(b));
-  std::vector<float> layer(g.elements_per_layer());
   for (int64_t l = 0; l < g.num_layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
-      for (int64_t i = 0; i < g.elements_per_layer(); ++i) layer[i] = fill ? (kv ? -1.f : 1.f) * Pattern(l, i) : 0.f;
-      e.storage->WriteBlocks(kv == 1, l, e.table, layer.data());
-    }
+    for (int kv = 0; kv < 2; ++kv) e.storage->WriteBlocks(kv == 1, l, e.table, LayerBytes(g, l, kv == 1, fill).data());
   }
   if (transport == "nccl") {
     auto links = CreateNcclKvLinkFactory(e.storage.get());
@@ -126,15 +141,13 @@ int RunReceiver() {
       return 1;
     }
   }
-  std::vector<float> layer(g->elements_per_layer());
+  std::vector<char> layer(static_cast<size_t>(g->bytes_per_layer()));
   for (int64_t l = 0; l < g->num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       end->storage->ReadBlocks(kv == 1, l, end->table, layer.data());
-      for (int64_t i = 0; i < g->elements_per_layer(); ++i) {
-        if (layer[i] != (kv ? -1.f : 1.f) * Pattern(l, i)) {
-          std::fprintf(stderr, "receiver: transferred KV differs from the source (layer %lld)\n", static_cast<long long>(l));
-          return 1;
-        }
+      if (layer != LayerBytes(*g, l, kv == 1, /*fill=*/true)) {
+        std::fprintf(stderr, "receiver: transferred KV differs from the source (layer %lld)\n", static_cast<long long>(l));
+        return 1;
       }
     }
   }
@@ -153,7 +166,7 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens, con
   auto child = Subprocess::Spawn({ExecutableDir() + "/kv_transfer_bench", "--role=receiver", "--device=" + absl::GetFlag(FLAGS_device),
                                   "--transports=" + transport, "--presets=" + preset, "--two-processes", absl::StrCat("--tokens=", tokens),
                                   absl::StrCat("--iterations=", iterations), absl::StrCat("--block-size=", g->block_size),
-                                  "--ready-file=" + ready},
+                                  "--ready-file=" + ready, "--kv-dtype=" + absl::GetFlag(FLAGS_kv_dtype)},
                                  "");
   if (!child.ok()) return child.status();
   int port = 0;
@@ -199,7 +212,7 @@ int RunGpu() {
         std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
         return 2;
       }
-      const double bytes = 2.0 * g->num_layers * g->elements_per_layer() * sizeof(float);
+      const double bytes = 2.0 * static_cast<double>(g->num_layers * g->bytes_per_layer());
       std::printf("%-14s %7lld %10.1f", name.c_str(), static_cast<long long>(tokens), bytes / (1 << 20));
       for (const std::string& transport : transports) {
         auto seconds = MeasureGpu(name, tokens, transport);
