@@ -45,8 +45,7 @@ absl::Status Cluster::Register(const v1::WorkerDescription& w) {
   r.head_dim = w.kv_geometry().head_dim();
   r.block_size = w.kv_geometry().block_size();
   // A worker from before 16-bit caches names no dtype: f32.
-  const std::optional<DType> kv_dtype = FromProto(w.kv_geometry().dtype());
-  r.kv_dtype = std::string(DTypeName(kv_dtype.value_or(DType::kF32)));
+  r.kv_dtype = std::string(DTypeName(KvDTypeFromProto(w.kv_geometry()).value_or(DType::kF32)));
   r.total_blocks = w.total_blocks();
   RETURN_IF_ERROR(registry_.Register(r));
   absl::MutexLock lock(&mu_);

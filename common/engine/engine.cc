@@ -18,13 +18,6 @@ std::string Size(int64_t bytes) {
                                      : absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
 }
 
-// The KV cache's element type: as given, or (auto) the weights' 16-bit type on a GPU, else f32.
-DType KvDType(const LlamaModel& model, const EngineOptions& o) {
-  if (o.kv_cache_dtype.has_value()) return *o.kv_cache_dtype;
-  const DType w = model.config().torch_dtype;
-  return model.backend()->name() == "cuda" && w != DType::kF32 ? w : DType::kF32;
-}
-
 // Runs the largest step the scheduler can build once on a scratch cache, so the model's activation
 // buffers reach their peak: max_num_batched_tokens prompt tokens (spread over as many sequences as
 // max_model_len and max_num_seqs require), each sequence with a block table of a full max_model_len,
@@ -44,7 +37,7 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, 
   const int64_t table_len = (max_len + o.block_size - 1) / o.block_size;
   {
     ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(),
-                                                          model->KvGeometry(table_len, o.block_size, KvDType(*model, o))));
+                                                          model->KvGeometry(table_len, o.block_size, model->KvCacheDType(o.kv_cache_dtype))));
     std::vector<int32_t> table(static_cast<size_t>(table_len));
     for (int64_t b = 0; b < table_len; ++b) table[b] = static_cast<int32_t>(b);
     ForwardInput in;
@@ -93,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   if (options.block_size <= 0 || options.block_size > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("--block-size must be in [1, 1024], got ", options.block_size));
   }
-  const DType kv_dtype = KvDType(*model, options);
+  const DType kv_dtype = model->KvCacheDType(options.kv_cache_dtype);
   const int64_t bytes_per_block = KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size, kv_dtype));
   int64_t memory = options.kv_cache_memory;
   if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");

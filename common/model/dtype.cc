@@ -1,6 +1,8 @@
 #include "common/model/dtype.h"
 
+#include <cctype>
 #include <cmath>
+#include <string>
 
 namespace tandem {
 
@@ -21,6 +23,18 @@ std::optional<DType> ParseDType(std::string_view name) {
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
   return std::nullopt;
+}
+
+bool ParseKvCacheDType(std::string_view text, std::optional<DType>* out) {
+  std::string upper(text);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (upper == "AUTO") {
+    *out = std::nullopt;
+    return true;
+  }
+  const std::optional<DType> d = ParseDType(upper);
+  if (d.has_value()) *out = d;
+  return d.has_value();
 }
 
 float F16ToF32(uint16_t h) {

@@ -205,6 +205,12 @@ absl::Status LlamaModel::LoadWeights() {
   return absl::OkStatus();
 }
 
+DType LlamaModel::KvCacheDType(std::optional<DType> requested) const {
+  if (requested.has_value()) return *requested;
+  const DType w = config_.torch_dtype;
+  return backend_->name() == "cuda" && w != DType::kF32 ? w : DType::kF32;
+}
+
 KvCacheGeometry LlamaModel::KvGeometry(int64_t num_blocks, int64_t block_size, DType kv_dtype) const {
   KvCacheGeometry g;
   g.dtype = kv_dtype;

@@ -113,6 +113,9 @@ class LlamaModel {
   Backend* backend() const { return backend_; }
   // The KV cache geometry this model needs for `num_blocks` blocks of `block_size` tokens.
   KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size, DType kv_dtype = DType::kF32) const;
+  // What its KV cache stores: `requested`, or when unset (--kv-cache-dtype auto) the weights' 16-bit
+  // dtype on a GPU backend, else f32.
+  DType KvCacheDType(std::optional<DType> requested) const;
 
   // Runs one step. On success writes logits [logits_rows.size()][vocab_size] to `logits` (host).
   // With `argmax` and input.argmax_only set: argmax[i] = the argmax of logits row i (ArgmaxRows,

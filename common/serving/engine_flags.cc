@@ -4,7 +4,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/types/optional.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/backend/create_backend.h"
@@ -68,13 +67,8 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
         absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", o.gpu_memory_utilization));
   }
   o.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
-  if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); kv != "auto") {
-    const std::string upper = absl::AsciiStrToUpper(kv);
-    const std::optional<DType> d = ParseDType(upper);
-    if (!d.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype must be auto, f32, bf16 or f16, got '", kv, "'"));
-    }
-    o.kv_cache_dtype = *d;
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); !ParseKvCacheDType(kv, &o.kv_cache_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype must be auto, f32, bf16 or f16, got '", kv, "'"));
   }
   SchedulerConfig& sc = o.scheduler;
   sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);

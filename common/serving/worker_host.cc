@@ -18,6 +18,7 @@
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
+#include "common/transport/kv_transport.h"
 #include "common/transport/nccl/nccl_kv_link.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -223,13 +224,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   info->set_weight_dtype(ToProto(config.torch_dtype));
   if (absl::GetFlag(FLAGS_kv_host_staging)) (*engine)->kv_storage()->ForceStagingForTesting();
   const KvCacheGeometry g = (*engine)->kv_storage()->geometry();
-  v1::KvGeometry* kg = description.mutable_kv_geometry();
-  kg->set_num_layers(static_cast<int32_t>(g.num_layers));
-  kg->set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
-  kg->set_head_dim(static_cast<int32_t>(g.head_dim));
-  kg->set_block_size(static_cast<int32_t>(g.block_size));
-  kg->set_bytes_per_element(static_cast<int32_t>(g.bytes_per_element()));
-  kg->set_dtype(ToProto(g.dtype));
+  KvGeometryToProto(g, description.mutable_kv_geometry());
   description.set_total_blocks(g.num_blocks);
   description.set_max_model_len((*engine)->stats().max_model_len);
   (*metrics)->SetBuildInfo((*backend)->name(), (*backend)->device_description());

@@ -19,6 +19,9 @@
 #include "common/backend/kv_cache_storage.h"
 
 namespace tandem {
+namespace v1 {
+class KvGeometry;  // tandem/v1/model.proto
+}  // namespace v1
 
 // What both ends must agree on.
 struct KvEndpointInfo {
@@ -28,6 +31,9 @@ struct KvEndpointInfo {
 
 // Empty when compatible, else the reason.
 std::string KvIncompatibility(const KvEndpointInfo& sender, const KvEndpointInfo& receiver);
+
+// The geometry (num_blocks aside) as the handshake and the workers' descriptions carry it.
+void KvGeometryToProto(const KvCacheGeometry& g, v1::KvGeometry* out);
 
 class KvSender {
  public:

@@ -16,7 +16,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/ascii.h"
 #include "absl/types/optional.h"
 #include "common/backend/create_backend.h"
 #ifdef TANDEM_HAVE_CUDA
@@ -84,15 +83,12 @@ int Run() {
 
   const int64_t block_size = 16;
   const int64_t per_seq_blocks = (prompt_len + decode_tokens + block_size) / block_size + 1;
-  DType kv_dtype = backend->name() == "cuda" && c.torch_dtype != DType::kF32 ? c.torch_dtype : DType::kF32;
-  if (const std::string f = absl::GetFlag(FLAGS_kv_cache_dtype); f != "auto") {
-    const std::optional<DType> d = ParseDType(absl::AsciiStrToUpper(f));
-    if (!d.has_value()) {
-      std::fprintf(stderr, "forward_bench: --kv-cache-dtype must be auto, f32, bf16 or f16\n");
-      return 1;
-    }
-    kv_dtype = *d;
+  std::optional<DType> requested_kv;
+  if (!ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), &requested_kv)) {
+    std::fprintf(stderr, "forward_bench: --kv-cache-dtype must be auto, f32, bf16 or f16\n");
+    return 1;
   }
+  const DType kv_dtype = model->KvCacheDType(requested_kv);
   auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(per_seq_blocks * batch, block_size, kv_dtype)).value();
   std::mt19937 rng(1);
   std::vector<int32_t> prompt(prompt_len);

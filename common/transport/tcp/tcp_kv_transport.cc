@@ -144,18 +144,16 @@ void SetTimeouts(int fd, absl::Duration timeout) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
 }
 
-v1::KvGeometry ToProto(const KvCacheGeometry& g) {
-  v1::KvGeometry p;
-  p.set_num_layers(static_cast<int32_t>(g.num_layers));
-  p.set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
-  p.set_head_dim(static_cast<int32_t>(g.head_dim));
-  p.set_block_size(static_cast<int32_t>(g.block_size));
-  p.set_bytes_per_element(static_cast<int32_t>(g.bytes_per_element()));
-  p.set_dtype(tandem::ToProto(g.dtype));
-  return p;
-}
-
 }  // namespace
+
+void KvGeometryToProto(const KvCacheGeometry& g, v1::KvGeometry* p) {
+  p->set_num_layers(static_cast<int32_t>(g.num_layers));
+  p->set_num_kv_heads(static_cast<int32_t>(g.num_kv_heads));
+  p->set_head_dim(static_cast<int32_t>(g.head_dim));
+  p->set_block_size(static_cast<int32_t>(g.block_size));
+  p->set_bytes_per_element(static_cast<int32_t>(g.bytes_per_element()));
+  p->set_dtype(ToProto(g.dtype));
+}
 
 std::string KvIncompatibility(const KvEndpointInfo& s, const KvEndpointInfo& r) {
   if (s.model_fingerprint != r.model_fingerprint) {
@@ -263,14 +261,10 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   sender.model_fingerprint = hello.model_fingerprint();
   sender.geometry = {hello.geometry().num_layers(), 0, hello.geometry().block_size(), hello.geometry().num_kv_heads(),
                      hello.geometry().head_dim()};
-  // A sender from before 16-bit caches names no dtype: f32, as its 4-byte elements say.
-  const std::optional<DType> dtype = hello.geometry().dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED &&
-                                             hello.geometry().bytes_per_element() == 4
-                                         ? std::optional<DType>(DType::kF32)
-                                         : FromProto(hello.geometry().dtype());
+  const std::optional<DType> dtype = KvDTypeFromProto(hello.geometry());
   v1::KvHandshakeReply reply;
   std::string why;
-  if (!dtype.has_value() || static_cast<int64_t>(DTypeSize(*dtype)) != hello.geometry().bytes_per_element()) {
+  if (!dtype.has_value()) {
     why = absl::StrCat("the sender's KV cache type (", static_cast<int>(hello.geometry().dtype()), ", ",
                        hello.geometry().bytes_per_element(), "-byte elements) is not one this worker knows");
   } else {
@@ -527,7 +521,7 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::str
   std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info, io_timeout));
   v1::KvHandshake hello;
   hello.set_model_fingerprint(info.model_fingerprint);
-  *hello.mutable_geometry() = ToProto(info.geometry);
+  KvGeometryToProto(info.geometry, hello.mutable_geometry());
   if (link_factory != nullptr) hello.set_data_path(link_factory->name());
   RETURN_IF_ERROR(SendMessage(fd, kHandshake, hello));
   v1::KvHandshakeReply reply;
