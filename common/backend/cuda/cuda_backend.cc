@@ -103,12 +103,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     return CudaStatus(e, "allocating the cuBLAS workspace");
   }
   *backend->live_bytes_ += kCublasWorkspace;
-  if (const char* p = std::getenv("TANDEM_CUDA_OP_PROFILE"); p != nullptr && std::string(p) == "1") {
-    backend->SetOpProfiling(true);
-  }
   if (cublasStatus_t s = cublasSetWorkspace(cublas, backend->cublas_workspace_, kCublasWorkspace);
       s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
+  }
+  if (const char* p = std::getenv("TANDEM_CUDA_OP_PROFILE"); p != nullptr && std::string(p) == "1") {
+    backend->SetOpProfiling(true);
   }
   return backend;
 }
