@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/dtype.h"
 #include "common/model/safetensors.h"
+#include "common/sampling/device_sampling.h"
 
 namespace tandem {
 
@@ -185,13 +186,24 @@ class Backend {
   // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
   // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
   virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;
-  // Top-k candidates where the logits are, for sampling that needs no more of the row: ids[i][0..k)
-  // and values[i][0..k) (device arrays) = row i's k largest values of x[n][d], largest first, the
-  // lower id first among equal values, NaN counted as -inf: the sampler's SelectTopK, whose result
-  // SequenceSampler::SampleFromTopK finishes exactly. Backends without it return false.
-  virtual bool SupportsTopK() const { return false; }
-  virtual void TopKRows(const float* /*x*/, int64_t /*n*/, int64_t /*d*/, int32_t /*k*/, int32_t* /*ids*/,
-                        float* /*values*/) {}
+
+  // --- Sampling where the logits are (SupportsSampling(): CUDA; elsewhere rows go to the host) ---
+  // The three ops below serve SequenceSampler's DeviceSamplingPlan; all arrays are device arrays.
+  virtual bool SupportsSampling() const { return false; }
+  // Top-k candidates: ids[i][0..k) and values[i][0..k) = row i's k largest values of x[n][d], largest
+  // first, the lower id first among equal values, NaN counted as -inf: the sampler's SelectTopK, whose
+  // result SequenceSampler::SampleFromTopK finishes exactly. `row_k` [n] (nullable): rows whose entry
+  // is 0 are skipped (their outputs left as they were).
+  virtual void TopKRows(const float* /*x*/, int64_t /*n*/, int64_t /*d*/, int32_t /*k*/, const int32_t* /*row_k*/,
+                        int32_t* /*ids*/, float* /*values*/) {}
+  // logits[e.row][e.token] = ApplyLogitEdit(that logit, e) for every e of edits[count] (at most one
+  // edit per row and token): a step's logits processors, bit-identical to the host sampler's.
+  virtual void ApplyLogitEdits(float* /*logits*/, int64_t /*d*/, const LogitEdit* /*edits*/, int64_t /*count*/) {}
+  // Per row i of logits[n][d], as draws[i] says (RowDraw): kTotal → totals[i] = RowWeightTotal's sum;
+  // kDraw → tokens[i] = DrawFromRow's token; kNone → nothing. Equal to the host definitions (in
+  // common/sampling/sampler.h) up to the rounding of exp and of the order of the sums.
+  virtual void SampleRows(const float* /*logits*/, int64_t /*n*/, int64_t /*d*/, const RowDraw* /*draws*/,
+                          int32_t* /*tokens*/, double* /*totals*/) {}
   // Log-probabilities where the logits are, as common/sampling's ComputeLogprobs gives them to rounding
   // (log-softmax with the normaliser summed in double): for row i of logits[n][d], token_out[i] =
   // tokens[i], or the row's argmax (ArgmaxRows' choice) when tokens[i] is -1; logprob[i] and rank[i]

@@ -272,8 +272,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RowUse> rows;
   // Logprobs where the logits are (CUDA): such rows then need no logits on the host.
   const bool device_logprobs = model_->backend()->SupportsLogprobs();
-  // Top-k candidates where the logits are: top-k sampling rows then copy k ids and logits, not the row.
-  const bool device_top_k = model_->backend()->SupportsTopK();
+  // Sampling where the logits are: such rows copy a token, or k candidates, instead of the row.
+  const bool device_sampling = model_->backend()->SupportsSampling();
+  using PlanKind = DeviceSamplingPlan::Kind;
+  std::vector<PlanKind> plans;  // per logits row
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
     const ScheduledChunk& ch = step.chunks[ci];
     const SchedRequest* r = ch.request;
@@ -294,12 +296,29 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
         // can be computed there too.
         const int32_t k = prompt_row ? seq.params.prompt_logprobs : seq.params.logprobs;
         const bool lp_on_device = device_logprobs && k >= 0 && k <= LlamaModel::kMaxLogprobsTopK;
-        const bool argmax_only =
-            !prompt_row && seq.params.max_tokens != 0 && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
+        const bool sampled = sample_row && !prompt_row && seq.params.max_tokens != 0;
+        bool argmax_only = sampled && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
+        // The rest of sampling on the device, for rows without logprobs (those read the raw row).
+        DeviceSamplingPlan plan;
+        if (device_sampling && sampled && !argmax_only && seq.params.logprobs < 0) {
+          plan = seq.sampler->DevicePlan(LlamaModel::kMaxSampleTopK);
+        }
+        const int32_t row = static_cast<int32_t>(rows.size() - 1);
+        if (plan.edits && plan.kind != PlanKind::kHost) seq.sampler->AppendLogitEdits(row, &in.logit_edits);
+        argmax_only |= plan.kind == PlanKind::kArgmax;
         in.argmax_only.push_back(argmax_only);
-        const bool top_k_row = device_top_k && sample_row && !prompt_row && !argmax_only && seq.params.max_tokens != 0 &&
-                               seq.params.logprobs < 0;
-        in.sample_top_k.push_back(top_k_row ? seq.sampler->TopKCandidates(LlamaModel::kMaxSampleTopK) : 0);
+        in.sample_top_k.push_back(plan.kind == PlanKind::kTopK || plan.kind == PlanKind::kNucleus ? plan.k : 0);
+        RowDraw draw;
+        if (plan.kind == PlanKind::kNucleus || plan.kind == PlanKind::kDraw) {
+          draw.inv_temperature = seq.sampler->inv_temperature();
+          draw.mode = plan.kind == PlanKind::kNucleus ? RowDraw::kTotal : RowDraw::kDraw;
+          if (plan.kind == PlanKind::kDraw) {
+            draw.min_p = seq.params.min_p;
+            draw.u = seq.sampler->DrawForDevice();
+          }
+        }
+        in.sample_draws.push_back(draw);
+        plans.push_back(plan.kind);
         int32_t lp_token = ForwardInput::kNoLogprobs;
         if (lp_on_device && prompt_row) lp_token = r->token_ids[p + 1];
         if (lp_on_device && argmax_only && seq.params.logprobs >= 0) lp_token = -1;  // the argmax, sampled below
@@ -320,8 +339,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<float> logits;
   std::vector<int32_t> argmax;
   std::vector<std::optional<RowLogprobs>> device_lp;
-  TopKCandidates top_k;
-  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &top_k));
+  DeviceSamples samples;
+  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &samples));
   // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
   auto from_device = [&](size_t k, int32_t top_k) {
     const RowLogprobs& d = *device_lp[k];
@@ -371,12 +390,26 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       prompt_only.push_back(r->id);
     } else if (rows[k].sample) {
       int32_t token;
+      // The row's own candidates: the first sample_top_k of its samples.k.
+      const size_t at = k * static_cast<size_t>(samples.k), row_k = static_cast<size_t>(in.sample_top_k[k]);
+      auto candidate_ids = [&] { return std::span<const int32_t>(samples.ids.data() + at, row_k); };
+      auto candidate_logits = [&] { return std::span<const float>(samples.logits.data() + at, row_k); };
       if (in.argmax_only[k]) {
         token = argmax[k];
-      } else if (in.sample_top_k[k] > 0 && top_k.k > 0) {
-        const size_t at = k * static_cast<size_t>(top_k.k);
-        token = seq.sampler->SampleFromTopK(std::span<const int32_t>(top_k.ids.data() + at, top_k.k),
-                                            std::span<const float>(top_k.logits.data() + at, top_k.k), workspace_);
+      } else if (plans[k] == PlanKind::kTopK) {
+        token = seq.sampler->SampleFromTopK(candidate_ids(), candidate_logits(), workspace_);
+      } else if (plans[k] == PlanKind::kNucleus) {
+        const std::optional<int32_t> from_candidates =
+            seq.sampler->SampleFromNucleus(candidate_ids(), candidate_logits(), samples.totals[k], workspace_);
+        if (from_candidates.has_value()) {
+          token = *from_candidates;
+        } else {  // a nucleus wider than the candidates: the edited row, after all
+          ++nucleus_row_copies_;
+          RETURN_IF_ERROR(model_->CopyLogitsRow(static_cast<int64_t>(k), &edited_row_));
+          token = seq.sampler->SampleProcessed(edited_row_, workspace_);
+        }
+      } else if (plans[k] == PlanKind::kDraw) {
+        token = samples.tokens[k];
       } else {
         token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
       }

@@ -115,6 +115,9 @@ class Engine {
   // of a handed-out request on a prefill engine, of a reservation on a decode engine).
   KvCacheStorage* kv_storage() { return storage_.get(); }
   const std::vector<int32_t>& block_table(const std::string& id) const { return kv_->BlockTable(id); }
+  // Top-p steps sampled on the device whose nucleus was wider than its candidates, so that their row
+  // came to the host after all.
+  int64_t nucleus_row_copies() const { return nucleus_row_copies_; }
 
  private:
   struct Sequence {
@@ -138,6 +141,8 @@ class Engine {
   std::vector<RequestOutput> pending_outputs_;  // aborts and admissions that ended at once
   std::vector<int32_t> eos_ids_;
   SamplingWorkspace workspace_;
+  std::vector<float> edited_row_;  // a row copied for a wide nucleus
+  int64_t nucleus_row_copies_ = 0;
   LayerListener layer_listener_;
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;

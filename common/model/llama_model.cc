@@ -6,6 +6,7 @@
 #include <numbers>
 #include <set>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -19,8 +20,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kLogprobs, kTopK,
-  kNumSlots
+  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kLogprobs, kEdits,
+  kSampling, kNumSlots
 };
 
 // Batch sizes decode graphs are captured for; a step runs in the smallest that holds it. 0: none.
@@ -280,6 +281,38 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
       }
     }
   }
+  if (!in.sample_draws.empty()) {
+    if (in.sample_draws.size() != in.logits_rows.size()) {
+      return absl::InvalidArgumentError("sample_draws needs one entry per logits row");
+    }
+    for (const RowDraw& d : in.sample_draws) {
+      if (d.mode != RowDraw::kNone && d.mode != RowDraw::kTotal && d.mode != RowDraw::kDraw) {
+        return absl::InvalidArgumentError(absl::StrCat("sample draw mode ", d.mode, " is not 0, 1 or 2"));
+      }
+      if (d.mode != RowDraw::kNone &&
+          (!(d.inv_temperature > 0.f) || !std::isfinite(d.inv_temperature) || !(d.u >= 0 && d.u < 1) ||
+           !(d.min_p >= 0.f && d.min_p <= 1.f))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample draw needs 1/temperature > 0 and finite, u in [0, 1) and min_p in [0, 1]; got ",
+                         d.inv_temperature, ", ", d.u, ", ", d.min_p));
+      }
+    }
+  }
+  if (!in.logit_edits.empty()) {
+    absl::flat_hash_set<int64_t> seen;
+    seen.reserve(in.logit_edits.size());
+    for (const LogitEdit& e : in.logit_edits) {
+      if (e.row < 0 || e.row >= static_cast<int64_t>(in.logits_rows.size()) || e.token < 0 ||
+          e.token >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("logit edit of row ", e.row, ", token ", e.token, " outside the step's logits"));
+      }
+      if (!seen.insert(static_cast<int64_t>(e.row) * config_.vocab_size + e.token).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("two logit edits of row ", e.row, ", token ", e.token, " (one per token: merge them)"));
+      }
+    }
+  }
   if (!in.logprob_tokens.empty()) {
     if (in.logprob_tokens.size() != in.logits_rows.size()) {
       return absl::InvalidArgumentError("logprob_tokens needs one token per logits row");
@@ -300,7 +333,8 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   auto& buf = scratch_[index];
   const size_t bytes = std::max<size_t>(elements, 1) * sizeof(float);
   if (!buf || buf->size() < bytes) {
-    if (index != kLogprobs && index != kTopK) DropAllGraphs();  // graphs point at the buffer about to be replaced
+    // Graphs point at the buffer about to be replaced (the sampling slots are used outside them).
+    if (index != kLogprobs && index != kEdits && index != kSampling) DropAllGraphs();  // graphs point at the buffer about to be replaced
     auto fresh = backend_->Allocate(bytes + bytes / 4);
     if (!fresh.ok()) return nullptr;
     buf = std::move(fresh).value();
@@ -323,7 +357,8 @@ int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
 
 absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
                                  std::vector<int32_t>* argmax, std::vector<std::optional<RowLogprobs>>* logprobs,
-                                 TopKCandidates* top_k) {
+                                 DeviceSamples* samples) {
+  last_logits_ = nullptr;
   RETURN_IF_ERROR(Validate(input, *kv));
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
@@ -434,15 +469,14 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   // needs them (then all the real rows: one copy).
   const bool want_argmax = argmax != nullptr && !input.argmax_only.empty();
   const bool want_logprobs = logprobs != nullptr && !input.logprob_tokens.empty() && backend_->SupportsLogprobs();
-  const bool want_top_k = top_k != nullptr && !input.sample_top_k.empty() && backend_->SupportsTopK();
+  const bool want_sampling = samples != nullptr && backend_->SupportsSampling();
   bool want_logits = false;  // some row needs its logits on the host
-  int32_t top_k_width = 0;
   for (int64_t k = 0; k < real_rows; ++k) {
     const bool argmax_only = want_argmax && input.argmax_only[k] != 0;
     const bool logprobs_only = want_logprobs && input.logprob_tokens[k] != ForwardInput::kNoLogprobs;
-    const bool top_k_only = want_top_k && input.sample_top_k[k] > 0;
-    want_logits |= !argmax_only && !logprobs_only && !top_k_only;
-    if (top_k_only) top_k_width = std::max(top_k_width, input.sample_top_k[k]);
+    const bool top_k_only = want_sampling && !input.sample_top_k.empty() && input.sample_top_k[k] > 0;
+    const bool drawn = want_sampling && !input.sample_draws.empty() && input.sample_draws[k].mode == RowDraw::kDraw;
+    want_logits |= !argmax_only && !logprobs_only && !top_k_only && !drawn;
   }
   // The logprob tokens go up now, while the stream is idle (a copy waits for it).
   int32_t* logprob_region = nullptr;
@@ -454,28 +488,82 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   } else {
     Enqueue(buf, kv, input.on_layer_done, /*argmax=*/want_argmax || graph_batch > 0);
   }
+  last_logits_ = buf.logits;
+  last_rows_ = real_rows;
+  // The host copy and the logprobs see the raw logits; the sampling edits them, then the argmax is read.
   logits->assign(want_logits ? static_cast<size_t>(real_rows * c.vocab_size) : 0, 0.f);
+  if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
+  if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
+  if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprob_region, logprobs));
+  if (samples != nullptr) *samples = DeviceSamples{};
+  if (want_sampling && real_rows > 0) {
+    RETURN_IF_ERROR(DeviceSampling(input, buf.logits, want_argmax ? buf.argmax : nullptr, samples));
+  }
   if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(real_rows) : 0, -1);
   if (want_argmax && real_rows > 0) {
     backend_->CopyToHost(argmax->data(), buf.argmax, static_cast<size_t>(real_rows) * sizeof(int32_t));
   }
-  if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
-  if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
-  if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprob_region, logprobs));
-  if (top_k != nullptr) *top_k = TopKCandidates{};
-  if (top_k_width > 0) {
-    // One region: ids [rows][k] | logits [rows][k], copied back at once.
-    const int64_t cells = real_rows * top_k_width;
-    auto* region = reinterpret_cast<int32_t*>(Scratch(kTopK, 2 * cells));
-    if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the top-k buffer");
-    backend_->TopKRows(buf.logits, real_rows, c.vocab_size, top_k_width, region, reinterpret_cast<float*>(region + cells));
-    std::vector<int32_t> host(static_cast<size_t>(2 * cells));
-    backend_->CopyToHost(host.data(), region, host.size() * sizeof(int32_t));
-    top_k->k = top_k_width;
-    top_k->ids.assign(host.begin(), host.begin() + cells);
-    top_k->logits.resize(static_cast<size_t>(cells));
-    std::memcpy(top_k->logits.data(), host.data() + cells, static_cast<size_t>(cells) * sizeof(float));
+  return backend_->CheckErrors();
+}
+
+absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, float* logits_dev, int32_t* argmax_dev,
+                                        DeviceSamples* out) {
+  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
+  const int64_t vocab = config_.vocab_size;
+  if (!in.logit_edits.empty()) {
+    const size_t bytes = in.logit_edits.size() * sizeof(LogitEdit);
+    auto* edits = reinterpret_cast<LogitEdit*>(Scratch(kEdits, bytes / sizeof(float)));
+    if (edits == nullptr) return absl::ResourceExhaustedError("cannot allocate the logit edits buffer");
+    backend_->CopyToDevice(edits, in.logit_edits.data(), bytes);
+    backend_->ApplyLogitEdits(logits_dev, vocab, edits, static_cast<int64_t>(in.logit_edits.size()));
+    // Greedy rows with processors take the edited row's argmax (the others' rows are unchanged).
+    if (argmax_dev != nullptr) backend_->ArgmaxRows(logits_dev, rows, vocab, argmax_dev);
   }
+  int32_t width = 0;
+  for (int32_t k : in.sample_top_k) width = std::max(width, k);
+  bool draws = false;
+  for (const RowDraw& d : in.sample_draws) draws |= d.mode != RowDraw::kNone;
+  if (width == 0 && !draws) return absl::OkStatus();
+  // One region, in 4-byte words: draws [rows] (RowDraw, 6 words) | row_k [rows] (uploaded together), then
+  // ids [rows][width] | values [rows][width] | tokens [rows] | totals [rows] (double; copied back together).
+  const int64_t o_row_k = 6 * rows, o_ids = 7 * rows, o_values = o_ids + rows * width;
+  const int64_t o_tokens = o_values + rows * width, o_totals = (o_tokens + rows + 1) / 2 * 2, end = o_totals + 2 * rows;
+  auto* region = reinterpret_cast<int32_t*>(Scratch(kSampling, static_cast<size_t>(end)));
+  if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the sampling buffer");
+  std::vector<int32_t> host(static_cast<size_t>(end), 0);
+  if (draws) std::memcpy(host.data(), in.sample_draws.data(), in.sample_draws.size() * sizeof(RowDraw));
+  if (width > 0) std::copy(in.sample_top_k.begin(), in.sample_top_k.end(), host.begin() + o_row_k);
+  backend_->CopyToDevice(region, host.data(), static_cast<size_t>(o_ids) * sizeof(int32_t));
+  if (width > 0) {
+    backend_->TopKRows(logits_dev, rows, vocab, width, region + o_row_k, region + o_ids,
+                       reinterpret_cast<float*>(region + o_values));
+  }
+  if (draws) {
+    backend_->SampleRows(logits_dev, rows, vocab, reinterpret_cast<const RowDraw*>(region), region + o_tokens,
+                         reinterpret_cast<double*>(region + o_totals));
+  }
+  backend_->CopyToHost(host.data() + o_ids, region + o_ids, static_cast<size_t>(end - o_ids) * sizeof(int32_t));
+  out->k = width;
+  if (width > 0) {
+    out->ids.assign(host.begin() + o_ids, host.begin() + o_values);
+    out->logits.resize(static_cast<size_t>(rows * width));
+    std::memcpy(out->logits.data(), host.data() + o_values, out->logits.size() * sizeof(float));
+  }
+  if (draws) {
+    out->tokens.assign(host.begin() + o_tokens, host.begin() + o_tokens + rows);
+    out->totals.resize(static_cast<size_t>(rows));
+    std::memcpy(out->totals.data(), host.data() + o_totals, out->totals.size() * sizeof(double));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::CopyLogitsRow(int64_t row, std::vector<float>* out) {
+  if (last_logits_ == nullptr || row < 0 || row >= last_rows_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("logits row ", row, " is not one of the last step's ", last_rows_, " rows"));
+  }
+  out->resize(static_cast<size_t>(config_.vocab_size));
+  backend_->CopyToHost(out->data(), last_logits_ + row * config_.vocab_size, out->size() * sizeof(float));
   return backend_->CheckErrors();
 }
 

@@ -42,10 +42,17 @@ struct ForwardInput {
   static constexpr int32_t kNoLogprobs = -2;
   std::vector<int32_t> logprob_tokens;
   int32_t logprob_top_k = 0;  // top entries returned per such row
-  // Empty, or per logits row: k > 0 = only its k most likely tokens and their logits are wanted (a
-  // top-k sampling step the sampler can finish from them, SequenceSampler::SampleFromTopK), which
-  // Forward returns, on backends with Backend::SupportsTopK, instead of copying the row; 0 = not.
+  // Sampling where the logits are (backends with Backend::SupportsSampling; SequenceSampler's
+  // DeviceSamplingPlan). Rows that use it need no host logits.
+  // Applied first, to the rows' logits: the steps' logits processors (LogitEdit::row is a position in
+  // logits_rows). After the host copy and the logprobs, which see the model's raw logits; before the
+  // argmax, the candidates and the draws, which see the edited ones.
+  std::vector<LogitEdit> logit_edits;
+  // Empty, or per logits row: k > 0 = the row's k most likely tokens and their logits are wanted
+  // (DeviceSamples::ids/logits); 0 = not.
   std::vector<int32_t> sample_top_k;
+  // Empty, or per logits row: the row's weight total or drawn token (DeviceSamples::totals/tokens).
+  std::vector<RowDraw> sample_draws;
   // The step may run as a captured decode graph (see LlamaModel::set_use_graphs): set by the engine
   // for steps outside the prefill role (whose per-layer callbacks and transfers a graph would skip).
   bool allow_graph = false;
@@ -56,12 +63,16 @@ struct ForwardInput {
   std::function<void(int64_t layer)> on_layer_done;
 };
 
-// The top-k candidates of the rows that asked (ForwardInput::sample_top_k): rows [logits rows][k],
-// k = the largest any row asked for (a row's own k candidates are its first k), most likely first.
-struct TopKCandidates {
+// What the device computed for the rows' sampling (ForwardInput::sample_top_k, sample_draws).
+struct DeviceSamples {
+  // Candidates [logits rows][k], k = the largest any row asked for (a row's own k candidates are its
+  // first k), most likely first; rows that asked for none hold garbage.
   int32_t k = 0;
   std::vector<int32_t> ids;
   std::vector<float> logits;
+  // Per logits row when some row had a draw (else empty): RowDraw::kDraw's token, kTotal's total.
+  std::vector<int32_t> tokens;
+  std::vector<double> totals;
 };
 
 // One row's log-probabilities computed on the backend (ForwardInput::logprob_tokens).
@@ -123,14 +134,18 @@ class LlamaModel {
   // the ids leaves the device). Validates ids, positions and block tables first; INVALID_ARGUMENT
   // leaves the cache untouched.
   // With `logprobs` and input.logprob_tokens on a backend that supports it: (*logprobs)[i] for every
-  // row that asked. With `top_k` and input.sample_top_k on a backend with SupportsTopK: the rows'
-  // candidates (left empty, k 0, elsewhere). `logits` then holds every row (or is empty when no row
-  // needs host logits).
+  // row that asked. With `samples` on a backend with SupportsSampling: input.logit_edits applied, and
+  // the candidates, totals and tokens the rows asked for (left empty elsewhere: the caller samples from
+  // host rows). `logits` holds every row, unedited, or is empty when no row needs host logits.
   absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
                        std::vector<int32_t>* argmax = nullptr,
-                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr, TopKCandidates* top_k = nullptr);
+                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr, DeviceSamples* samples = nullptr);
   // Largest k of ForwardInput::sample_top_k taken on the device.
   static constexpr int32_t kMaxSampleTopK = 256;
+  // Logits row `row` of the last Forward as the device holds it, edits applied ([vocab_size] into
+  // `out`): for a step whose sampling needs the whole row after all (a nucleus wider than its
+  // candidates). Valid until the next Forward.
+  absl::Status CopyLogitsRow(int64_t row, std::vector<float>* out);
 
  private:
   struct LayerWeights {
@@ -180,6 +195,9 @@ class LlamaModel {
   absl::StatusOr<int32_t*> UploadLogprobTokens(const ForwardInput& in);
   absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
                               std::vector<std::optional<RowLogprobs>>* out);
+  // input.logit_edits onto the step's logits (and the argmax again, when `argmax`), then the rows'
+  // candidates and draws into `out`.
+  absl::Status DeviceSampling(const ForwardInput& input, float* logits_dev, int32_t* argmax_dev, DeviceSamples* out);
 
   ModelConfig config_;
   Backend* backend_ = nullptr;
@@ -203,6 +221,9 @@ class LlamaModel {
     }
   };
   GraphCache graph_cache_;
+  // The last Forward's logits on the device [last_rows_][vocab] (CopyLogitsRow).
+  const float* last_logits_ = nullptr;
+  int64_t last_rows_ = 0;
   int64_t graph_replays_ = 0;
   int64_t graph_context_limit_ = 0;
 };

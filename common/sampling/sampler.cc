@@ -77,12 +77,60 @@ void CopyReplacingNaN(const float* __restrict in, int64_t n, float* __restrict o
   for (; i < n; ++i) out[i] = in[i] > kNegInf ? in[i] : kNegInf;
 }
 
+// The draw over candidates 0..n-1 (token candidate(i), weight weights[candidate(i)]): weights below
+// min_p are zeroed, then the first candidate whose running sum exceeds u × the sum. The most likely
+// token is always a candidate, with weight 1 >= min_p, so the sum is at least 1; `fallback` is for a
+// sum of no weight at all.
+template <typename Candidate>
+int32_t DrawAmong(size_t n, Candidate candidate, float* weights, float min_p, double u, int32_t fallback) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float& w = weights[candidate(i)];
+    if (w < min_p) w = 0.f;
+    sum += w;
+  }
+  const double r = u * sum;
+  double cumulative = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cumulative += weights[candidate(i)];
+    if (r < cumulative) return candidate(i);
+  }
+  // Rounding left r at the very top: the last candidate that has any weight.
+  for (size_t i = n; i-- > 0;) {
+    if (weights[candidate(i)] > 0.f) return candidate(i);
+  }
+  return fallback;
+}
+
+// exp((logit - max) × inv_temperature); NaN weighs 0 (on a processed row there is none).
+inline float Weight(float logit, float max_logit, float inv_temperature) {
+  return std::isnan(logit) ? 0.f : std::exp((logit - max_logit) * inv_temperature);
+}
+
 uint64_t RandomSeed() {
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) ^ device();
 }
 
 }  // namespace
+
+int32_t DrawFromRow(const float* logits, int64_t vocab, float inv_temperature, float min_p, double u, float* weights) {
+  const int32_t best = ArgmaxRow(logits, vocab);
+  const float max_logit = logits[best];
+  // All masked, or an infinite logit: there is nothing to weigh.
+  if (!std::isfinite(max_logit)) return best;
+  for (int64_t t = 0; t < vocab; ++t) weights[t] = Weight(logits[t], max_logit, inv_temperature);
+  return DrawAmong(static_cast<size_t>(vocab), [](size_t i) { return static_cast<int32_t>(i); }, weights, min_p, u,
+                   best);
+}
+
+double RowWeightTotal(const float* logits, int64_t vocab, float inv_temperature) {
+  const float max_logit = logits[ArgmaxRow(logits, vocab)];
+  if (!std::isfinite(max_logit)) return 0;
+  double total = 0;
+  for (int64_t t = 0; t < vocab; ++t) total += Weight(logits[t], max_logit, inv_temperature);
+  return total;
+}
 
 LogprobEntry ComputeLogprobs(const float* logits, int64_t vocab_size, int32_t token,
                              int32_t top_k) {
@@ -144,6 +192,14 @@ int32_t SequenceSampler::Sample(std::span<const float> logits) {
 }
 
 int32_t SequenceSampler::Sample(std::span<const float> logits, SamplingWorkspace& ws) {
+  return SampleRow(logits, ws, /*apply_processors=*/true);
+}
+
+int32_t SequenceSampler::SampleProcessed(std::span<const float> processed, SamplingWorkspace& ws) {
+  return SampleRow(processed, ws, /*apply_processors=*/false);
+}
+
+int32_t SequenceSampler::SampleRow(std::span<const float> logits, SamplingWorkspace& ws, bool apply_processors) {
   if (static_cast<int64_t>(logits.size()) != vocab_size_) {
     TANDEM_LOG(ERROR) << "SequenceSampler::Sample: " << logits.size()
                       << " logits for a vocabulary of " << vocab_size_;
@@ -151,11 +207,11 @@ int32_t SequenceSampler::Sample(std::span<const float> logits, SamplingWorkspace
   }
   // top_k = 1 keeps only the argmax: the same token as greedy, without a draw.
   const bool greedy = params_.greedy() || params_.top_k == 1;
-  if (greedy && !HasLogitsProcessors()) return ArgmaxRow(logits.data(), vocab_size_);
+  if (greedy && (!apply_processors || !HasLogitsProcessors())) return ArgmaxRow(logits.data(), vocab_size_);
   // NaN becomes -inf so that it is never chosen and the orderings below stay strict weak orders.
   ws.logits_.resize(vocab_size_);
   CopyReplacingNaN(logits.data(), vocab_size_, ws.logits_.data());
-  ApplyLogitsProcessors(ws.logits_.data());
+  if (apply_processors) ApplyLogitsProcessors(ws.logits_.data());
   if (greedy) return ArgmaxRow(ws.logits_.data(), vocab_size_);
   return SampleFromProcessed(ws);
 }
@@ -177,26 +233,72 @@ void SequenceSampler::ApplyLogitsProcessors(float* logits) const {
     if (b.token_id >= 0 && b.token_id < vocab_size_) logits[b.token_id] += b.bias;
   }
   const float repetition = params_.repetition_penalty;
-  for (int32_t t : seen_tokens_) {
-    logits[t] = logits[t] > 0.f ? logits[t] / repetition : logits[t] * repetition;
-  }
-  for (const auto& [t, count] : output_counts_) {
-    logits[t] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
-  }
+  for (int32_t t : seen_tokens_) logits[t] = PenalizeRepetition(logits[t], repetition);
+  for (const auto& [t, count] : output_counts_) logits[t] -= PenaltySubtraction(count);
 }
 
-int32_t SequenceSampler::TopKCandidates(int32_t max_k) const {
-  const bool greedy = params_.greedy() || params_.top_k == 1;
-  if (greedy || params_.top_k <= 1 || params_.top_k >= vocab_size_ || params_.top_k > max_k) return 0;
-  return HasLogitsProcessors() ? 0 : params_.top_k;
+void SequenceSampler::AppendLogitEdits(int32_t row, std::vector<LogitEdit>* edits) const {
+  absl::flat_hash_map<int32_t, LogitEdit> by_token;
+  auto at = [&](int32_t t) -> LogitEdit& {
+    auto [it, inserted] = by_token.try_emplace(t);
+    if (inserted) {
+      it->second.row = row;
+      it->second.token = t;
+    }
+    return it->second;
+  };
+  if (num_generated_ < params_.min_tokens) {
+    for (int32_t t : min_tokens_mask_) at(t).flags |= LogitEdit::kMask;
+  }
+  for (const LogitBias& b : params_.logit_bias) {
+    if (b.token_id < 0 || b.token_id >= vocab_size_) continue;
+    LogitEdit& e = at(b.token_id);
+    e.flags |= LogitEdit::kBias;
+    e.bias = b.bias;
+  }
+  for (int32_t t : seen_tokens_) {
+    LogitEdit& e = at(t);
+    e.flags |= LogitEdit::kRepeat;
+    e.repetition = params_.repetition_penalty;
+  }
+  for (const auto& [t, count] : output_counts_) {
+    LogitEdit& e = at(t);
+    e.flags |= LogitEdit::kSubtract;
+    e.subtract = PenaltySubtraction(count);
+  }
+  edits->reserve(edits->size() + by_token.size());
+  for (const auto& [t, e] : by_token) edits->push_back(e);
+}
+
+DeviceSamplingPlan SequenceSampler::DevicePlan(int32_t max_k) const {
+  using Kind = DeviceSamplingPlan::Kind;
+  const bool edits = HasLogitsProcessors();
+  if (params_.greedy() || params_.top_k == 1) return {Kind::kArgmax, 0, edits};
+  if (params_.top_k > 0 && params_.top_k < vocab_size_) {
+    return params_.top_k <= max_k ? DeviceSamplingPlan{Kind::kTopK, params_.top_k, edits} : DeviceSamplingPlan{};
+  }
+  if (params_.top_p < 1.f) {
+    const int32_t k = static_cast<int32_t>(std::min<int64_t>(max_k, vocab_size_));
+    return k > 1 ? DeviceSamplingPlan{Kind::kNucleus, k, edits} : DeviceSamplingPlan{};
+  }
+  return {Kind::kDraw, 0, edits};
+}
+
+double SequenceSampler::DrawForDevice() {
+  if (DevicePlan(0).kind != DeviceSamplingPlan::Kind::kDraw) {
+    TANDEM_LOG(ERROR) << "SequenceSampler::DrawForDevice: the step is not a whole-row draw";
+    std::abort();
+  }
+  return NextUniform();
 }
 
 int32_t SequenceSampler::SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits,
                                         SamplingWorkspace& ws) {
-  const int32_t k = TopKCandidates(static_cast<int32_t>(ids.size()));
-  if (k == 0 || logits.size() < ids.size()) {
+  const DeviceSamplingPlan plan = DevicePlan(static_cast<int32_t>(ids.size()));
+  const int32_t k = plan.k;
+  if (plan.kind != DeviceSamplingPlan::Kind::kTopK || logits.size() < ids.size()) {
     TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromTopK: " << ids.size() << " candidates for top_k "
-                      << params_.top_k << " (or logits processors active)";
+                      << params_.top_k;
     std::abort();
   }
   // Only the candidates' entries of the processed row are read on the top-k path.
@@ -206,9 +308,60 @@ int32_t SequenceSampler::SampleFromTopK(std::span<const int32_t> ids, std::span<
   return SampleFromProcessed(ws, &selected);
 }
 
+std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_t> ids, std::span<const float> logits,
+                                                          double total, SamplingWorkspace& ws) {
+  const DeviceSamplingPlan plan = DevicePlan(static_cast<int32_t>(ids.size()));
+  if (plan.kind != DeviceSamplingPlan::Kind::kNucleus || ids.empty() || logits.size() < ids.size()) {
+    TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromNucleus: " << ids.size() << " candidates for a top_p step";
+    std::abort();
+  }
+  const size_t n = ids.size();
+  auto logit = [&](size_t i) { return std::isnan(logits[i]) ? kNegInf : logits[i]; };
+  const int32_t best = ids[0];
+  const float max_logit = logit(0);
+  if (!std::isfinite(max_logit)) {
+    NextUniform();  // Sample() draws before it finds nothing to weigh
+    return best;
+  }
+  const float inv_temperature = 1.f / params_.temperature;
+  ws.weights_.resize(vocab_size_);
+  float* weights = ws.weights_.data();
+  // The nucleus, most likely first: candidates until their weights reach the target.
+  const double target = static_cast<double>(params_.top_p) * total;
+  double cumulative = 0;
+  size_t m = n;  // candidates in the nucleus
+  for (size_t i = 0; i < n; ++i) {
+    cumulative += weights[ids[i]] = std::exp((logit(i) - max_logit) * inv_temperature);
+    if (cumulative >= target) {
+      m = i + 1;
+      break;
+    }
+  }
+  if (cumulative < target && static_cast<int64_t>(n) < vocab_size_) return std::nullopt;  // wider than the candidates
+  // Sample()'s order: tokens of weight buckets above the last one's by id, then the last bucket's
+  // most likely first.
+  const int last_bucket = WeightBucket(weights[ids[m - 1]]);
+  std::vector<int32_t>& order = ws.ids_;
+  order.clear();
+  for (size_t i = 0; i < m; ++i) {
+    if (WeightBucket(weights[ids[i]]) > last_bucket) order.push_back(ids[i]);
+  }
+  std::sort(order.begin(), order.end());
+  for (size_t i = 0; i < m; ++i) {
+    if (WeightBucket(weights[ids[i]]) == last_bucket) order.push_back(ids[i]);
+  }
+  const double u = NextUniform();
+  return DrawAmong(order.size(), [&](size_t i) { return order[i]; }, weights, params_.min_p, u, best);
+}
+
 int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids) {
   const double u = NextUniform();  // drawn first: one draw per sampled step, whatever the path
   const float* logits = ws.logits_.data();
+  const bool top_k_on = params_.top_k > 0 && params_.top_k < vocab_size_;
+  if (!top_k_on && params_.top_p >= 1.f) {
+    ws.weights_.resize(vocab_size_);
+    return DrawFromRow(logits, vocab_size_, 1.f / params_.temperature, params_.min_p, u, ws.weights_.data());
+  }
   // SelectTopK's first is the row's argmax (the same order, the same tie rule).
   const int32_t best = top_k_ids != nullptr ? top_k_ids->front() : ArgmaxRow(logits, vocab_size_);
   const float max_logit = logits[best];
@@ -226,7 +379,7 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::v
   bool all_tokens = true;
   size_t n = static_cast<size_t>(vocab_size_);
   double total = 0;
-  if (params_.top_k > 0 && params_.top_k < vocab_size_) {
+  if (top_k_on) {
     if (top_k_ids != nullptr) {
       ids = *top_k_ids;
     } else {
@@ -283,27 +436,8 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::v
     n = ids.size();
   }
 
-  // min_p, then one draw. The most likely token is always a candidate, with weight 1 >= min_p, so
-  // the sum is at least 1.
-  auto candidate = [&](size_t i) { return all_tokens ? static_cast<int32_t>(i) : ids[i]; };
-  const float min_p = params_.min_p;
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    float& w = weights[candidate(i)];
-    if (w < min_p) w = 0.f;
-    sum += w;
-  }
-  const double r = u * sum;
-  double cumulative = 0;
-  for (size_t i = 0; i < n; ++i) {
-    cumulative += weights[candidate(i)];
-    if (r < cumulative) return candidate(i);
-  }
-  // Rounding left r at the very top: the last candidate that has any weight.
-  for (size_t i = n; i-- > 0;) {
-    if (weights[candidate(i)] > 0.f) return candidate(i);
-  }
-  return best;
+  // min_p, then one draw.
+  return DrawAmong(n, [&](size_t i) { return ids[i]; }, weights, params_.min_p, u, best);
 }
 
 void SequenceSampler::Accept(int32_t token) {

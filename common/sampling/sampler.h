@@ -19,12 +19,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "common/sampling/device_sampling.h"
 #include "common/sampling/sampling_params.h"
 
 namespace tandem {
@@ -47,6 +49,29 @@ struct LogprobEntry {
 // `token` (1-based; equal logits rank the lower id first). The raw model distribution, before any
 // sampling parameter is applied: vLLM's default.
 LogprobEntry ComputeLogprobs(const float* logits, int64_t vocab_size, int32_t token, int32_t top_k);
+
+// What a sampled step can leave to the device that holds its logits (SequenceSampler::DevicePlan).
+struct DeviceSamplingPlan {
+  enum class Kind : uint8_t {
+    kHost,     // the whole row comes to the host: Sample()
+    kArgmax,   // greedy: the argmax of the (edited) row, Backend::ArgmaxRows
+    kTopK,     // top-k sampling: the row's k most likely tokens, SampleFromTopK()
+    kNucleus,  // top-p without top-k: k candidates and the row's weight total, SampleFromNucleus()
+    kDraw,     // temperature and min-p over the whole row: the device draws (DrawForDevice)
+  };
+  Kind kind = Kind::kHost;
+  int32_t k = 0;       // kTopK, kNucleus: the candidates wanted
+  bool edits = false;  // logits processors are active: their LogitEdits are applied on the device first
+};
+
+// The token a sampled step without top-k and top-p takes from a processed row with uniform draw u:
+// weights exp((logit - max) × inv_temperature) (NaN and -inf weigh 0; those below min_p count 0), the
+// first token by id whose running sum exceeds u × the sum; the argmax when the largest logit is not
+// finite. RowDraw::kDraw's definition (a device computes it to rounding). `weights`: scratch [vocab].
+int32_t DrawFromRow(const float* logits, int64_t vocab, float inv_temperature, float min_p, double u, float* weights);
+// The row's weight total, summed in id order in double (RowDraw::kTotal's definition); 0 when the
+// largest logit is not finite.
+double RowWeightTotal(const float* logits, int64_t vocab, float inv_temperature);
 
 // Scratch memory for SequenceSampler::Sample: vocabulary-sized buffers, grown once and reused. One
 // workspace per sampling thread serves any number of sequences; a sampler used without one keeps
@@ -89,21 +114,40 @@ class SequenceSampler {
   // The same, with scratch memory shared with other samplers on this thread.
   int32_t Sample(std::span<const float> logits, SamplingWorkspace& workspace);
 
+  // The same over a row whose logits processors were already applied (AppendLogitEdits on the device):
+  // the row a kNucleus step falls back to.
+  int32_t SampleProcessed(std::span<const float> processed, SamplingWorkspace& workspace);
+
   // Whether the next Sample() is just the argmax of the raw logits (greedy or top_k 1, and no
   // processor active this step): the caller may take the argmax where the logits are instead
   // (Backend::ArgmaxRows, same ties and NaN rules) and skip copying the row.
   bool PlainArgmax() const;
 
-  // The k of a sampled step that needs only the row's k most likely tokens and their raw logits
-  // (top_k sampling, 1 < top_k < vocab, top_k <= max_k, no logits processor active this step): the
-  // caller may select them where the logits are (Backend::TopKRows) and call SampleFromTopK. 0 when
-  // the step needs the whole row.
-  int32_t TopKCandidates(int32_t max_k) const;
-  // Sample(row) for a step TopKCandidates() allows, from the row's top-k candidates alone: ids and
-  // logits of at least TopKCandidates() entries, most likely first, lower id first among equal
-  // logits, NaN given as -inf (Backend::TopKRows' order). The same token and the same draw as
-  // Sample() over the whole row.
+  // How the next step can sample where the logits are, on a device that selects at most max_k
+  // candidates a row: greedy → kArgmax; top_k in (1, vocab) → kTopK when top_k <= max_k, else kHost;
+  // top_k off and top_p < 1 → kNucleus over min(max_k, vocab) candidates; top_k and top_p off →
+  // kDraw. `edits` when a logits processor is active this step.
+  DeviceSamplingPlan DevicePlan(int32_t max_k) const;
+  // Appends this step's logits processors as edits of logits row `row`, one per token touched (in no
+  // particular order). The edited row is bit-identical to what Sample() processes.
+  void AppendLogitEdits(int32_t row, std::vector<LogitEdit>* edits) const;
+
+  // Sample(row) for a kTopK step, from the (edited) row's top-k candidates alone: ids and logits of at
+  // least k entries, most likely first, lower id first among equal logits, NaN given as -inf
+  // (Backend::TopKRows' order). The same token and the same draw as Sample() over the whole row.
   int32_t SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits, SamplingWorkspace& workspace);
+  // Sample(row) for a kNucleus step from the (edited) row's top candidates (as SampleFromTopK's) and
+  // its weight total (RowDraw::kTotal): the nucleus is the most likely candidates whose weights reach
+  // top_p × total, drawn from in Sample()'s order; the same token as Sample() unless the cut falls
+  // within rounding of the target. nullopt, with nothing drawn, when the nucleus is wider than the
+  // candidates: the step then needs the edited row (SampleProcessed).
+  std::optional<int32_t> SampleFromNucleus(std::span<const int32_t> ids, std::span<const float> logits, double total,
+                                           SamplingWorkspace& workspace);
+  // The uniform draw of a kDraw step, whose token the device picks (RowDraw::kDraw); the caller then
+  // Accept()s it.
+  double DrawForDevice();
+  // 1 / temperature, as the sampler's weights use it.
+  float inv_temperature() const { return 1.f / params_.temperature; }
 
   // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
   void Accept(int32_t token);
@@ -123,6 +167,12 @@ class SequenceSampler {
   bool HasLogitsProcessors() const;
   // Steps 1-4 above on logits [vocab_size].
   void ApplyLogitsProcessors(float* logits) const;
+  // What the presence and frequency penalties subtract from a token generated `count` times.
+  float PenaltySubtraction(int32_t count) const {
+    return params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+  }
+  // Sample() with or without step 1-4 (a processed row).
+  int32_t SampleRow(std::span<const float> logits, SamplingWorkspace& ws, bool apply_processors);
   // The draw over ws.logits_ (processed). `top_k_ids`: the top-k candidates, already selected (then
   // only their entries of ws.logits_ are read).
   int32_t SampleFromProcessed(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids = nullptr);

@@ -8,6 +8,7 @@
 // rounded for the tensor cores) within |Δp| ≤ 1e-2 and the same top-1 wherever the CPU's margin is
 // clear.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "common/backend/kv_cache_storage.h"
 #include "common/base/argmax.h"
 #include "common/model/llama_model.h"
+#include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
 #include "tests/unit/tiny_models.h"
@@ -594,47 +596,171 @@ TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
   EXPECT_EQ(ref[4], d - 1);
 }
 
-// Top-k candidates on the device against a plain sort (value, then lower id; NaN as -inf), on a
-// Qwen-sized vocabulary with ties at the cut, NaN, -inf and +inf; and the sampler finishing from them
+// Top-k candidates on the device (radix select, then a bitonic sort) against a plain sort (value,
+// then lower id; NaN as -inf; -0 equal to +0), on a Qwen-sized vocabulary and a small one, for k from 1
+// to 256 and per-row k (0 skips a row, leaving its outputs alone): rows with ties around the cut, NaN,
+// an -inf tail, +inf, signed zeros and a row of one value. The sampler finishing from the candidates
 // gives the token it gives from the whole row.
 TEST_F(CudaBackendTest, TopKRowsMatchAPlainSortAndTheSampler) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const int64_t d = 151936, n = 4;
-  const int32_t k = 64;
-  std::vector<float> x = Random(n * d, 33);
-  for (int64_t j = 0; j < d; j += 1000) x[j] = 4.f;                 // row 0: many ties around the cut
-  for (int64_t j = 0; j < d; j += 3) x[1 * d + j] = nan;           // row 1: a third NaN
-  for (int64_t j = 0; j < d; ++j) x[2 * d + j] = j < d - 10 ? -inf : 1.f;  // row 2: ten finite, then -inf by id
-  x[3 * d + 77] = inf;                                              // row 3: +inf first
-  float* xg = Up(x);
-  auto ids_dev = gpu_->Allocate(n * k * sizeof(int32_t)).value();
-  auto vals_dev = gpu_->Allocate(n * k * sizeof(float)).value();
-  gpu_->TopKRows(xg, n, d, k, static_cast<int32_t*>(ids_dev->data()), vals_dev->f32());
-  std::vector<int32_t> ids(n * k);
-  std::vector<float> vals(n * k);
-  gpu_->CopyToHost(ids.data(), ids_dev->data(), ids.size() * sizeof(int32_t));
-  gpu_->CopyToHost(vals.data(), vals_dev->data(), vals.size() * sizeof(float));
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = x.data() + i * d;
-    auto key = [&](int32_t t) { return std::isnan(row[t]) ? -inf : row[t]; };
-    std::vector<int32_t> order(static_cast<size_t>(d));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
-    for (int32_t j = 0; j < k; ++j) {
-      ASSERT_EQ(ids[i * k + j], order[j]) << "row " << i << " rank " << j;
-      ASSERT_EQ(vals[i * k + j], key(order[j])) << "row " << i << " rank " << j;
+  for (const int64_t d : {int64_t{151936}, int64_t{300}}) {
+    const int64_t n = 7;
+    std::vector<float> x = Random(n * d, 33);
+    for (int64_t j = 0; j < d; j += 97) x[j] = 4.f;                          // row 0: many ties around the cut
+    for (int64_t j = 0; j < d; j += 3) x[1 * d + j] = nan;                  // row 1: a third NaN
+    for (int64_t j = 0; j < d; ++j) x[2 * d + j] = j < d - 10 ? -inf : 1.f;  // row 2: ten finite, -inf by id
+    x[3 * d + 77] = inf;                                                     // row 3: +inf first
+    for (int64_t j = 0; j < d; ++j) x[4 * d + j] = j % 2 ? 0.f : -0.f;       // row 4: signed zeros, all equal
+    for (int64_t j = 0; j < d; ++j) x[5 * d + j] = static_cast<float>(j % 7) - 3.f;  // row 5: 7 values
+    const float* xg = Up(x);
+    for (const int32_t k : {1, 40, 64, 256}) {
+      // Per-row k: the full width, a smaller one, and a skipped row.
+      std::vector<int32_t> row_k(static_cast<size_t>(n), k);
+      row_k[5] = std::max(1, k / 3);
+      row_k[6] = 0;
+      std::vector<int32_t> ids(static_cast<size_t>(n * k), -7);
+      std::vector<float> vals(static_cast<size_t>(n * k), 42.f);
+      int32_t* ids_dev = Up(ids);
+      float* vals_dev = Up(vals);
+      gpu_->TopKRows(xg, n, d, k, Up(row_k), ids_dev, vals_dev);
+      gpu_->CopyToHost(ids.data(), ids_dev, ids.size() * sizeof(int32_t));
+      gpu_->CopyToHost(vals.data(), vals_dev, vals.size() * sizeof(float));
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = x.data() + i * d;
+        auto key = [&](int32_t t) { return std::isnan(row[t]) ? -inf : row[t]; };
+        std::vector<int32_t> order(static_cast<size_t>(d));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+        for (int32_t j = 0; j < k; ++j) {
+          if (j >= row_k[i]) {  // beyond the row's own k: untouched only for the skipped row
+            if (row_k[i] == 0) {
+              ASSERT_EQ(ids[i * k + j], -7) << "skipped row " << i;
+              ASSERT_EQ(vals[i * k + j], 42.f) << "skipped row " << i;
+            }
+            continue;
+          }
+          ASSERT_EQ(ids[i * k + j], order[j]) << "d " << d << " k " << k << " row " << i << " rank " << j;
+          ASSERT_EQ(vals[i * k + j], key(order[j])) << "d " << d << " k " << k << " row " << i << " rank " << j;
+        }
+        if (k < 2 || row_k[i] < 40 || i == 6) continue;
+        SamplingParams p;
+        p.temperature = 0.9f;
+        p.top_k = 40;
+        p.top_p = 0.9f;
+        p.seed = 7 + i;
+        SequenceSampler whole(p, {}, d, {}), from_top(p, {}, d, {});
+        SamplingWorkspace ws;
+        EXPECT_EQ(from_top.SampleFromTopK(std::span<const int32_t>(ids.data() + i * k, k),
+                                          std::span<const float>(vals.data() + i * k, k), ws),
+                  whole.Sample(std::span<const float>(row, d)))
+            << "row " << i;
+      }
     }
+  }
+}
+
+// Logits processors as edits on the device: bit for bit the rows the host sampler processes, for
+// samplers with every processor, over a batch whose rows each carry their own edits.
+TEST_F(CudaBackendTest, LogitEditsMatchTheHostBitForBit) {
+  const int64_t d = 151936, n = 6;
+  std::vector<float> x = Random(n * d, 51, 4.f);
+  x[2 * d + 5] = std::numeric_limits<float>::quiet_NaN();  // an edited NaN becomes -inf first
+  std::vector<LogitEdit> edits;
+  std::mt19937 rng(3);
+  for (int64_t i = 0; i < n; ++i) {
     SamplingParams p;
-    p.temperature = 0.9f;
-    p.top_k = 40;
-    p.top_p = 0.9f;
-    p.seed = 7 + i;
-    SequenceSampler whole(p, {}, d, {}), from_top(p, {}, d, {});
-    SamplingWorkspace ws;
-    EXPECT_EQ(from_top.SampleFromTopK(std::span<const int32_t>(ids.data() + i * k, k),
-                                      std::span<const float>(vals.data() + i * k, k), ws),
-              whole.Sample(std::span<const float>(row, d)))
-        << "row " << i;
+    p.temperature = 0.8f;
+    p.repetition_penalty = i % 2 ? 1.3f : 0.7f;
+    p.presence_penalty = 0.4f * static_cast<float>(i % 3);
+    p.frequency_penalty = -0.3f * static_cast<float>(i % 4);
+    p.logit_bias = {{5, 2.5f}, {static_cast<int32_t>(1000 + i), -7.f}};
+    p.min_tokens = i == 3 ? 5 : 0;
+    p.stop_token_ids = {11};
+    p.max_tokens = 20;
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 500; ++t) prompt.push_back(static_cast<int32_t>(rng() % d));
+    SequenceSampler s(p, prompt, d, {2});
+    for (int t = 0; t < 3; ++t) s.Accept(static_cast<int32_t>(rng() % d));
+    s.Accept(5);
+    s.AppendLogitEdits(static_cast<int32_t>(i), &edits);
+  }
+  std::vector<float> want = x;
+  for (const LogitEdit& e : edits) want[e.row * d + e.token] = ApplyLogitEdit(want[e.row * d + e.token], e);
+  float* xg = Up(x);
+  gpu_->ApplyLogitEdits(xg, d, Up(edits), static_cast<int64_t>(edits.size()));
+  std::vector<float> got(x.size());
+  gpu_->CopyToHost(got.data(), xg, got.size() * sizeof(float));
+  for (size_t j = 0; j < got.size(); ++j) {
+    if (std::isnan(want[j]) && std::isnan(got[j])) continue;  // unedited NaN
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[j]), std::bit_cast<uint32_t>(want[j]))
+        << "row " << j / d << " token " << j % d << ": " << got[j] << " vs " << want[j];
+  }
+  EXPECT_GT(edits.size(), 3000u);
+}
+
+// Weight totals and whole-row draws on the device against the host definitions (RowWeightTotal,
+// DrawFromRow): totals within 1e-9 relative; a drawn token either the host's or one whose interval of
+// the host's running sums lies within 1e-6 of the sum from u × sum (exp and the sums round differently
+// on the device), and the host's in most rows. Rows: peaked, flat, min-p cut, NaN, all -inf, +inf.
+TEST_F(CudaBackendTest, SampleRowsMatchTheHostDefinitions) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const int64_t d : {int64_t{151936}, int64_t{1000}}) {
+    const int64_t n = 64;
+    std::vector<float> x = Random(n * d, 61, 2.f);
+    std::vector<RowDraw> draws(static_cast<size_t>(n));
+    std::mt19937_64 rng(8);
+    for (int64_t i = 0; i < n; ++i) {
+      RowDraw& r = draws[i];
+      r.mode = i % 5 == 4 ? RowDraw::kTotal : RowDraw::kDraw;
+      r.inv_temperature = 1.f / (i % 3 == 0 ? 0.3f : (i % 3 == 1 ? 1.f : 2.5f));
+      r.min_p = i % 4 == 1 ? 0.05f : 0.f;
+      r.u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+    }
+    x[7 * d + 3] = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t j = 0; j < d; ++j) x[10 * d + j] = -inf;  // row 10: nothing to weigh (token 0)
+    x[11 * d + 123] = inf;                                  // row 11: +inf (its argmax)
+    draws[10].mode = draws[11].mode = RowDraw::kDraw;
+    draws[12].u = 0;  // the first token with weight
+    std::vector<int32_t> tokens(static_cast<size_t>(n), -1);
+    std::vector<double> totals(static_cast<size_t>(n), -1);
+    int32_t* tokens_dev = Up(tokens);
+    double* totals_dev = Up(totals);
+    gpu_->SampleRows(Up(x), n, d, Up(draws), tokens_dev, totals_dev);
+    gpu_->CopyToHost(tokens.data(), tokens_dev, tokens.size() * sizeof(int32_t));
+    gpu_->CopyToHost(totals.data(), totals_dev, totals.size() * sizeof(double));
+    std::vector<float> weights(static_cast<size_t>(d));
+    int same = 0, draws_made = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x.data() + i * d;
+      const RowDraw& r = draws[i];
+      if (r.mode == RowDraw::kTotal) {
+        const double want = RowWeightTotal(row, d, r.inv_temperature);
+        EXPECT_NEAR(totals[i], want, 1e-9 * want) << "d " << d << " row " << i;
+        EXPECT_EQ(tokens[i], -1) << "a total row draws nothing";
+        continue;
+      }
+      ++draws_made;
+      const int32_t want = DrawFromRow(row, d, r.inv_temperature, r.min_p, r.u, weights.data());
+      if (tokens[i] == want) {
+        ++same;
+        continue;
+      }
+      ASSERT_GE(tokens[i], 0) << "row " << i;
+      ASSERT_LT(tokens[i], d) << "row " << i;
+      // DrawFromRow left the host's weights (min-p applied) in `weights`.
+      double sum = 0, before = 0;
+      for (int64_t t = 0; t < d; ++t) {
+        if (t < tokens[i]) before += weights[t];
+        sum += weights[t];
+      }
+      const double at = r.u * sum, tol = 1e-6 * sum;
+      EXPECT_GT(weights[tokens[i]], 0.f) << "row " << i << ": a token of no weight";
+      EXPECT_TRUE(at >= before - tol && at < before + weights[tokens[i]] + tol)
+          << "d " << d << " row " << i << ": device token " << tokens[i] << ", host " << want;
+    }
+    EXPECT_EQ(tokens[10], 0);
+    EXPECT_EQ(tokens[11], 123);
+    EXPECT_GE(same, draws_made - 2) << "d " << d;
   }
 }
 

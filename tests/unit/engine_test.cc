@@ -149,11 +149,12 @@ TEST_P(EngineTest, Bf16KvCacheHalvesTheBlockAndKeepsBatchInvariance) {
   ExpectBatchInvariance(/*requests=*/16, /*seed=*/23, /*together_blocks=*/24, DType::kBF16);
 }
 
-// A CPU backend standing in for a device: counts the copies to the host of a row of logits or more.
+// A CPU backend standing in for a device: counts the copies to the host of whole rows of logits (a
+// size that is a multiple of a row's; the sampling results never are, in these tests).
 class RowCountingBackend : public ForwardingBackend {
  public:
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    if (bytes >= row_bytes) ++row_copies;  // a row of logits or more came back
+    if (bytes >= row_bytes && bytes % row_bytes == 0) ++row_copies;  // rows of logits came back
     cpu_->CopyToHost(dst, src, bytes);
   }
   int calls = 0;
@@ -185,54 +186,109 @@ class DeviceLogprobsBackend final : public RowCountingBackend {
   }
 };
 
-// A backend that selects top-k candidates where the logits are, as the CUDA one does, here by a plain
-// sort on the host: the engine's device top-k sampling path on the CPU.
-class DeviceTopKBackend final : public RowCountingBackend {
+// A backend that samples where the logits are, as the CUDA one does, here on the host: candidates by
+// a plain sort, edits by ApplyLogitEdit, totals and draws by the sampler's definitions
+// (RowWeightTotal, DrawFromRow): the engine's device sampling path on the CPU.
+class DeviceSamplingBackend final : public RowCountingBackend {
  public:
-  bool SupportsTopK() const override { return true; }
-  void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) override {
+  bool SupportsSampling() const override { return true; }
+  void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k, int32_t* ids,
+                float* values) override {
     ++calls;
     for (int64_t i = 0; i < n; ++i) {
+      const int32_t own_k = row_k != nullptr ? std::min(row_k[i], k) : k;  // the row's own candidates
       const float* row = x + i * d;
       auto key = [&](int32_t t) { return std::isnan(row[t]) ? -std::numeric_limits<float>::infinity() : row[t]; };
       std::vector<int32_t> order(static_cast<size_t>(d));
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
-      for (int32_t j = 0; j < k; ++j) {
+      for (int32_t j = 0; j < own_k; ++j) {
         ids[i * k + j] = order[j];
         values[i * k + j] = key(order[j]);
       }
     }
   }
+  void ApplyLogitEdits(float* logits, int64_t d, const LogitEdit* edits, int64_t count) override {
+    edit_count += count;
+    for (int64_t i = 0; i < count; ++i) {
+      float& x = logits[edits[i].row * d + edits[i].token];
+      x = ApplyLogitEdit(x, edits[i]);
+    }
+  }
+  void SampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws, int32_t* tokens,
+                  double* totals) override {
+    std::vector<float> weights(static_cast<size_t>(d));
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = logits + i * d;
+      if (draws[i].mode == RowDraw::kTotal) totals[i] = RowWeightTotal(row, d, draws[i].inv_temperature);
+      if (draws[i].mode == RowDraw::kDraw) {
+        ++device_draws;
+        tokens[i] = DrawFromRow(row, d, draws[i].inv_temperature, draws[i].min_p, draws[i].u, weights.data());
+      }
+    }
+  }
+  int64_t edit_count = 0;
+  int device_draws = 0;
 };
 
-// Seeded top-k sampling (with top-p and min-p on some requests) from candidates selected where the
-// logits are: the same tokens as sampling the whole rows on the host, and no row of logits copied.
-// A request with a repetition penalty needs its rows and still gets them.
-TEST_P(EngineTest, TopKSamplingFromDeviceCandidatesMatchesTheHostPath) {
-  std::vector<EngineRequest> reqs;
-  for (int i = 0; i < 5; ++i) {
-    EngineRequest r = Request("r" + std::to_string(i), 4 + 9 * i, 70 + i, /*max_tokens=*/8);
-    r.params.temperature = 0.6f + 0.3f * static_cast<float>(i);
-    r.params.top_k = i == 2 ? 1000 : 3 + 7 * i;  // 1000: over the device limit (or the vocabulary)
-    r.params.top_p = i == 1 ? 0.8f : 1.f;
-    r.params.min_p = i == 3 ? 0.1f : 0.f;
-    r.params.repetition_penalty = i == 4 ? 1.3f : 1.f;
+// Seeded sampling of every kind on the device: top-k (with top-p and min-p), top-p alone (a narrow
+// nucleus served by its candidates, a wide one by its row), temperature and min-p over the whole row,
+// and greedy, each with and without logits processors (penalties, bias, min_tokens): the same tokens
+// as sampling the whole rows on the host. Only the wide nucleus copies rows back.
+TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+  };
+  const std::vector<Case> cases = {
+      {0.6f, 3, 1.f, 0.f},  {0.9f, 10, 0.8f, 0.f}, {1.2f, 300, 1.f, 0.f},   // 300: over the device limit
+      {1.5f, 24, 1.f, 0.1f}, {0.5f, 0, 0.05f, 0.f}, {20.f, 0, 0.99f, 0.f},  // top-p: narrow, wide (flattened) nucleus
+      {1.f, 0, 1.f, 0.f},    {0.7f, 0, 1.f, 0.05f}, {0.f, 0, 1.f, 0.f},     // whole-row draws, greedy
+  };
+  std::vector<EngineRequest> plain, processed;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EngineRequest r = Request("r" + std::to_string(i), 4 + 5 * static_cast<int>(i), 70 + i, /*max_tokens=*/8);
+    r.params.temperature = cases[i].temperature;
+    r.params.top_k = cases[i].top_k;
+    r.params.top_p = cases[i].top_p;
+    r.params.min_p = cases[i].min_p;
     r.params.seed = 90 + i;
-    reqs.push_back(r);
+    plain.push_back(r);
+    // The same with every kind of processor.
+    r.id = "p" + std::to_string(i);
+    r.params.repetition_penalty = 1.3f;
+    r.params.presence_penalty = 0.5f;
+    r.params.frequency_penalty = 0.7f;
+    r.params.logit_bias = {{5, 3.f}, {r.prompt_token_ids[0], -2.f}};
+    r.params.min_tokens = 4;
+    r.params.ignore_eos = false;
+    r.params.stop_token_ids = {7};
+    processed.push_back(r);
   }
-  auto run = [&](Backend* backend, const std::vector<EngineRequest>& reqs) { return RunOn(backend, reqs); };
-  const auto host = run(backend_.get(), reqs);
-  DeviceTopKBackend device;
-  EXPECT_EQ(run(&device, reqs), host);
+  std::vector<EngineRequest> all = plain;
+  all.insert(all.end(), processed.begin(), processed.end());
+  const auto host = RunOn(backend_.get(), all);
+  DeviceSamplingBackend device;
+  EXPECT_EQ(RunOn(&device, all), host);
   EXPECT_GT(device.calls, 0);
-  // The requests the device serves alone copy no row back.
-  DeviceTopKBackend top_k_only;
-  top_k_only.row_bytes = static_cast<size_t>(model_->config().vocab_size) * sizeof(float);
-  const std::vector<EngineRequest> served = {reqs[0], reqs[1], reqs[3]};
-  const auto got = run(&top_k_only, served);
-  EXPECT_EQ(top_k_only.row_copies, 0);
-  for (const auto& r : served) EXPECT_EQ(got.at(r.id), host.at(r.id)) << r.id;
+  EXPECT_GT(device.edit_count, 0);
+  EXPECT_GT(device.device_draws, 0);
+  // Each request on its own: rows come back only for the request over the device's top-k limit and
+  // for the wide nucleus.
+  for (const EngineRequest& r : all) {
+    DeviceSamplingBackend alone;
+    alone.row_bytes = static_cast<size_t>(model_->config().vocab_size) * sizeof(float);
+    const auto got = RunOn(&alone, {r});
+    EXPECT_EQ(got.at(r.id), host.at(r.id)) << r.id;
+    const bool over_limit = r.params.top_k == 300, wide = r.params.top_p == 0.99f;
+    if (over_limit || wide) {
+      EXPECT_GT(alone.row_copies, 0) << r.id << (wide ? ": the nucleus should be wider than 256 candidates" : "");
+    } else {
+      EXPECT_EQ(alone.row_copies, 0) << r.id;
+    }
+  }
 }
 
 TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {

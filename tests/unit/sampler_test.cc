@@ -3,10 +3,12 @@
 #include "common/sampling/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -575,7 +577,8 @@ TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
             SequenceSampler whole(p, {}, vocab, {});
             SequenceSampler from_top(p, {}, vocab, {});
             SamplingWorkspace ws;
-            ASSERT_EQ(from_top.TopKCandidates(LlamaTopKLimit()), k);
+            ASSERT_EQ(from_top.DevicePlan(LlamaTopKLimit()).kind, DeviceSamplingPlan::Kind::kTopK);
+            ASSERT_EQ(from_top.DevicePlan(LlamaTopKLimit()).k, k);
             for (int step = 0; step < 20; ++step) {
               std::vector<float> row(static_cast<size_t>(vocab));
               // Quantised values: many ties; a few NaN and -inf.
@@ -602,21 +605,191 @@ TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
       }
     }
   }
-  // Steps that need the whole row: greedy, top_k off or over the limit, a logits processor.
+  // The plans of other steps.
+  using Kind = DeviceSamplingPlan::Kind;
   SamplingParams greedy;
   greedy.temperature = 0;
   greedy.top_k = 5;
-  EXPECT_EQ(SequenceSampler(greedy, {}, 100, {}).TopKCandidates(256), 0);
+  EXPECT_EQ(SequenceSampler(greedy, {}, 100, {}).DevicePlan(256).kind, Kind::kArgmax);
   SamplingParams no_k;
   no_k.temperature = 1;
-  EXPECT_EQ(SequenceSampler(no_k, {}, 100, {}).TopKCandidates(256), 0);
+  EXPECT_EQ(SequenceSampler(no_k, {}, 100, {}).DevicePlan(256).kind, Kind::kDraw);
   SamplingParams wide = no_k;
   wide.top_k = 300;
-  EXPECT_EQ(SequenceSampler(wide, {}, 1000, {}).TopKCandidates(256), 0);
+  EXPECT_EQ(SequenceSampler(wide, {}, 1000, {}).DevicePlan(256).kind, Kind::kHost);
+  wide.top_k = 1000;  // the whole vocabulary: top-k off
+  EXPECT_EQ(SequenceSampler(wide, {}, 1000, {}).DevicePlan(256).kind, Kind::kDraw);
+  SamplingParams nucleus = no_k;
+  nucleus.top_p = 0.9f;
+  EXPECT_EQ(SequenceSampler(nucleus, {}, 1000, {}).DevicePlan(256).kind, Kind::kNucleus);
+  EXPECT_EQ(SequenceSampler(nucleus, {}, 1000, {}).DevicePlan(256).k, 256);
+  EXPECT_EQ(SequenceSampler(nucleus, {}, 100, {}).DevicePlan(256).k, 100);
   SamplingParams penalised = no_k;
   penalised.top_k = 5;
   penalised.repetition_penalty = 1.3f;
-  EXPECT_EQ(SequenceSampler(penalised, std::vector<int32_t>{1, 2}, 100, {}).TopKCandidates(256), 0);
+  const DeviceSamplingPlan p = SequenceSampler(penalised, std::vector<int32_t>{1, 2}, 100, {}).DevicePlan(256);
+  EXPECT_EQ(p.kind, Kind::kTopK);
+  EXPECT_TRUE(p.edits);
+  EXPECT_FALSE(SequenceSampler(no_k, {}, 100, {}).DevicePlan(256).edits);
+}
+
+// A step's logits processors as LogitEdits, applied to the raw row, give bit for bit the row a plain
+// implementation of vLLM's processors gives (min_tokens, bias, repetition, presence and frequency, in
+// that order); sampling from it (SampleProcessed) gives Sample()'s token and draw.
+TEST(SequenceSamplerTest, LogitEditsReproduceTheProcessors) {
+  std::mt19937 rng(11);
+  constexpr int64_t kVocab = 400;
+  for (int config = 0; config < 24; ++config) {
+    SamplingParams p;
+    p.seed = 300 + config;
+    p.temperature = config % 4 == 0 ? 0.f : 0.8f;
+    p.top_k = config % 3 == 0 ? 20 : 0;
+    p.top_p = config % 5 == 0 ? 0.7f : 1.f;
+    p.repetition_penalty = config % 2 == 0 ? 1.4f : (config % 3 == 1 ? 0.8f : 1.f);
+    p.presence_penalty = config % 3 == 2 ? 0.6f : 0.f;
+    p.frequency_penalty = config % 4 == 1 ? -0.9f : 0.f;
+    p.min_tokens = config % 5 == 3 ? 3 : 0;
+    p.ignore_eos = config % 7 == 0;
+    p.stop_token_ids = {9, 11};
+    p.max_tokens = 12;
+    if (config % 2 == 1) p.logit_bias = {{3, 5.f}, {9, -1.5f}, {17, 0.25f}};
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 30; ++i) prompt.push_back(static_cast<int32_t>(rng() % kVocab));
+    const std::vector<int32_t> eos = {2, 9};
+    SequenceSampler whole(p, prompt, kVocab, eos), edited(p, prompt, kVocab, eos);
+    std::set<int32_t> seen(prompt.begin(), prompt.end());
+    std::map<int32_t, int> counts;
+    SamplingWorkspace ws;
+    for (int step = 0; step < 12; ++step) {
+      std::vector<float> row(kVocab);
+      for (auto& x : row) x = static_cast<float>(static_cast<int>(rng() % 64)) * 0.125f - 4.f;
+      row[rng() % kVocab] = kNaN;
+      // The reference: vLLM's processors in order, over a copy with NaN as -inf.
+      std::vector<float> want = row;
+      for (auto& x : want) x = std::isnan(x) ? -kInf : x;
+      if (step < p.min_tokens) {
+        if (!p.ignore_eos) want[2] = want[9] = -kInf;
+        want[9] = want[11] = -kInf;
+      }
+      for (const LogitBias& b : p.logit_bias) want[b.token_id] += b.bias;
+      if (p.repetition_penalty != 1.f) {
+        for (int32_t t : seen) want[t] = want[t] > 0 ? want[t] / p.repetition_penalty : want[t] * p.repetition_penalty;
+      }
+      for (const auto& [t, c] : counts) {
+        want[t] -= p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
+      }
+      std::vector<LogitEdit> edits;
+      edited.AppendLogitEdits(/*row=*/3, &edits);
+      std::set<int32_t> tokens;
+      std::vector<float> got = row;
+      for (const LogitEdit& e : edits) {
+        ASSERT_EQ(e.row, 3);
+        ASSERT_TRUE(tokens.insert(e.token).second) << "two edits of token " << e.token;
+        got[e.token] = ApplyLogitEdit(got[e.token], e);
+      }
+      EXPECT_EQ(edited.DevicePlan(256).edits, !edits.empty());
+      for (int64_t t = 0; t < kVocab; ++t) {
+        if (std::isnan(row[t]) && !tokens.count(static_cast<int32_t>(t))) continue;  // an unedited NaN stays NaN
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[t]), std::bit_cast<uint32_t>(want[t]))
+            << "config " << config << " step " << step << " token " << t << ": " << got[t] << " vs " << want[t];
+      }
+      const int32_t token = whole.Sample(row, ws);
+      ASSERT_EQ(edited.SampleProcessed(got, ws), token) << "config " << config << " step " << step;
+      whole.Accept(token);
+      edited.Accept(token);
+      seen.insert(token);
+      ++counts[token];
+    }
+  }
+}
+
+// Rows that sample over the whole vocabulary (temperature, min-p): the device's draw, as DrawFromRow
+// defines it with the uniform DrawForDevice takes, is Sample()'s token, step after step.
+TEST(SequenceSamplerTest, DrawFromRowIsTheWholeRowSample) {
+  std::mt19937 rng(21);
+  for (float min_p : {0.f, 0.02f, 0.3f}) {
+    for (float temperature : {0.4f, 1.f, 2.5f}) {
+      SamplingParams p;
+      p.seed = 77;
+      p.temperature = temperature;
+      p.min_p = min_p;
+      p.repetition_penalty = 1.2f;
+      constexpr int64_t kVocab = 3000;
+      SequenceSampler whole(p, {}, kVocab, {}), device(p, {}, kVocab, {});
+      ASSERT_EQ(device.DevicePlan(256).kind, DeviceSamplingPlan::Kind::kDraw);
+      std::vector<float> weights(kVocab);
+      for (int step = 0; step < 30; ++step) {
+        std::vector<float> row = RandomLogits(kVocab, 2.f, rng());
+        row[rng() % kVocab] = kNaN;
+        if (step == 7) std::fill(row.begin(), row.end(), -kInf);  // nothing to weigh: the argmax (0)
+        const int32_t want = whole.Sample(row);
+        std::vector<LogitEdit> edits;
+        device.AppendLogitEdits(0, &edits);
+        for (const LogitEdit& e : edits) row[e.token] = ApplyLogitEdit(row[e.token], e);
+        const int32_t got = DrawFromRow(row.data(), kVocab, device.inv_temperature(), min_p, device.DrawForDevice(),
+                                        weights.data());
+        ASSERT_EQ(got, want) << "min_p " << min_p << " temperature " << temperature << " step " << step;
+        whole.Accept(want);
+        device.Accept(got);
+      }
+    }
+  }
+}
+
+// Top-p without top-k from 256 candidates and the row's weight total (RowWeightTotal, as the device
+// sums it): Sample()'s token and draw whenever the nucleus fits the candidates, and nothing drawn
+// (nullopt) when it does not, on rows with ties, NaN and -inf, over narrow and wide nuclei.
+TEST(SequenceSamplerTest, SampleFromNucleusMatchesTheWholeRow) {
+  std::mt19937 rng(9);
+  int from_candidates = 0, wider = 0;
+  for (int64_t vocab : {300, 5000, 150000}) {
+    for (float top_p : {0.3f, 0.9f, 0.99f}) {
+      for (float min_p : {0.f, 0.05f}) {
+        for (float temperature : {0.3f, 1.f, 1.7f}) {
+          SamplingParams p;
+          p.seed = 500 + from_candidates + wider;
+          p.temperature = temperature;
+          p.top_p = top_p;
+          p.min_p = min_p;
+          SequenceSampler whole(p, {}, vocab, {}), device(p, {}, vocab, {});
+          const DeviceSamplingPlan plan = device.DevicePlan(LlamaTopKLimit());
+          ASSERT_EQ(plan.kind, DeviceSamplingPlan::Kind::kNucleus);
+          ASSERT_EQ(plan.k, std::min<int64_t>(vocab, LlamaTopKLimit()));
+          SamplingWorkspace ws;
+          for (int step = 0; step < 6; ++step) {
+            std::vector<float> row(static_cast<size_t>(vocab));
+            // Quantised values (ties), spread widely or narrowly.
+            const float scale = step % 2 == 0 ? 0.5f : 0.05f;
+            for (auto& x : row) x = static_cast<float>(static_cast<int>(rng() % 40)) * scale;
+            row[rng() % vocab] = kNaN;
+            row[rng() % vocab] = -kInf;
+            std::vector<int32_t> order(static_cast<size_t>(vocab));
+            std::iota(order.begin(), order.end(), 0);
+            auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
+            std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+            std::vector<int32_t> ids(order.begin(), order.begin() + plan.k);
+            std::vector<float> values;
+            for (int32_t t : ids) values.push_back(row[t]);  // NaN given as is: the sampler reads it as -inf
+            const double total = RowWeightTotal(row.data(), vocab, device.inv_temperature());
+            const int32_t want = whole.Sample(row);
+            std::optional<int32_t> got = device.SampleFromNucleus(ids, values, total, ws);
+            if (got.has_value()) {
+              ++from_candidates;
+            } else {
+              ++wider;
+              got = device.SampleProcessed(row, ws);  // the step's row after all
+            }
+            ASSERT_EQ(*got, want) << "vocab " << vocab << " top_p " << top_p << " min_p " << min_p
+                                  << " temperature " << temperature << " step " << step;
+            whole.Accept(want);
+            device.Accept(*got);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(from_candidates, 50);
+  EXPECT_GT(wider, 50);
 }
 
 TEST(SequenceSamplerTest, SameSeedSameTokensDifferentSeedDifferentTokens) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/sampling.h"
 #include "common/backend/cuda/smoke_kernel.h"
 
 namespace tandem {
@@ -496,10 +497,24 @@ void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out)
   Check(cuda::LaunchArgmaxRows(x, n, d, out, stream_), "argmax rows");
 }
 
-void CudaBackend::TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) {
+void CudaBackend::TopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k, int32_t* ids,
+                           float* values) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "top_k", 0, stream_);
-  Check(cuda::LaunchTopKRows(x, n, d, k, ids, values, stream_), "top-k rows");
+  Check(cuda::LaunchTopKRows(x, n, d, k, row_k, ids, values, stream_), "top-k rows");
+}
+
+void CudaBackend::ApplyLogitEdits(float* logits, int64_t d, const LogitEdit* edits, int64_t count) {
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "logit_edits", 0, stream_);
+  Check(cuda::LaunchApplyLogitEdits(logits, d, edits, count, stream_), "logit edits");
+}
+
+void CudaBackend::SampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws, int32_t* tokens,
+                             double* totals) {
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "sample_rows", 0, stream_);
+  Check(cuda::LaunchSampleRows(logits, n, d, draws, tokens, totals, stream_), "sample rows");
 }
 
 void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {

@@ -76,8 +76,12 @@ class CudaBackend final : public Backend {
                   float* out) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
-  bool SupportsTopK() const override { return true; }
-  void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values) override;
+  bool SupportsSampling() const override { return true; }
+  void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k, int32_t* ids,
+                float* values) override;
+  void ApplyLogitEdits(float* logits, int64_t d, const LogitEdit* edits, int64_t count) override;
+  void SampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws, int32_t* tokens,
+                  double* totals) override;
   bool SupportsLogprobs() const override { return true; }
   void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
                 float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override;

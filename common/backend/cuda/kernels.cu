@@ -755,52 +755,6 @@ cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int3
   return cudaGetLastError();
 }
 
-namespace {
-
-// Grid n, kThreads threads. Pass r takes the most likely entry less likely than pass r - 1's pick
-// (value, then lower id), so no list of taken ids is kept: each pass is one sweep of the row.
-__global__ void TopKRowsKernel(const float* x, int64_t d, int32_t k, int32_t* ids, float* values) {
-  __shared__ float best_v[kThreads];
-  __shared__ int64_t best_i[kThreads];
-  const float* row = x + blockIdx.x * d;
-  float pv = INFINITY;
-  int64_t pi = -1;  // everything ranks after (+inf, -1)
-  for (int32_t r = 0; r < k; ++r) {
-    float v = -INFINITY;
-    int64_t i = INT64_MAX;
-    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-      float y = row[j];
-      if (isnan(y)) y = -INFINITY;
-      if (!(y < pv || (y == pv && j > pi))) continue;  // ranked at or before the previous pick
-      if (y > v || (y == v && j < i)) {
-        v = y;
-        i = j;
-      }
-    }
-    __syncthreads();  // the previous pass's readers of best_* are done
-    best_v[threadIdx.x] = v;
-    best_i[threadIdx.x] = i;
-    __syncthreads();
-    ReduceArgmax(best_v, best_i);
-    pv = best_v[0];
-    pi = best_i[0];
-    if (threadIdx.x == 0) {
-      ids[blockIdx.x * k + r] = pi == INT64_MAX ? 0 : static_cast<int32_t>(pi);
-      values[blockIdx.x * k + r] = pv;
-    }
-  }
-}
-
-}  // namespace
-
-cudaError_t LaunchTopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values,
-                           cudaStream_t stream) {
-  if (n == 0 || k <= 0) return cudaSuccess;
-  if (n > 0x7fffffff || d > 0x7fffffff || k > d) return cudaErrorInvalidValue;
-  TopKRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, k, ids, values);
-  return cudaGetLastError();
-}
-
 cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7fffffff) return cudaErrorInvalidValue;

@@ -115,12 +115,6 @@ cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t 
 // -inf (the CPU's ArgmaxRow, common/base/argmax.h).
 cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream);
 
-// Backend::TopKRows: ids[i][0..k) and values[i][0..k) = row i's k most likely entries of x[n][d],
-// most likely first, the lower id first among equal values, NaN counted as -inf (the sampler's
-// SelectTopK order). One block per row, k passes over it.
-cudaError_t LaunchTopKRows(const float* x, int64_t n, int64_t d, int32_t k, int32_t* ids, float* values,
-                           cudaStream_t stream);
-
 // Backend::Logprobs: one block per row; top_k at most kMaxLogprobsTopK.
 constexpr int32_t kMaxLogprobsTopK = 64;
 cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
