@@ -134,6 +134,12 @@ for p in "${presets[@]}"; do
   # The same batch-64 decode over an f32 KV cache (the default above is the model's BF16).
   ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 \
     --decode-batch 64 --kv-cache-dtype f32 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  # Sampled batch-64 decode: every row's logits to the host, against drawing (temperature, min-p) and
+  # top-p candidates on the device.
+  for smp in $(step forward && echo host draw nucleus); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 64 \
+      --sampling $smp 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
   # Where the time goes: every op of a prefill and of batch-1 and batch-64 decode steps, timed.
   for b in $(step profile && echo 1 64); do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 16 --decode-batch $b \

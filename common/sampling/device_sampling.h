@@ -45,8 +45,9 @@ TANDEM_HOST_DEVICE inline float PenalizeRepetition(float x, float repetition) {
 #endif
 }
 
-// One token's processed logit. NaN becomes -inf first, as the host sampler's copy does. On the
-// device every operation is rounded on its own (no fused multiply-add), as on the host.
+// One token's processed logit. NaN becomes -inf first, as the host sampler's copy does. Every
+// operation is rounded on its own: on the device by intrinsics, on the host by building the sampler
+// with -ffp-contract=off (no fused multiply-add).
 TANDEM_HOST_DEVICE inline float ApplyLogitEdit(float x, const LogitEdit& e) {
   if (x != x) x = -INFINITY;
   if (e.flags & LogitEdit::kMask) return -INFINITY;

@@ -5,7 +5,8 @@
 // share of the memory roofline and prefill's share of tensor-core peak.
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
-//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--greedy] [--profile-ops]
+//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
+//                 [--profile-ops]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
@@ -38,9 +39,11 @@ ABSL_FLAG(bool, profile_ops, false,
           "after the measurement, time every op of one prefill and of the decode steps (GPU backends; op by op, "
           "so without graphs) and print a table per phase");
 ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (GPU backends), as the engine runs them");
-ABSL_FLAG(bool, greedy, true,
-          "decode steps return the argmax of each row (taken on the device), as the engine's greedy steps do; "
-          "false copies every row's logits to the host");
+ABSL_FLAG(std::string, sampling, "argmax",
+          "what a decode step returns per row: argmax (taken on the device, as greedy steps), host (the row's "
+          "logits copied to the host, as sampling without a device sampler), draw (a token drawn on the device "
+          "at temperature 1, as temperature and min-p steps), nucleus (256 candidates and the row's weight total, "
+          "as top-p steps); draw and nucleus need a GPU backend (elsewhere rows come to the host)");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
           "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); false on the CPU "
           "uses OpenBLAS GEMM for large batches");
@@ -98,8 +101,14 @@ int Run() {
     tables[s].resize(per_seq_blocks);
     std::iota(tables[s].begin(), tables[s].end(), static_cast<int32_t>(s * per_seq_blocks));
   }
+  const std::string sampling = absl::GetFlag(FLAGS_sampling);
+  if (sampling != "argmax" && sampling != "host" && sampling != "draw" && sampling != "nucleus") {
+    std::fprintf(stderr, "forward_bench: --sampling must be argmax, host, draw or nucleus\n");
+    return 1;
+  }
   std::vector<float> logits;
   std::vector<int32_t> argmax;
+  DeviceSamples samples;
   model->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   const auto prefill = [&](int64_t s) {
     ForwardInput in;
@@ -116,9 +125,16 @@ int Run() {
         in.token_ids.push_back(static_cast<int32_t>((step * 31 + s) % c.vocab_size));
         in.seqs.push_back({1, prompt_len + step, tables[s]});
         in.logits_rows.push_back(static_cast<int32_t>(s));
-        if (absl::GetFlag(FLAGS_greedy)) in.argmax_only.push_back(1);
+        if (sampling == "argmax") in.argmax_only.push_back(1);
+        if (sampling == "draw" || sampling == "nucleus") {
+          RowDraw d;
+          d.mode = sampling == "draw" ? RowDraw::kDraw : RowDraw::kTotal;
+          d.u = static_cast<double>((step * 7919 + s * 104729) % 1000003) / 1000003.0;
+          in.sample_draws.push_back(d);
+          in.sample_top_k.push_back(sampling == "nucleus" ? std::min<int32_t>(LlamaModel::kMaxSampleTopK, c.vocab_size) : 0);
+        }
       }
-      if (!model->Forward(in, kv.get(), &logits, &argmax).ok()) return false;
+      if (!model->Forward(in, kv.get(), &logits, &argmax, nullptr, &samples).ok()) return false;
     }
     return true;
   };
@@ -143,7 +159,10 @@ int Run() {
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",
-              absl::GetFlag(FLAGS_greedy) ? ", argmax on the device" : ", logits to the host");
+              sampling == "argmax" ? ", argmax on the device"
+              : sampling == "host" || !backend->SupportsSampling() ? ", logits to the host"
+              : sampling == "draw" ? ", tokens drawn on the device"
+                                   : ", top-p candidates on the device");
   if (!model->graph_error().empty()) std::printf("graphs failed: %s\n", model->graph_error().c_str());
   if (absl::GetFlag(FLAGS_profile_ops)) {
     // Once more, op by op with every op timed: sequence 0's prefill, then the decode steps.
