@@ -53,6 +53,8 @@ ABSL_FLAG(std::string, json_out, "", "bench: write the full result (with every r
 ABSL_FLAG(std::string, sweep_concurrency, "", "bench: closed-loop levels, e.g. 1,4,16,64 (one result each, and a chart)");
 ABSL_FLAG(std::string, chart, "", "bench --sweep-concurrency: the SVG chart's path (default: bench-sweep.svg)");
 ABSL_FLAG(uint64_t, bench_seed, 0, "bench: seed of the workload and arrival times");
+ABSL_FLAG(double, bench_temperature, 0, "bench: every request's sampling temperature (0 = greedy)");
+ABSL_FLAG(double, bench_top_p, 1, "bench: every request's top_p in (0, 1] (1 = off)");
 
 namespace tandem::cli {
 namespace {
@@ -181,7 +183,8 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
   }
   g.mutable_sampling()->set_max_tokens(p.max_tokens);
   g.mutable_sampling()->set_ignore_eos(true);
-  g.mutable_sampling()->set_temperature(0);
+  g.mutable_sampling()->set_temperature(absl::GetFlag(FLAGS_bench_temperature));
+  g.mutable_sampling()->set_top_p(absl::GetFlag(FLAGS_bench_top_p));
   grpc::ClientContext ctx;
   const auto start = Clock::now();
   s.start = std::chrono::duration<double>(start - t0).count();
@@ -468,6 +471,10 @@ int BenchCommand() {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--sweep-concurrency: '", c, "' is not a positive integer")));
     }
     levels.push_back(v);
+  }
+  if (!(absl::GetFlag(FLAGS_bench_temperature) >= 0) || !(absl::GetFlag(FLAGS_bench_top_p) > 0) ||
+      !(absl::GetFlag(FLAGS_bench_top_p) <= 1)) {
+    return Fail(absl::InvalidArgumentError("--bench-temperature must be >= 0 and --bench-top-p in (0, 1]"));
   }
   if (rate < 0 || absl::GetFlag(FLAGS_burstiness) <= 0) {
     return Fail(absl::InvalidArgumentError("--request-rate must be >= 0 and --burstiness > 0"));

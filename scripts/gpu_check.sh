@@ -15,9 +15,11 @@
 #          throughput_vs_hf.py (a combined CUDA worker against transformers' generate()) over random
 #          BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each
 #          7-8B model takes ~16 GB of disk). BENCH_PRESETS names the models instead, BENCH_STEPS picks
-#          among kv, forward, profile, throughput and disagg, DECODE_BATCHES the forward batches.
-#   llama  (not in the default STAGES: about 6 minutes of building) builds llama.cpp's llama-server
-#          for sm_90 from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh), converts
+#          among kv, forward, profile, throughput, sampled (Tandem's throughput at temperature 0.8,
+#          top-p 0.95) and disagg, DECODE_BATCHES the forward batches.
+#   llama  (not in the default STAGES) takes llama.cpp's llama-server built for sm_90 on the build
+#          machine (.gpu_bundle/llama-server.tar.xz, scripts/llama_cpp_server.sh), or else builds it here
+#          from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh; about 6 minutes), converts
 #          the benchmark models to F16 GGUF with its convert_hf_to_gguf.py, and runs
 #          throughput_vs_hf.py with the llama.cpp column (concurrency 1, 16, 64).
 set -uo pipefail
@@ -74,7 +76,7 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
-step() { [[ " ${BENCH_STEPS:-kv forward profile throughput disagg} " == *" $1 "* ]]; }
+step() { [[ " ${BENCH_STEPS:-kv forward profile throughput sampled disagg} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
@@ -151,14 +153,29 @@ for p in "${presets[@]}"; do
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   ! step throughput || lim 900 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \
     --hf-concurrency $hf_levels --json-out "$OUT/throughput-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
+  # Sampled (temperature 0.8, top-p 0.95: the device's candidates and draws), Tandem alone at 16 and 64.
+  ! step sampled || lim 600 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 16,64 \
+    --skip-hf --temperature 0.8 --top-p 0.95 --json-out "$OUT/throughput-sampled-$p.json" 2>&1 |
+    tee -a "$OUT/throughput.txt" || status=1
   ! step disagg || lim 600 python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
     --up-arg=--kv-transport=nccl 2>&1 | tee -a "$OUT/disagg.txt" || status=1
 done
 fi
 if stage llama; then
   L=/tmp/tandem-llama.cpp
-  if [[ ! -x $L/build/bin/llama-server ]]; then
+  if [[ ! -d $L/llama.cpp ]]; then
     rm -rf "$L" && mkdir -p "$L" && tar -C "$L" -xJf .gpu_bundle/llama.cpp-src.tar.xz
+  fi
+  if [[ -f .gpu_bundle/llama-server.tar.xz && ! -x $L/build/bin/llama-server ]]; then
+    # Prebuilt: the binary and the libraries it needs beyond the C library and CUDA's, run through a
+    # wrapper with them (and CUDA's) on the library path.
+    mkdir -p "$L/prebuilt" "$L/build/bin" && tar -C "$L/prebuilt" -xJf .gpu_bundle/llama-server.tar.xz
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$L/prebuilt/lib:$TLD" "$L/prebuilt/bin/llama-server" \
+      > "$L/build/bin/llama-server"
+    chmod +x "$L/build/bin/llama-server"
+    "$L/build/bin/llama-server" --version 2>&1 | tail -2 | tee "$OUT/llama-build.log"
+  fi
+  if [[ ! -x $L/build/bin/llama-server ]]; then
     cmake -S "$L/llama.cpp" -B "$L/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llama-build.log" 2>&1 &&

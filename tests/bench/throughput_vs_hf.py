@@ -12,11 +12,13 @@ model as GGUF, e.g. F16 from llama.cpp's convert_hf_to_gguf.py): one llama-serve
 request of the highest level (--parallel, continuous batching, every layer on the GPU), loaded in
 closed loop like Tandem: the same random prompts as token ids, n_predict = --output-len with EOS
 ignored, greedy; tokens/s = tokens predicted ÷ wall time. Prints one table (side by side, with the
-ratios) and, with --json-out, every figure.
+ratios) and, with --json-out, every figure. --temperature and --top-p sample instead of greedy decoding,
+the same way in all three (transformers with top_k 0, llama.cpp with top_k 0 and min_p 0: nothing but
+temperature and top-p).
 
 Usage: throughput_vs_hf.py TANDEM MODEL_DIR [--device cuda] [--concurrency 1,16,64,256]
            [--hf-concurrency 1,16,64] [--input-len 512] [--output-len 256] [--skip-hf] [--json-out F]
-           [--llama-server BIN --llama-gguf FILE [--llama-args=-fa,on]]
+           [--llama-server BIN --llama-gguf FILE [--llama-args=-fa,on]] [--temperature T --top-p P]
 Transformers absent (as on the CPU development machine): its column says so and the run goes on.
 """
 import argparse
@@ -45,7 +47,12 @@ ap.add_argument("--llama-server", default="", help="llama.cpp's llama-server bin
 ap.add_argument("--llama-gguf", default="", help="the model as GGUF for llama-server")
 ap.add_argument("--llama-args", default="", help="extra llama-server flags, comma-separated")
 ap.add_argument("--llama-port", type=int, default=50181)
+ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature for every engine (0 = greedy)")
+ap.add_argument("--top-p", type=float, default=1.0, help="top_p for every engine (1 = off)")
 args = ap.parse_args()
+if args.temperature < 0 or not 0 < args.top_p <= 1:
+    sys.exit("--temperature must be >= 0 and --top-p in (0, 1]")
+sampled = args.temperature > 0
 levels = [int(c) for c in args.concurrency.split(",")]
 hf_levels = [int(c) for c in (args.hf_concurrency or args.concurrency).split(",")]
 
@@ -72,7 +79,8 @@ def tandem_throughput():
             result = os.path.join(work, f"bench-{c}.json")
             p = subprocess.run([args.tandem, "bench", "--server", f"127.0.0.1:{args.port}", "--concurrency", str(c),
                                 "--num-requests", str(max(8, 2 * c)), "--workload", "random", "--input-len",
-                                str(args.input_len), "--output-len", str(args.output_len), "--json-out", result],
+                                str(args.input_len), "--output-len", str(args.output_len), "--json-out", result,
+                                f"--bench-temperature={args.temperature}", f"--bench-top-p={args.top_p}"],
                                capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit(f"tandem bench at concurrency {c} failed (logs in {work}): {p.stderr[-2000:]}")
@@ -111,8 +119,10 @@ def hf_throughput():
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.time()
+            sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, top_k=0) if sampled \
+                else dict(do_sample=False)
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
-                                 min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+                                 min_new_tokens=args.output_len, pad_token_id=0, **sampling)
             if device == "cuda":
                 torch.cuda.synchronize()
             dt = time.time() - t0
@@ -168,7 +178,8 @@ def llama_throughput():
 
         def body():
             return {"prompt": [rng.randrange(vocab) for _ in range(args.input_len)], "n_predict": args.output_len,
-                    "ignore_eos": True, "temperature": 0, "cache_prompt": False, "stream": False}
+                    "ignore_eos": True, "temperature": args.temperature, "top_p": args.top_p, "top_k": 0, "min_p": 0,
+                    "cache_prompt": False, "stream": False}
 
         post(body())  # warm-up
         out = {}
@@ -212,8 +223,9 @@ def llama_throughput():
 tandem = tandem_throughput()
 hf, hf_note = hf_throughput()
 llama, llama_note = llama_throughput()
-print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {hf_note}; "
-      f"{llama_note}")
+decoding = f"temperature {args.temperature}, top_p {args.top_p}" if sampled else "greedy"
+print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {decoding}; "
+      f"{hf_note}; {llama_note}")
 print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10} {'llama.cpp':>10} {'Tandem/llama':>13}")
 for c in levels:
     h, l = hf.get(c), llama.get(c)
@@ -222,5 +234,6 @@ for c in levels:
           f"{'' if not l else f'{tandem[c] / l:.2f}x':>13}")
 if args.json_out:
     json.dump({"model": args.model, "device": args.device, "input_len": args.input_len, "output_len": args.output_len,
+               "temperature": args.temperature, "top_p": args.top_p,
                "tandem": tandem, "hf": hf, "hf_note": hf_note, "llama_cpp": llama, "llama_note": llama_note},
               open(args.json_out, "w"), indent=1)
