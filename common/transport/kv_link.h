@@ -57,6 +57,12 @@ class KvLinkFactory {
   // malformed token.
   virtual absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& rendezvous, int rank,
                                                        absl::Duration timeout) = 0;
+  // Receiver side: the pair named by `rendezvous` will not form (the handshake failed, or a join
+  // timed out), and `ranks` never joined it from this process or will not now. Whatever the rendezvous
+  // started waits for them no longer: NCCL's bootstrap root, started by NewRendezvous, waits for every
+  // rank with no timeout of its own, so the NCCL factory stands in for the missing ranks and aborts.
+  // Blocks for at most a few seconds.
+  virtual void Abandon(const std::string& /*rendezvous*/, const std::vector<int>& /*ranks*/) {}
 };
 
 }  // namespace tandem

@@ -44,10 +44,20 @@ class LoopbackKvHub {
   }
   std::atomic<int> live_links{0};
   std::atomic<int> joins{0};
+  // Abandon() calls, in order: (token, ranks).
+  void RecordAbandoned(const std::string& token, const std::vector<int>& ranks) {
+    absl::MutexLock lock(&mu_);
+    abandoned_.emplace_back(token, ranks);
+  }
+  std::vector<std::pair<std::string, std::vector<int>>> abandoned() {
+    absl::MutexLock lock(&mu_);
+    return abandoned_;
+  }
 
  private:
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Pair>> pairs_;
+  std::vector<std::pair<std::string, std::vector<int>>> abandoned_;
   int next_ = 0;
 };
 
@@ -158,6 +168,8 @@ class LoopbackKvLinkFactory final : public KvLinkFactory {
     }
     return std::unique_ptr<KvLink>(new LoopbackKvLink(pair, storage_, hub_, &stall_sends_, &send_delay_ms_));
   }
+
+  void Abandon(const std::string& token, const std::vector<int>& ranks) override { hub_->RecordAbandoned(token, ranks); }
 
   std::atomic<bool> stall_sends_{false};  // sends hang until their timeout
   std::atomic<int> send_delay_ms_{0};     // sends hand their layer over this late

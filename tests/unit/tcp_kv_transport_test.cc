@@ -374,6 +374,28 @@ TEST_F(TcpKvLinkTest, APeerThatNeverJoinsFailsTheConnectWithinTheTimeout) {
   EXPECT_EQ(hub_.live_links.load(), 0);
 }
 
+// A receiver whose link never forms gives its rendezvous up, naming the rank that never came (NCCL's
+// bootstrap root would otherwise wait for it for ever); a handshake that forms its link gives nothing up.
+TEST_F(TcpKvLinkTest, AReceiverAbandonsTheRendezvousOfALinkThatNeverForms) {
+  TcpKvReceiver::Options o = ReceiverOptions();
+  o.io_timeout = absl::Milliseconds(300);
+  auto receiver = TcpKvReceiver::Create(o).value();
+  src_link_->never_join_ = true;  // the sender's join never completes
+  auto s = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Milliseconds(300),
+                                src_link_.get());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded);
+  for (int i = 0; i < 200 && hub_.abandoned().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  auto abandoned = hub_.abandoned();
+  ASSERT_EQ(abandoned.size(), 1u);
+  EXPECT_THAT(abandoned[0].first, HasSubstr("loopback-"));
+  EXPECT_EQ(abandoned[0].second, std::vector<int>{0});
+
+  src_link_->never_join_ = false;
+  auto ok = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Seconds(2), src_link_.get());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(hub_.abandoned().size(), 1u);
+}
+
 TEST_F(TcpKvLinkTest, AHungLinkFailsTheTransferWithinTheTimeoutAndDropsTheConnection) {
   TcpKvReceiver::Options o = ReceiverOptions();
   o.io_timeout = absl::Milliseconds(300);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cuda/kernels.h"
@@ -234,6 +236,34 @@ absl::StatusOr<std::unique_ptr<KvLink>> NcclKvLinkFactory::Join(const std::strin
   }
   RETURN_IF_ERROR(link->WaitIdle(nullptr, deadline, "joining the communicator"));
   return std::unique_ptr<KvLink>(std::move(link));
+}
+
+void NcclKvLinkFactory::Abandon(const std::string& rendezvous, const std::vector<int>& ranks) {
+  ncclUniqueId id;
+  if (rendezvous.size() != sizeof(id)) return;
+  std::memcpy(&id, rendezvous.data(), sizeof(id));
+  const absl::Time deadline = absl::Now() + kStandInTimeout;
+  std::vector<std::thread> stand_ins;
+  for (int rank : ranks) {
+    if (rank != 0 && rank != 1) continue;
+    // Initialisation returns only once every rank has reached the root, so each rank has a thread.
+    stand_ins.emplace_back([this, id, rank, deadline] {
+      cudaSetDevice(device_);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclComm_t comm = nullptr;
+      ncclResult_t state = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
+      // In progress until the root has answered (and the ranks failed to pair, or did): then abort.
+      int sleep_us = 100;
+      while (comm != nullptr && state == ncclInProgress && absl::Now() < deadline) {
+        ::usleep(sleep_us);
+        sleep_us = std::min(sleep_us * 2, 5000);
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) break;
+      }
+      if (comm != nullptr) ncclCommAbort(comm);
+    });
+  }
+  for (std::thread& t : stand_ins) t.join();
 }
 
 }  // namespace tandem

@@ -85,6 +85,10 @@ class NcclKvLinkFactory final : public KvLinkFactory {
   std::string name() const override { return "nccl-chunks"; }
   absl::StatusOr<std::string> NewRendezvous() override;
   absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& rendezvous, int rank, absl::Duration timeout) override;
+  // Stands in for `ranks` (each a communicator of its own, on a thread of its own) until NCCL's
+  // bootstrap root has heard from every rank and let go, then aborts them; kStandInTimeout at most.
+  void Abandon(const std::string& rendezvous, const std::vector<int>& ranks) override;
+  static constexpr absl::Duration kStandInTimeout = absl::Seconds(5);
 
  private:
   NcclKvLinkFactory(KvCacheStorage* storage, int device) : storage_(storage), device_(device) {}

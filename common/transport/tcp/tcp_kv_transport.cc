@@ -287,12 +287,17 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   reply.set_reason(why);
   reply.set_link_rendezvous(rendezvous);
   if (absl::Status s = SendMessage(fd, kHandshakeReply, reply); !s.ok() || !why.empty()) {
-    return finish(absl::FailedPreconditionError(why));
+    // A rendezvous the sender never heard of: nobody will join it.
+    if (!rendezvous.empty()) options_.link_factory->Abandon(rendezvous, {0, 1});
+    return finish(s.ok() ? absl::FailedPreconditionError(why) : s);
   }
   std::unique_ptr<KvLink> link;
   if (!rendezvous.empty()) {
     absl::StatusOr<std::unique_ptr<KvLink>> joined = options_.link_factory->Join(rendezvous, 1, options_.io_timeout);
-    if (!joined.ok()) return finish(joined.status());
+    if (!joined.ok()) {
+      options_.link_factory->Abandon(rendezvous, {0});  // this end joined (and left); the sender did not
+      return finish(joined.status());
+    }
     link = *std::move(joined);
   }
   const KvCacheGeometry& g = options_.storage->geometry();
