@@ -483,6 +483,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   if (want_logprobs && real_rows > 0) {
     ASSIGN_OR_RETURN(logprob_region, UploadLogprobTokens(input));
   }
+  SamplingUpload sampling;
+  if (want_sampling && real_rows > 0) {
+    ASSIGN_OR_RETURN(sampling, UploadSampling(input));
+  }
   if (graph_batch > 0 && use_graphs_ && backend_->SupportsGraphs()) {
     RETURN_IF_ERROR(RunDecodeGraph({graph_batch, graph_context}, buf, kv));
   } else {
@@ -497,7 +501,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprob_region, logprobs));
   if (samples != nullptr) *samples = DeviceSamples{};
   if (want_sampling && real_rows > 0) {
-    RETURN_IF_ERROR(DeviceSampling(input, buf.logits, want_argmax ? buf.argmax : nullptr, samples));
+    RETURN_IF_ERROR(DeviceSampling(input, sampling, buf.logits, want_argmax ? buf.argmax : nullptr, samples));
   }
   if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(real_rows) : 0, -1);
   if (want_argmax && real_rows > 0) {
@@ -506,53 +510,80 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   return backend_->CheckErrors();
 }
 
-absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, float* logits_dev, int32_t* argmax_dev,
-                                        DeviceSamples* out) {
+namespace {
+
+// The sampling region's layout, in 4-byte words, for `rows` logits rows and candidates `width` wide:
+// draws [rows] (RowDraw, 6 words) | row_k [rows], uploaded together, then ids [rows][width] |
+// values [rows][width] | tokens [rows] | totals [rows] (double, 8-byte aligned), copied back together.
+struct SamplingLayout {
+  SamplingLayout(int64_t rows, int64_t width)
+      : row_k(6 * rows),
+        ids(7 * rows),
+        values(ids + rows * width),
+        tokens(values + rows * width),
+        totals((tokens + rows + 1) / 2 * 2),
+        end(totals + 2 * rows) {}
+  int64_t row_k, ids, values, tokens, totals, end;
+};
+
+}  // namespace
+
+absl::StatusOr<LlamaModel::SamplingUpload> LlamaModel::UploadSampling(const ForwardInput& in) {
+  SamplingUpload up;
   const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
-  const int64_t vocab = config_.vocab_size;
   if (!in.logit_edits.empty()) {
     const size_t bytes = in.logit_edits.size() * sizeof(LogitEdit);
     auto* edits = reinterpret_cast<LogitEdit*>(Scratch(kEdits, bytes / sizeof(float)));
     if (edits == nullptr) return absl::ResourceExhaustedError("cannot allocate the logit edits buffer");
     backend_->CopyToDevice(edits, in.logit_edits.data(), bytes);
-    backend_->ApplyLogitEdits(logits_dev, vocab, edits, static_cast<int64_t>(in.logit_edits.size()));
+    up.edits = edits;
+  }
+  for (int32_t k : in.sample_top_k) up.width = std::max(up.width, k);
+  for (const RowDraw& d : in.sample_draws) up.draws |= d.mode != RowDraw::kNone;
+  if (up.width == 0 && !up.draws) return up;
+  const SamplingLayout at(rows, up.width);
+  up.region = reinterpret_cast<int32_t*>(Scratch(kSampling, static_cast<size_t>(at.end)));
+  if (up.region == nullptr) return absl::ResourceExhaustedError("cannot allocate the sampling buffer");
+  std::vector<int32_t> host(static_cast<size_t>(at.ids), 0);
+  if (up.draws) std::memcpy(host.data(), in.sample_draws.data(), in.sample_draws.size() * sizeof(RowDraw));
+  if (up.width > 0) std::copy(in.sample_top_k.begin(), in.sample_top_k.end(), host.begin() + at.row_k);
+  backend_->CopyToDevice(up.region, host.data(), host.size() * sizeof(int32_t));
+  return up;
+}
+
+absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUpload& up, float* logits_dev,
+                                        int32_t* argmax_dev, DeviceSamples* out) {
+  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
+  const int64_t vocab = config_.vocab_size;
+  if (up.edits != nullptr) {
+    backend_->ApplyLogitEdits(logits_dev, vocab, up.edits, static_cast<int64_t>(in.logit_edits.size()));
     // Greedy rows with processors take the edited row's argmax (the others' rows are unchanged).
     if (argmax_dev != nullptr) backend_->ArgmaxRows(logits_dev, rows, vocab, argmax_dev);
   }
-  int32_t width = 0;
-  for (int32_t k : in.sample_top_k) width = std::max(width, k);
-  bool draws = false;
-  for (const RowDraw& d : in.sample_draws) draws |= d.mode != RowDraw::kNone;
-  if (width == 0 && !draws) return absl::OkStatus();
-  // One region, in 4-byte words: draws [rows] (RowDraw, 6 words) | row_k [rows] (uploaded together), then
-  // ids [rows][width] | values [rows][width] | tokens [rows] | totals [rows] (double; copied back together).
-  const int64_t o_row_k = 6 * rows, o_ids = 7 * rows, o_values = o_ids + rows * width;
-  const int64_t o_tokens = o_values + rows * width, o_totals = (o_tokens + rows + 1) / 2 * 2, end = o_totals + 2 * rows;
-  auto* region = reinterpret_cast<int32_t*>(Scratch(kSampling, static_cast<size_t>(end)));
-  if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the sampling buffer");
-  std::vector<int32_t> host(static_cast<size_t>(end), 0);
-  if (draws) std::memcpy(host.data(), in.sample_draws.data(), in.sample_draws.size() * sizeof(RowDraw));
-  if (width > 0) std::copy(in.sample_top_k.begin(), in.sample_top_k.end(), host.begin() + o_row_k);
-  backend_->CopyToDevice(region, host.data(), static_cast<size_t>(o_ids) * sizeof(int32_t));
-  if (width > 0) {
-    backend_->TopKRows(logits_dev, rows, vocab, width, region + o_row_k, region + o_ids,
-                       reinterpret_cast<float*>(region + o_values));
+  if (up.region == nullptr) return absl::OkStatus();
+  const SamplingLayout at(rows, up.width);
+  int32_t* region = up.region;
+  if (up.width > 0) {
+    backend_->TopKRows(logits_dev, rows, vocab, up.width, region + at.row_k, region + at.ids,
+                       reinterpret_cast<float*>(region + at.values));
   }
-  if (draws) {
-    backend_->SampleRows(logits_dev, rows, vocab, reinterpret_cast<const RowDraw*>(region), region + o_tokens,
-                         reinterpret_cast<double*>(region + o_totals));
+  if (up.draws) {
+    backend_->SampleRows(logits_dev, rows, vocab, reinterpret_cast<const RowDraw*>(region), region + at.tokens,
+                         reinterpret_cast<double*>(region + at.totals));
   }
-  backend_->CopyToHost(host.data() + o_ids, region + o_ids, static_cast<size_t>(end - o_ids) * sizeof(int32_t));
-  out->k = width;
-  if (width > 0) {
-    out->ids.assign(host.begin() + o_ids, host.begin() + o_values);
-    out->logits.resize(static_cast<size_t>(rows * width));
-    std::memcpy(out->logits.data(), host.data() + o_values, out->logits.size() * sizeof(float));
+  std::vector<int32_t> host(static_cast<size_t>(at.end - at.ids));
+  backend_->CopyToHost(host.data(), region + at.ids, host.size() * sizeof(int32_t));
+  auto word = [&](int64_t offset) { return host.begin() + (offset - at.ids); };
+  out->k = up.width;
+  if (up.width > 0) {
+    out->ids.assign(word(at.ids), word(at.values));
+    out->logits.resize(static_cast<size_t>(rows * up.width));
+    std::memcpy(out->logits.data(), &*word(at.values), out->logits.size() * sizeof(float));
   }
-  if (draws) {
-    out->tokens.assign(host.begin() + o_tokens, host.begin() + o_tokens + rows);
+  if (up.draws) {
+    out->tokens.assign(word(at.tokens), word(at.tokens) + rows);
     out->totals.resize(static_cast<size_t>(rows));
-    std::memcpy(out->totals.data(), host.data() + o_totals, out->totals.size() * sizeof(double));
+    std::memcpy(out->totals.data(), &*word(at.totals), out->totals.size() * sizeof(double));
   }
   return absl::OkStatus();
 }

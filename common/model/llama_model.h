@@ -195,9 +195,19 @@ class LlamaModel {
   absl::StatusOr<int32_t*> UploadLogprobTokens(const ForwardInput& in);
   absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
                               std::vector<std::optional<RowLogprobs>>* out);
-  // input.logit_edits onto the step's logits (and the argmax again, when `argmax`), then the rows'
-  // candidates and draws into `out`.
-  absl::Status DeviceSampling(const ForwardInput& input, float* logits_dev, int32_t* argmax_dev, DeviceSamples* out);
+  // Device sampling in two halves around the step, as the logprobs: the edits, draws and per-row k go
+  // up first, while the stream is idle (a copy to the device waits for it); after the step, the edits
+  // are applied to its logits (and the argmax taken again, when `argmax_dev`), then the rows'
+  // candidates and draws come back into `out`.
+  struct SamplingUpload {
+    const LogitEdit* edits = nullptr;  // [logit_edits.size()]
+    int32_t* region = nullptr;         // see UploadSampling
+    int32_t width = 0;                 // the widest sample_top_k
+    bool draws = false;                // some row has a RowDraw
+  };
+  absl::StatusOr<SamplingUpload> UploadSampling(const ForwardInput& input);
+  absl::Status DeviceSampling(const ForwardInput& input, const SamplingUpload& up, float* logits_dev,
+                              int32_t* argmax_dev, DeviceSamples* out);
 
   ModelConfig config_;
   Backend* backend_ = nullptr;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -278,6 +279,42 @@ TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {
   too_long.seqs.push_back({1, model_->config().max_position_embeddings, {0}});
   s = model_->Forward(too_long, kv.get(), &logits);
   EXPECT_THAT(s.message(), HasSubstr("max_position_embeddings"));
+
+  // Device sampling's inputs: each bad one named, whatever the backend.
+  auto one_row = [&] {
+    ForwardInput in;
+    in.token_ids = {1};
+    in.seqs.push_back({1, 0, {0}});
+    in.logits_rows = {0};
+    return in;
+  };
+  const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
+  std::vector<std::pair<std::function<void(ForwardInput&)>, std::string>> cases = {
+      {[](ForwardInput& in) { in.sample_draws = {RowDraw{}, RowDraw{}}; }, "one entry per logits row"},
+      {[](ForwardInput& in) { in.sample_draws = {RowDraw{7}}; }, "mode 7"},
+      {[](ForwardInput& in) { in.sample_draws = {RowDraw{RowDraw::kDraw, 1.f, 0.f, 0, 1.0}}; }, "u in [0, 1)"},
+      {[](ForwardInput& in) { in.sample_draws = {RowDraw{RowDraw::kTotal, 0.f}}; }, "1/temperature > 0"},
+      {[](ForwardInput& in) { in.sample_draws = {RowDraw{RowDraw::kDraw, 1.f, 1.5f}}; }, "min_p in [0, 1]"},
+      {[&](ForwardInput& in) { in.logit_edits = {LogitEdit{0, vocab}}; }, "outside the step's logits"},
+      {[](ForwardInput& in) { in.logit_edits = {LogitEdit{1, 0}}; }, "outside the step's logits"},
+      {[](ForwardInput& in) { in.logit_edits = {LogitEdit{0, 3}, LogitEdit{0, 3}}; }, "two logit edits of row 0, token 3"},
+      {[](ForwardInput& in) { in.sample_top_k = {LlamaModel::kMaxSampleTopK + 1}; }, "sample_top_k must be in"},
+  };
+  for (auto& [mutate, needle] : cases) {
+    ForwardInput in = one_row();
+    mutate(in);
+    s = model_->Forward(in, kv.get(), &logits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
+    EXPECT_THAT(s.message(), HasSubstr(needle));
+  }
+  EXPECT_EQ(model_->CopyLogitsRow(0, &logits).code(), absl::StatusCode::kFailedPrecondition)
+      << "no step ran since the last failure";
+  // After a step, its rows as the device holds them.
+  ASSERT_TRUE(model_->Forward(one_row(), kv.get(), &logits).ok());
+  std::vector<float> row;
+  ASSERT_TRUE(model_->CopyLogitsRow(0, &row).ok());
+  EXPECT_EQ(row, logits);
+  EXPECT_EQ(model_->CopyLogitsRow(1, &row).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, ModelTest, testing_util::TinyPresets(),
