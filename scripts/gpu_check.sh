@@ -16,7 +16,8 @@
 #          BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each
 #          7-8B model takes ~16 GB of disk). BENCH_PRESETS names the models instead, BENCH_STEPS picks
 #          among kv, forward, profile, throughput, sampled (Tandem's throughput at temperature 0.8,
-#          top-p 0.95) and disagg, DECODE_BATCHES the forward batches.
+#          top-p 0.95), disagg and mixed (disaggregated vs combined on long and short prompts,
+#          tests/bench/disagg_vs_combined.py), DECODE_BATCHES the forward batches.
 #   llama  (not in the default STAGES) takes llama.cpp's llama-server built for sm_90 on the build
 #          machine (.gpu_bundle/llama-server.tar.xz, scripts/llama_cpp_server.sh), or else builds it here
 #          from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh; about 6 minutes), converts
@@ -76,7 +77,7 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
-step() { [[ " ${BENCH_STEPS:-kv forward profile throughput sampled disagg} " == *" $1 "* ]]; }
+step() { [[ " ${BENCH_STEPS:-kv forward profile throughput sampled disagg mixed} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
@@ -159,6 +160,10 @@ for p in "${presets[@]}"; do
     tee -a "$OUT/throughput.txt" || status=1
   ! step disagg || lim 600 python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
     --up-arg=--kv-transport=nccl 2>&1 | tee -a "$OUT/disagg.txt" || status=1
+  # Disaggregated against combined on a mix of long and short prompts (open loop): TTFT and ITL.
+  ! step mixed || lim 600 python3 tests/bench/disagg_vs_combined.py "$W/tandem" "$dir" --request-rate 16 --num-requests 128 \
+    --long-len 2048 --short-len 128 --output-len 128 --up-arg=--device=cuda --up-arg=--kv-transport=nccl \
+    --json-out "$OUT/mixed-$p.json" 2>&1 | tee -a "$OUT/mixed.txt" || status=1
 done
 fi
 if stage llama; then
