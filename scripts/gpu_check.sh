@@ -137,6 +137,11 @@ for p in "${presets[@]}"; do
   # The same batch-64 decode over an f32 KV cache (the default above is the model's BF16).
   ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 \
     --decode-batch 64 --kv-cache-dtype f32 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  # Long prompts, attention on the CUDA cores against the tensor cores (TANDEM_CUDA_TC_ATTENTION).
+  for tc in $(step forward && echo false true); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 2048 --decode-tokens 8 --decode-batch 1 \
+      --tc-attention=$tc 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
   # Sampled batch-64 decode: every row's logits to the host, against drawing (temperature, min-p) and
   # top-p candidates on the device.
   for smp in $(step forward && echo host draw nucleus); do

@@ -6,11 +6,12 @@
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
-//                 [--profile-ops]
+//                 [--profile-ops] [--tc-attention]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -39,6 +40,9 @@ ABSL_FLAG(bool, profile_ops, false,
           "after the measurement, time every op of one prefill and of the decode steps (GPU backends; op by op, "
           "so without graphs) and print a table per phase");
 ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (GPU backends), as the engine runs them");
+ABSL_FLAG(bool, tc_attention, false,
+          "prompt attention on the tensor cores where it can (CUDA, 16-bit KV cache, head_dim 64 or 128): sets "
+          "TANDEM_CUDA_TC_ATTENTION=1 for the backend");
 ABSL_FLAG(std::string, sampling, "argmax",
           "what a decode step returns per row: argmax (taken on the device, as greedy steps), host (the row's "
           "logits copied to the host, as sampling without a device sampler), draw (a token drawn on the device "
@@ -59,6 +63,7 @@ int Run() {
   const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
   BackendOptions o;
   o.device = absl::GetFlag(FLAGS_device);
   if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
@@ -154,8 +159,9 @@ int Run() {
   std::printf("model=%s arch=%s dtype=%s weights=%.1f MB kv=%s backend=%s\n", dir.c_str(),
               c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
               weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(), backend->device_description().c_str());
-  std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s\n", static_cast<long long>(prompt_len),
-              best_prefill, prompt_len / best_prefill);
+  std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s%s\n", static_cast<long long>(prompt_len),
+              best_prefill, prompt_len / best_prefill,
+              absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda" ? " (attention on the tensor cores)" : "");
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",

@@ -519,6 +519,36 @@ TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
                 << " kernel: " << DTypeName(dt) << " head_dim " << hd;
           }
         }
+        // The tensor-core prompt kernel (16-bit caches, head_dim 64 and 128): queries and probabilities
+        // rounded to the cache's type, so within BF16's (F16's) rounding of the CPU; and kAuto with it
+        // on partitions the tokens the same way.
+        cuda::PagedAttentionArgs tc = a;
+        tc.mode = cuda::AttentionMode::kTensorCore;
+        tc.out = Zeros(c.n * hq * hd);
+        if (!cuda::TensorCorePrefillCapable(tc)) {
+          EXPECT_EQ(cuda::LaunchPagedAttention(tc, nullptr), cudaErrorInvalidValue) << DTypeName(dt) << " " << hd;
+          continue;
+        }
+        ASSERT_EQ(cuda::LaunchPagedAttention(tc, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> tensor = Down(tc.out, c.n * hq * hd);
+        EXPECT_LE(MaxRelDiff(tensor, ref), dt == DType::kBF16 ? 4e-2f : 1e-2f)
+            << "tensor cores, " << DTypeName(dt) << " head_dim " << hd << " heads " << hq << "/" << kvh;
+        tc.mode = cuda::AttentionMode::kAuto;
+        tc.tensor_core_prefill = true;
+        tc.out = Zeros(c.n * hq * hd);
+        ASSERT_EQ(cuda::LaunchPagedAttention(tc, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> auto_tc = Down(tc.out, c.n * hq * hd);
+        for (size_t s = 0; s + 1 < c.seq_indptr.size(); ++s) {
+          const bool tiled_seq = c.seq_indptr[s + 1] - c.seq_indptr[s] >= cuda::kMinTiledNewTokens;
+          const std::vector<float>& want = tiled_seq ? tensor : split;
+          for (int32_t t = c.seq_indptr[s]; t < c.seq_indptr[s + 1]; ++t) {
+            EXPECT_TRUE(std::equal(auto_tc.begin() + t * row, auto_tc.begin() + (t + 1) * row, want.begin() + t * row))
+                << "token " << t << " (sequence " << s << ") not from the "
+                << (tiled_seq ? "tensor-core" : "split-KV") << " kernel: " << DTypeName(dt) << " head_dim " << hd;
+          }
+        }
       }
     }
   }

@@ -111,6 +111,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (const char* p = std::getenv("TANDEM_CUDA_OP_PROFILE"); p != nullptr && std::string(p) == "1") {
     backend->SetOpProfiling(true);
   }
+  // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
+  if (const char* p = std::getenv("TANDEM_CUDA_TC_ATTENTION"); p != nullptr && std::string(p) == "1") {
+    backend->tensor_core_prefill_ = true;
+  }
   return backend;
 }
 
@@ -447,6 +451,7 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
   cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
   cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
   a.allow_tiled = !batch_invariant_;
+  a.tensor_core_prefill = tensor_core_prefill_;
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
   // splits merge in-block, with the same bits. A captured launch is split for the context its graph

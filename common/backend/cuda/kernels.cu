@@ -556,7 +556,8 @@ static bool TakesTiled(const PagedAttentionArgs& a) {
 
 int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
   if (!SplitCapable(a.layer.head_dim) || a.mode == AttentionMode::kInBlock || a.mode == AttentionMode::kLegacy ||
-      a.mode == AttentionMode::kTiled || a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0 || TakesTiled(a)) {
+      a.mode == AttentionMode::kTiled || a.mode == AttentionMode::kTensorCore || a.num_q_heads <= 0 ||
+      a.layer.num_kv_heads <= 0 || TakesTiled(a)) {
     return 0;
   }
   const int64_t splits = SplitCount(a.max_context_len);
@@ -578,18 +579,20 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   const bool grid_split = ws > 0 && a.workspace != nullptr && a.workspace_floats >= ws;
   if (a.mode == AttentionMode::kGridSplit && !grid_split && SplitCount(a.max_context_len) > 1) return cudaErrorInvalidValue;
   if (a.mode == AttentionMode::kTiled && !TiledPrefillCapable(a)) return cudaErrorInvalidValue;  // nothing written
+  if (a.mode == AttentionMode::kTensorCore && !TensorCorePrefillCapable(a)) return cudaErrorInvalidValue;
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
     WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
         static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
         a.layer.num_kv_heads * a.layer.head_dim);
     if (a.mode == AttentionMode::kTiled) return LaunchTiledPrefillAttention(a, stream);
+    if (a.mode == AttentionMode::kTensorCore) return LaunchTensorCorePrefillAttention(a, stream);
     if (TakesTiled(a)) {
       // Prompt chunks through the tiled kernel; decode tokens and short chunks beside them through
       // the split-KV kernel, in-block (a run of one token would hold a whole tiled block).
       PagedAttentionArgs both = a;  // each kernel skips the other's sequences
       both.tiled_min_new_tokens = kMinTiledNewTokens;
-      if (cudaError_t e = LaunchTiledPrefillAttention(both, stream); e != cudaSuccess) return e;
+      if (cudaError_t e = LaunchPromptAttention(both, stream); e != cudaSuccess) return e;
       if (!SplitCapable(a.layer.head_dim)) return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
       switch (a.layer.head_dim) {
         case 32: return LaunchSplitAttention<1, T>(both, 1, stream);

@@ -48,6 +48,7 @@ enum class AttentionMode {
   kGridSplit,  // split-KV, one block per split and a merge kernel (needs the workspace)
   kLegacy,     // one block per (token, query head): any head_dim up to 512
   kTiled,      // the tiled prompt kernel (prefill_attention.h): head_dim 32, 64, 128 or 256
+  kTensorCore, // the tensor-core prompt kernel (prefill_attention.h): head_dim 64 or 128, 16-bit caches
 };
 
 // First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
@@ -82,6 +83,9 @@ struct PagedAttentionArgs {
   // tokens go to the tiled kernel, the others (decode tokens beside a prompt chunk) to the split-KV
   // kernel; each skips the other's. 0: one kernel takes every token.
   int64_t tiled_min_new_tokens = 0;
+  // kAuto's prompt kernel runs on the tensor cores where it can (TensorCorePrefillCapable); off: on
+  // the CUDA cores (CudaBackend: TANDEM_CUDA_TC_ATTENTION=1 turns it on).
+  bool tensor_core_prefill = false;
   float* workspace = nullptr;   // [SplitAttentionWorkspaceFloats(args)] for split partials
   int64_t workspace_floats = 0;
 };

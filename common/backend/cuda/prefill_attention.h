@@ -27,4 +27,17 @@ constexpr int64_t kMinTiledNewTokens = 16;
 // Attention only (no KV write); cudaErrorInvalidValue outside TiledPrefillCapable.
 cudaError_t LaunchTiledPrefillAttention(const PagedAttentionArgs& a, cudaStream_t stream);
 
+// The same loop with both products on the tensor cores (prefill_attention_tc.cu): queries and
+// probabilities rounded to the cache's 16-bit type, f32 accumulation. Takes head_dim 64 or 128 over a
+// BF16 or F16 cache; 64 tokens and one query head a block of four warps.
+bool TensorCorePrefillCapable(const PagedAttentionArgs& a);
+cudaError_t LaunchTensorCorePrefillAttention(const PagedAttentionArgs& a, cudaStream_t stream);
+
+// The prompt kernel a launch takes: the tensor-core one when a.tensor_core_prefill and it is
+// capable, else the tiled one.
+inline cudaError_t LaunchPromptAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
+  if (a.tensor_core_prefill && TensorCorePrefillCapable(a)) return LaunchTensorCorePrefillAttention(a, stream);
+  return LaunchTiledPrefillAttention(a, stream);
+}
+
 }  // namespace tandem::cuda
