@@ -107,7 +107,9 @@ def hf_throughput():
     except ImportError as e:
         return {}, f"transformers not importable here ({e})"
     device = "cuda" if args.device.startswith("cuda") else "cpu"
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16).to(device)
+    # transformers 5 names the argument `dtype` (an unknown `torch_dtype` would leave the checkpoint's own).
+    kw = {"dtype": torch.bfloat16} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": torch.bfloat16}
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, **kw).to(device)
     model.eval()
     vocab = model.config.vocab_size
     rng = random.Random(1)
@@ -133,7 +135,8 @@ def hf_throughput():
     for c in hf_levels:
         out[c] = run(c)
         print(f"transformers concurrency {c:4d}: {out[c]:10.1f} output tok/s", file=sys.stderr)
-    return out, f"transformers {transformers.__version__}, torch {torch.__version__}"
+    attn = getattr(model.config, "_attn_implementation", "?")
+    return out, f"transformers {transformers.__version__} ({model.dtype}, attention {attn}), torch {torch.__version__}"
 
 
 def llama_throughput():
