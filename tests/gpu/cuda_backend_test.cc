@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -60,6 +61,8 @@ struct AttentionCase;  // below, with the attention tests
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // The backend's kAuto is checked against the CUDA-core prompt kernel: not the tensor-core one.
+    ::unsetenv("TANDEM_CUDA_TC_ATTENTION");
     cpu_ = CpuBackend::Create({}).value();
     auto cuda = CudaBackend::Create({});
     ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -532,9 +535,12 @@ TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
         ASSERT_EQ(cuda::LaunchPagedAttention(tc, nullptr), cudaSuccess);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::vector<float> tensor = Down(tc.out, c.n * hq * hd);
-        EXPECT_LE(MaxRelDiff(tensor, ref), dt == DType::kBF16 ? 4e-2f : 1e-2f)
+        // (A model of the kernel's rounding on these inputs: 5.2e-3 in BF16, 6.6e-4 in F16; an off-by-one
+        // mask, a missing rescale or a dropped key tile: 0.75 and more.)
+        EXPECT_LE(MaxRelDiff(tensor, ref), dt == DType::kBF16 ? 2e-2f : 4e-3f)
             << "tensor cores, " << DTypeName(dt) << " head_dim " << hd << " heads " << hq << "/" << kvh;
         tc.mode = cuda::AttentionMode::kAuto;
+        tc.allow_tiled = true;  // as CudaBackend::PagedAttention sets it outside the batch-invariant mode
         tc.tensor_core_prefill = true;
         tc.out = Zeros(c.n * hq * hd);
         ASSERT_EQ(cuda::LaunchPagedAttention(tc, nullptr), cudaSuccess);

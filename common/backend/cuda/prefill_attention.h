@@ -29,7 +29,8 @@ cudaError_t LaunchTiledPrefillAttention(const PagedAttentionArgs& a, cudaStream_
 
 // The same loop with both products on the tensor cores (prefill_attention_tc.cu): queries and
 // probabilities rounded to the cache's 16-bit type, f32 accumulation. Takes head_dim 64 or 128 over a
-// BF16 or F16 cache; 64 tokens and one query head a block of four warps.
+// BF16 or F16 cache (16-byte aligned, as cudaMalloc's are: keys and values are read 16 bytes at a
+// time); 64 tokens and one query head a block of four warps.
 bool TensorCorePrefillCapable(const PagedAttentionArgs& a);
 cudaError_t LaunchTensorCorePrefillAttention(const PagedAttentionArgs& a, cudaStream_t stream);
 
