@@ -276,6 +276,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   const bool device_sampling = model_->backend()->SupportsSampling();
   using PlanKind = DeviceSamplingPlan::Kind;
   std::vector<PlanKind> plans;  // per logits row
+  // Per logits row: its sampled token's logprobs are computed where the logits are, after sampling.
+  std::vector<bool> logprobs_after;
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
     const ScheduledChunk& ch = step.chunks[ci];
     const SchedRequest* r = ch.request;
@@ -298,11 +300,15 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
         const bool lp_on_device = device_logprobs && k >= 0 && k <= LlamaModel::kMaxLogprobsTopK;
         const bool sampled = sample_row && !prompt_row && seq.params.max_tokens != 0;
         bool argmax_only = sampled && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
-        // The rest of sampling on the device, for rows without logprobs (those read the raw row).
+        // The rest of sampling on the device. A row with logprobs needs them of its raw logits, which
+        // the device computes for the sampled token after the step (Backend::Logprobs): only when no
+        // logits processor edits the row.
         DeviceSamplingPlan plan;
-        if (device_sampling && sampled && !argmax_only && seq.params.logprobs < 0) {
+        if (device_sampling && sampled && !argmax_only && (seq.params.logprobs < 0 || lp_on_device)) {
           plan = seq.sampler->DevicePlan(LlamaModel::kMaxSampleTopK);
+          if (seq.params.logprobs >= 0 && plan.edits) plan = DeviceSamplingPlan{};
         }
+        logprobs_after.push_back(plan.kind != PlanKind::kHost && seq.params.logprobs >= 0);
         const int32_t row = static_cast<int32_t>(rows.size() - 1);
         if (plan.edits && plan.kind != PlanKind::kHost) seq.sampler->AppendLogitEdits(row, &in.logit_edits);
         argmax_only |= plan.kind == PlanKind::kArgmax;
@@ -368,6 +374,51 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     }
     return outputs[it->second];
   };
+  // Each sampled row's token first (every sequence has its own generator, so the order is free), then
+  // the logprobs of tokens sampled where the logits are, in one more pass there.
+  std::vector<int32_t> chosen(rows.size(), -1);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    Sequence& seq = sequences_.at(step.chunks[rows[k].chunk].request->id);
+    if (!rows[k].sample || seq.params.max_tokens == 0) continue;
+    // The row's own candidates: the first sample_top_k of its samples.k.
+    const size_t at = k * static_cast<size_t>(samples.k), row_k = static_cast<size_t>(in.sample_top_k[k]);
+    auto candidate_ids = [&] { return std::span<const int32_t>(samples.ids.data() + at, row_k); };
+    auto candidate_logits = [&] { return std::span<const float>(samples.logits.data() + at, row_k); };
+    if (in.argmax_only[k]) {
+      chosen[k] = argmax[k];
+    } else if (plans[k] == PlanKind::kTopK) {
+      chosen[k] = seq.sampler->SampleFromTopK(candidate_ids(), candidate_logits(), workspace_);
+    } else if (plans[k] == PlanKind::kNucleus) {
+      const std::optional<int32_t> from_candidates =
+          seq.sampler->SampleFromNucleus(candidate_ids(), candidate_logits(), samples.totals[k], workspace_);
+      if (from_candidates.has_value()) {
+        chosen[k] = *from_candidates;
+      } else {  // a nucleus wider than the candidates: the edited row, after all
+        ++nucleus_row_copies_;
+        RETURN_IF_ERROR(model_->CopyLogitsRow(static_cast<int64_t>(k), &edited_row_));
+        chosen[k] = seq.sampler->SampleProcessed(edited_row_, workspace_);
+      }
+    } else if (plans[k] == PlanKind::kDraw) {
+      chosen[k] = samples.tokens[k];
+    } else {
+      chosen[k] = seq.sampler->Sample(std::span<const float>(logits.data() + k * vocab, vocab), workspace_);
+    }
+  }
+  if (std::find(logprobs_after.begin(), logprobs_after.end(), true) != logprobs_after.end()) {
+    std::vector<int32_t> tokens(rows.size(), ForwardInput::kNoLogprobs);
+    int32_t top_k = 0;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (!logprobs_after[k]) continue;
+      tokens[k] = chosen[k];
+      top_k = std::max(top_k, sequences_.at(step.chunks[rows[k].chunk].request->id).params.logprobs);
+    }
+    std::vector<std::optional<RowLogprobs>> after;
+    RETURN_IF_ERROR(model_->LastStepLogprobs(tokens, top_k, &after));
+    device_lp.resize(rows.size());
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (logprobs_after[k]) device_lp[k] = std::move(after[k]);
+    }
+  }
   for (size_t k = 0; k < rows.size(); ++k) {
     const ScheduledChunk& ch = step.chunks[rows[k].chunk];
     SchedRequest* r = ch.request;
@@ -389,30 +440,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       o.finish_reason = "length";
       prompt_only.push_back(r->id);
     } else if (rows[k].sample) {
-      int32_t token;
-      // The row's own candidates: the first sample_top_k of its samples.k.
-      const size_t at = k * static_cast<size_t>(samples.k), row_k = static_cast<size_t>(in.sample_top_k[k]);
-      auto candidate_ids = [&] { return std::span<const int32_t>(samples.ids.data() + at, row_k); };
-      auto candidate_logits = [&] { return std::span<const float>(samples.logits.data() + at, row_k); };
-      if (in.argmax_only[k]) {
-        token = argmax[k];
-      } else if (plans[k] == PlanKind::kTopK) {
-        token = seq.sampler->SampleFromTopK(candidate_ids(), candidate_logits(), workspace_);
-      } else if (plans[k] == PlanKind::kNucleus) {
-        const std::optional<int32_t> from_candidates =
-            seq.sampler->SampleFromNucleus(candidate_ids(), candidate_logits(), samples.totals[k], workspace_);
-        if (from_candidates.has_value()) {
-          token = *from_candidates;
-        } else {  // a nucleus wider than the candidates: the edited row, after all
-          ++nucleus_row_copies_;
-          RETURN_IF_ERROR(model_->CopyLogitsRow(static_cast<int64_t>(k), &edited_row_));
-          token = seq.sampler->SampleProcessed(edited_row_, workspace_);
-        }
-      } else if (plans[k] == PlanKind::kDraw) {
-        token = samples.tokens[k];
-      } else {
-        token = seq.sampler->Sample(std::span<const float>(row, vocab), workspace_);
-      }
+      const int32_t token = chosen[k];
       seq.sampler->Accept(token);
       sampled[r->id] = token;
       RequestOutput& o = output_for(r->id);

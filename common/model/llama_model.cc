@@ -588,6 +588,30 @@ absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUp
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, int32_t top_k,
+                                          std::vector<std::optional<RowLogprobs>>* out) {
+  if (!backend_->SupportsLogprobs()) return absl::FailedPreconditionError("this backend does not compute logprobs");
+  if (last_logits_ == nullptr || static_cast<int64_t>(tokens.size()) != last_rows_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(tokens.size(), " tokens for the last step's ", last_rows_, " logits rows"));
+  }
+  if (top_k < 0 || top_k > kMaxLogprobsTopK || top_k > config_.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("logprob_top_k must be in [0, ", kMaxLogprobsTopK, "]"));
+  }
+  for (int32_t t : tokens) {
+    if (t < ForwardInput::kNoLogprobs || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError("logprob token outside the vocabulary");
+    }
+  }
+  ForwardInput in;
+  in.logprob_tokens = tokens;
+  in.logprob_top_k = top_k;
+  ASSIGN_OR_RETURN(int32_t* region, UploadLogprobTokens(in));
+  out->assign(tokens.size(), std::nullopt);
+  RETURN_IF_ERROR(DeviceLogprobs(in, last_logits_, region, out));
+  return backend_->CheckErrors();
+}
+
 absl::Status LlamaModel::CopyLogitsRow(int64_t row, std::vector<float>* out) {
   if (last_logits_ == nullptr || row < 0 || row >= last_rows_) {
     return absl::FailedPreconditionError(

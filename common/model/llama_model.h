@@ -146,6 +146,12 @@ class LlamaModel {
   // `out`): for a step whose sampling needs the whole row after all (a nucleus wider than its
   // candidates). Valid until the next Forward.
   absl::Status CopyLogitsRow(int64_t row, std::vector<float>* out);
+  // Log-probabilities over the last Forward's logits as the device holds them (raw, for rows without
+  // logit edits), for tokens chosen after it (tokens[i]: logits row i's token, -1 its argmax, or
+  // ForwardInput::kNoLogprobs), with `top_k` top entries: (*out)[i] for every row that asked. Backends
+  // with SupportsLogprobs; valid until the next Forward.
+  absl::Status LastStepLogprobs(const std::vector<int32_t>& tokens, int32_t top_k,
+                                std::vector<std::optional<RowLogprobs>>* out);
 
  private:
   struct LayerWeights {

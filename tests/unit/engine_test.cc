@@ -162,27 +162,32 @@ class RowCountingBackend : public ForwardingBackend {
   int row_copies = 0;
 };
 
-// A backend that computes logprobs where the logits are, as the CUDA one does, here with the
-// sampler's own ComputeLogprobs: the engine's device-logprobs path on the CPU.
+// Backend::Logprobs as the CUDA backend computes it, here with the sampler's own ComputeLogprobs.
+void HostLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
+                  float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits + i * d;
+    if (tokens[i] == -2) continue;  // asked for nothing
+    const int32_t token = tokens[i] >= 0 ? tokens[i] : ArgmaxRow(row, d);
+    const LogprobEntry e = ComputeLogprobs(row, d, token, top_k);
+    token_out[i] = e.token_id;
+    logprob[i] = e.logprob;
+    rank[i] = static_cast<int32_t>(e.rank);
+    for (int32_t k = 0; k < top_k; ++k) {
+      top_ids[i * top_k + k] = e.top[k].token_id;
+      top_logprobs[i * top_k + k] = e.top[k].logprob;
+    }
+  }
+}
+
+// A backend that computes logprobs where the logits are: the engine's device-logprobs path on the CPU.
 class DeviceLogprobsBackend final : public RowCountingBackend {
  public:
   bool SupportsLogprobs() const override { return true; }
   void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
                 float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override {
     ++calls;
-    for (int64_t i = 0; i < n; ++i) {
-      const float* row = logits + i * d;
-      if (tokens[i] == -2) continue;  // asked for nothing
-      const int32_t token = tokens[i] >= 0 ? tokens[i] : ArgmaxRow(row, d);
-      const LogprobEntry e = ComputeLogprobs(row, d, token, top_k);
-      token_out[i] = e.token_id;
-      logprob[i] = e.logprob;
-      rank[i] = static_cast<int32_t>(e.rank);
-      for (int32_t k = 0; k < top_k; ++k) {
-        top_ids[i * top_k + k] = e.top[k].token_id;
-        top_logprobs[i * top_k + k] = e.top[k].logprob;
-      }
-    }
+    HostLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs);
   }
 };
 
@@ -192,6 +197,15 @@ class DeviceLogprobsBackend final : public RowCountingBackend {
 class DeviceSamplingBackend final : public RowCountingBackend {
  public:
   bool SupportsSampling() const override { return true; }
+  // With logprobs where the logits are too (the CUDA backend has both).
+  bool SupportsLogprobs() const override { return with_logprobs; }
+  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
+                float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override {
+    ++logprob_calls;
+    HostLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs);
+  }
+  bool with_logprobs = false;
+  int logprob_calls = 0;
   void TopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k, int32_t* ids,
                 float* values) override {
     ++calls;
@@ -287,6 +301,76 @@ TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
       EXPECT_GT(alone.row_copies, 0) << r.id << (wide ? ": the nucleus should be wider than 256 candidates" : "");
     } else {
       EXPECT_EQ(alone.row_copies, 0) << r.id;
+    }
+  }
+}
+
+// Sampled requests that want logprobs, on a device that samples and computes logprobs: the tokens are
+// sampled there, and their logprobs (of the raw logits, rank and top entries) computed there after, the
+// same as the host path gives them; only a request whose processors edit its rows (the logprobs must
+// see the raw row) and the wide nucleus bring rows back.
+TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    float repetition;
+  };
+  const std::vector<Case> cases = {{0.7f, 5, 1.f, 0.f, 1.f},   {0.5f, 0, 0.05f, 0.f, 1.f}, {20.f, 0, 0.99f, 0.f, 1.f},
+                                   {1.f, 0, 1.f, 0.05f, 1.f},  {0.9f, 0, 1.f, 0.f, 1.f},   {0.9f, 8, 1.f, 0.f, 1.3f}};
+  std::vector<EngineRequest> reqs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EngineRequest r = Request("r" + std::to_string(i), 6 + 5 * static_cast<int>(i), 80 + i, /*max_tokens=*/6);
+    r.params.temperature = cases[i].temperature;
+    r.params.top_k = cases[i].top_k;
+    r.params.top_p = cases[i].top_p;
+    r.params.min_p = cases[i].min_p;
+    r.params.repetition_penalty = cases[i].repetition;
+    r.params.seed = 40 + i;
+    r.params.logprobs = i % 2 == 0 ? 3 : 0;
+    reqs.push_back(r);
+  }
+  auto run = [&](Backend* backend, const std::vector<EngineRequest>& rs) {
+    std::map<std::string, std::vector<RequestOutput>> all;
+    RunOn(backend, rs, /*budget=*/0, /*chunk=*/0, &all);
+    return all;
+  };
+  auto same = [](const LogprobEntry& a, const LogprobEntry& b) {
+    if (a.token_id != b.token_id || a.rank != b.rank || std::fabs(a.logprob - b.logprob) > 1e-6f) return false;
+    if (a.top.size() != b.top.size()) return false;
+    for (size_t i = 0; i < a.top.size(); ++i) {
+      if (a.top[i].token_id != b.top[i].token_id || std::fabs(a.top[i].logprob - b.top[i].logprob) > 1e-6f) return false;
+    }
+    return true;
+  };
+  const auto host = run(backend_.get(), reqs);
+  for (const EngineRequest& r : reqs) {
+    DeviceSamplingBackend device;
+    device.with_logprobs = true;
+    device.row_bytes = static_cast<size_t>(model_->config().vocab_size) * sizeof(float);
+    const auto got = run(&device, {r});
+    const auto& want_outs = host.at(r.id);
+    const auto& got_outs = got.at(r.id);
+    std::vector<int32_t> want_tokens, got_tokens;
+    std::vector<LogprobEntry> want_lp, got_lp;
+    for (const auto& o : want_outs) {
+      want_tokens.insert(want_tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      want_lp.insert(want_lp.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+    }
+    for (const auto& o : got_outs) {
+      got_tokens.insert(got_tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      got_lp.insert(got_lp.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+    }
+    EXPECT_EQ(got_tokens, want_tokens) << r.id;
+    ASSERT_EQ(got_lp.size(), want_lp.size()) << r.id;
+    for (size_t i = 0; i < got_lp.size(); ++i) EXPECT_TRUE(same(got_lp[i], want_lp[i])) << r.id << " token " << i;
+    const bool edited = r.params.repetition_penalty != 1.f, wide = r.params.top_p == 0.99f;
+    if (edited || wide) {
+      EXPECT_GT(device.row_copies, 0) << r.id;
+    } else {
+      EXPECT_EQ(device.row_copies, 0) << r.id;
+      EXPECT_GT(device.logprob_calls, 0) << r.id;
     }
   }
 }
