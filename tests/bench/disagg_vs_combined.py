@@ -19,11 +19,11 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+from bench_util import start_up, stop_up
 
 ap = argparse.ArgumentParser()
 ap.add_argument("tandem")
@@ -69,15 +69,9 @@ def percentile(values, p):
 def run(name, topology):
     log_dir = os.path.join(work, name)
     ready = os.path.join(work, f"{name}.ready")
-    up = subprocess.Popen([args.tandem, "up", "--model", args.model, "--port", str(args.port), *topology,
-                           "--ready-file", ready, "--log-dir", log_dir, "--start-timeout-s=900", *args.up_arg],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 960
-    while not os.path.exists(ready):
-        if up.poll() is not None or time.time() > deadline:
-            up.kill()
-            sys.exit(f"tandem up ({name}) failed (logs in {log_dir}): {up.stderr.read()[-2000:]}")
-        time.sleep(0.2)
+    up = start_up([args.tandem, "up", "--model", args.model, "--port", str(args.port), *topology, "--ready-file",
+                   ready, "--log-dir", log_dir, "--start-timeout-s=900", *args.up_arg],
+                  ready, f"tandem up ({name}, logs in {log_dir})")
     result = os.path.join(work, f"{name}.json")
     try:
         # One request first, outside the measurement: kernels, graphs, the KV link.
@@ -93,11 +87,7 @@ def run(name, topology):
         if p.returncode != 0:
             sys.exit(f"tandem bench ({name}) failed (logs in {log_dir}): {p.stderr[-2000:]}")
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop_up(up)
     r = json.load(open(result))
     if r["failed"]:
         sys.exit(f"{name}: {r['failed']} requests failed: {r['errors']}")

@@ -25,11 +25,12 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench_util import start_up, stop_up
 
 ap = argparse.ArgumentParser()
 ap.add_argument("tandem")
@@ -64,15 +65,7 @@ def tandem_throughput():
            str(args.port), "--ready-file", ready, "--log-dir", work, "--start-timeout-s=900", f"--device={args.device}",
            f"--max-num-seqs={max(levels)}", f"--max-queued-requests={4 * max(levels) + 64}"]
     cmd += [a for a in args.up_args.split(",") if a]
-    up = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 960
-    while not os.path.exists(ready):
-        if up.poll() is not None:
-            sys.exit(f"tandem up failed (logs in {work}): {up.stderr.read()}")
-        if time.time() > deadline:
-            up.kill()
-            sys.exit(f"tandem up did not get ready in time (logs in {work})")
-        time.sleep(0.2)
+    up = start_up(cmd, ready, f"tandem up (logs in {work})")
     out = {}
     try:
         for c in levels:
@@ -90,11 +83,7 @@ def tandem_throughput():
             out[c] = r["output_token_throughput"]
             print(f"tandem      concurrency {c:4d}: {out[c]:10.1f} output tok/s", file=sys.stderr)
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        stop_up(up)
     return out
 
 

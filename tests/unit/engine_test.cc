@@ -249,13 +249,23 @@ class DeviceSamplingBackend final : public RowCountingBackend {
 // nucleus served by its candidates, a wide one by its row), temperature and min-p over the whole row,
 // and greedy, each with and without logits processors (penalties, bias, min_tokens): the same tokens
 // as sampling the whole rows on the host. Only the wide nucleus copies rows back.
+// A sampling configuration of the device-sampling tests, and a request set to it with `seed`.
+struct SamplingCase {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  float min_p;
+};
+void Sampled(EngineRequest& r, const SamplingCase& c, uint64_t seed) {
+  r.params.temperature = c.temperature;
+  r.params.top_k = c.top_k;
+  r.params.top_p = c.top_p;
+  r.params.min_p = c.min_p;
+  r.params.seed = seed;
+}
+
 TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
-  struct Case {
-    float temperature;
-    int32_t top_k;
-    float top_p;
-    float min_p;
-  };
+  using Case = SamplingCase;
   const std::vector<Case> cases = {
       {0.6f, 3, 1.f, 0.f},  {0.9f, 10, 0.8f, 0.f}, {1.2f, 300, 1.f, 0.f},   // 300: over the device limit
       {1.5f, 24, 1.f, 0.1f}, {0.5f, 0, 0.05f, 0.f}, {20.f, 0, 0.99f, 0.f},  // top-p: narrow, wide (flattened) nucleus
@@ -264,11 +274,7 @@ TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
   std::vector<EngineRequest> plain, processed;
   for (size_t i = 0; i < cases.size(); ++i) {
     EngineRequest r = Request("r" + std::to_string(i), 4 + 5 * static_cast<int>(i), 70 + i, /*max_tokens=*/8);
-    r.params.temperature = cases[i].temperature;
-    r.params.top_k = cases[i].top_k;
-    r.params.top_p = cases[i].top_p;
-    r.params.min_p = cases[i].min_p;
-    r.params.seed = 90 + i;
+    Sampled(r, cases[i], 90 + i);
     plain.push_back(r);
     // The same with every kind of processor.
     r.id = "p" + std::to_string(i);
@@ -322,12 +328,8 @@ TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
   std::vector<EngineRequest> reqs;
   for (size_t i = 0; i < cases.size(); ++i) {
     EngineRequest r = Request("r" + std::to_string(i), 6 + 5 * static_cast<int>(i), 80 + i, /*max_tokens=*/6);
-    r.params.temperature = cases[i].temperature;
-    r.params.top_k = cases[i].top_k;
-    r.params.top_p = cases[i].top_p;
-    r.params.min_p = cases[i].min_p;
+    Sampled(r, {cases[i].temperature, cases[i].top_k, cases[i].top_p, cases[i].min_p}, 40 + i);
     r.params.repetition_penalty = cases[i].repetition;
-    r.params.seed = 40 + i;
     r.params.logprobs = i % 2 == 0 ? 3 : 0;
     reqs.push_back(r);
   }

@@ -427,6 +427,24 @@ std::vector<float> RandomLogits(int64_t vocab, float stddev, uint64_t seed) {
   return logits;
 }
 
+// Token ids most likely first, NaN as -inf, equal logits by id (a plain sort: Backend::TopKRows' order).
+std::vector<int32_t> LikelihoodOrder(const std::vector<float>& row) {
+  std::vector<int32_t> order(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+  return order;
+}
+
+// A row of quantised logits (many ties: multiples of `scale` from `offset`), one NaN and one -inf.
+std::vector<float> QuantisedRow(std::mt19937& rng, int64_t vocab, float scale, float offset) {
+  std::vector<float> row(static_cast<size_t>(vocab));
+  for (auto& x : row) x = static_cast<float>(static_cast<int>(rng() % 40)) * scale + offset;
+  row[rng() % vocab] = kNaN;
+  row[rng() % vocab] = -kInf;
+  return row;
+}
+
 TEST(SequenceSamplerTest, TopKOneEqualsGreedy) {
   SamplingParams p;
   p.temperature = 1.5f;
@@ -580,15 +598,9 @@ TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
             ASSERT_EQ(from_top.DevicePlan(LlamaTopKLimit()).kind, DeviceSamplingPlan::Kind::kTopK);
             ASSERT_EQ(from_top.DevicePlan(LlamaTopKLimit()).k, k);
             for (int step = 0; step < 20; ++step) {
-              std::vector<float> row(static_cast<size_t>(vocab));
-              // Quantised values: many ties; a few NaN and -inf.
-              for (auto& x : row) x = static_cast<float>(static_cast<int>(rng() % 40)) * 0.25f - 5.f;
-              row[rng() % vocab] = kNaN;
-              row[rng() % vocab] = -kInf;
-              std::vector<int32_t> order(static_cast<size_t>(vocab));
-              std::iota(order.begin(), order.end(), 0);
+              const std::vector<float> row = QuantisedRow(rng, vocab, 0.25f, -5.f);
               auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
-              std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+              const std::vector<int32_t> order = LikelihoodOrder(row);
               const size_t width = std::min<size_t>(256, order.size());  // more than k, as a batch's widest row
               std::vector<int32_t> ids(order.begin(), order.begin() + width);
               std::vector<float> values;
@@ -757,16 +769,9 @@ TEST(SequenceSamplerTest, SampleFromNucleusMatchesTheWholeRow) {
           ASSERT_EQ(plan.k, std::min<int64_t>(vocab, LlamaTopKLimit()));
           SamplingWorkspace ws;
           for (int step = 0; step < 6; ++step) {
-            std::vector<float> row(static_cast<size_t>(vocab));
-            // Quantised values (ties), spread widely or narrowly.
-            const float scale = step % 2 == 0 ? 0.5f : 0.05f;
-            for (auto& x : row) x = static_cast<float>(static_cast<int>(rng() % 40)) * scale;
-            row[rng() % vocab] = kNaN;
-            row[rng() % vocab] = -kInf;
-            std::vector<int32_t> order(static_cast<size_t>(vocab));
-            std::iota(order.begin(), order.end(), 0);
-            auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
-            std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+            // Ties, spread widely or narrowly.
+            const std::vector<float> row = QuantisedRow(rng, vocab, step % 2 == 0 ? 0.5f : 0.05f, 0.f);
+            const std::vector<int32_t> order = LikelihoodOrder(row);
             std::vector<int32_t> ids(order.begin(), order.begin() + plan.k);
             std::vector<float> values;
             for (int32_t t : ids) values.push_back(row[t]);  // NaN given as is: the sampler reads it as -inf

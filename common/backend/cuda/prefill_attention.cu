@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "common/backend/cuda/kv_types.cuh"
+#include "common/backend/cuda/prompt_runs.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -43,14 +44,9 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
 
   for (int64_t run = t_begin; run < t_end;) {
     // This run: the tile's tokens of one sequence, [run, run_end).
-    int64_t lo = 0, hi = a.num_seqs - 1;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (a.seq_indptr[mid] <= run) lo = mid; else hi = mid - 1;
-    }
-    const int64_t seq = lo;
-    const int64_t run_end = min(t_end, int64_t(a.seq_indptr[seq + 1]));
-    if (a.tiled_min_new_tokens > 0 && a.seq_indptr[seq + 1] - a.seq_indptr[seq] < a.tiled_min_new_tokens) {
+    const PromptRun pr = FindPromptRun(a, run, t_end);
+    const int64_t seq = pr.seq, run_end = pr.end;
+    if (pr.skip) {
       run = run_end;  // the split-KV kernel's (uniform across the block)
       continue;
     }
@@ -61,9 +57,9 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t t = run + 2 * rg + i;
-      len[i] = t < run_end ? min(int64_t(a.positions[t]) + 1, ctx) : 0;
+      len[i] = t < run_end ? PromptKeys(a, t, ctx) : 0;
     }
-    const int64_t keys = min(int64_t(a.positions[run_end - 1]) + 1, ctx);
+    const int64_t keys = PromptKeys(a, run_end - 1, ctx);
 
     __syncthreads();  // the previous run is done with qs
     for (int64_t i = threadIdx.x; i < int64_t(kTileQ) * kHd; i += kPrefillThreads) {
@@ -161,17 +157,8 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
 
 template <int kHd, typename T>
 cudaError_t Launch(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t bytes = SharedFloats<kHd>() * sizeof(float);
-  // Over 48 KiB of dynamic shared memory must be asked for, per device: asked at every launch (a
-  // host-side call of a microsecond, once per layer of a prompt step).
-  if (cudaError_t e = cudaFuncSetAttribute(TiledPrefillKernel<kHd, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(bytes));
-      e != cudaSuccess) {
-    return e;
-  }
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + kTileQ - 1) / kTileQ), static_cast<unsigned>(a.num_q_heads));
-  TiledPrefillKernel<kHd, T><<<grid, kPrefillThreads, bytes, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchPromptKernel(TiledPrefillKernel<kHd, T>, a, kTileQ, kPrefillThreads, SharedFloats<kHd>() * sizeof(float),
+                            stream);
 }
 
 }  // namespace

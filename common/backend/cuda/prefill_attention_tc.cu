@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "common/backend/cuda/prefill_attention.h"
+#include "common/backend/cuda/prompt_runs.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -75,14 +76,9 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
 
   for (int64_t run = t_begin; run < t_end;) {
     // This run: the tile's tokens of one sequence, [run, run_end).
-    int64_t lo = 0, hi = a.num_seqs - 1;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      if (a.seq_indptr[mid] <= run) lo = mid; else hi = mid - 1;
-    }
-    const int64_t seq = lo;
-    const int64_t run_end = t_end < int64_t(a.seq_indptr[seq + 1]) ? t_end : int64_t(a.seq_indptr[seq + 1]);
-    if (a.tiled_min_new_tokens > 0 && a.seq_indptr[seq + 1] - a.seq_indptr[seq] < a.tiled_min_new_tokens) {
+    const PromptRun pr = FindPromptRun(a, run, t_end);
+    const int64_t seq = pr.seq, run_end = pr.end;
+    if (pr.skip) {
       run = run_end;  // the split-KV kernel's (uniform across the block)
       continue;
     }
@@ -90,9 +86,8 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
     const int64_t ctx = a.context_lens[seq];
     const int64_t t = run + tile_row;
     // Keys this lane's row sees (0: not a row of the run), and the run's most.
-    const int64_t len = t < run_end ? (int64_t(a.positions[t]) + 1 < ctx ? int64_t(a.positions[t]) + 1 : ctx) : 0;
-    const int64_t last = int64_t(a.positions[run_end - 1]) + 1;
-    const int64_t keys = last < ctx ? last : ctx;
+    const int64_t len = t < run_end ? PromptKeys(a, t, ctx) : 0;
+    const int64_t keys = PromptKeys(a, run_end - 1, ctx);
 
     __syncthreads();  // the previous run is done with qs
     for (int i = threadIdx.x; i < kTcTileQ * kHd; i += kTcThreads) {
@@ -206,15 +201,7 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
 
 template <int kHd, typename E>
 cudaError_t LaunchTc(const PagedAttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t bytes = TcSharedBytes<kHd>();
-  if (cudaError_t e = cudaFuncSetAttribute(TensorCorePrefillKernel<kHd, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(bytes));
-      e != cudaSuccess) {
-    return e;
-  }
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + kTcTileQ - 1) / kTcTileQ), static_cast<unsigned>(a.num_q_heads));
-  TensorCorePrefillKernel<kHd, E><<<grid, kTcThreads, bytes, stream>>>(a);
-  return cudaGetLastError();
+  return LaunchPromptKernel(TensorCorePrefillKernel<kHd, E>, a, kTcTileQ, kTcThreads, TcSharedBytes<kHd>(), stream);
 }
 
 }  // namespace
