@@ -148,8 +148,9 @@ for p in "${presets[@]}"; do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 64 \
       --sampling $smp 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
-  # Where the time goes: every op of a prefill and of batch-1 and batch-64 decode steps, timed.
-  for b in $(step profile && echo 1 64); do
+  # Where the time goes: every op of a prefill and of batch-1, 8 and 64 decode steps, timed (batch 8:
+  # the GEMV's widest, whose f32 activations every warp re-reads).
+  for b in $(step profile && echo 1 8 64); do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 16 --decode-batch $b \
       --repeats 1 --profile-ops 2>&1 | tee -a "$OUT/profile.txt" || status=1
   done
