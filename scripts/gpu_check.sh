@@ -137,6 +137,13 @@ for p in "${presets[@]}"; do
   # The same batch-64 decode over an f32 KV cache (the default above is the model's BF16).
   ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 \
     --decode-batch 64 --kv-cache-dtype f32 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  # GEMV with 1 (the default), 2 and 4 output columns a warp, at batches 1 and 8.
+  for b in $(step forward && echo 1 8); do
+    for gc in 1 2 4; do
+      lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
+        --gemv-columns $gc 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+    done
+  done
   # Long prompts, attention on the CUDA cores against the tensor cores (TANDEM_CUDA_TC_ATTENTION).
   for tc in $(step forward && echo false true); do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 2048 --decode-tokens 8 --decode-batch 1 \

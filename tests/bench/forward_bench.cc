@@ -6,7 +6,7 @@
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
-//                 [--profile-ops] [--tc-attention]
+//                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
@@ -43,6 +43,9 @@ ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (GPU backends), 
 ABSL_FLAG(bool, tc_attention, false,
           "prompt attention on the tensor cores where it can (CUDA, 16-bit KV cache, head_dim 64 or 128): sets "
           "TANDEM_CUDA_TC_ATTENTION=1 for the backend");
+ABSL_FLAG(int, gemv_columns, 0,
+          "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
+          "default)");
 ABSL_FLAG(std::string, sampling, "argmax",
           "what a decode step returns per row: argmax (taken on the device, as greedy steps), host (the row's "
           "logits copied to the host, as sampling without a device sampler), draw (a token drawn on the device "
@@ -64,6 +67,9 @@ int Run() {
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
+  if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) {
+    ::setenv("TANDEM_CUDA_GEMV_COLUMNS", std::to_string(c).c_str(), 1);
+  }
   BackendOptions o;
   o.device = absl::GetFlag(FLAGS_device);
   if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
@@ -162,6 +168,7 @@ int Run() {
   std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s%s\n", static_cast<long long>(prompt_len),
               best_prefill, prompt_len / best_prefill,
               absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda" ? " (attention on the tensor cores)" : "");
+  if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) std::printf("gemv: %d output columns a warp\n", c);
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",

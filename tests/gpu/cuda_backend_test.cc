@@ -215,9 +215,18 @@ TEST_F(CudaBackendTest, GemvMatchesADoubleProductAndIsTheSameForEveryRowCount) {
         if (n == 1) alone = got;
         EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + sh.m), alone)
             << "row 0 alone vs with " << n - 1 << " others: " << DTypeName(dt) << " k " << sh.k;
+        // Two or four columns a warp: the same bits.
+        for (int columns : {2, 4}) {
+          float* other = Zeros(n * sh.m);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, other, nullptr, columns), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_EQ(Down(other, n * sh.m), got) << columns << " columns a warp: " << DTypeName(dt) << " m " << sh.m
+                                                << " k " << sh.k << " n " << n;
+        }
       }
     }
   }
+  EXPECT_EQ(cuda::LaunchGemv(nullptr, 1, DType::kBF16, nullptr, 8, 8, nullptr, nullptr, 3), cudaErrorInvalidValue);
   // Outside its shapes Linear goes to cuBLAS: k not a multiple of 8, more rows than it takes, F32.
   EXPECT_FALSE(cuda::GemvCovers(1, DType::kBF16, 100, nullptr, nullptr));
   EXPECT_FALSE(cuda::GemvCovers(cuda::kGemvMaxRows + 1, DType::kBF16, 64, nullptr, nullptr));

@@ -111,6 +111,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (const char* p = std::getenv("TANDEM_CUDA_OP_PROFILE"); p != nullptr && std::string(p) == "1") {
     backend->SetOpProfiling(true);
   }
+  // Output columns a GEMV warp computes (gemv.h; 1, 2 or 4, the same bits): 1 until a GPU run has
+  // compared them.
+  if (const char* p = std::getenv("TANDEM_CUDA_GEMV_COLUMNS"); p != nullptr) {
+    const std::string v(p);
+    if (v != "1" && v != "2" && v != "4") {
+      return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_GEMV_COLUMNS must be 1, 2 or 4, not '", v, "'"));
+    }
+    backend->gemv_columns_ = std::stoi(v);
+  }
   // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
   if (const char* p = std::getenv("TANDEM_CUDA_TC_ATTENTION"); p != nullptr && std::string(p) == "1") {
     backend->tensor_core_prefill_ = true;
@@ -380,7 +389,7 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
                    m * k * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
   if (gemv) {
     // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations.
-    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_), "gemv");
+    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, gemv_columns_), "gemv");
   } else if (!batch_invariant_) {
     Gemm(x, n, w, out);
   } else {

@@ -121,6 +121,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool batch_invariant_;
   bool tensor_core_prefill_ = false;  // TANDEM_CUDA_TC_ATTENTION=1
+  int gemv_columns_ = 1;              // TANDEM_CUDA_GEMV_COLUMNS
   std::string description_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;

@@ -28,85 +28,130 @@ __device__ __forceinline__ float2 Unpack(uint32_t word, __half*) {
   return __half22float2(h);
 }
 
-// acc[t] += Σ_{i<8} w[i] · x[t][base + i], in element order.
-template <typename W, int N>
-__device__ __forceinline__ void Fold(const uint4& wv, const float* __restrict__ x, int64_t k, int64_t base,
-                                     float (&acc)[N]) {
-  float w[8];
-  const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+// acc[c][t] += Σ_{i<8} w_c[i] · x[t][base + i], in element order, for each of the C columns whose 16
+// bytes of weights are wv[c]: each activation piece is read once for all C columns, and each column
+// folds exactly as it would alone.
+template <typename W, int N, int C>
+__device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restrict__ x, int64_t k, int64_t base,
+                                     float (&acc)[C][N]) {
+  float w[C][8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = Unpack(words[i], static_cast<W*>(nullptr));
-    w[2 * i] = f.x;
-    w[2 * i + 1] = f.y;
+  for (int c = 0; c < C; ++c) {
+    const uint32_t words[4] = {wv[c].x, wv[c].y, wv[c].z, wv[c].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = Unpack(words[i], static_cast<W*>(nullptr));
+      w[c][2 * i] = f.x;
+      w[c][2 * i + 1] = f.y;
+    }
   }
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     const float4 a = *reinterpret_cast<const float4*>(x + t * k + base);
     const float4 b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
-    float s = acc[t];
-    s = fmaf(w[0], a.x, s);
-    s = fmaf(w[1], a.y, s);
-    s = fmaf(w[2], a.z, s);
-    s = fmaf(w[3], a.w, s);
-    s = fmaf(w[4], b.x, s);
-    s = fmaf(w[5], b.y, s);
-    s = fmaf(w[6], b.z, s);
-    s = fmaf(w[7], b.w, s);
-    acc[t] = s;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      float s = acc[c][t];
+      s = fmaf(w[c][0], a.x, s);
+      s = fmaf(w[c][1], a.y, s);
+      s = fmaf(w[c][2], a.z, s);
+      s = fmaf(w[c][3], a.w, s);
+      s = fmaf(w[c][4], b.x, s);
+      s = fmaf(w[c][5], b.y, s);
+      s = fmaf(w[c][6], b.z, s);
+      s = fmaf(w[c][7], b.w, s);
+      acc[c][t] = s;
+    }
   }
 }
 
-// Grid ceil(m / kGemvWarps), kGemvWarps warps: warp w of block b computes column b * kGemvWarps + w.
-template <typename W, int N>
+// Grid ceil(m / (kGemvWarps C)), kGemvWarps warps: warp w of block b computes the C columns from
+// (b kGemvWarps + w) C. Each lane folds the 8-element pieces lane, lane + 32, ... of its columns' rows
+// in that order (whatever C and the loads in flight), so every C gives the same bits.
+template <typename W, int N, int C>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
                                                               int64_t m, int64_t k, float* __restrict__ out) {
+  constexpr int kUnroll = kGemvUnroll / C > 0 ? kGemvUnroll / C : 1;  // loads in flight a column
   const int lane = threadIdx.x % 32;
-  const int64_t col = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-  if (col >= m) return;
-  const uint4* row = reinterpret_cast<const uint4*>(w + col * k);
-  const int64_t pieces = k / 8;
-  float acc[N];
+  const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
+  if (col0 >= m) return;
+  const uint4* rows[C];
 #pragma unroll
-  for (int t = 0; t < N; ++t) acc[t] = 0.f;
-  int64_t p = lane;
-  // Every load of a round issued before the first use; the pieces are folded in the same order as
-  // the tail loop below would, so the split point does not change the arithmetic.
-  for (; p + 32 * (kGemvUnroll - 1) < pieces; p += 32 * kGemvUnroll) {
-    uint4 wv[kGemvUnroll];
-#pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = LoadStreaming(row + p + 32 * u);
-#pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) Fold<W, N>(wv[u], x, k, (p + 32 * u) * 8, acc);
+  for (int c = 0; c < C; ++c) {
+    // A column past m reads column col0's row again; its result is not written.
+    rows[c] = reinterpret_cast<const uint4*>(w + (col0 + c < m ? col0 + c : col0) * k);
   }
-  for (; p < pieces; p += 32) Fold<W, N>(LoadStreaming(row + p), x, k, p * 8, acc);
+  const int64_t pieces = k / 8;
+  float acc[C][N];
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
+  for (int c = 0; c < C; ++c) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+    for (int t = 0; t < N; ++t) acc[c][t] = 0.f;
+  }
+  int64_t p = lane;
+  // Every load of a round issued before the first use.
+  for (; p + 32 * (kUnroll - 1) < pieces; p += 32 * kUnroll) {
+    uint4 wv[kUnroll][C];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) wv[u][c] = LoadStreaming(rows[c] + p + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) Fold<W, N, C>(wv[u], x, k, (p + 32 * u) * 8, acc);
+  }
+  for (; p < pieces; p += 32) {
+    uint4 wv[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) wv[c] = LoadStreaming(rows[c] + p);
+    Fold<W, N, C>(wv, x, k, p * 8, acc);
+  }
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[c][t] += __shfl_xor_sync(0xffffffffu, acc[c][t], o);
+    }
   }
   if (lane == 0) {
 #pragma unroll
-    for (int t = 0; t < N; ++t) out[t * m + col] = acc[t];
+    for (int c = 0; c < C; ++c) {
+      if (col0 + c >= m) break;
+#pragma unroll
+      for (int t = 0; t < N; ++t) out[t * m + col0 + c] = acc[c][t];
+    }
   }
 }
 
-template <typename W>
-cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, float* out, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((m + kGemvWarps - 1) / kGemvWarps);
+template <typename W, int C>
+cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int64_t k, float* out,
+                          cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((m + kGemvWarps * C - 1) / (kGemvWarps * C));
   constexpr unsigned threads = kGemvWarps * 32;
   switch (n) {
-    case 1: GemvKernel<W, 1><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 2: GemvKernel<W, 2><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 3: GemvKernel<W, 3><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 4: GemvKernel<W, 4><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 5: GemvKernel<W, 5><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 6: GemvKernel<W, 6><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 7: GemvKernel<W, 7><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 8: GemvKernel<W, 8><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 1: GemvKernel<W, 1, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 2: GemvKernel<W, 2, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 3: GemvKernel<W, 3, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 4: GemvKernel<W, 4, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 5: GemvKernel<W, 5, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 6: GemvKernel<W, 6, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 7: GemvKernel<W, 7, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 8: GemvKernel<W, 8, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <typename W>
+cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, float* out, int columns,
+                   cudaStream_t stream) {
+  switch (columns) {
+    case 1: return LaunchColumns<W, 1>(x, n, w, m, k, out, stream);
+    case 2: return LaunchColumns<W, 2>(x, n, w, m, k, out, stream);
+    case 4: return LaunchColumns<W, 4>(x, n, w, m, k, out, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -119,12 +164,12 @@ bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* 
 }
 
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int columns) {
   if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
-  if (w_dtype == DType::kBF16) return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, out, stream);
-  return Launch(x, n, static_cast<const __half*>(w), m, k, out, stream);
+  if (w_dtype == DType::kBF16) return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, out, columns, stream);
+  return Launch(x, n, static_cast<const __half*>(w), m, k, out, columns, stream);
 }
 
 }  // namespace tandem::cuda

@@ -2,7 +2,8 @@
 // (n <= kGemvMaxRows) over 16-bit weights, reading each weight once, 16 bytes a lane, at the
 // device's memory bandwidth, with the activations kept in f32 (no rounding to the weight type).
 //
-// Each warp computes one output column for all n rows: lane l takes the 8-element pieces l, l + 32,
+// Each warp computes one output column (or 2 or 4: LaunchGemv's `columns`) for all n rows: lane l takes
+// the 8-element pieces l, l + 32,
 // ... of the weight row in order, folding each into one f32 sum per activation row (fma in element
 // order), then the warp adds its lanes' sums by an xor-shuffle tree. A row's result therefore does not
 // depend on n or on the other rows: a token gets the same bits alone or in any batch of up to
@@ -24,7 +25,9 @@ constexpr int64_t kGemvMaxRows = 8;
 bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* w);
 
 // x: [n][k] f32; w: [m][k] of w_dtype; out: [n][m] f32. cudaErrorInvalidValue outside GemvCovers.
+// `columns` (1, 2 or 4): output columns a warp computes, reading each activation piece once for all of
+// them (fewer re-reads of x, fewer loads in flight a column); the same bits whatever it is.
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int columns = 1);
 
 }  // namespace tandem::cuda
