@@ -31,7 +31,9 @@ OUT="${OUT:-gpu-check-out}"
 if [[ "${GPU_CHECK_TAR:-0}" == 1 ]]; then
   TAR_TO="$OUT/gpu-check-$(echo "${STAGES:-all}" | tr ' ' '-').tgz"
   OUT=$(mktemp -d /tmp/gpu-check.XXXX)
-  trap 'tar -C "$OUT" -czf "$TAR_TO" . 2>/dev/null' EXIT
+  # The summary also comes back on its own, as a plain file beside the archive.
+  trap 'python3 scripts/gpu_summary.py "$OUT" >/dev/null 2>&1; cp "$OUT/summary.txt" "${TAR_TO%.tgz}-summary.txt" 2>/dev/null;
+        tar -C "$OUT" -czf "$TAR_TO" . 2>/dev/null' EXIT
 fi
 mkdir -p "$OUT" .gpu_bundle/run
 tar -C .gpu_bundle/run -xJf .gpu_bundle/bundle.tar.xz
@@ -226,5 +228,7 @@ if stage llama; then
     done
   fi
 fi
+# One page of results (scripts/gpu_summary.py; also written to $OUT/summary.txt).
+python3 scripts/gpu_summary.py "$OUT" || true
 echo "gpu_check: $([[ $status == 0 ]] && echo PASSED || echo FAILED)"
 exit $status

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""One short page from a gpu_check.sh output folder: what passed and failed, and the figures, so a
+session with little device time (and little room to read logs) sees the results at once.
+
+Usage: gpu_summary.py OUT_DIR   (gpu_check.sh writes OUT_DIR/summary.txt with it at exit)
+"""
+import glob
+import os
+import re
+import sys
+
+out = sys.argv[1] if len(sys.argv) > 1 else "gpu-check-out"
+lines = []
+
+
+def read(name):
+    path = os.path.join(out, name)
+    return open(path, errors="replace").read() if os.path.exists(path) else None
+
+
+def section(title):
+    lines.append("")
+    lines.append(f"== {title}")
+
+
+dev = read("device.txt")
+if dev:
+    lines.append(dev.strip().splitlines()[-1])
+
+section("tests")
+for log in ("cuda_smoke.log", "cuda_backend.log", "nccl_link.log"):
+    text = read(log)
+    if text is None:
+        continue
+    failed = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)", text, re.M)))
+    verdicts = re.findall(r"^(\[  PASSED  \].*|SKIPPED.*)$", text, re.M)
+    tail = verdicts[-1] if verdicts else (text.strip().splitlines()[-1] if text.strip() else "(empty)")
+    lines.append(f"{log}: " + ("FAILED " + ", ".join(failed) if failed else tail))
+    for m in re.findall(r"^abandoned rendezvous.*$|^the same 3 rounds.*$", text, re.M):
+        lines.append(f"  {m}")
+hf = read("hf_forward_check.log")
+if hf:
+    lines += [f"hf_forward_check: {l}" for l in hf.strip().splitlines()[-4:]]
+e2e = read("e2e-cuda-nccl.log")
+if e2e:
+    ok = re.findall(r"^\[       OK \] (\S+)", e2e, re.M)
+    bad = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)", e2e, re.M)))
+    lines.append(f"e2e on CUDA + NCCL: {len(ok)} passed, {len(bad)} failed{': ' + ', '.join(bad) if bad else ''}")
+
+section("forward_bench")
+fb = read("forward_bench.txt") or ""
+for l in fb.splitlines():
+    if re.match(r"(model=|prefill:|decode:|roofline:|gemv:|graphs failed)", l):
+        lines.append(l[:200])
+
+section("op profiles (the five costliest ops of each table)")
+prof = read("profile.txt") or ""
+take = 0
+for l in prof.splitlines():
+    if l.startswith("ops of") or l.startswith("model="):
+        lines.append(l[:160])
+        take = 7  # the table's header rows and five ops
+    elif take > 0 and l.strip():
+        lines.append("  " + l[:160])
+        take -= 1
+
+for name, title in (("kv_transfer.txt", "KV transfer"), ("throughput.txt", "throughput"),
+                    ("disagg.txt", "TTFT with layer-wise overlap"), ("mixed.txt", "disaggregated vs combined"),
+                    ("vs-llama.txt", "vs llama.cpp")):
+    text = read(name)
+    if not text:
+        continue
+    section(title)
+    keep = [l for l in text.splitlines() if l.strip() and not l.startswith(("I ", "W ", "tandem      ", "transformers "))]
+    lines += [l[:200] for l in keep[-40:]]
+
+missing = read("missing-libs.txt")
+if missing and missing.strip():
+    section("missing libraries")
+    lines.append(missing.strip())
+
+text = "\n".join(lines).strip() + "\n"
+with open(os.path.join(out, "summary.txt"), "w") as f:
+    f.write(text)
+print(text, end="")
