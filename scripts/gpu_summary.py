@@ -60,6 +60,8 @@ for l in prof.splitlines():
     if l.startswith("ops of") or l.startswith("model="):
         lines.append(l[:160])
         take = 7  # the table's header rows and five ops
+    elif l.startswith("all ops"):
+        lines.append("  " + l[:160])
     elif take > 0 and l.strip():
         lines.append("  " + l[:160])
         take -= 1
