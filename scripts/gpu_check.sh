@@ -15,7 +15,8 @@
 #          throughput_vs_hf.py (a combined CUDA worker against transformers' generate()) over random
 #          BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each
 #          7-8B model takes ~16 GB of disk). BENCH_PRESETS names the models instead, BENCH_STEPS picks
-#          among kv, forward, profile, throughput, sampled (Tandem's throughput at temperature 0.8,
+#          among kv, forward, profile, throughput, budget (Tandem's throughput with 8192-token steps and
+#          2048-token prompt chunks), sampled (Tandem's throughput at temperature 0.8,
 #          top-p 0.95), disagg and mixed (disaggregated vs combined on long and short prompts,
 #          tests/bench/disagg_vs_combined.py), DECODE_BATCHES the forward batches.
 #   llama  (not in the default STAGES) takes llama.cpp's llama-server built for sm_90 on the build
@@ -79,7 +80,7 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
-step() { [[ " ${BENCH_STEPS:-kv forward profile throughput sampled disagg mixed} " == *" $1 "* ]]; }
+step() { [[ " ${BENCH_STEPS:-kv forward profile throughput budget sampled disagg mixed} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
@@ -169,6 +170,11 @@ for p in "${presets[@]}"; do
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   ! step throughput || lim 900 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \
     --hf-concurrency $hf_levels --json-out "$OUT/throughput-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
+  # Larger steps (vLLM's GPU budget: 8192 tokens, prompt chunks of 2048) than the defaults (2048, 512),
+  # Tandem alone at 16 and 64.
+  ! step budget || lim 600 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 16,64 \
+    --skip-hf --up-args=--max-num-batched-tokens=8192,--max-prefill-chunk=2048 \
+    --json-out "$OUT/throughput-budget-$p.json" 2>&1 | tee -a "$OUT/throughput.txt" || status=1
   # Sampled (temperature 0.8, top-p 0.95: the device's candidates and draws), Tandem alone at 16 and 64.
   ! step sampled || lim 600 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 16,64 \
     --skip-hf --temperature 0.8 --top-p 0.95 --json-out "$OUT/throughput-sampled-$p.json" 2>&1 |

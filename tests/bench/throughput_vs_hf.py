@@ -217,7 +217,7 @@ hf, hf_note = hf_throughput()
 llama, llama_note = llama_throughput()
 decoding = f"temperature {args.temperature}, top_p {args.top_p}" if sampled else "greedy"
 print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {decoding}; "
-      f"{hf_note}; {llama_note}")
+      f"{hf_note}; {llama_note}" + (f"; tandem up {args.up_args}" if args.up_args else ""))
 print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10} {'llama.cpp':>10} {'Tandem/llama':>13}")
 for c in levels:
     h, l = hf.get(c), llama.get(c)
