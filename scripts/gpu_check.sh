@@ -5,7 +5,8 @@
 # all three):
 #   tests  the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU), the
 #          NCCL link test (two processes on this GPU), every tiny preset in BF16 against transformers
-#          (tests/gpu/hf_forward_check.py), and `tandem generate` on models/kjv-target with
+#          (tests/gpu/hf_forward_check.py; with HF_TC=1 again over a BF16 cache with tensor-core prompt
+#          attention, reported only), and `tandem generate` on models/kjv-target with
 #          --device cuda vs --device cpu (greedy, 64 tokens);
 #   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL, one process per
 #          test (E2E_FILTER picks tests, default all);
@@ -97,6 +98,12 @@ gen cuda --batch-invariant=true --cuda-graphs=true > "$OUT/generate-cuda-graphs.
 gen cuda --batch-invariant=true --cuda-graphs=false > "$OUT/generate-cuda-eager.json" 2> "$OUT/generate-cuda-eager.err" || status=1
 # The whole forward pass (prefill and decode graphs) in BF16 against transformers on this GPU.
 lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" 2>&1 | tee "$OUT/hf_forward_check.log" || status=1
+# With HF_TC=1, the same over a BF16 cache with prompt attention on the tensor cores (opt-in until
+# checked): how far the two roundings take the whole model (reported, not failed on).
+if [[ "${HF_TC:-0}" == 1 ]]; then
+  lim 300 env TANDEM_CUDA_TC_ATTENTION=1 python3 tests/gpu/hf_forward_check.py "$W/tandem" --kv-cache-dtype bf16 --tol 3e-2 \
+    2>&1 | tee "$OUT/hf_forward_check_tc.log" || true
+fi
 python3 - "$OUT" <<'PY' || status=1
 import json, sys
 out = sys.argv[1]

@@ -38,9 +38,10 @@ for log in ("cuda_smoke.log", "cuda_backend.log", "nccl_link.log"):
     lines.append(f"{log}: " + ("FAILED " + ", ".join(failed) if failed else tail))
     for m in re.findall(r"^abandoned rendezvous.*$|^the same 3 rounds.*$", text, re.M):
         lines.append(f"  {m}")
-hf = read("hf_forward_check.log")
-if hf:
-    lines += [f"hf_forward_check: {l}" for l in hf.strip().splitlines()[-4:]]
+for log in ("hf_forward_check.log", "hf_forward_check_tc.log"):
+    hf = read(log)
+    if hf:
+        lines += [f"{log[:-4]}: {l}" for l in hf.strip().splitlines()[-4:]]
 e2e = read("e2e-cuda-nccl.log")
 if e2e:
     ok = re.findall(r"^\[       OK \] (\S+)", e2e, re.M)
