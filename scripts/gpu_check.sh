@@ -196,19 +196,18 @@ done
 fi
 if stage llama; then
   L=/tmp/tandem-llama.cpp
-  if [[ ! -d $L/llama.cpp ]]; then
-    rm -rf "$L" && mkdir -p "$L" && tar -C "$L" -xJf .gpu_bundle/llama.cpp-src.tar.xz
-  fi
   if [[ -f .gpu_bundle/llama-server.tar.xz && ! -x $L/build/bin/llama-server ]]; then
     # Prebuilt: the binary and the libraries it needs beyond the C library and CUDA's, run through a
-    # wrapper with them (and CUDA's) on the library path.
-    mkdir -p "$L/prebuilt" "$L/build/bin" && tar -C "$L/prebuilt" -xJf .gpu_bundle/llama-server.tar.xz
+    # wrapper with them (and CUDA's) on the library path; the converter and tokenizers come with it.
+    rm -rf "$L" && mkdir -p "$L/prebuilt" "$L/build/bin" && tar -C "$L/prebuilt" -xJf .gpu_bundle/llama-server.tar.xz
+    ln -s "$L/prebuilt/llama.cpp" "$L/llama.cpp" && ln -s "$L/prebuilt/tokenizers" "$L/tokenizers"
     printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$L/prebuilt/lib:$TLD" "$L/prebuilt/bin/llama-server" \
       > "$L/build/bin/llama-server"
     chmod +x "$L/build/bin/llama-server"
     "$L/build/bin/llama-server" --version 2>&1 | tail -2 | tee "$OUT/llama-build.log"
   fi
   if [[ ! -x $L/build/bin/llama-server ]]; then
+    [[ -d $L/llama.cpp ]] || { rm -rf "$L" && mkdir -p "$L" && tar -C "$L" -xJf .gpu_bundle/llama.cpp-src.tar.xz; }
     cmake -S "$L/llama.cpp" -B "$L/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
       -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF > "$OUT/llama-build.log" 2>&1 &&

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-server for sm_90 (H100/H200) here, where the CUDA toolkit compiles but no GPU
 # runs, and packs it with the shared libraries it loads beyond the C library and CUDA's own into
-# .gpu_bundle/llama-server.tar.xz: gpu_check.sh's llama stage then skips its six-minute build on the
-# device. The source is .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh). On 2 cores the
+# .gpu_bundle/llama-server.tar.xz, with llama.cpp's convert_hf_to_gguf.py, its gguf-py and the
+# tokenizers: gpu_check.sh's llama stage then skips its six-minute build on the device, and
+# .gpu_bundle/llama.cpp-src.tar.xz need not be carried. The source is .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh). On 2 cores the
 # build takes about an hour; it runs at the lowest priority, reusing BUILD_DIR when run again.
 # llama.cpp's code is only built and run, never part of Tandem.
 #   scripts/llama_cpp_server.sh [BUILD_DIR]      (default /tmp/tandem-llama-build)
@@ -22,8 +23,11 @@ echo "llama_cpp_server: building in $B/build (progress: $B/build.log)"
 nice -n 19 cmake --build "$B/build" -j"$(nproc)" --target llama-server > "$B/build.log"
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/bin" "$stage/lib"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/llama.cpp"
 cp "$B/build/bin/llama-server" "$stage/bin/" && strip "$stage/bin/llama-server"
+# The converter to GGUF and the tokenizers the stage needs, so that the source need not travel too.
+cp -r "$B/src/llama.cpp/convert_hf_to_gguf.py" "$B/src/llama.cpp/gguf-py" "$stage/llama.cpp/"
+cp -r "$B/src/tokenizers" "$stage/"
 ldd "$B/build/bin/llama-server" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*) ;;
