@@ -273,7 +273,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   // Logprobs where the logits are (CUDA): such rows then need no logits on the host.
   const bool device_logprobs = model_->backend()->SupportsLogprobs();
   // Sampling where the logits are: such rows copy a token, or k candidates, instead of the row.
-  const bool device_sampling = model_->backend()->SupportsSampling();
+  const bool device_sampling = options_.device_sampling && model_->backend()->SupportsSampling();
   using PlanKind = DeviceSamplingPlan::Kind;
   std::vector<PlanKind> plans;  // per logits row
   // Per logits row: its sampled token's logprobs are computed where the logits are, after sampling.

@@ -41,6 +41,9 @@ struct EngineOptions {
   int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request
   // Decode steps as CUDA graphs where the backend has them (LlamaModel::set_use_graphs).
   bool cuda_graphs = true;
+  // Sampling where the logits are, when the backend can (Backend::SupportsSampling: CUDA); false: every
+  // sampled row's logits come to the host sampler, as on the CPU.
+  bool device_sampling = true;
 };
 
 struct EngineRequest {

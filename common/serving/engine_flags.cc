@@ -25,6 +25,10 @@ ABSL_FLAG(bool, cuda_graphs, true,
           "engine: run decode steps as CUDA graphs (captured once per bucketed batch size, replayed after; "
           "bit-identical to op by op with --batch-invariant); GPU backends only");
 ABSL_FLAG(bool, enable_prefix_caching, true, "engine: reuse cached KV blocks of shared prompt prefixes");
+ABSL_FLAG(bool, device_sampling, true,
+          "engine: sample where the logits are when the backend can (GPU backends: penalties, top-k, top-p, "
+          "min-p and temperature there, a token or candidates copied back); false copies every sampled row's "
+          "logits to the host sampler");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "engine: what the KV cache stores: f32, bf16, f16, or auto (on a GPU the model's dtype when it is bf16 "
           "or f16, else f32); bf16/f16 halve the cache's memory and the attention's reads. Prefill and decode "
@@ -62,6 +66,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   o.kv_cache_memory = *memory;
   o.gpu_memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", o.gpu_memory_utilization));
@@ -105,6 +110,7 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--gpu-memory-utilization=", absl::GetFlag(FLAGS_gpu_memory_utilization)),
       absl::StrCat("--enable-prefix-caching=", absl::GetFlag(FLAGS_enable_prefix_caching) ? "true" : "false"),
       absl::StrCat("--cuda-graphs=", absl::GetFlag(FLAGS_cuda_graphs) ? "true" : "false"),
+      absl::StrCat("--device-sampling=", absl::GetFlag(FLAGS_device_sampling) ? "true" : "false"),
       absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
       absl::StrCat("--kv-cache-dtype=", absl::GetFlag(FLAGS_kv_cache_dtype)),
   };

@@ -28,6 +28,7 @@
 #include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
+#include "common/engine/engine.h"
 #include "common/base/argmax.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/device_sampling.h"
@@ -646,6 +647,87 @@ TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
 // to 256 and per-row k (0 skips a row, leaving its outputs alone): rows with ties around the cut, NaN,
 // an -inf tail, +inf, signed zeros and a row of one value. The sampler finishing from the candidates
 // gives the token it gives from the whole row.
+// The engine sampling where the logits are (every kind of step) against the same engine on the same
+// GPU sampling on the host (EngineOptions::device_sampling false), over a tiny F32 model: greedy (with a
+// penalty) and top-k requests give the host's tokens exactly, and logprobs within 1e-5; top-p, min-p
+// and temperature requests (the device's expf and sums round differently) the host's tokens in nearly
+// every request.
+TEST_F(CudaBackendTest, EngineSamplingOnTheDeviceMatchesTheHostSampler) {
+  auto model = LlamaModel::Load(testing_util::TinyModel("tiny-qwen2", 3, DType::kF32), gpu_.get()).value();
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    float repetition;
+    int32_t logprobs;
+    bool exact;
+  };
+  const std::vector<Case> cases = {{0.f, 0, 1.f, 0.f, 1.3f, -1, true},   {0.8f, 20, 1.f, 0.f, 1.f, -1, true},
+                                   {0.8f, 40, 0.9f, 0.05f, 1.2f, -1, true}, {1.f, 10, 1.f, 0.f, 1.f, 3, true},
+                                   {1.f, 0, 0.9f, 0.f, 1.f, -1, false},  {0.3f, 0, 0.5f, 0.f, 1.f, -1, false},
+                                   {1.f, 0, 1.f, 0.f, 1.f, -1, false},   {0.7f, 0, 1.f, 0.1f, 1.f, 2, false}};
+  std::vector<EngineRequest> reqs;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 32; ++i) {
+    const Case& c = cases[i % cases.size()];
+    EngineRequest r;
+    r.id = std::to_string(i);
+    for (int t = 0; t < 5 + i * 3; ++t) r.prompt_token_ids.push_back(static_cast<int32_t>(rng() % 500));
+    r.params.temperature = c.temperature;
+    r.params.top_k = c.top_k;
+    r.params.top_p = c.top_p;
+    r.params.min_p = c.min_p;
+    r.params.repetition_penalty = c.repetition;
+    r.params.logprobs = c.logprobs;
+    r.params.seed = 100 + i;
+    r.params.max_tokens = 16;
+    r.params.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  auto run = [&](bool device_sampling) {
+    EngineOptions o;
+    o.kv_cache_memory = int64_t{64} << 20;
+    o.device_sampling = device_sampling;
+    auto engine = Engine::Create(model.get(), o).value();
+    for (const EngineRequest& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
+    std::map<std::string, std::pair<std::vector<int32_t>, std::vector<LogprobEntry>>> out;
+    for (int guard = 0; engine->HasWork() && guard < 10000; ++guard) {
+      auto step = engine->Step();
+      EXPECT_TRUE(step.ok()) << step.status();
+      if (!step.ok()) break;
+      for (const RequestOutput& o : *step) {
+        auto& [tokens, logprobs] = out[o.id];
+        tokens.insert(tokens.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+        logprobs.insert(logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+      }
+    }
+    return out;
+  };
+  const auto host = run(false), device = run(true);
+  int inexact = 0, inexact_same = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const std::string& id = reqs[i].id;
+    const Case& c = cases[i % cases.size()];
+    const auto& [want, want_lp] = host.at(id);
+    const auto& [got, got_lp] = device.at(id);
+    ASSERT_EQ(got.size(), 16u) << id;
+    if (!c.exact) {
+      ++inexact;
+      inexact_same += got == want;
+      continue;
+    }
+    EXPECT_EQ(got, want) << "request " << id;
+    ASSERT_EQ(got_lp.size(), want_lp.size()) << id;
+    for (size_t t = 0; t < got_lp.size(); ++t) {
+      EXPECT_EQ(got_lp[t].token_id, want_lp[t].token_id);
+      EXPECT_EQ(got_lp[t].rank, want_lp[t].rank);
+      EXPECT_NEAR(got_lp[t].logprob, want_lp[t].logprob, 1e-5) << "request " << id << " token " << t;
+    }
+  }
+  EXPECT_GE(inexact_same, inexact - 2) << inexact_same << " of " << inexact << " top-p/temperature requests alike";
+}
+
 TEST_F(CudaBackendTest, TopKRowsMatchAPlainSortAndTheSampler) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   for (const int64_t d : {int64_t{151936}, int64_t{300}}) {

@@ -128,6 +128,7 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     o.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 4));
     if (budget > 0) o.scheduler.max_num_batched_tokens = budget;
     if (chunk > 0) o.scheduler.max_prefill_chunk = chunk;
+    o.device_sampling = device_sampling_;
     auto engine = Engine::Create(model.get(), o).value();
     for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
     return RunAll(engine.get(), all);
@@ -135,6 +136,7 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<LlamaModel> model_;
+  bool device_sampling_ = true;  // RunOn's EngineOptions::device_sampling
 };
 
 TEST_P(EngineTest, BatchInvarianceUnderChunkingAndPreemption) {
@@ -295,6 +297,13 @@ TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
   EXPECT_GT(device.calls, 0);
   EXPECT_GT(device.edit_count, 0);
   EXPECT_GT(device.device_draws, 0);
+  // --device-sampling=false: the same tokens, every row through the host sampler.
+  device_sampling_ = false;
+  DeviceSamplingBackend off;
+  EXPECT_EQ(RunOn(&off, all), host);
+  EXPECT_EQ(off.calls + off.device_draws, 0);
+  EXPECT_EQ(off.edit_count, 0);
+  device_sampling_ = true;
   // Each request on its own: rows come back only for the request over the device's top-k limit and
   // for the wide nucleus.
   for (const EngineRequest& r : all) {
