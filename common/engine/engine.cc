@@ -62,6 +62,10 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, 
                    << "; this engine uses " << Size(own) << " (weights and other buffers " << Size(own - activations)
                    << ", activations of a " << tokens << "-token step " << Size(activations) << "); free "
                    << Size(after.free_bytes) << "; KV cache gets " << Size(std::max<int64_t>(0, kv));
+  // What the backend does not count (libraries' own memory), or other processes' allocations meanwhile.
+  TANDEM_LOG(INFO) << "memory plan: free memory fell by " << Size(before.free_bytes - after.free_bytes)
+                   << " during the profile, this engine's own by " << Size(activations) << "; graphs, NCCL and later "
+                   << "library allocations come out of the " << Size(slack) << " of slack";
   if (kv <= 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "--gpu-memory-utilization ", util, " leaves no room for the KV cache: this engine already uses ", Size(own),
