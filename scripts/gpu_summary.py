@@ -48,6 +48,12 @@ if e2e:
     bad = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)", e2e, re.M)))
     lines.append(f"e2e on CUDA + NCCL: {len(ok)} passed, {len(bad)} failed{': ' + ', '.join(bad) if bad else ''}")
 
+plan = [l for f in sorted(glob.glob(os.path.join(out, "generate-cuda*.err")))
+        for l in open(f, errors="replace").read().splitlines() if "memory plan" in l]
+if plan:
+    section("memory plan (tandem generate --device cuda)")
+    lines += [l[l.find("memory plan"):][:220] for l in plan[:2]]
+
 section("forward_bench")
 fb = read("forward_bench.txt") or ""
 for l in fb.splitlines():
