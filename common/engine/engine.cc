@@ -388,6 +388,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     const size_t at = k * static_cast<size_t>(samples.k), row_k = static_cast<size_t>(in.sample_top_k[k]);
     auto candidate_ids = [&] { return std::span<const int32_t>(samples.ids.data() + at, row_k); };
     auto candidate_logits = [&] { return std::span<const float>(samples.logits.data() + at, row_k); };
+    ++(in.argmax_only[k] || plans[k] != PlanKind::kHost ? sampled_on_device_ : sampled_on_host_);
     if (in.argmax_only[k]) {
       chosen[k] = argmax[k];
     } else if (plans[k] == PlanKind::kTopK) {
@@ -511,6 +512,9 @@ EngineStats Engine::stats() const {
   s.max_model_len = options_.scheduler.max_model_len;
   s.last_step_tokens = last_step_tokens_;
   s.last_step_sequences = last_step_sequences_;
+  s.sampled_on_device = sampled_on_device_;
+  s.sampled_on_host = sampled_on_host_;
+  s.sampling_row_copies = nucleus_row_copies_;
   return s;
 }
 

@@ -79,6 +79,12 @@ struct EngineStats {
   int64_t max_model_len = 0;
   int64_t last_step_tokens = 0;     // tokens computed by the last step
   int64_t last_step_sequences = 0;  // sequences in the last step
+  // Sampled tokens by where they were chosen (cumulative): rows sampled where the logits are (argmax,
+  // candidates, draws) and rows whose logits came to the host sampler; and top-p rows whose nucleus
+  // outgrew the device's candidates (their logits came to the host after all).
+  int64_t sampled_on_device = 0;
+  int64_t sampled_on_host = 0;
+  int64_t sampling_row_copies = 0;
 };
 
 class Engine {
@@ -118,9 +124,6 @@ class Engine {
   // of a handed-out request on a prefill engine, of a reservation on a decode engine).
   KvCacheStorage* kv_storage() { return storage_.get(); }
   const std::vector<int32_t>& block_table(const std::string& id) const { return kv_->BlockTable(id); }
-  // Top-p steps sampled on the device whose nucleus was wider than its candidates, so that their row
-  // came to the host after all.
-  int64_t nucleus_row_copies() const { return nucleus_row_copies_; }
 
  private:
   struct Sequence {
@@ -146,6 +149,7 @@ class Engine {
   SamplingWorkspace workspace_;
   std::vector<float> edited_row_;  // a row copied for a wide nucleus
   int64_t nucleus_row_copies_ = 0;
+  int64_t sampled_on_device_ = 0, sampled_on_host_ = 0;
   LayerListener layer_listener_;
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;

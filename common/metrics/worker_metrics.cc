@@ -19,6 +19,13 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
       prefix_queries_(m->Counter("tandem_prefix_cache_queries_tokens_total", "Prompt tokens looked up in the prefix cache.")),
       prefix_hits_(m->Counter("tandem_prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.")),
       preemptions_(m->Counter("tandem_preemptions_total", "Requests preempted (blocks freed, recomputed later).")),
+      sampled_device_(m->Counter("tandem_sampled_tokens_total", "Tokens sampled, by where: on the device that holds "
+                                 "the logits, or by the host sampler from copied logits.", {{"where", "device"}})),
+      sampled_host_(m->Counter("tandem_sampled_tokens_total", "Tokens sampled, by where: on the device that holds "
+                               "the logits, or by the host sampler from copied logits.", {{"where", "host"}})),
+      sampling_row_copies_(m->Counter("tandem_sampling_row_copies_total",
+                                      "Top-p rows sampled on the device whose nucleus outgrew the candidates, so "
+                                      "that their logits came to the host after all.")),
       transfer_bytes_(m->Counter("tandem_kv_transfer_bytes_total", "KV bytes sent to decode workers.")),
       transfer_failures_(m->Counter("tandem_kv_transfer_failures_total", "KV transfers that failed.")),
       transfers_(m->Counter("tandem_kv_transfers_total", "KV transfers finished, failed or not.")),
@@ -48,6 +55,10 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
   prefix_queries_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_queries - last_.prefix_queries)));
   prefix_hits_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_hits - last_.prefix_hits)));
   preemptions_.Increment(static_cast<double>(std::max<int64_t>(0, s.preemptions - last_.preemptions)));
+  sampled_device_.Increment(static_cast<double>(std::max<int64_t>(0, s.sampled_on_device - last_.sampled_on_device)));
+  sampled_host_.Increment(static_cast<double>(std::max<int64_t>(0, s.sampled_on_host - last_.sampled_on_host)));
+  sampling_row_copies_.Increment(
+      static_cast<double>(std::max<int64_t>(0, s.sampling_row_copies - last_.sampling_row_copies)));
   last_ = s;
 }
 

@@ -16,6 +16,7 @@ namespace tandem {
 struct EngineSnapshot {
   int64_t waiting = 0, running = 0, free_blocks = 0, total_blocks = 0;
   int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;  // cumulative
+  int64_t sampled_on_device = 0, sampled_on_host = 0, sampling_row_copies = 0;  // cumulative
   int64_t pending_transfers = 0;
   int64_t peak_used_blocks = 0;  // highest blocks in use seen after any step since start
   bool kv_full = false;          // above the worker's KV high-water mark
@@ -47,6 +48,9 @@ class WorkerMetrics {
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_;
   prometheus::Counter& preemptions_;
+  prometheus::Counter& sampled_device_;
+  prometheus::Counter& sampled_host_;
+  prometheus::Counter& sampling_row_copies_;
   prometheus::Counter& transfer_bytes_;
   prometheus::Counter& transfer_failures_;
   prometheus::Counter& transfers_;

@@ -83,6 +83,9 @@ void EngineLoop::Run() {
     snapshot_.prefix_queries = s.prefix_queries;
     snapshot_.prefix_hits = s.prefix_hits;
     snapshot_.preemptions = s.preemptions;
+    snapshot_.sampled_on_device = s.sampled_on_device;
+    snapshot_.sampled_on_host = s.sampled_on_host;
+    snapshot_.sampling_row_copies = s.sampling_row_copies;
     snapshot_.peak_used_blocks =
         std::max({snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});
   }

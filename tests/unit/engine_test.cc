@@ -121,7 +121,8 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
   // and chunk 0: the scheduler's defaults.
   std::map<std::string, std::vector<int32_t>> RunOn(Backend* backend, const std::vector<EngineRequest>& reqs,
                                                      int64_t budget = 0, int64_t chunk = 0,
-                                                     std::map<std::string, std::vector<RequestOutput>>* all = nullptr) {
+                                                     std::map<std::string, std::vector<RequestOutput>>* all = nullptr,
+                                                     EngineStats* stats = nullptr) {
     auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
     EngineOptions o;
     o.block_size = 4;
@@ -131,7 +132,9 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     o.device_sampling = device_sampling_;
     auto engine = Engine::Create(model.get(), o).value();
     for (const auto& r : reqs) EXPECT_TRUE(engine->AddRequest(r).ok());
-    return RunAll(engine.get(), all);
+    auto tokens = RunAll(engine.get(), all);
+    if (stats != nullptr) *stats = engine->stats();
+    return tokens;
   }
 
   std::unique_ptr<CpuBackend> backend_;
@@ -300,10 +303,26 @@ TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
   // --device-sampling=false: the same tokens, every row through the host sampler.
   device_sampling_ = false;
   DeviceSamplingBackend off;
-  EXPECT_EQ(RunOn(&off, all), host);
+  EngineStats off_stats;
+  EXPECT_EQ(RunOn(&off, all, 0, 0, nullptr, &off_stats), host);
   EXPECT_EQ(off.calls + off.device_draws, 0);
   EXPECT_EQ(off.edit_count, 0);
   device_sampling_ = true;
+  // The counters behind tandem_sampled_tokens_total: every token of the greedy and device-sampled
+  // requests on the device, the over-the-limit request's on the host, and top-p's row copies.
+  int64_t tokens = 0;
+  for (const auto& [id, t] : host) tokens += static_cast<int64_t>(t.size());
+  EXPECT_EQ(off_stats.sampled_on_host + off_stats.sampled_on_device, tokens);
+  const int64_t plain_greedy = static_cast<int64_t>(host.at("r8").size());  // case 8: temperature 0
+  const int64_t over_limit = static_cast<int64_t>(host.at("r2").size() + host.at("p2").size());  // top_k 300
+  EXPECT_EQ(off_stats.sampled_on_device, plain_greedy) << "only the plain greedy request's argmax on the device";
+  EngineStats on_stats;
+  DeviceSamplingBackend on;
+  RunOn(&on, all, 0, 0, nullptr, &on_stats);
+  EXPECT_EQ(on_stats.sampled_on_host + on_stats.sampled_on_device, tokens);
+  EXPECT_EQ(on_stats.sampled_on_host, over_limit) << "the two requests over the device's top-k limit";
+  EXPECT_GT(on_stats.sampling_row_copies, 0);
+  EXPECT_EQ(off_stats.sampling_row_copies, 0);
   // Each request on its own: rows come back only for the request over the device's top-k limit and
   // for the wide nucleus.
   for (const EngineRequest& r : all) {
