@@ -90,12 +90,24 @@ if stage tests; then
 lim 60 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
 lim 150 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
 lim 120 "$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
-gen() { local d="$1"; shift; lim 120 "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$d" "$@"; }
+gen() { local d="$1"; shift; lim 120 env ${GEN_ENV:-} "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$d" "$@"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
 # Decode graphs against op by op, both batch-invariant: the same tokens exactly.
 gen cuda --batch-invariant=true --cuda-graphs=true > "$OUT/generate-cuda-graphs.json" 2> "$OUT/generate-cuda-graphs.err" || status=1
 gen cuda --batch-invariant=true --cuda-graphs=false > "$OUT/generate-cuda-eager.json" 2> "$OUT/generate-cuda-eager.err" || status=1
+# Programmatic dependent launch (TANDEM_CUDA_PDL=1) changes scheduling, not arithmetic: the same tokens
+# and logprobs bit for bit.
+gen cuda --logprobs 5 > "$OUT/generate-cuda-lp.json" 2> "$OUT/generate-cuda-lp.err" || status=1
+GEN_ENV=TANDEM_CUDA_PDL=1 gen cuda --logprobs 5 > "$OUT/generate-cuda-pdl.json" 2> "$OUT/generate-cuda-pdl.err" || status=1
+python3 - "$OUT" <<'PY' || status=1
+import json, sys
+out = sys.argv[1]
+a, b = (json.load(open(f"{out}/generate-cuda-{m}.json")) for m in ("lp", "pdl"))
+same = a.get("token_ids") == b.get("token_ids") and a.get("logprobs") == b.get("logprobs")
+print(f"programmatic dependent launch vs plain launches: {'identical' if same else 'DIFFERENT'} tokens and logprobs")
+sys.exit(0 if same else "programmatic dependent launch changed the results")
+PY
 # The whole forward pass (prefill and decode graphs) in BF16 against transformers on this GPU.
 lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" 2>&1 | tee "$OUT/hf_forward_check.log" || status=1
 # With HF_TC=1, the same over a BF16 cache with prompt attention on the tensor cores (opt-in until
@@ -147,6 +159,11 @@ for p in "${presets[@]}"; do
   # The same batch-64 decode over an f32 KV cache (the default above is the model's BF16).
   ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 \
     --decode-batch 64 --kv-cache-dtype f32 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  # Programmatic dependent launch (the default: off) at batches 1 and 64.
+  for b in $(step forward && echo 1 64); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b --pdl \
+      2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
   # GEMV with 1 (the default), 2 and 4 output columns a warp, at batches 1 and 8.
   for b in $(step forward && echo 1 8); do
     for gc in 1 2 4; do

@@ -1,5 +1,7 @@
 #include "common/backend/cuda/gemv.h"
 
+#include "common/backend/cuda/launch.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -71,6 +73,7 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
 template <typename W, int N, int C>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
                                                               int64_t m, int64_t k, float* __restrict__ out) {
+  PdlPrologue();
   constexpr int kUnroll = kGemvUnroll / C > 0 ? kGemvUnroll / C : 1;  // loads in flight a column
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
@@ -130,14 +133,14 @@ cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int6
   const unsigned blocks = static_cast<unsigned>((m + kGemvWarps * C - 1) / (kGemvWarps * C));
   constexpr unsigned threads = kGemvWarps * 32;
   switch (n) {
-    case 1: GemvKernel<W, 1, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 2: GemvKernel<W, 2, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 3: GemvKernel<W, 3, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 4: GemvKernel<W, 4, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 5: GemvKernel<W, 5, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 6: GemvKernel<W, 6, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 7: GemvKernel<W, 7, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
-    case 8: GemvKernel<W, 8, C><<<blocks, threads, 0, stream>>>(x, w, m, k, out); break;
+    case 1: LaunchKernel(GemvKernel<W, 1, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 2: LaunchKernel(GemvKernel<W, 2, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 3: LaunchKernel(GemvKernel<W, 3, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 4: LaunchKernel(GemvKernel<W, 4, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 5: LaunchKernel(GemvKernel<W, 5, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 6: LaunchKernel(GemvKernel<W, 6, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 7: LaunchKernel(GemvKernel<W, 7, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
+    case 8: LaunchKernel(GemvKernel<W, 8, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

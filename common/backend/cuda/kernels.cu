@@ -8,6 +8,7 @@
 
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/kv_types.cuh"
+#include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/prefill_attention.h"
 
 namespace tandem::cuda {
@@ -44,6 +45,7 @@ __device__ float BlockReduce(float v, float* red) {
 
 template <typename T>
 __global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, int64_t n, float* out) {
+  PdlPrologue();
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n * d;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = idx / d, j = idx % d;
@@ -52,6 +54,7 @@ __global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, i
 }
 
 __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out) {
+  PdlPrologue();
   __shared__ float red[32];
   const float* xi = x + blockIdx.x * d;
   float ss = 0.f;
@@ -65,6 +68,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
 // RmsNormKernel after the residual add, with the same arithmetic: each thread reads its elements of
 // y before the reduction's barriers and writes out after them, so out may alias y.
 __global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float eps, int64_t d, float* out) {
+  PdlPrologue();
   __shared__ float red[32];
   float* xi = x + blockIdx.x * d;
   const float* yi = y + blockIdx.x * d;
@@ -89,12 +93,14 @@ __device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
 
 template <typename T>
 __global__ void ConvertKernel(const float* x, int64_t count, T* out) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = FromF32<T>(x[i]);
   }
 }
 
 __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t m) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * m; i += int64_t(gridDim.x) * blockDim.x) {
     out[i] += bias[i % m];
   }
@@ -103,6 +109,7 @@ __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t 
 // Grid: one block per token. Threads walk (head, i) pairs of q then k.
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t nq,
                            int64_t nk, int64_t head_dim) {
+  PdlPrologue();
   const int64_t t = blockIdx.x, half = head_dim / 2;
   const float pos = float(positions[t]);
   for (int64_t idx = threadIdx.x; idx < (nq + nk) * half; idx += blockDim.x) {
@@ -119,6 +126,7 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
 
 template <typename T>
 __global__ void WriteKvKernel(T* kc, T* vc, const float* k, const float* v, const int32_t* slots, int64_t row) {
+  PdlPrologue();
   const int64_t t = blockIdx.x, slot = slots[t];
   if (slot < 0) return;  // a padding token: nothing to keep
   for (int64_t j = threadIdx.x; j < row; j += blockDim.x) {
@@ -135,6 +143,7 @@ __host__ __device__ int64_t SlotsOffset(int64_t head_dim) { return (head_dim + k
 // head dimensions over the tile's values.
 template <typename T>
 __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
+  PdlPrologue();
   extern __shared__ __align__(16) float smem[];
   float* qs = smem;                                                   // [head_dim]
   float* probs = qs + a.layer.head_dim;                               // [kAttentionThreads]
@@ -248,6 +257,7 @@ __device__ __forceinline__ int64_t CausalLength(const PagedAttentionArgs& a, int
 // partials (grid split): [num_tokens][num_q_heads][gridDim.z][head_dim + 2] (o..., m, l).
 template <int kDims, int kGroup, typename T>
 __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, float* partials) {
+  PdlPrologue();
   constexpr int64_t hd = kDims * 32;
   __shared__ float sm_m[kSplitWarps * kGroup], sm_l[kSplitWarps * kGroup];
   __shared__ float sm_o[kSplitWarps * kGroup * hd];
@@ -403,6 +413,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 
 // Grid (num_tokens, num_q_heads), head_dim threads: merges a token's split partials in split order.
 __global__ void MergeSplitsKernel(PagedAttentionArgs a, int64_t splits, const float* partials) {
+  PdlPrologue();
   const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.layer.head_dim, d = threadIdx.x;
   if (a.tiled_min_new_tokens > 0) {
     int64_t seq;
@@ -424,10 +435,11 @@ cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_split
   const int64_t chunks = (group + kGroup - 1) / kGroup;
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.layer.num_kv_heads * chunks),
                   static_cast<unsigned>(grid_splits));
-  SplitAttentionKernel<kDims, kGroup, T><<<grid, kSplitThreads, 0, stream>>>(a, chunks, a.workspace);
+  LaunchKernel(SplitAttentionKernel<kDims, kGroup, T>, grid, kSplitThreads, 0, stream, a, chunks, a.workspace);
   if (grid_splits > 1) {
     const dim3 merge_grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
-    MergeSplitsKernel<<<merge_grid, static_cast<unsigned>(a.layer.head_dim), 0, stream>>>(a, grid_splits, a.workspace);
+    LaunchKernel(MergeSplitsKernel, merge_grid, static_cast<unsigned>(a.layer.head_dim), 0, stream, a, grid_splits,
+                 a.workspace);
   }
   return cudaGetLastError();
 }
@@ -452,6 +464,7 @@ bool SplitCapable(int64_t head_dim) { return head_dim == 32 || head_dim == 64 ||
 int64_t SplitCount(int64_t max_context_len) { return std::max<int64_t>(1, (max_context_len + kSplitKeys - 1) / kSplitKeys); }
 
 __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count, float* out) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
     out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -459,6 +472,7 @@ __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count,
 }
 
 __global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, float* out) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
     const float g = x[t * 2 * d + j];
@@ -468,18 +482,21 @@ __global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, fl
 
 __global__ void CopyColumnsKernel(const float* x, int64_t stride, int64_t offset, int64_t cols, int64_t count,
                                   float* out) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = x[(i / cols) * stride + offset + i % cols];
   }
 }
 
 __global__ void AddKernel(float* x, const float* y, int64_t count) {
+  PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     x[i] += y[i];
   }
 }
 
 __global__ void GatherRowsKernel(const float* x, const int32_t* rows, int64_t d, float* out) {
+  PdlPrologue();
   const int64_t i = blockIdx.x;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = x[int64_t(rows[i]) * d + j];
 }
@@ -492,13 +509,13 @@ cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int
   const int blocks = Blocks(n * d);
   switch (dtype) {
     case DType::kF32:
-      EmbeddingKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(table), d, ids, n, out);
+      LaunchKernel(EmbeddingKernel<float>, blocks, kThreads, 0, stream, static_cast<const float*>(table), d, ids, n, out);
       break;
     case DType::kBF16:
-      EmbeddingKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(table), d, ids, n, out);
+      LaunchKernel(EmbeddingKernel<__nv_bfloat16>, blocks, kThreads, 0, stream, static_cast<const __nv_bfloat16*>(table), d, ids, n, out);
       break;
     case DType::kF16:
-      EmbeddingKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(table), d, ids, n, out);
+      LaunchKernel(EmbeddingKernel<__half>, blocks, kThreads, 0, stream, static_cast<const __half*>(table), d, ids, n, out);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -510,7 +527,7 @@ cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, weight, eps, d, out);
+  LaunchKernel(RmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, weight, eps, d, out);
   return cudaGetLastError();
 }
 
@@ -518,16 +535,16 @@ cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, floa
                              float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  AddRmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, y, weight, eps, d, out);
+  LaunchKernel(AddRmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, y, weight, eps, d, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (dtype == DType::kBF16) {
-    ConvertKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, static_cast<__nv_bfloat16*>(out));
+    LaunchKernel(ConvertKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x, count, static_cast<__nv_bfloat16*>(out));
   } else if (dtype == DType::kF16) {
-    ConvertKernel<<<Blocks(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(out));
+    LaunchKernel(ConvertKernel<__half>, Blocks(count), kThreads, 0, stream, x, count, static_cast<__half*>(out));
   } else {
     return cudaErrorInvalidValue;
   }
@@ -536,7 +553,7 @@ cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* o
 
 cudaError_t LaunchAddBias(float* out, const float* bias, int64_t n, int64_t m, cudaStream_t stream) {
   if (n * m == 0) return cudaSuccess;
-  AddBiasKernel<<<Blocks(n * m), kThreads, 0, stream>>>(out, bias, n, m);
+  LaunchKernel(AddBiasKernel, Blocks(n * m), kThreads, 0, stream, out, bias, n, m);
   return cudaGetLastError();
 }
 
@@ -544,8 +561,8 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float
                        int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  RopeKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(q, k, positions, inv_freq, num_q_heads,
-                                                                 num_kv_heads, head_dim);
+  LaunchKernel(RopeKernel, static_cast<unsigned>(n), kThreads, 0, stream, q, k, positions, inv_freq, num_q_heads,
+               num_kv_heads, head_dim);
   return cudaGetLastError();
 }
 
@@ -582,7 +599,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   if (a.mode == AttentionMode::kTensorCore && !TensorCorePrefillCapable(a)) return cudaErrorInvalidValue;
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
-    WriteKvKernel<<<static_cast<unsigned>(a.num_tokens), kThreads, 0, stream>>>(
+    LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
         static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
         a.layer.num_kv_heads * a.layer.head_dim);
     if (a.mode == AttentionMode::kTiled) return LaunchTiledPrefillAttention(a, stream);
@@ -604,7 +621,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
       const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
       const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
-      PagedAttentionKernel<T><<<grid, kAttentionThreads, smem, stream>>>(a);
+      LaunchKernel(PagedAttentionKernel<T>, grid, kAttentionThreads, smem, stream, a);
       return cudaGetLastError();
     }
     const int64_t grid_splits = grid_split ? SplitCount(a.max_context_len) : 1;
@@ -636,6 +653,7 @@ __device__ void ReduceArgmax(float* best_v, int64_t* best_i) {
 // One block per row. (value, index) pairs ordered by value, then lower index first; NaN is skipped,
 // so a row of NaN and -inf yields the initial index 0.
 __global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
+  PdlPrologue();
   __shared__ float best_v[kThreads];
   __shared__ int64_t best_i[kThreads];
   const float* row = x + blockIdx.x * d;
@@ -761,7 +779,7 @@ cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int3
 cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7fffffff) return cudaErrorInvalidValue;
-  ArgmaxRowsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, d, out);
+  LaunchKernel(ArgmaxRowsKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, d, out);
   return cudaGetLastError();
 }
 
@@ -782,26 +800,26 @@ cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t 
 
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  SiluMulKernel<<<Blocks(count), kThreads, 0, stream>>>(gate, up, count, out);
+  LaunchKernel(SiluMulKernel, Blocks(count), kThreads, 0, stream, gate, up, count, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream) {
   if (n * d == 0) return cudaSuccess;
-  SiluMulPackedKernel<<<Blocks(n * d), kThreads, 0, stream>>>(x, d, n * d, out);
+  LaunchKernel(SiluMulPackedKernel, Blocks(n * d), kThreads, 0, stream, x, d, n * d, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchCopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out,
                               cudaStream_t stream) {
   if (n * cols == 0) return cudaSuccess;
-  CopyColumnsKernel<<<Blocks(n * cols), kThreads, 0, stream>>>(x, stride, offset, cols, n * cols, out);
+  LaunchKernel(CopyColumnsKernel, Blocks(n * cols), kThreads, 0, stream, x, stride, offset, cols, n * cols, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdd(float* x, const float* y, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  AddKernel<<<Blocks(count), kThreads, 0, stream>>>(x, y, count);
+  LaunchKernel(AddKernel, Blocks(count), kThreads, 0, stream, x, y, count);
   return cudaGetLastError();
 }
 
@@ -809,7 +827,7 @@ cudaError_t LaunchGatherRows(const float* x, const int32_t* rows, int64_t m, int
                              cudaStream_t stream) {
   if (m == 0) return cudaSuccess;
   if (m > 0x7fffffff) return cudaErrorInvalidValue;
-  GatherRowsKernel<<<static_cast<unsigned>(m), kThreads, 0, stream>>>(x, rows, d, out);
+  LaunchKernel(GatherRowsKernel, static_cast<unsigned>(m), kThreads, 0, stream, x, rows, d, out);
   return cudaGetLastError();
 }
 

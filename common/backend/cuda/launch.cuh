@@ -1,0 +1,56 @@
+// Kernel launches with programmatic dependent launch (Hopper's PDL), opt-in with
+// TANDEM_CUDA_PDL=1 until a GPU run has compared it: a kernel so launched may be scheduled while the
+// kernel before it in the stream drains (its blocks start once every block of that kernel has started),
+// instead of after that kernel's completion and a launch gap. Every kernel launched this way begins with
+// PdlPrologue(), which waits for the previous kernel's results (visible once it returns) and lets the
+// next kernel be scheduled. Without the attribute both are no-ops, so the arithmetic is the same
+// either way; inside CUDA graphs the dependencies become programmatic edges.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace tandem::cuda {
+
+// Whether launches set the programmatic-serialization attribute (TANDEM_CUDA_PDL=1, read once).
+inline bool ProgrammaticLaunch() {
+  static const bool on = [] {
+    const char* p = std::getenv("TANDEM_CUDA_PDL");
+    return p != nullptr && std::strcmp(p, "1") == 0;
+  }();
+  return on;
+}
+
+// First statement of a kernel launched by LaunchKernel: the previous kernel's writes are complete and
+// visible after it; the next kernel may be scheduled from here on.
+__device__ __forceinline__ void PdlPrologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the PDL attribute when it is on. Errors
+// are also left for cudaGetLastError, as a <<<>>> launch leaves them.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                         Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  if (ProgrammaticLaunch()) {
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace tandem::cuda
