@@ -98,15 +98,28 @@ gen cuda --batch-invariant=true --cuda-graphs=true > "$OUT/generate-cuda-graphs.
 gen cuda --batch-invariant=true --cuda-graphs=false > "$OUT/generate-cuda-eager.json" 2> "$OUT/generate-cuda-eager.err" || status=1
 # Programmatic dependent launch (TANDEM_CUDA_PDL=1) changes scheduling, not arithmetic: the same tokens
 # and logprobs bit for bit.
-gen cuda --logprobs 5 > "$OUT/generate-cuda-lp.json" 2> "$OUT/generate-cuda-lp.err" || status=1
-GEN_ENV=TANDEM_CUDA_PDL=1 gen cuda --logprobs 5 > "$OUT/generate-cuda-pdl.json" 2> "$OUT/generate-cuda-pdl.err" || status=1
+# Through decode graphs and op by op; the PDL runs twice each (a race would show as a difference).
+for graphs in true false; do
+  GEN_ENV="-u TANDEM_CUDA_PDL" gen cuda --logprobs 5 --cuda-graphs=$graphs > "$OUT/generate-cuda-lp-$graphs.json" \
+    2> "$OUT/generate-cuda-lp-$graphs.err" || status=1
+  for run in 1 2; do
+    GEN_ENV=TANDEM_CUDA_PDL=1 gen cuda --logprobs 5 --cuda-graphs=$graphs > "$OUT/generate-cuda-pdl-$graphs-$run.json" \
+      2> "$OUT/generate-cuda-pdl-$graphs-$run.err" || status=1
+  done
+done
 python3 - "$OUT" <<'PY' || status=1
 import json, sys
 out = sys.argv[1]
-a, b = (json.load(open(f"{out}/generate-cuda-{m}.json")) for m in ("lp", "pdl"))
-same = a.get("token_ids") == b.get("token_ids") and a.get("logprobs") == b.get("logprobs")
-print(f"programmatic dependent launch vs plain launches: {'identical' if same else 'DIFFERENT'} tokens and logprobs")
-sys.exit(0 if same else "programmatic dependent launch changed the results")
+bad = 0
+for graphs in ("true", "false"):
+    a = json.load(open(f"{out}/generate-cuda-lp-{graphs}.json"))
+    for run in (1, 2):
+        b = json.load(open(f"{out}/generate-cuda-pdl-{graphs}-{run}.json"))
+        same = a.get("token_ids") == b.get("token_ids") and a.get("logprobs") == b.get("logprobs")
+        bad += not same
+        print(f"programmatic dependent launch (graphs {graphs}, run {run}) vs plain launches: "
+              f"{'identical' if same else 'DIFFERENT'} tokens and logprobs")
+sys.exit(0 if bad == 0 else "programmatic dependent launch changed the results")
 PY
 # The whole forward pass (prefill and decode graphs) in BF16 against transformers on this GPU.
 lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" 2>&1 | tee "$OUT/hf_forward_check.log" || status=1

@@ -1,10 +1,12 @@
 // Kernel launches with programmatic dependent launch (Hopper's PDL), opt-in with
 // TANDEM_CUDA_PDL=1 until a GPU run has compared it: a kernel so launched may be scheduled while the
-// kernel before it in the stream drains (its blocks start once every block of that kernel has started),
-// instead of after that kernel's completion and a launch gap. Every kernel launched this way begins with
+// kernel before it in the stream drains (its blocks start once every block of that kernel has passed
+// its prologue or exited), instead of after that kernel's completion and a launch gap. Every kernel launched this way begins with
 // PdlPrologue(), which waits for the previous kernel's results (visible once it returns) and lets the
 // next kernel be scheduled. Without the attribute both are no-ops, so the arithmetic is the same
-// either way; inside CUDA graphs the dependencies become programmatic edges.
+// either way; inside CUDA graphs the dependencies become programmatic edges. The wait is compiled for
+// sm_90 and newer only: a build whose device code is older must not turn it on (the project builds
+// sm_90; the attribute is also set only on a device of compute capability 9 or more).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,11 +17,15 @@
 
 namespace tandem::cuda {
 
-// Whether launches set the programmatic-serialization attribute (TANDEM_CUDA_PDL=1, read once).
+// Whether launches set the programmatic-serialization attribute: TANDEM_CUDA_PDL=1 on a device of
+// compute capability 9 or more (Hopper on), both read once.
 inline bool ProgrammaticLaunch() {
   static const bool on = [] {
     const char* p = std::getenv("TANDEM_CUDA_PDL");
-    return p != nullptr && std::strcmp(p, "1") == 0;
+    if (p == nullptr || std::strcmp(p, "1") != 0) return false;
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
   }();
   return on;
 }
