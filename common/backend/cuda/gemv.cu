@@ -73,11 +73,10 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
 template <typename W, int N, int C>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
                                                               int64_t m, int64_t k, float* __restrict__ out) {
-  PdlPrologue();
   constexpr int kUnroll = kGemvUnroll / C > 0 ? kGemvUnroll / C : 1;  // loads in flight a column
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
-  if (col0 >= m) return;
+  if (col0 >= m) return;  // (a warp of no column reads and writes nothing: it need not wait)
   const uint4* rows[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
@@ -85,6 +84,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
     rows[c] = reinterpret_cast<const uint4*>(w + (col0 + c < m ? col0 + c : col0) * k);
   }
   const int64_t pieces = k / 8;
+  // No kernel writes the weights: this lane's first round of them starts towards L2 before the wait
+  // for the previous kernel (programmatic dependent launch), whose results (x) are read only after it.
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[c] + lane + 32 * u));
+    }
+  }
+  PdlPrologue();
   float acc[C][N];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
