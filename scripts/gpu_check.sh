@@ -231,6 +231,10 @@ if stage llama; then
     # wrapper with them (and CUDA's) on the library path; the converter and tokenizers come with it.
     rm -rf "$L" && mkdir -p "$L/prebuilt" "$L/build/bin" && tar -C "$L/prebuilt" -xJf .gpu_bundle/llama-server.tar.xz
     ln -s "$L/prebuilt/llama.cpp" "$L/llama.cpp" && ln -s "$L/prebuilt/tokenizers" "$L/tokenizers"
+    # As for the Tandem bundle: Debian 12's libstdc++ only on glibc 2.36 and newer.
+    if [[ "$(printf '%s\n' "$glibc" 2.36 | sort -V | head -1)" != 2.36 ]]; then
+      rm -f "$L/prebuilt/lib/libstdc++.so.6" "$L/prebuilt/lib/libgcc_s.so.1"
+    fi
     printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$L/prebuilt/lib:$TLD" "$L/prebuilt/bin/llama-server" \
       > "$L/build/bin/llama-server"
     chmod +x "$L/build/bin/llama-server"

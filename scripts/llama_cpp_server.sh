@@ -30,11 +30,12 @@ cp -r "$B/src/llama.cpp/convert_hf_to_gguf.py" "$B/src/llama.cpp/gguf-py" "$stag
 cp -r "$B/src/tokenizers" "$stage/"
 ldd "$B/build/bin/llama-server" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
-    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*) ;;
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*|libnccl*) ;;
     *) cp -L "$lib" "$stage/lib/" ;;
   esac
 done
 mkdir -p .gpu_bundle
-tar -C "$stage" -cJf .gpu_bundle/llama-server.tar.xz bin lib
+# The device tool carries 64 MiB in all, the Tandem bundle included: compress hard.
+XZ_OPT="${XZ_OPT:--9 -T0}" tar -C "$stage" -cJf .gpu_bundle/llama-server.tar.xz bin lib llama.cpp tokenizers
 grep -qx '/.gpu_bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu_bundle/' >> .git/info/exclude
 ls -l .gpu_bundle/llama-server.tar.xz
