@@ -97,8 +97,7 @@ gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
 gen cuda --batch-invariant=true --cuda-graphs=true > "$OUT/generate-cuda-graphs.json" 2> "$OUT/generate-cuda-graphs.err" || status=1
 gen cuda --batch-invariant=true --cuda-graphs=false > "$OUT/generate-cuda-eager.json" 2> "$OUT/generate-cuda-eager.err" || status=1
 # Programmatic dependent launch (TANDEM_CUDA_PDL=1) changes scheduling, not arithmetic: the same tokens
-# and logprobs bit for bit.
-# Through decode graphs and op by op; the PDL runs twice each (a race would show as a difference).
+# and logprobs bit for bit, through decode graphs and op by op, twice each (a race would show).
 for graphs in true false; do
   GEN_ENV="-u TANDEM_CUDA_PDL" gen cuda --logprobs 5 --cuda-graphs=$graphs > "$OUT/generate-cuda-lp-$graphs.json" \
     2> "$OUT/generate-cuda-lp-$graphs.err" || status=1
@@ -107,7 +106,7 @@ for graphs in true false; do
       2> "$OUT/generate-cuda-pdl-$graphs-$run.err" || status=1
   done
 done
-python3 - "$OUT" <<'PY' || status=1
+python3 - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/checks.txt" || status=1
 import json, sys
 out = sys.argv[1]
 bad = 0
@@ -129,14 +128,14 @@ if [[ "${HF_TC:-0}" == 1 ]]; then
   lim 300 env TANDEM_CUDA_TC_ATTENTION=1 python3 tests/gpu/hf_forward_check.py "$W/tandem" --kv-cache-dtype bf16 --tol 3e-2 \
     2>&1 | tee "$OUT/hf_forward_check_tc.log" || true
 fi
-python3 - "$OUT" <<'PY' || status=1
+python3 - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/checks.txt" || status=1
 import json, sys
 out = sys.argv[1]
 a, b = (json.load(open(f"{out}/generate-cuda-{m}.json"))["token_ids"] for m in ("graphs", "eager"))
 print(f"CUDA graphs vs op by op: {'identical' if a == b else 'DIFFERENT'} over {len(a)} tokens")
 sys.exit(0 if a == b else "decode graphs changed the greedy tokens")
 PY
-python3 - "$OUT" <<'PY' || status=1
+python3 - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/checks.txt" || status=1
 import json, sys
 out = sys.argv[1]
 a, b = (json.load(open(f"{out}/generate-{d}.json")) for d in ("cpu", "cuda"))

@@ -42,6 +42,9 @@ for log in ("hf_forward_check.log", "hf_forward_check_tc.log"):
     hf = read(log)
     if hf:
         lines += [f"{log[:-4]}: {l}" for l in hf.strip().splitlines()[-4:]]
+checks = read("checks.txt")
+if checks:
+    lines += [l for l in checks.strip().splitlines()]
 e2e = read("e2e-cuda-nccl.log")
 if e2e:
     ok = re.findall(r"^\[       OK \] (\S+)", e2e, re.M)
