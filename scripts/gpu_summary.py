@@ -60,7 +60,7 @@ if plan:
 section("forward_bench")
 fb = read("forward_bench.txt") or ""
 for l in fb.splitlines():
-    if re.match(r"(model=|prefill:|decode:|roofline:|gemv:|graphs failed)", l):
+    if re.match(r"(model=|prefill:|decode:|roofline:|gemv:|pdl:|graphs failed)", l):
         lines.append(l[:200])
 
 section("op profiles (the five costliest ops of each table)")
