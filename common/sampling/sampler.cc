@@ -316,14 +316,12 @@ std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_
     std::abort();
   }
   const size_t n = ids.size();
-  auto logit = [&](size_t i) { return std::isnan(logits[i]) ? kNegInf : logits[i]; };
   const int32_t best = ids[0];
-  const float max_logit = logit(0);
+  const float max_logit = std::isnan(logits[0]) ? kNegInf : logits[0];
   if (!std::isfinite(max_logit)) {
     NextUniform();  // Sample() draws before it finds nothing to weigh
     return best;
   }
-  const float inv_temperature = 1.f / params_.temperature;
   ws.weights_.resize(vocab_size_);
   float* weights = ws.weights_.data();
   // The nucleus, most likely first: candidates until their weights reach the target.
@@ -331,7 +329,7 @@ std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_
   double cumulative = 0;
   size_t m = n;  // candidates in the nucleus
   for (size_t i = 0; i < n; ++i) {
-    cumulative += weights[ids[i]] = std::exp((logit(i) - max_logit) * inv_temperature);
+    cumulative += weights[ids[i]] = Weight(logits[i], max_logit, inv_temperature());
     if (cumulative >= target) {
       m = i + 1;
       break;
@@ -360,16 +358,16 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::v
   const bool top_k_on = params_.top_k > 0 && params_.top_k < vocab_size_;
   if (!top_k_on && params_.top_p >= 1.f) {
     ws.weights_.resize(vocab_size_);
-    return DrawFromRow(logits, vocab_size_, 1.f / params_.temperature, params_.min_p, u, ws.weights_.data());
+    return DrawFromRow(logits, vocab_size_, inv_temperature(), params_.min_p, u, ws.weights_.data());
   }
   // SelectTopK's first is the row's argmax (the same order, the same tie rule).
   const int32_t best = top_k_ids != nullptr ? top_k_ids->front() : ArgmaxRow(logits, vocab_size_);
   const float max_logit = logits[best];
   // All masked, or an infinite logit: there is nothing to weigh.
   if (!std::isfinite(max_logit)) return best;
-  const float inv_temperature = 1.f / params_.temperature;
   // Probability relative to the most likely token's, in [0, 1].
-  auto weight = [&](int64_t t) { return std::exp((logits[t] - max_logit) * inv_temperature); };
+  const float inv_t = inv_temperature();
+  auto weight = [&](int64_t t) { return Weight(logits[t], max_logit, inv_t); };
   const MoreLikely more_likely{logits};
 
   // Candidates: every token (all_tokens) or ids[0, n). weights[t] is set for every candidate t.
