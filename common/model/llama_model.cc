@@ -317,14 +317,7 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
     if (in.logprob_tokens.size() != in.logits_rows.size()) {
       return absl::InvalidArgumentError("logprob_tokens needs one token per logits row");
     }
-    if (in.logprob_top_k < 0 || in.logprob_top_k > kMaxLogprobsTopK || in.logprob_top_k > config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("logprob_top_k must be in [0, ", kMaxLogprobsTopK, "]"));
-    }
-    for (int32_t t : in.logprob_tokens) {
-      if (t < ForwardInput::kNoLogprobs || t >= config_.vocab_size) {
-        return absl::InvalidArgumentError("logprob token outside the vocabulary");
-      }
-    }
+    RETURN_IF_ERROR(ValidateLogprobTokens(in.logprob_tokens, in.logprob_top_k));
   }
   return absl::OkStatus();
 }
@@ -557,8 +550,12 @@ absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUp
   const int64_t vocab = config_.vocab_size;
   if (up.edits != nullptr) {
     backend_->ApplyLogitEdits(logits_dev, vocab, up.edits, static_cast<int64_t>(in.logit_edits.size()));
-    // Greedy rows with processors take the edited row's argmax (the others' rows are unchanged).
-    if (argmax_dev != nullptr) backend_->ArgmaxRows(logits_dev, rows, vocab, argmax_dev);
+    // Greedy rows with processors take the edited row's argmax (the others' rows are unchanged): taken
+    // again only when such a row is in the step.
+    const bool edited_argmax = argmax_dev != nullptr && !in.argmax_only.empty() &&
+                               std::any_of(in.logit_edits.begin(), in.logit_edits.end(),
+                                           [&](const LogitEdit& e) { return in.argmax_only[e.row] != 0; });
+    if (edited_argmax) backend_->ArgmaxRows(logits_dev, rows, vocab, argmax_dev);
   }
   if (up.region == nullptr) return absl::OkStatus();
   const SamplingLayout at(rows, up.width);
@@ -588,13 +585,7 @@ absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUp
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, int32_t top_k,
-                                          std::vector<std::optional<RowLogprobs>>* out) {
-  if (!backend_->SupportsLogprobs()) return absl::FailedPreconditionError("this backend does not compute logprobs");
-  if (last_logits_ == nullptr || static_cast<int64_t>(tokens.size()) != last_rows_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(tokens.size(), " tokens for the last step's ", last_rows_, " logits rows"));
-  }
+absl::Status LlamaModel::ValidateLogprobTokens(const std::vector<int32_t>& tokens, int32_t top_k) const {
   if (top_k < 0 || top_k > kMaxLogprobsTopK || top_k > config_.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("logprob_top_k must be in [0, ", kMaxLogprobsTopK, "]"));
   }
@@ -603,6 +594,17 @@ absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, in
       return absl::InvalidArgumentError("logprob token outside the vocabulary");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, int32_t top_k,
+                                          std::vector<std::optional<RowLogprobs>>* out) {
+  if (!backend_->SupportsLogprobs()) return absl::FailedPreconditionError("this backend does not compute logprobs");
+  if (last_logits_ == nullptr || static_cast<int64_t>(tokens.size()) != last_rows_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(tokens.size(), " tokens for the last step's ", last_rows_, " logits rows"));
+  }
+  RETURN_IF_ERROR(ValidateLogprobTokens(tokens, top_k));
   ForwardInput in;
   in.logprob_tokens = tokens;
   in.logprob_top_k = top_k;

@@ -165,6 +165,9 @@ class LlamaModel {
   LlamaModel() = default;
   absl::Status LoadWeights();
   absl::Status Validate(const ForwardInput& input, const KvCacheStorage& kv) const;
+  // Per logits row a token to take the log-probability of (or -1, ForwardInput::kNoLogprobs) and at most
+  // kMaxLogprobsTopK top entries: Forward's logprob_tokens and LastStepLogprobs' tokens.
+  absl::Status ValidateLogprobTokens(const std::vector<int32_t>& tokens, int32_t top_k) const;
   float* Scratch(size_t index, size_t elements);
   // Device buffers and metadata of one step (pointers into the scratch slots).
   struct StepBuffers {
