@@ -17,6 +17,12 @@ namespace {
 
 using LiveBytes = std::shared_ptr<std::atomic<int64_t>>;
 
+// Whether environment variable `name` is "1" (the backend's opt-in switches).
+bool EnvIsOne(const char* name) {
+  const char* p = std::getenv(name);
+  return p != nullptr && std::string(p) == "1";
+}
+
 class CudaBuffer final : public DeviceBuffer {
  public:
   CudaBuffer(void* data, size_t bytes, LiveBytes live) : data_(data), bytes_(bytes), live_(std::move(live)) {
@@ -108,9 +114,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
       s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
   }
-  if (const char* p = std::getenv("TANDEM_CUDA_OP_PROFILE"); p != nullptr && std::string(p) == "1") {
-    backend->SetOpProfiling(true);
-  }
+  if (EnvIsOne("TANDEM_CUDA_OP_PROFILE")) backend->SetOpProfiling(true);
   // Output columns a GEMV warp computes (gemv.h; 1, 2 or 4, the same bits): 1 until a GPU run has
   // compared them.
   if (const char* p = std::getenv("TANDEM_CUDA_GEMV_COLUMNS"); p != nullptr) {
@@ -121,9 +125,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     backend->gemv_columns_ = std::stoi(v);
   }
   // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
-  if (const char* p = std::getenv("TANDEM_CUDA_TC_ATTENTION"); p != nullptr && std::string(p) == "1") {
-    backend->tensor_core_prefill_ = true;
-  }
+  backend->tensor_core_prefill_ = EnvIsOne("TANDEM_CUDA_TC_ATTENTION");
   return backend;
 }
 

@@ -9,6 +9,7 @@
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/launch.cuh"
+#include "common/backend/cuda/row_argmax.cuh"
 #include "common/backend/cuda/prefill_attention.h"
 
 namespace tandem::cuda {
@@ -444,6 +445,17 @@ cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_split
   return cudaGetLastError();
 }
 
+// LaunchSplitAttention for the launch's head_dim (SplitCapable).
+template <typename T>
+cudaError_t LaunchSplitAttentionForHeadDim(const PagedAttentionArgs& a, int64_t grid_splits, cudaStream_t stream) {
+  switch (a.layer.head_dim) {
+    case 32: return LaunchSplitAttention<1, T>(a, grid_splits, stream);
+    case 64: return LaunchSplitAttention<2, T>(a, grid_splits, stream);
+    case 128: return LaunchSplitAttention<4, T>(a, grid_splits, stream);
+    default: return LaunchSplitAttention<8, T>(a, grid_splits, stream);
+  }
+}
+
 // Fewer blocks than this and the splits get blocks of their own: eight a multiprocessor. The split
 // kernel fits one or two of its 8-warp blocks on a multiprocessor, each walking its keys in a chain
 // of dependent loads, so a few waves of them leave the device latency-bound (a batch of 64 on an
@@ -509,13 +521,16 @@ cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int
   const int blocks = Blocks(n * d);
   switch (dtype) {
     case DType::kF32:
-      LaunchKernel(EmbeddingKernel<float>, blocks, kThreads, 0, stream, static_cast<const float*>(table), d, ids, n, out);
+      LaunchKernel(EmbeddingKernel<float>, blocks, kThreads, 0, stream, static_cast<const float*>(table), d, ids, n,
+                   out);
       break;
     case DType::kBF16:
-      LaunchKernel(EmbeddingKernel<__nv_bfloat16>, blocks, kThreads, 0, stream, static_cast<const __nv_bfloat16*>(table), d, ids, n, out);
+      LaunchKernel(EmbeddingKernel<__nv_bfloat16>, blocks, kThreads, 0, stream,
+                   static_cast<const __nv_bfloat16*>(table), d, ids, n, out);
       break;
     case DType::kF16:
-      LaunchKernel(EmbeddingKernel<__half>, blocks, kThreads, 0, stream, static_cast<const __half*>(table), d, ids, n, out);
+      LaunchKernel(EmbeddingKernel<__half>, blocks, kThreads, 0, stream, static_cast<const __half*>(table), d, ids, n,
+                   out);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -542,7 +557,8 @@ cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, floa
 cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (dtype == DType::kBF16) {
-    LaunchKernel(ConvertKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x, count, static_cast<__nv_bfloat16*>(out));
+    LaunchKernel(ConvertKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x, count,
+                 static_cast<__nv_bfloat16*>(out));
   } else if (dtype == DType::kF16) {
     LaunchKernel(ConvertKernel<__half>, Blocks(count), kThreads, 0, stream, x, count, static_cast<__half*>(out));
   } else {
@@ -600,8 +616,8 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
     LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
-        static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
-        a.layer.num_kv_heads * a.layer.head_dim);
+                 static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
+                 a.layer.num_kv_heads * a.layer.head_dim);
     if (a.mode == AttentionMode::kTiled) return LaunchTiledPrefillAttention(a, stream);
     if (a.mode == AttentionMode::kTensorCore) return LaunchTensorCorePrefillAttention(a, stream);
     if (TakesTiled(a)) {
@@ -611,12 +627,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
       both.tiled_min_new_tokens = kMinTiledNewTokens;
       if (cudaError_t e = LaunchPromptAttention(both, stream); e != cudaSuccess) return e;
       if (!SplitCapable(a.layer.head_dim)) return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
-      switch (a.layer.head_dim) {
-        case 32: return LaunchSplitAttention<1, T>(both, 1, stream);
-        case 64: return LaunchSplitAttention<2, T>(both, 1, stream);
-        case 128: return LaunchSplitAttention<4, T>(both, 1, stream);
-        default: return LaunchSplitAttention<8, T>(both, 1, stream);
-      }
+      return LaunchSplitAttentionForHeadDim<T>(both, 1, stream);
     }
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
       const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
@@ -624,13 +635,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
       LaunchKernel(PagedAttentionKernel<T>, grid, kAttentionThreads, smem, stream, a);
       return cudaGetLastError();
     }
-    const int64_t grid_splits = grid_split ? SplitCount(a.max_context_len) : 1;
-    switch (a.layer.head_dim) {
-      case 32: return LaunchSplitAttention<1, T>(a, grid_splits, stream);
-      case 64: return LaunchSplitAttention<2, T>(a, grid_splits, stream);
-      case 128: return LaunchSplitAttention<4, T>(a, grid_splits, stream);
-      default: return LaunchSplitAttention<8, T>(a, grid_splits, stream);
-    }
+    return LaunchSplitAttentionForHeadDim<T>(a, grid_split ? SplitCount(a.max_context_len) : 1, stream);
   });
 }
 
@@ -650,29 +655,13 @@ __device__ void ReduceArgmax(float* best_v, int64_t* best_i) {
   }
 }
 
-// One block per row. (value, index) pairs ordered by value, then lower index first; NaN is skipped,
-// so a row of NaN and -inf yields the initial index 0.
+// One block per row (row_argmax.cuh: NaN is skipped, so a row of NaN and -inf yields index 0).
 __global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
   PdlPrologue();
-  __shared__ float best_v[kThreads];
-  __shared__ int64_t best_i[kThreads];
-  const float* row = x + blockIdx.x * d;
-  float v = -INFINITY;
-  int64_t i = 0;
-  bool found = false;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float y = row[j];
-    if (y > v) {  // strictly larger: the first (lowest) index of this thread's maximum stays
-      v = y;
-      i = j;
-      found = true;
-    }
-  }
-  best_v[threadIdx.x] = v;
-  best_i[threadIdx.x] = found ? i : INT64_MAX;
-  __syncthreads();
-  ReduceArgmax(best_v, best_i);
-  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] == INT64_MAX ? 0 : static_cast<int32_t>(best_i[0]);
+  __shared__ float warp_v[32];
+  __shared__ int64_t warp_i[32];
+  const int32_t best = BlockRowArgmax(x + blockIdx.x * d, d, warp_v, warp_i);
+  if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
 // (value, index) of the largest logit of `row` not in taken[0..count) (lowest index on ties, -inf

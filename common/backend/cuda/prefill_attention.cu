@@ -45,21 +45,19 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
   for (int64_t run = t_begin; run < t_end;) {
     // This run: the tile's tokens of one sequence, [run, run_end).
     const PromptRun pr = FindPromptRun(a, run, t_end);
-    const int64_t seq = pr.seq, run_end = pr.end;
+    const int64_t run_end = pr.end, ctx = pr.ctx, keys = pr.keys;
+    const int32_t* table = pr.table;
     if (pr.skip) {
       run = run_end;  // the split-KV kernel's (uniform across the block)
       continue;
     }
-    const int32_t* table = a.block_indices + a.block_indptr[seq];
-    const int64_t ctx = a.context_lens[seq];
-    // Keys each of this thread's rows sees (0: not a row of the run), and the run's most.
+    // Keys each of this thread's rows sees (0: not a row of the run).
     int64_t len[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t t = run + 2 * rg + i;
       len[i] = t < run_end ? PromptKeys(a, t, ctx) : 0;
     }
-    const int64_t keys = PromptKeys(a, run_end - 1, ctx);
 
     __syncthreads();  // the previous run is done with qs
     for (int64_t i = threadIdx.x; i < int64_t(kTileQ) * kHd; i += kPrefillThreads) {

@@ -77,17 +77,15 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
   for (int64_t run = t_begin; run < t_end;) {
     // This run: the tile's tokens of one sequence, [run, run_end).
     const PromptRun pr = FindPromptRun(a, run, t_end);
-    const int64_t seq = pr.seq, run_end = pr.end;
+    const int64_t run_end = pr.end, keys = pr.keys;
+    const int32_t* table = pr.table;
     if (pr.skip) {
       run = run_end;  // the split-KV kernel's (uniform across the block)
       continue;
     }
-    const int32_t* table = a.block_indices + a.block_indptr[seq];
-    const int64_t ctx = a.context_lens[seq];
     const int64_t t = run + tile_row;
-    // Keys this lane's row sees (0: not a row of the run), and the run's most.
-    const int64_t len = t < run_end ? PromptKeys(a, t, ctx) : 0;
-    const int64_t keys = PromptKeys(a, run_end - 1, ctx);
+    // Keys this lane's row sees (0: not a row of the run).
+    const int64_t len = t < run_end ? PromptKeys(a, t, pr.ctx) : 0;
 
     __syncthreads();  // the previous run is done with qs
     for (int i = threadIdx.x; i < kTcTileQ * kHd; i += kTcThreads) {

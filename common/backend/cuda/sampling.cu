@@ -2,6 +2,8 @@
 // whole-row draws.
 #include "common/backend/cuda/sampling.h"
 
+#include "common/backend/cuda/row_argmax.cuh"
+
 #include <cstdint>
 
 namespace tandem::cuda {
@@ -178,44 +180,15 @@ __global__ void __launch_bounds__(kSampleThreads)
   const bool drawing = draw.mode == RowDraw::kDraw;
   const float* row = logits + blockIdx.x * d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float warp_best_v[kSampleWarps];
-  __shared__ int64_t warp_best_i[kSampleWarps];
+  __shared__ float warp_best_v[32];
+  __shared__ int64_t warp_best_i[32];
   __shared__ double span_sum[kSampleWarps];
   __shared__ int64_t span_last[kSampleWarps];  // the span's last token of nonzero weight, or -1
   __shared__ int s_span;
   __shared__ double s_before, s_r;
 
-  // The argmax as ArgmaxRow takes it: the lowest id of the largest value, NaN skipped, 0 when nothing
-  // beats -inf.
-  float v = -INFINITY;
-  int64_t vi = INT64_MAX;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const float y = row[j];
-    if (y > v) {
-      v = y;
-      vi = j;
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(kFullMask, v, o);
-    const int64_t oi = __shfl_xor_sync(kFullMask, vi, o);
-    if (ov > v || (ov == v && oi < vi)) {
-      v = ov;
-      vi = oi;
-    }
-  }
-  if (lane == 0) {
-    warp_best_v[warp] = v;
-    warp_best_i[warp] = vi;
-  }
-  __syncthreads();
-  for (int w = 0; w < kSampleWarps; ++w) {
-    if (warp_best_v[w] > v || (warp_best_v[w] == v && warp_best_i[w] < vi)) {
-      v = warp_best_v[w];
-      vi = warp_best_i[w];
-    }
-  }
-  const int32_t best = vi == INT64_MAX ? 0 : static_cast<int32_t>(vi);
+  // The argmax as ArgmaxRow takes it (every thread gets it, so the early return below is uniform).
+  const int32_t best = BlockRowArgmax(row, d, warp_best_v, warp_best_i);
   const float max_logit = row[best];
   if (!isfinite(max_logit)) {  // all masked, or an infinite logit: nothing to weigh
     if (threadIdx.x == 0) {
