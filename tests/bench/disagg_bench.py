@@ -14,12 +14,12 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from bench_util import start_up, stop_up
 
 ap = argparse.ArgumentParser()
 ap.add_argument("tandem")
@@ -39,16 +39,10 @@ prompts = [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range
 def run(layerwise):
     work = tempfile.mkdtemp(prefix="tandem-disagg-bench-")
     ready = os.path.join(work, "ready")
-    up = subprocess.Popen([args.tandem, "up", "--model", args.model, "--port", str(args.port), "--prefill", "1",
-                           "--decode", "1", "--ready-file", ready, "--log-dir", work,
-                           f"--prefill-worker-args=--layerwise-transfer={'true' if layerwise else 'false'}",
-                           *args.up_arg],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not os.path.exists(ready):
-        if up.poll() is not None or time.time() > deadline:
-            sys.exit(f"tandem up failed: {up.stderr.read()}")
-        time.sleep(0.1)
+    up = start_up([args.tandem, "up", "--model", args.model, "--port", str(args.port), "--prefill", "1", "--decode",
+                   "1", "--ready-file", ready, "--log-dir", work,
+                   f"--prefill-worker-args=--layerwise-transfer={'true' if layerwise else 'false'}", *args.up_arg],
+                  ready, f"tandem up (logs in {work})", timeout_s=300)
     rows = []
     try:
         for i, p in enumerate(prompts):
@@ -61,8 +55,7 @@ def run(layerwise):
                 continue  # warm-up
             rows.append(json.loads(out.stdout)["timings"])
     finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
+        stop_up(up, timeout_s=60)
     return rows
 
 
