@@ -13,11 +13,15 @@ constexpr int kGemvUnroll = 4;  // 16-byte weight loads in flight per lane
 
 // 16 bytes of weights, streamed past L1 (the activations, re-read by every warp, stay there).
 __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
+#ifdef __CUDA_ARCH__
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p));
   return r;
+#else
+  return *p;  // the CUDA emulator
+#endif
 }
 
 // The two 16-bit weights of a 32-bit word as floats (low half first).
@@ -90,7 +94,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
   for (int c = 0; c < C; ++c) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+#ifdef __CUDA_ARCH__
       if (lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[c] + lane + 32 * u));
+#endif
     }
   }
   PdlPrologue();

@@ -145,7 +145,7 @@ __host__ __device__ int64_t SlotsOffset(int64_t head_dim) { return (head_dim + k
 template <typename T>
 __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
   PdlPrologue();
-  extern __shared__ __align__(16) float smem[];
+  TANDEM_DYNAMIC_SHARED(float, smem, 16);
   float* qs = smem;                                                   // [head_dim]
   float* probs = qs + a.layer.head_dim;                               // [kAttentionThreads]
   int64_t* slots = reinterpret_cast<int64_t*>(smem + SlotsOffset(a.layer.head_dim));  // [kAttentionThreads]
@@ -760,8 +760,8 @@ cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int3
   if (n > 0x7fffffff || d > 0x7fffffff || top_k < 0 || top_k > kMaxLogprobsTopK || top_k > d) {
     return cudaErrorInvalidValue;
   }
-  LogprobsKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, d, tokens, top_k, token_out, logprob, rank,
-                                                                     top_ids, top_logprobs);
+  Launch(LogprobsKernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, d, tokens, top_k, token_out, logprob,
+         rank, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 
@@ -783,7 +783,7 @@ cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t 
                                 cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  ScatterBlocksKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(src, index, elems, dst);
+  Launch(ScatterBlocksKernel, static_cast<unsigned>(n), kThreads, 0, stream, src, index, elems, dst);
   return cudaGetLastError();
 }
 

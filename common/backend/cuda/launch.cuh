@@ -39,24 +39,53 @@ __device__ __forceinline__ void PdlPrologue() {
 #endif
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the PDL attribute when it is on. Errors
-// are also left for cudaGetLastError, as a <<<>>> launch leaves them.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the PDL attribute when `pdl` and it is
+// on. Errors are also left for cudaGetLastError, as a <<<>>> launch leaves them. Under the CUDA
+// emulator (emu/cuda_emu.h) the grid runs on the CPU.
 template <typename... Params, typename... Args>
-cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                         Args&&... args) {
+cudaError_t LaunchWithAttributes(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                 cudaStream_t stream, Args&&... args) {
+#ifdef TANDEM_CUDA_EMU
+  (void)pdl;
+  return ::tandem_emu::Launch(kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+#else
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
-  if (ProgrammaticLaunch()) {
+  if (pdl && ProgrammaticLaunch()) {
     attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
   }
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+#endif
 }
+
+// A kernel that begins with PdlPrologue(): launched with programmatic serialization when it is on.
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                         Args&&... args) {
+  return LaunchWithAttributes(true, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+}
+
+// Any other kernel: a plain launch, after everything before it in the stream.
+template <typename... Params, typename... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   Args&&... args) {
+  return LaunchWithAttributes(false, kernel, grid, block, shared_bytes, stream, std::forward<Args>(args)...);
+}
+
+// Dynamic shared memory: `extern __shared__ __align__(alignment) type name[]` (the emulator's is the
+// running block's buffer).
+#ifdef TANDEM_CUDA_EMU
+#define TANDEM_DYNAMIC_SHARED(type, name, alignment) \
+  type* name = reinterpret_cast<type*>(::tandem_emu::DynamicShared())
+#else
+#define TANDEM_DYNAMIC_SHARED(type, name, alignment) extern __shared__ __align__(alignment) type name[]
+#endif
 
 }  // namespace tandem::cuda

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
   constexpr int kDims = kHd / 8;     // output dimensions per row a thread accumulates
   constexpr int kStride = kHd + 1;
   constexpr int kPStride = kTileK + 1;
-  extern __shared__ float smem[];
+  TANDEM_DYNAMIC_SHARED(float, smem, 16);
   float* qs = smem;                    // [kTileQ][kStride]
   float* ks = qs + kTileQ * kStride;   // [kTileK][kStride]
   float* vs = ks + kTileK * kStride;   // [kTileK][kStride]

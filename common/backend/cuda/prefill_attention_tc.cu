@@ -56,7 +56,7 @@ template <int kHd, typename E>
 __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAttentionArgs a) {
   constexpr int kLd = TcLd<kHd>(), kSLd = TcScratchLd<kHd>(), kHalfDims = kHd / 2;
   constexpr int kChunks = kHd / 8;  // 16-byte pieces of a 16-bit row
-  extern __shared__ __align__(128) unsigned char tc_smem[];
+  TANDEM_DYNAMIC_SHARED(unsigned char, tc_smem, 128);
   E* qs = reinterpret_cast<E*>(tc_smem);  // [kTcTileQ][kLd]
   E* ks = qs + kTcTileQ * kLd;            // [kTcTileK][kLd]
   E* vs = ks + kTcTileK * kLd;            // [kTcTileK][kLd]

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/launch.cuh"
 
 namespace tandem::cuda {
 
@@ -55,7 +56,7 @@ cudaError_t LaunchPromptKernel(Kernel kernel, const PagedAttentionArgs& a, int t
     return e;
   }
   const dim3 grid(static_cast<unsigned>((a.num_tokens + tile_q - 1) / tile_q), static_cast<unsigned>(a.num_q_heads));
-  kernel<<<grid, threads, bytes, stream>>>(a);
+  Launch(kernel, grid, threads, bytes, stream, a);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/roofline.h"
 
 namespace tandem::cuda {
@@ -59,7 +60,7 @@ absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes, int repeats) {
   float best = 1e30f;
   for (int r = 0; r < repeats + 2; ++r) {  // two warm-ups
     cudaEventRecord(s.start);
-    CopyKernel<<<sms * 8, 512>>>(static_cast<const float4*>(s.a), static_cast<float4*>(s.b), n);
+    Launch(CopyKernel, sms * 8, 512, 0, nullptr, static_cast<const float4*>(s.a), static_cast<float4*>(s.b), n);
     cudaEventRecord(s.stop);
     if (cudaError_t e = cudaEventSynchronize(s.stop); e != cudaSuccess) return Err(e, "copy kernel");
     float ms = 0;
@@ -75,8 +76,8 @@ absl::StatusOr<double> MeasureBf16GemmTflops(int m, int n, int k, int repeats) {
   if (cudaError_t e = cudaMalloc(&s.a, a * 2); e != cudaSuccess) return Err(e, "cudaMalloc");
   if (cudaError_t e = cudaMalloc(&s.b, b * 2); e != cudaSuccess) return Err(e, "cudaMalloc");
   if (cudaError_t e = cudaMalloc(&s.c, size_t(m) * n * 4); e != cudaSuccess) return Err(e, "cudaMalloc");
-  FillKernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(s.a), a);  // random-ish data: zeros run faster
-  FillKernel<<<1024, 256>>>(static_cast<__nv_bfloat16*>(s.b), b);
+  Launch(FillKernel, 1024, 256, 0, nullptr, static_cast<__nv_bfloat16*>(s.a), a);  // random-ish data: zeros run faster
+  Launch(FillKernel, 1024, 256, 0, nullptr, static_cast<__nv_bfloat16*>(s.b), b);
   if (cublasCreate(&s.blas) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
   cudaEventCreate(&s.start);
   cudaEventCreate(&s.stop);

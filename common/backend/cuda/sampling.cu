@@ -2,6 +2,7 @@
 // whole-row draws.
 #include "common/backend/cuda/sampling.h"
 
+#include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/row_argmax.cuh"
 
 #include <cstdint>
@@ -273,7 +274,7 @@ cudaError_t LaunchTopKRows(const float* x, int64_t n, int64_t d, int32_t k, cons
                            float* values, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7fffffff || k < 1 || k > kMaxTopK || k > d) return cudaErrorInvalidValue;
-  TopKRowsKernel<<<static_cast<unsigned>(n), kTopKThreads, 0, stream>>>(x, d, k, row_k, ids, values);
+  Launch(TopKRowsKernel, static_cast<unsigned>(n), kTopKThreads, 0, stream, x, d, k, row_k, ids, values);
   return cudaGetLastError();
 }
 
@@ -282,7 +283,7 @@ cudaError_t LaunchApplyLogitEdits(float* logits, int64_t d, const LogitEdit* edi
   if (count == 0) return cudaSuccess;
   if (count < 0 || count > int64_t{0x7fffffff} * kEditThreads) return cudaErrorInvalidValue;
   const auto blocks = static_cast<unsigned>((count + kEditThreads - 1) / kEditThreads);
-  ApplyLogitEditsKernel<<<blocks, kEditThreads, 0, stream>>>(logits, d, edits, count);
+  Launch(ApplyLogitEditsKernel, blocks, kEditThreads, 0, stream, logits, d, edits, count);
   return cudaGetLastError();
 }
 
@@ -290,7 +291,7 @@ cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t d, const Ro
                              double* totals, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d <= 0 || d > 0x7fffffff) return cudaErrorInvalidValue;
-  SampleRowsKernel<<<static_cast<unsigned>(n), kSampleThreads, 0, stream>>>(logits, d, draws, tokens, totals);
+  Launch(SampleRowsKernel, static_cast<unsigned>(n), kSampleThreads, 0, stream, logits, d, draws, tokens, totals);
   return cudaGetLastError();
 }
 

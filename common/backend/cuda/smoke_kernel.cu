@@ -1,5 +1,7 @@
 #include "common/backend/cuda/smoke_kernel.h"
 
+#include "common/backend/cuda/launch.cuh"
+
 namespace tandem::cuda {
 namespace {
 
@@ -14,7 +16,7 @@ cudaError_t LaunchSaxpy(const SaxpyParams& p, cudaStream_t stream) {
   if (p.n <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int blocks = (p.n + kThreads - 1) / kThreads;
-  SaxpyKernel<<<blocks, kThreads, 0, stream>>>(p.n, p.a, p.x, p.y);
+  Launch(SaxpyKernel, blocks, kThreads, 0, stream, p.n, p.a, p.x, p.y);
   return cudaGetLastError();
 }
 

@@ -1,0 +1,758 @@
+// The CUDA emulator's runtime (cuda_emu.h): launches run as fibers on the calling thread, device memory
+// is host memory, and the CUDA runtime and cuBLAS calls this project makes are implemented here,
+// with the device's rules where breaking them is a bug of ours (a launch's limits, allocation or a
+// synchronisation inside a graph capture, an event timed before it was recorded).
+//
+// One launch runs at a time in the process (a global lock): __shared__ variables are function
+// statics, and a block's fibers are the emulator's state.
+#include <cblas.h>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/backend/cuda/emu/cuda_emu.h"
+
+// The opaque handles of the runtime and cuBLAS.
+struct CUstream_st {
+  bool capturing = false;
+  bool capture_invalidated = false;
+  std::thread::id capturer;
+  std::vector<std::function<cudaError_t()>> recorded;
+};
+struct CUevent_st {
+  bool recorded = false;
+  std::chrono::steady_clock::time_point at;
+};
+struct CUgraph_st {
+  std::vector<std::function<cudaError_t()>> work;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<cudaError_t()>> work;
+};
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace tandem_emu {
+
+ThreadState* current = nullptr;
+
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr size_t kStackBytes = 256 << 10;  // a fiber's stack, above a guard page
+constexpr size_t kDefaultSharedLimit = 48 << 10;
+constexpr size_t kMaxSharedOptIn = 227 << 10;  // sm_90's per-block opt-in limit
+
+// A fiber's saved context and the switch between two (x86-64: the callee-saved registers, MXCSR and
+// the x87 control word on the fiber's own stack, tens of nanoseconds; elsewhere ucontext, whose
+// swapcontext makes a system call).
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+extern "C" void tandem_emu_switch(void** save_sp, void* next_sp);
+asm(R"(
+  .text
+  .globl tandem_emu_switch
+  .type tandem_emu_switch, @function
+tandem_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tandem_emu_switch, .-tandem_emu_switch
+)");
+void SwitchTo(Context* save, Context* next) { tandem_emu_switch(&save->sp, next->sp); }
+// A context that starts `entry` (which never returns) on the stack ending at `top`.
+void MakeContext(Context* c, unsigned char* stack, size_t bytes, void (*entry)()) {
+  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
+  top[-1] = 0;                                   // entry's return address: it never returns
+  top[-2] = reinterpret_cast<uint64_t>(entry);  // where the switch's ret goes
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;      // rbp, rbx, r12..r15
+  top[-9] = 0x1f80 | (uint64_t(0x037f) << 32);   // MXCSR and the x87 control word at their defaults
+  c->sp = top - 9;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+void SwitchTo(Context* save, Context* next) { swapcontext(&save->uc, &next->uc); }
+void MakeContext(Context* c, unsigned char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+
+struct Fiber {
+  enum Status { kReady, kAtSync, kAtWarpOp, kDone };
+  Context context;
+  ThreadState state;
+  unsigned char* stack = nullptr;
+  Status status = kReady;
+  unsigned mask = 0;
+  uint64_t value = 0;
+  const char* sync_file = nullptr;  // the __syncthreads it waits at
+  int sync_line = 0;
+};
+
+// The running block (one at a time in the process). Barriers release eagerly: the last thread to
+// arrive releases the others and runs on; a waiting thread switches straight to the next thread that
+// can run, and to the scheduler only at the end of the block's list (which starts a new round).
+struct Block {
+  std::vector<Fiber> fibers;
+  int count = 0;
+  int done = 0;
+  int at_sync = 0;
+  Context scheduler;
+  Fiber* running = nullptr;
+  const std::function<void()>* body = nullptr;
+  std::vector<unsigned char> dynamic_shared;
+  std::vector<std::array<uint64_t, 32>> released;  // by warp: the values of its last released warp op
+  // By warp: its warp ops some lanes wait at, one per mask (masks of one warp's pending ops are
+  // disjoint: lanes apart may exchange in groups of their own).
+  struct PendingOp {
+    unsigned mask;
+    int lanes;    // in the mask
+    int arrived;  // so far
+  };
+  std::vector<std::vector<PendingOp>> pending;
+  std::string fault;                               // set: the block stops, the launch fails
+};
+Block block;
+std::mutex launch_mu;  // one launch at a time
+std::mutex state_mu;   // streams, memory accounting, attributes
+std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute, by kernel
+size_t allocated_bytes = 0;
+std::map<void*, size_t> allocations;
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local CUstream_st* thread_capture = nullptr;  // the stream this thread is capturing (thread-local mode)
+
+size_t DeviceMemoryBytes() {
+  static const size_t bytes = [] {
+    const char* p = std::getenv("TANDEM_CUDA_EMU_MEMORY_MB");
+    return (p != nullptr ? std::strtoull(p, nullptr, 10) : 4096ull) << 20;
+  }();
+  return bytes;
+}
+
+unsigned char* NewStack() {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("CUDA emulator: mmap of a fiber stack");
+    std::abort();
+  }
+  mprotect(p, page, PROT_NONE);  // an overflow faults instead of corrupting a neighbour
+  return static_cast<unsigned char*>(p) + page;
+}
+
+// Runs `next` (set as the running thread) and saves the caller's context in `save`.
+void RunFiber(Context* save, Fiber* next) {
+  block.running = next;
+  current = &next->state;
+  SwitchTo(save, &next->context);
+}
+
+// The calling thread waits (its status says for what): on to the next thread of the block that can
+// run, or back to the scheduler.
+void Yield() {
+  Fiber* self = block.running;
+  for (Fiber* f = self + 1; f < block.fibers.data() + block.count; ++f) {
+    if (f->status == Fiber::kReady) return RunFiber(&self->context, f);
+  }
+  SwitchTo(&self->context, &block.scheduler);
+}
+
+std::string Where(const Fiber& f) {
+  char s[160];
+  std::snprintf(s, sizeof(s), "block (%u,%u,%u) thread (%u,%u,%u)", f.state.block_idx.x, f.state.block_idx.y,
+                f.state.block_idx.z, f.state.thread_idx.x, f.state.thread_idx.y, f.state.thread_idx.z);
+  return s;
+}
+
+// __syncthreads completes once every thread still running has arrived (threads that exited do not
+// hold it, as on the device), all at the same one; threads at different ones are a fault.
+void MaybeReleaseSync() {
+  if (block.at_sync == 0 || block.at_sync + block.done != block.count) return;
+  const Fiber* first = nullptr;
+  for (int i = 0; i < block.count; ++i) {
+    const Fiber& f = block.fibers[i];
+    if (f.status != Fiber::kAtSync) continue;
+    if (first == nullptr) {
+      first = &f;
+    } else if (f.sync_line != first->sync_line || std::strcmp(f.sync_file, first->sync_file) != 0) {
+      const std::string what = "threads wait at different __syncthreads: " + Where(*first) + " at " +
+                               first->sync_file + ":" + std::to_string(first->sync_line) + ", " + Where(f) + " at " +
+                               f.sync_file + ":" + std::to_string(f.sync_line);
+      Fault(what.c_str());
+    }
+  }
+  for (int i = 0; i < block.count; ++i) {
+    if (block.fibers[i].status == Fiber::kAtSync) block.fibers[i].status = Fiber::kReady;
+  }
+  block.at_sync = 0;
+}
+
+[[noreturn]] void FiberMain() {
+  (*block.body)();
+  block.running->status = Fiber::kDone;
+  ++block.done;
+  MaybeReleaseSync();
+  Yield();  // never resumed
+  std::abort();
+}
+
+// Thread i of the block at `block_idx`, ready to run from the kernel's first instruction.
+void StartFiber(int i, dim3 grid, dim3 threads, uint3 block_idx) {
+  Fiber& f = block.fibers[i];
+  if (f.stack == nullptr) f.stack = NewStack();
+  f.state.thread_idx = {unsigned(i) % threads.x, (unsigned(i) / threads.x) % threads.y,
+                        unsigned(i) / (threads.x * threads.y)};
+  f.state.block_idx = block_idx;
+  f.state.block_dim = threads;
+  f.state.grid_dim = grid;
+  f.state.lane = i % 32;
+  f.state.warp = i / 32;
+  f.status = Fiber::kReady;
+  MakeContext(&f.context, f.stack, kStackBytes, FiberMain);
+}
+
+// Why no thread of a stuck block can run.
+std::string Deadlock() {
+  for (int i = 0; i < block.count; ++i) {
+    const Fiber& f = block.fibers[i];
+    if (f.status != Fiber::kAtWarpOp) continue;
+    const int first = f.state.warp * 32;
+    for (int m = 0; m < 32; ++m) {
+      if (((f.mask >> m) & 1u) == 0) continue;
+      if (first + m >= block.count || block.fibers[first + m].status == Fiber::kDone) {
+        return "a warp op's mask names lane " + std::to_string(m) + ", which has exited or does not exist (" +
+               Where(f) + ")";
+      }
+    }
+  }
+  std::string who;
+  for (int i = 0; i < block.count && who.size() < 400; ++i) {
+    const Fiber& f = block.fibers[i];
+    if (f.status == Fiber::kDone) continue;
+    if (i > 0 && f.status == block.fibers[i - 1].status && i % 32 != 0) continue;
+    who += " " + Where(f) + (f.status == Fiber::kAtSync ? " at __syncthreads;" : " at a warp op;");
+  }
+  return "deadlock: threads wait at barriers the others never reach:" + who;
+}
+
+// Runs the block's threads to completion; false (block.fault says why) on a fault or a deadlock.
+bool RunBlock() {
+  for (;;) {
+    bool ran = false;
+    for (int i = 0; i < block.count; ++i) {
+      if (block.fibers[i].status != Fiber::kReady) continue;
+      ran = true;
+      RunFiber(&block.scheduler, &block.fibers[i]);
+      current = nullptr;
+      if (!block.fault.empty()) return false;
+    }
+    if (block.done == block.count) return true;
+    if (!ran) {
+      block.fault = Deadlock();
+      return false;
+    }
+  }
+}
+
+cudaError_t SetLast(cudaError_t e) {
+  if (e != cudaSuccess) last_error = e;
+  return e;
+}
+
+// Work for `stream`: recorded when it is being captured, else run now.
+cudaError_t Enqueue(cudaStream_t stream, std::function<cudaError_t()> work) {
+  if (stream != nullptr && stream->capturing) {
+    if (stream->capturer == std::this_thread::get_id()) {
+      stream->recorded.push_back(std::move(work));
+      return cudaSuccess;
+    }
+  }
+  return work();
+}
+
+// A call that the device refuses while this thread captures a graph (allocation, synchronisation):
+// the capture is invalidated, as the device does.
+bool RefusedInCapture() {
+  if (thread_capture == nullptr) return false;
+  thread_capture->capture_invalidated = true;
+  last_error = cudaErrorStreamCaptureUnsupported;
+  return true;
+}
+
+}  // namespace
+
+void SyncThreads(const char* file, int line) {
+  block.running->status = Fiber::kAtSync;
+  block.running->sync_file = file;
+  block.running->sync_line = line;
+  ++block.at_sync;
+  MaybeReleaseSync();
+  if (block.running->status != Fiber::kReady) Yield();
+}
+
+const uint64_t* WarpExchange(unsigned mask, uint64_t value) {
+  Fiber& f = *block.running;
+  const int w = f.state.warp;
+  if (((mask >> f.state.lane) & 1u) == 0) Fault("a warp op whose mask leaves out its own lane");
+  auto& pending = block.pending[w];
+  auto op = pending.begin();
+  for (; op != pending.end() && op->mask != mask; ++op) {
+    if ((op->mask & mask) != 0) Fault("lanes of one warp wait at warp ops with overlapping masks");
+  }
+  if (op == pending.end()) op = pending.insert(op, {mask, __builtin_popcount(mask), 0});
+  f.status = Fiber::kAtWarpOp;
+  f.value = value;
+  f.mask = mask;
+  if (++op->arrived == op->lanes) {  // the last lane: release the warp op
+    pending.erase(op);
+    Fiber* lanes = block.fibers.data() + w * 32;
+    for (int m = 0; m < 32; ++m) {
+      if (((mask >> m) & 1u) == 0) continue;
+      block.released[w][m] = lanes[m].value;
+      lanes[m].status = Fiber::kReady;
+    }
+  } else {
+    Yield();
+  }
+  return block.released[w].data();
+}
+
+void Fault(const char* what) {
+  block.fault = std::string(what) + " (in " + Where(*block.running) + ")";
+  SwitchTo(&block.running->context, &block.scheduler);  // which abandons the block
+  std::abort();
+}
+
+unsigned char* DynamicShared() { return block.dynamic_shared.data(); }
+
+const char* KernelName(const char* launch_signature) {
+  static std::mutex mu;
+  static std::map<const char*, std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string& name = names[launch_signature];
+  if (name.empty()) {
+    const std::string sig(launch_signature);
+    const size_t begin = sig.find("Params = {");
+    const size_t end = begin == std::string::npos ? std::string::npos : sig.find('}', begin);
+    name = end == std::string::npos ? sig : "a kernel (" + sig.substr(begin + 10, end - begin - 10) + ")";
+  }
+  return name.c_str();
+}
+
+cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 threads, size_t shared_bytes,
+                       cudaStream_t stream, std::function<void()> body) {
+  const uint64_t per_block = uint64_t(threads.x) * threads.y * threads.z;
+  if (per_block == 0 || per_block > kMaxThreads || threads.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
+    std::fprintf(stderr, "CUDA emulator: bad launch configuration of %s: grid (%u,%u,%u), block (%u,%u,%u)\n", name,
+                 grid.x, grid.y, grid.z, threads.x, threads.y, threads.z);
+    return SetLast(cudaErrorInvalidConfiguration);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    const auto it = max_dynamic_shared.find(kernel);
+    const size_t limit = it == max_dynamic_shared.end() ? kDefaultSharedLimit : size_t(it->second);
+    if (shared_bytes > limit) {
+      std::fprintf(stderr, "CUDA emulator: %s asks %zu bytes of dynamic shared memory, above its limit of %zu\n", name,
+                   shared_bytes, limit);
+      return SetLast(cudaErrorInvalidValue);
+    }
+  }
+  return SetLast(Enqueue(stream, [name, grid, threads, shared_bytes, body = std::move(body), per_block]() -> cudaError_t {
+    std::lock_guard<std::mutex> lock(launch_mu);
+    const int count = static_cast<int>(per_block);
+    if (block.fibers.size() < size_t(count)) block.fibers.resize(count);
+    block.count = count;
+    block.body = &body;
+    block.released.assign((count + 31) / 32, {});
+    for (unsigned bz = 0; bz < grid.z; ++bz) {
+      for (unsigned by = 0; by < grid.y; ++by) {
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+          block.dynamic_shared.assign(shared_bytes, 0xff);
+          block.done = 0;
+          block.at_sync = 0;
+          block.pending.assign((count + 31) / 32, {});
+          for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, {bx, by, bz});
+          if (!RunBlock()) {
+            std::fprintf(stderr, "CUDA emulator: %s: %s\n", name, block.fault.c_str());
+            block.fault.clear();
+            return cudaErrorLaunchFailure;
+          }
+        }
+      }
+    }
+    return cudaSuccess;
+  }));
+}
+
+}  // namespace tandem_emu
+
+using tandem_emu::Enqueue;
+using tandem_emu::RefusedInCapture;
+using tandem_emu::SetLast;
+
+// --- Devices, errors ---
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : SetLast(cudaErrorInvalidDevice); }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return SetLast(cudaErrorInvalidDevice);
+  *prop = {};
+  std::snprintf(prop->name, sizeof(prop->name), "Tandem CUDA emulator");
+  prop->totalGlobalMem = tandem_emu::DeviceMemoryBytes();
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 8;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->sharedMemPerBlockOptin = 227 << 10;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return SetLast(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 8; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 << 10; return cudaSuccess;
+    case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
+    default: return SetLast(cudaErrorInvalidValue);
+  }
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = tandem_emu::last_error;
+  tandem_emu::last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return tandem_emu::last_error; }
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (the emulator printed why)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    default: return "unknown error";
+  }
+}
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || size_t(value) > tandem_emu::kMaxSharedOptIn) return SetLast(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
+  tandem_emu::max_dynamic_shared[func] = value;
+  return cudaSuccess;
+}
+
+// --- Memory ---
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  if (tandem_emu::allocated_bytes + rounded > tandem_emu::DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
+  *p = std::aligned_alloc(256, rounded);
+  if (*p == nullptr) return SetLast(cudaErrorMemoryAllocation);
+  tandem_emu::allocated_bytes += rounded;
+  tandem_emu::allocations[*p] = rounded;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
+  const auto it = tandem_emu::allocations.find(p);
+  if (it == tandem_emu::allocations.end()) return SetLast(cudaErrorInvalidValue);
+  tandem_emu::allocated_bytes -= it->second;
+  tandem_emu::allocations.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
+  *total = tandem_emu::DeviceMemoryBytes();
+  *free_bytes = *total - tandem_emu::allocated_bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+  return SetLast(Enqueue(stream, [dst, src, bytes] {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }));
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  return SetLast(Enqueue(stream, [p, value, bytes] {
+    std::memset(p, value, bytes);
+    return cudaSuccess;
+  }));
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+// --- Streams, events, graphs ---
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr && stream->capturing) {
+    stream->capture_invalidated = true;
+    return SetLast(cudaErrorStreamCaptureUnsupported);
+  }
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (stream == nullptr || stream->capturing) return SetLast(cudaErrorIllegalState);
+  stream->capturing = true;
+  stream->capture_invalidated = false;
+  stream->capturer = std::this_thread::get_id();
+  stream->recorded.clear();
+  tandem_emu::thread_capture = stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  *graph = nullptr;
+  if (stream == nullptr || !stream->capturing) return SetLast(cudaErrorIllegalState);
+  stream->capturing = false;
+  if (tandem_emu::thread_capture == stream) tandem_emu::thread_capture = nullptr;
+  if (stream->capture_invalidated) {
+    stream->recorded.clear();
+    return SetLast(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = new CUgraph_st{std::move(stream->recorded)};
+  stream->recorded.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = stream != nullptr && stream->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return SetLast(cudaErrorInvalidResourceHandle);
+  return SetLast(Enqueue(stream, [exec] {
+    for (const auto& w : exec->work) {
+      if (const cudaError_t e = w(); e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  }));
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  return SetLast(Enqueue(stream, [event] {
+    event->recorded = true;
+    event->at = std::chrono::steady_clock::now();
+    return cudaSuccess;
+  }));
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  return event->recorded ? cudaSuccess : cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start->recorded || !end->recorded) return SetLast(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// --- cuBLAS: column-major GEMMs over f32 (16-bit inputs widened exactly), by OpenBLAS ---
+
+namespace {
+
+// The `count` elements of p as f32.
+std::vector<float> Widen(const void* p, cudaDataType type, int64_t count) {
+  std::vector<float> out(count);
+  for (int64_t i = 0; i < count; ++i) {
+    switch (type) {
+      case CUDA_R_32F: out[i] = static_cast<const float*>(p)[i]; break;
+      case CUDA_R_16BF: out[i] = __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]); break;
+      case CUDA_R_16F: out[i] = __half2float(static_cast<const __half*>(p)[i]); break;
+      default: std::abort();
+    }
+  }
+  return out;
+}
+
+bool Supported(cudaDataType type) { return type == CUDA_R_32F || type == CUDA_R_16BF || type == CUDA_R_16F; }
+
+// C[m][n] (column-major, ldc) = alpha · op(A) · op(B) + beta · C.
+cublasStatus_t Gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                    const void* a, cudaDataType at, int lda, const void* b, cudaDataType bt, int ldb, float beta, void* c,
+                    cudaDataType ct, int ldc) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (m < 0 || n < 0 || k < 0 || !Supported(at) || !Supported(bt) || ct != CUDA_R_32F) return CUBLAS_STATUS_INVALID_VALUE;
+  if ((ta == CUBLAS_OP_N ? lda < std::max(1, m) : lda < std::max(1, k)) ||
+      (tb == CUBLAS_OP_N ? ldb < std::max(1, k) : ldb < std::max(1, n)) || ldc < std::max(1, m)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const cudaError_t e = Enqueue(handle->stream, [=] {
+    if (m == 0 || n == 0) return cudaSuccess;
+    // Each operand's stored extent: its columns (column-major) times its leading dimension.
+    const int64_t a_count = int64_t(ta == CUBLAS_OP_N ? k : m) * lda, b_count = int64_t(tb == CUBLAS_OP_N ? n : k) * ldb;
+    const std::vector<float> af = Widen(a, at, k == 0 ? 0 : a_count), bf = Widen(b, bt, k == 0 ? 0 : b_count);
+    float* out = static_cast<float*>(c);
+    if (beta == 0.f) {  // cuBLAS does not read C then (it may hold NaN)
+      for (int j = 0; j < n; ++j) std::fill(out + int64_t(j) * ldc, out + int64_t(j) * ldc + m, 0.f);
+    }
+    if (k == 0) {
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < m; ++i) out[int64_t(j) * ldc + i] *= beta;
+      }
+      return cudaSuccess;
+    }
+    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                m, n, k, alpha, af.data(), lda, bf.data(), ldb, beta, out, ldc);
+    return cudaSuccess;
+  });
+  return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
+const char* cublasGetStatusString(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default: return "CUBLAS_STATUS_UNKNOWN";
+  }
+}
+cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const float* alpha, const float* a, int lda, const float* b, int ldb, const float* beta,
+                              float* c, int ldc) {
+  return Gemm(handle, ta, tb, m, n, k, *alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, *beta, c, CUDA_R_32F, ldc);
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void* alpha, const void* a, cudaDataType at, int lda, const void* b, cudaDataType bt,
+                            int ldb, const void* beta, void* c, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t) {
+  if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return Gemm(handle, ta, tb, m, n, k, *static_cast<const float*>(alpha), a, at, lda, b, bt, ldb,
+              *static_cast<const float*>(beta), c, ct, ldc);
+}
+
+}  // extern "C"
