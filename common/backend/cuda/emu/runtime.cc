@@ -8,6 +8,7 @@
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -24,6 +25,11 @@
 #include <vector>
 
 #include "common/backend/cuda/emu/cuda_emu.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 // The opaque handles of the runtime and cuBLAS.
 struct CUstream_st {
@@ -60,9 +66,13 @@ constexpr size_t kMaxSharedOptIn = 227 << 10;  // sm_90's per-block opt-in limit
 // A fiber's saved context and the switch between two (x86-64: the callee-saved registers, MXCSR and
 // the x87 control word on the fiber's own stack, tens of nanoseconds; elsewhere ucontext, whose
 // swapcontext makes a system call).
+// Under AddressSanitizer each switch tells it which stack is about to run (its fiber interface), so
+// that it checks accesses against the right one.
 #if defined(__x86_64__)
 struct Context {
   void* sp = nullptr;
+  const void* stack = nullptr;  // the lowest address of the stack it runs on, and its size
+  size_t stack_bytes = 0;
 };
 extern "C" void tandem_emu_switch(void** save_sp, void* next_sp);
 asm(R"(
@@ -93,7 +103,7 @@ tandem_emu_switch:
   ret
   .size tandem_emu_switch, .-tandem_emu_switch
 )");
-void SwitchTo(Context* save, Context* next) { tandem_emu_switch(&save->sp, next->sp); }
+void RawSwitch(Context* save, Context* next) { tandem_emu_switch(&save->sp, next->sp); }
 // A context that starts `entry` (which never returns) on the stack ending at `top`.
 void MakeContext(Context* c, unsigned char* stack, size_t bytes, void (*entry)()) {
   auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
@@ -102,19 +112,55 @@ void MakeContext(Context* c, unsigned char* stack, size_t bytes, void (*entry)()
   for (int r = 3; r <= 8; ++r) top[-r] = 0;      // rbp, rbx, r12..r15
   top[-9] = 0x1f80 | (uint64_t(0x037f) << 32);   // MXCSR and the x87 control word at their defaults
   c->sp = top - 9;
+  c->stack = stack;
+  c->stack_bytes = bytes;
 }
 #else
 struct Context {
   ucontext_t uc;
+  const void* stack = nullptr;
+  size_t stack_bytes = 0;
 };
-void SwitchTo(Context* save, Context* next) { swapcontext(&save->uc, &next->uc); }
+void RawSwitch(Context* save, Context* next) { swapcontext(&save->uc, &next->uc); }
 void MakeContext(Context* c, unsigned char* stack, size_t bytes, void (*entry)()) {
+  c->stack = stack;
+  c->stack_bytes = bytes;
   getcontext(&c->uc);
   c->uc.uc_stack.ss_sp = stack;
   c->uc.uc_stack.ss_size = bytes;
   c->uc.uc_link = nullptr;
   makecontext(&c->uc, entry, 0);
 }
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+void SwitchTo(Context* save, Context* next) {
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, next->stack, next->stack_bytes);
+  RawSwitch(save, next);
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+}
+// First thing on a fiber's stack: the switch that started it did not return through SwitchTo.
+void FiberStarted() { __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr); }
+// The scheduler's context is the launching thread's own stack.
+void SetThreadStack(Context* c) {
+  static thread_local std::pair<const void*, size_t> mine = [] {
+    pthread_attr_t attr;
+    void* addr = nullptr;
+    size_t bytes = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      pthread_attr_getstack(&attr, &addr, &bytes);
+      pthread_attr_destroy(&attr);
+    }
+    return std::pair<const void*, size_t>(addr, bytes);
+  }();
+  c->stack = mine.first;
+  c->stack_bytes = mine.second;
+}
+#else
+void SwitchTo(Context* save, Context* next) { RawSwitch(save, next); }
+void FiberStarted() {}
+void SetThreadStack(Context*) {}
 #endif
 
 struct Fiber {
@@ -140,7 +186,7 @@ struct Block {
   Context scheduler;
   Fiber* running = nullptr;
   const std::function<void()>* body = nullptr;
-  std::vector<unsigned char> dynamic_shared;
+  std::unique_ptr<unsigned char[]> dynamic_shared;  // exactly the launch's bytes (so ASan sees overruns)
   std::vector<std::array<uint64_t, 32>> released;  // by warp: the values of its last released warp op
   // By warp: its warp ops some lanes wait at, one per mask (masks of one warp's pending ops are
   // disjoint: lanes apart may exchange in groups of their own).
@@ -228,6 +274,7 @@ void MaybeReleaseSync() {
 }
 
 [[noreturn]] void FiberMain() {
+  FiberStarted();
   (*block.body)();
   block.running->status = Fiber::kDone;
   ++block.done;
@@ -363,7 +410,7 @@ void Fault(const char* what) {
   std::abort();
 }
 
-unsigned char* DynamicShared() { return block.dynamic_shared.data(); }
+unsigned char* DynamicShared() { return block.dynamic_shared.get(); }
 
 const char* KernelName(const char* launch_signature) {
   static std::mutex mu;
@@ -403,12 +450,14 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
     const int count = static_cast<int>(per_block);
     if (block.fibers.size() < size_t(count)) block.fibers.resize(count);
     block.count = count;
+    SetThreadStack(&block.scheduler);
+    block.dynamic_shared.reset(shared_bytes > 0 ? new unsigned char[shared_bytes] : nullptr);
     block.body = &body;
     block.released.assign((count + 31) / 32, {});
     for (unsigned bz = 0; bz < grid.z; ++bz) {
       for (unsigned by = 0; by < grid.y; ++by) {
         for (unsigned bx = 0; bx < grid.x; ++bx) {
-          block.dynamic_shared.assign(shared_bytes, 0xff);
+          if (shared_bytes > 0) std::memset(block.dynamic_shared.get(), 0xff, shared_bytes);
           block.done = 0;
           block.at_sync = 0;
           block.pending.assign((count + 31) / 32, {});
@@ -523,6 +572,10 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (tandem_emu::allocated_bytes + rounded > tandem_emu::DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
   *p = std::aligned_alloc(256, rounded);
   if (*p == nullptr) return SetLast(cudaErrorMemoryAllocation);
+#if defined(__SANITIZE_ADDRESS__)
+  // The device's allocations are 256-byte aligned; past the bytes asked for is still out of bounds.
+  __asan_poison_memory_region(static_cast<char*>(*p) + bytes, rounded - bytes);
+#endif
   tandem_emu::allocated_bytes += rounded;
   tandem_emu::allocations[*p] = rounded;
   return cudaSuccess;
@@ -533,7 +586,11 @@ cudaError_t cudaFree(void* p) {
   const auto it = tandem_emu::allocations.find(p);
   if (it == tandem_emu::allocations.end()) return SetLast(cudaErrorInvalidValue);
   tandem_emu::allocated_bytes -= it->second;
+  [[maybe_unused]] const size_t rounded_size = it->second;
   tandem_emu::allocations.erase(it);
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(p, rounded_size);
+#endif
   std::free(p);
   return cudaSuccess;
 }
