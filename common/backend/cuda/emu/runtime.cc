@@ -5,7 +5,6 @@
 //
 // One launch runs at a time in the process (a global lock): __shared__ variables are function
 // statics, and a block's fibers are the emulator's state.
-#include <cblas.h>
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <pthread.h>
@@ -720,22 +719,42 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 }  // extern "C"
 
-// --- cuBLAS: column-major GEMMs over f32 (16-bit inputs widened exactly), by OpenBLAS ---
+// --- cuBLAS: column-major GEMMs over f32 (16-bit inputs widened exactly) ---
+// Each output is its own dot product in one fixed order (eight interleaved partial sums, then their
+// sum), so a row's result never depends on the rows beside it or its place among them, as with
+// cuBLAS on a fixed shape (the batch-invariant mode relies on it). OpenBLAS is not used: some of its
+// kernels (Haswell's) round an output differently by its column's place in the tile.
 
 namespace {
 
-// The `count` elements of p as f32.
-std::vector<float> Widen(const void* p, cudaDataType type, int64_t count) {
-  std::vector<float> out(count);
-  for (int64_t i = 0; i < count; ++i) {
-    switch (type) {
-      case CUDA_R_32F: out[i] = static_cast<const float*>(p)[i]; break;
-      case CUDA_R_16BF: out[i] = __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]); break;
-      case CUDA_R_16F: out[i] = __half2float(static_cast<const __half*>(p)[i]); break;
-      default: std::abort();
-    }
+float Element(const void* p, cudaDataType type, int64_t i) {
+  switch (type) {
+    case CUDA_R_32F: return static_cast<const float*>(p)[i];
+    case CUDA_R_16BF: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case CUDA_R_16F: return __half2float(static_cast<const __half*>(p)[i]);
+    default: std::abort();
+  }
+}
+
+// op(X)'s `vectors` vectors of `k` elements each, contiguous in f32: for A (m × k) its rows, for B
+// (k × n) its columns. X is column-major with leading dimension ld; `by_column`: vector v is X's
+// column v (else its row v).
+std::vector<float> Vectors(const void* x, cudaDataType type, int64_t ld, int64_t vectors, int64_t k, bool by_column) {
+  std::vector<float> out(vectors * k);
+  for (int64_t v = 0; v < vectors; ++v) {
+    for (int64_t p = 0; p < k; ++p) out[v * k + p] = Element(x, type, by_column ? v * ld + p : p * ld + v);
   }
   return out;
+}
+
+float Dot(const float* a, const float* b, int64_t k) {
+  float lanes[8] = {};
+  int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    for (int l = 0; l < 8; ++l) lanes[l] += a[p + l] * b[p + l];
+  }
+  for (; p < k; ++p) lanes[p % 8] += a[p] * b[p];
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 bool Supported(cudaDataType type) { return type == CUDA_R_32F || type == CUDA_R_16BF || type == CUDA_R_16F; }
@@ -751,22 +770,17 @@ cublasStatus_t Gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const cudaError_t e = Enqueue(handle->stream, [=] {
-    if (m == 0 || n == 0) return cudaSuccess;
-    // Each operand's stored extent: its columns (column-major) times its leading dimension.
-    const int64_t a_count = int64_t(ta == CUBLAS_OP_N ? k : m) * lda, b_count = int64_t(tb == CUBLAS_OP_N ? n : k) * ldb;
-    const std::vector<float> af = Widen(a, at, k == 0 ? 0 : a_count), bf = Widen(b, bt, k == 0 ? 0 : b_count);
+    // A's rows: with op T, A's stored columns; B's columns: with op N, its stored columns.
+    const std::vector<float> rows = Vectors(a, at, lda, m, k, ta != CUBLAS_OP_N);
+    const std::vector<float> cols = Vectors(b, bt, ldb, n, k, tb == CUBLAS_OP_N);
     float* out = static_cast<float*>(c);
-    if (beta == 0.f) {  // cuBLAS does not read C then (it may hold NaN)
-      for (int j = 0; j < n; ++j) std::fill(out + int64_t(j) * ldc, out + int64_t(j) * ldc + m, 0.f);
-    }
-    if (k == 0) {
-      for (int j = 0; j < n; ++j) {
-        for (int i = 0; i < m; ++i) out[int64_t(j) * ldc + i] *= beta;
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        const float s = alpha * Dot(rows.data() + i * k, cols.data() + j * k, k);
+        float& r = out[j * ldc + i];
+        r = beta == 0.f ? s : s + beta * r;  // cuBLAS does not read C when beta is 0 (it may hold NaN)
       }
-      return cudaSuccess;
     }
-    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                m, n, k, alpha, af.data(), lda, bf.data(), ldb, beta, out, ldc);
     return cudaSuccess;
   });
   return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
