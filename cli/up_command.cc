@@ -114,6 +114,9 @@ int UpCommand() {
   if (log_dir.empty()) log_dir = absl::StrCat("/tmp/tandem-up-", ::getpid());
   std::filesystem::create_directories(log_dir);
   const int port = absl::GetFlag(FLAGS_port);
+  if (port < 1 || port > 65535) {  // the workers are told the router's port before it binds: 0 cannot be told
+    return fail(absl::InvalidArgumentError(absl::StrCat("--port must be a port number from 1 to 65535, not ", port)));
+  }
   const std::string router_address = absl::StrCat("127.0.0.1:", port);
 
   struct Child {

@@ -222,6 +222,9 @@ p = run("generate", "--model", os.path.join(WORK, "missing"), "--token-ids", "1"
 check("config.json" in p.stderr, "missing model dir names config.json")
 p = run("make-model", "--preset", "nope", "--out", os.path.join(WORK, "x"), expect_rc=2)
 check("tiny-llama" in p.stderr, "unknown preset lists the known ones")
+# The workers are told the router's port before it binds: 0 (any port) is refused at once.
+p = run("up", "--model", model, "--port", "0", "--log-dir", os.path.join(WORK, "up-port-0"), expect_rc=2)
+check("--port must be a port number" in p.stderr, f"tandem up --port 0: {p.stderr!r}")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

@@ -119,7 +119,10 @@ else:
         failures.append(f"{name}:\n{open(os.path.join(logs, name)).read()[-1500:]}")
 
 # NCCL is refused with a message that says what to use instead.
-p = subprocess.run([TANDEM, "up", "--model", MODEL, "--port", "0", "--prefill", "1", "--decode", "1", "--device",
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+p = subprocess.run([TANDEM, "up", "--model", MODEL, "--port", str(port), "--prefill", "1", "--decode", "1", "--device",
                     "cuda", "--kv-transport", "nccl", "--log-dir", os.path.join(WORK, "nccl-logs")],
                    capture_output=True, text=True, timeout=300, env=ENV)
 nccl_logs = os.path.join(WORK, "nccl-logs")
