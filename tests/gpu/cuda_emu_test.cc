@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "common/backend/cuda/launch.cuh"
@@ -92,6 +93,15 @@ __global__ void SharedScratch(unsigned* out) {
 }
 
 __global__ void AddOne(int* p) { p[threadIdx.x] += 1; }
+
+// Thread 0 reads what the last thread writes, with no barrier between: a race.
+__global__ void MissingBarrier(int value, int* out) {
+  __shared__ int v;
+  if (threadIdx.x == 0) v = -1;
+  __syncthreads();
+  if (threadIdx.x == blockDim.x - 1) v = value;
+  if (threadIdx.x == 0) out[0] = v;
+}
 
 template <typename T>
 T* Device(const std::vector<T>& host) {
@@ -206,6 +216,29 @@ TEST(CudaEmulatorTest, GraphsReplayWhatTheCaptureRecorded) {
   cudaGetLastError();
   cudaFree(d);
   cudaStreamDestroy(stream);
+}
+
+TEST(CudaEmulatorTest, TheThreadOrderExposesAMissingBarrier) {
+  int* dout = Device(std::vector<int>(1, 0));
+  // After the barrier, which of thread 0's read and the last thread's write runs first depends on
+  // the order (the last thread to arrive at a barrier runs on first): the two orders disagree.
+  ASSERT_TRUE(tandem_emu::SetSchedule("forward"));
+  ASSERT_EQ(Launch(MissingBarrier, 1, 64, 0, nullptr, 42, dout), cudaSuccess);
+  const int forward = Host(dout, 1)[0];
+  ASSERT_TRUE(tandem_emu::SetSchedule("reverse"));
+  ASSERT_EQ(Launch(MissingBarrier, 1, 64, 0, nullptr, 42, dout), cudaSuccess);
+  const int reverse = Host(dout, 1)[0];
+  EXPECT_EQ((std::set<int>{forward, reverse}), (std::set<int>{-1, 42})) << forward << " and " << reverse;
+  ASSERT_TRUE(tandem_emu::SetSchedule("random"));
+  std::set<int> seen;
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_EQ(Launch(MissingBarrier, 1, 64, 0, nullptr, 42, dout), cudaSuccess);
+    seen.insert(Host(dout, 1)[0]);
+  }
+  EXPECT_EQ(seen, (std::set<int>{-1, 42})) << "a shuffled order takes both";
+  EXPECT_FALSE(tandem_emu::SetSchedule("sideways"));
+  ASSERT_TRUE(tandem_emu::SetSchedule("forward"));
+  cudaFree(dout);
 }
 
 TEST(CudaEmulatorTest, MemoryIsAccountedAndBounded) {

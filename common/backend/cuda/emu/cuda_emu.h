@@ -12,7 +12,9 @@
 // never reach (a deadlock: __syncthreads in divergent code, a shuffle naming a lane that exited or waits
 // elsewhere), a shuffle reading a lane outside its mask, a block of more than 1024 threads, more than
 // 48 KiB of dynamic shared memory without cudaFuncSetAttribute. Dynamic shared memory starts as 0xff
-// bytes (NaN floats) in every block, so a read before any write shows.
+// bytes (NaN floats) in every block, so a read before any write shows. Threads run in index order
+// between barriers, or reversed, or shuffled (SetSchedule, TANDEM_CUDA_EMU_SCHEDULE): a missing
+// barrier shows as a result that changes with the order.
 //
 // Not emulated: timing, concurrency between streams (work runs when enqueued; a stream being captured
 // records it instead), the memory model (every write is visible at once), and device math's last-bit
@@ -61,6 +63,12 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t value);
 [[noreturn]] void Fault(const char* what);
 // This block's dynamic shared memory.
 unsigned char* DynamicShared();
+// The order a block's threads run in between barriers (after a barrier the last thread to arrive runs
+// on first), for the launches after it: "forward" (by index; the default, or
+// TANDEM_CUDA_EMU_SCHEDULE), "reverse" or "random" (a new order each block,
+// seeded by TANDEM_CUDA_EMU_SEED). A read that a missing barrier leaves racing gets another value in
+// another order. False for any other name.
+bool SetSchedule(const char* name);
 
 // Runs `body` as every thread of a grid on `stream` (now, or at a graph's replay when the stream is
 // being captured), after the checks a launch gets on the device. `kernel` identifies the function for

@@ -12,6 +12,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -172,6 +175,7 @@ struct Fiber {
   uint64_t value = 0;
   const char* sync_file = nullptr;  // the __syncthreads it waits at
   int sync_line = 0;
+  int turn = 0;  // its place in the block's run order
 };
 
 // The running block (one at a time in the process). Barriers release eagerly: the last thread to
@@ -196,6 +200,8 @@ struct Block {
   };
   std::vector<std::vector<PendingOp>> pending;
   std::string fault;                               // set: the block stops, the launch fails
+  // The order threads run in between barriers (Schedule()): by index, reversed, or shuffled.
+  std::vector<Fiber*> order;
 };
 Block block;
 std::mutex launch_mu;  // one launch at a time
@@ -236,10 +242,50 @@ void RunFiber(Context* save, Fiber* next) {
 // run, or back to the scheduler.
 void Yield() {
   Fiber* self = block.running;
-  for (Fiber* f = self + 1; f < block.fibers.data() + block.count; ++f) {
-    if (f->status == Fiber::kReady) return RunFiber(&self->context, f);
+  for (int t = self->turn + 1; t < block.count; ++t) {
+    if (block.order[t]->status == Fiber::kReady) return RunFiber(&self->context, block.order[t]);
   }
   SwitchTo(&self->context, &block.scheduler);
+}
+
+// TANDEM_CUDA_EMU_SCHEDULE: "forward" (the default: by index), "reverse", or "random" (a
+// new order every block, seeded by TANDEM_CUDA_EMU_SEED). Which thread runs first between two
+// barriers is all a missing barrier can depend on here, so running a test in each order exposes
+// reads of shared or global memory that another thread writes without a barrier between.
+enum class Schedule { kForward, kReverse, kRandom };
+std::optional<Schedule> ParseSchedule(const std::string& v) {
+  if (v == "forward") return Schedule::kForward;
+  if (v == "reverse") return Schedule::kReverse;
+  if (v == "random") return Schedule::kRandom;
+  return std::nullopt;
+}
+std::optional<Schedule> schedule_override;  // SetSchedule (guarded by launch_mu)
+Schedule CurrentSchedule() {
+  static const Schedule from_env = [] {
+    const char* p = std::getenv("TANDEM_CUDA_EMU_SCHEDULE");
+    const std::optional<Schedule> s = ParseSchedule(p != nullptr ? p : "forward");
+    if (!s) {
+      std::fprintf(stderr, "CUDA emulator: TANDEM_CUDA_EMU_SCHEDULE must be forward, reverse or random, not '%s'\n", p);
+      std::abort();
+    }
+    return *s;
+  }();
+  return schedule_override.value_or(from_env);
+}
+
+void OrderThreads() {
+  static std::mt19937 rng([] {
+    const char* p = std::getenv("TANDEM_CUDA_EMU_SEED");
+    return p != nullptr ? static_cast<uint32_t>(std::strtoul(p, nullptr, 10)) : 1u;
+  }());
+  block.order.resize(block.count);
+  for (int i = 0; i < block.count; ++i) block.order[i] = &block.fibers[i];
+  switch (CurrentSchedule()) {
+    case Schedule::kForward: break;
+    case Schedule::kReverse: std::reverse(block.order.begin(), block.order.end()); break;
+    case Schedule::kRandom: std::shuffle(block.order.begin(), block.order.end(), rng); break;
+  }
+  for (int t = 0; t < block.count; ++t) block.order[t]->turn = t;
 }
 
 std::string Where(const Fiber& f) {
@@ -325,10 +371,10 @@ std::string Deadlock() {
 bool RunBlock() {
   for (;;) {
     bool ran = false;
-    for (int i = 0; i < block.count; ++i) {
-      if (block.fibers[i].status != Fiber::kReady) continue;
+    for (int t = 0; t < block.count; ++t) {
+      if (block.order[t]->status != Fiber::kReady) continue;
       ran = true;
-      RunFiber(&block.scheduler, &block.fibers[i]);
+      RunFiber(&block.scheduler, block.order[t]);
       current = nullptr;
       if (!block.fault.empty()) return false;
     }
@@ -411,6 +457,14 @@ void Fault(const char* what) {
 
 unsigned char* DynamicShared() { return block.dynamic_shared.get(); }
 
+bool SetSchedule(const char* name) {
+  const std::optional<Schedule> s = ParseSchedule(name);
+  if (!s) return false;
+  std::lock_guard<std::mutex> lock(launch_mu);
+  schedule_override = s;
+  return true;
+}
+
 const char* KernelName(const char* launch_signature) {
   static std::mutex mu;
   static std::map<const char*, std::string> names;
@@ -461,6 +515,7 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
           block.at_sync = 0;
           block.pending.assign((count + 31) / 32, {});
           for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, {bx, by, bz});
+          OrderThreads();
           if (!RunBlock()) {
             std::fprintf(stderr, "CUDA emulator: %s: %s\n", name, block.fault.c_str());
             block.fault.clear();
