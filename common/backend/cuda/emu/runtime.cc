@@ -70,7 +70,7 @@ constexpr size_t kMaxSharedOptIn = 227 << 10;  // sm_90's per-block opt-in limit
 // swapcontext makes a system call).
 // Under AddressSanitizer each switch tells it which stack is about to run (its fiber interface), so
 // that it checks accesses against the right one.
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(TANDEM_CUDA_EMU_UCONTEXT)  // (the define: the portable path, for testing it)
 struct Context {
   void* sp = nullptr;
   const void* stack = nullptr;  // the lowest address of the stack it runs on, and its size
