@@ -42,6 +42,12 @@ def generate(*args, device="cuda"):
     return json.loads(p.stdout)
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def lp_close(a, b, tol):
     """Two generate logprobs lists: same tokens and tops, values within tol."""
     if a is None or b is None or len(a) != len(b):
@@ -84,9 +90,7 @@ if device and host:
     check(lp_close(device["logprobs"], host["logprobs"], 1e-5), "logprobs of device-sampled tokens differ")
 
 # A combined CUDA worker behind the router streams what in-process generation gives.
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+port = free_port()
 ready, logs = os.path.join(WORK, "ready"), os.path.join(WORK, "logs")
 up = subprocess.Popen([TANDEM, "up", "--model", MODEL, "--port", str(port), "--prefill", "0", "--decode", "0",
                        "--combined", "1", "--device", "cuda", "--ready-file", ready, "--log-dir", logs],
@@ -119,10 +123,7 @@ else:
         failures.append(f"{name}:\n{open(os.path.join(logs, name)).read()[-1500:]}")
 
 # NCCL is refused with a message that says what to use instead.
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-p = subprocess.run([TANDEM, "up", "--model", MODEL, "--port", str(port), "--prefill", "1", "--decode", "1", "--device",
+p = subprocess.run([TANDEM, "up", "--model", MODEL, "--port", str(free_port()), "--prefill", "1", "--decode", "1", "--device",
                     "cuda", "--kv-transport", "nccl", "--log-dir", os.path.join(WORK, "nccl-logs")],
                    capture_output=True, text=True, timeout=300, env=ENV)
 nccl_logs = os.path.join(WORK, "nccl-logs")

@@ -5,7 +5,6 @@
 //
 // One launch runs at a time in the process (a global lock): __shared__ variables are function
 // statics, and a block's fibers are the emulator's state.
-#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -60,10 +59,13 @@ ThreadState* current = nullptr;
 
 namespace {
 
+// The emulated device: an sm_90 with the H100's per-block limits.
 constexpr int kMaxThreads = 1024;
-constexpr size_t kStackBytes = 256 << 10;  // a fiber's stack, above a guard page
+constexpr int kMultiProcessors = 8;
+constexpr int kComputeMajor = 9, kComputeMinor = 0;
 constexpr size_t kDefaultSharedLimit = 48 << 10;
 constexpr size_t kMaxSharedOptIn = 227 << 10;  // sm_90's per-block opt-in limit
+constexpr size_t kStackBytes = 256 << 10;  // a fiber's stack, above a guard page
 
 // A fiber's saved context and the switch between two (x86-64: the callee-saved registers, MXCSR and
 // the x87 control word on the fiber's own stack, tens of nanoseconds; elsewhere ucontext, whose
@@ -200,7 +202,7 @@ struct Block {
   };
   std::vector<std::vector<PendingOp>> pending;
   std::string fault;                               // set: the block stops, the launch fails
-  // The order threads run in between barriers (Schedule()): by index, reversed, or shuffled.
+  // The order threads run in between barriers (OrderThreads()): by index, reversed, or shuffled.
   std::vector<Fiber*> order;
 };
 Block block;
@@ -386,6 +388,34 @@ bool RunBlock() {
   }
 }
 
+// The name and text of each error the emulator returns (the runtime's own texts).
+struct ErrorText {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+const ErrorText& Describe(cudaError_t e) {
+  static const ErrorText kTexts[] = {
+      {cudaSuccess, "cudaSuccess", "no error"},
+      {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+      {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+      {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+      {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+      {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure (the emulator printed why)"},
+      {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+       "operation not permitted when stream is capturing"},
+      {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+       "operation failed due to a previous error during capture"},
+      {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+      {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+  };
+  static const ErrorText kUnknown = {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"};
+  for (const ErrorText& t : kTexts) {
+    if (t.code == e) return t;
+  }
+  return kUnknown;
+}
+
 cudaError_t SetLast(cudaError_t e) {
   if (e != cudaSuccess) last_error = e;
   return e;
@@ -393,11 +423,9 @@ cudaError_t SetLast(cudaError_t e) {
 
 // Work for `stream`: recorded when it is being captured, else run now.
 cudaError_t Enqueue(cudaStream_t stream, std::function<cudaError_t()> work) {
-  if (stream != nullptr && stream->capturing) {
-    if (stream->capturer == std::this_thread::get_id()) {
-      stream->recorded.push_back(std::move(work));
-      return cudaSuccess;
-    }
+  if (stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id()) {
+    stream->recorded.push_back(std::move(work));
+    return cudaSuccess;
   }
   return work();
 }
@@ -507,13 +535,13 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
     block.dynamic_shared.reset(shared_bytes > 0 ? new unsigned char[shared_bytes] : nullptr);
     block.body = &body;
     block.released.assign((count + 31) / 32, {});
+    block.pending.assign((count + 31) / 32, {});  // a block that completes leaves every warp's list empty
     for (unsigned bz = 0; bz < grid.z; ++bz) {
       for (unsigned by = 0; by < grid.y; ++by) {
         for (unsigned bx = 0; bx < grid.x; ++bx) {
           if (shared_bytes > 0) std::memset(block.dynamic_shared.get(), 0xff, shared_bytes);
           block.done = 0;
           block.at_sync = 0;
-          block.pending.assign((count + 31) / 32, {});
           for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, {bx, by, bz});
           OrderThreads();
           if (!RunBlock()) {
@@ -552,22 +580,22 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   *prop = {};
   std::snprintf(prop->name, sizeof(prop->name), "Tandem CUDA emulator");
   prop->totalGlobalMem = tandem_emu::DeviceMemoryBytes();
-  prop->major = 9;
-  prop->minor = 0;
-  prop->multiProcessorCount = 8;
+  prop->major = tandem_emu::kComputeMajor;
+  prop->minor = tandem_emu::kComputeMinor;
+  prop->multiProcessorCount = tandem_emu::kMultiProcessors;
   prop->warpSize = 32;
-  prop->maxThreadsPerBlock = 1024;
-  prop->sharedMemPerBlock = 48 << 10;
-  prop->sharedMemPerBlockOptin = 227 << 10;
+  prop->maxThreadsPerBlock = tandem_emu::kMaxThreads;
+  prop->sharedMemPerBlock = tandem_emu::kDefaultSharedLimit;
+  prop->sharedMemPerBlockOptin = tandem_emu::kMaxSharedOptIn;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device != 0) return SetLast(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = 8; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 << 10; return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount: *value = tandem_emu::kMultiProcessors; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = tandem_emu::kComputeMajor; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = tandem_emu::kComputeMinor; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(tandem_emu::kMaxSharedOptIn); return cudaSuccess;
     case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
     default: return SetLast(cudaErrorInvalidValue);
   }
@@ -578,36 +606,8 @@ cudaError_t cudaGetLastError() {
   return e;
 }
 cudaError_t cudaPeekAtLastError() { return tandem_emu::last_error; }
-const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorIllegalState: return "cudaErrorIllegalState";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    default: return "cudaErrorUnknown";
-  }
-}
-const char* cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorLaunchFailure: return "unspecified launch failure (the emulator printed why)";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    default: return "unknown error";
-  }
-}
+const char* cudaGetErrorName(cudaError_t e) { return tandem_emu::Describe(e).name; }
+const char* cudaGetErrorString(cudaError_t e) { return tandem_emu::Describe(e).text; }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
   if (value < 0 || size_t(value) > tandem_emu::kMaxSharedOptIn) return SetLast(cudaErrorInvalidValue);
