@@ -166,6 +166,15 @@ class Backend {
                               void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                               const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                               float* out) = 0;
+  // Rope(q, k, metadata.positions, inv_freq, ...) then PagedAttention(q, k, v, ...), the same results
+  // (q and k are rotated in place); a backend may do the rotation in the pass that writes the cache.
+  virtual void RopePagedAttention(float* q, float* k, const float* v, const float* inv_freq, void* k_cache,
+                                  void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+                                  const AttentionMetadata& metadata, int64_t num_q_heads, float scale, float* out) {
+    Rope(q, k, metadata.positions, inv_freq, metadata.num_tokens, num_q_heads, geometry.num_kv_heads,
+         geometry.head_dim);
+    PagedAttention(q, k, v, k_cache, v_cache, geometry, layer, metadata, num_q_heads, scale, out);
+  }
   // out[n][d] = silu(gate[n][d]) * up[n][d].
   virtual void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) = 0;
   // x[n] += y[n].
@@ -183,6 +192,13 @@ class Backend {
   virtual void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) = 0;
   // out[n][d] = silu(x[n][j]) * x[n][d + j] for j < d: SiluMul over packed gate|up rows.
   virtual void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) = 0;
+  // out[n][d] = silu(x · gate^T) * (x · up^T) for gate_up = [gate; up], rows [2d][k] (a fused
+  // projection): Linear into scratch [n][2d] then SiluMulPacked, the same results; a backend may
+  // apply the activation as the product is written, without the scratch.
+  virtual void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) {
+    Linear(x, n, gate_up, nullptr, scratch);
+    SiluMulPacked(scratch, n, gate_up.rows / 2, out);
+  }
   // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
   // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
   virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;

@@ -736,15 +736,13 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
       b->RmsNorm(q, w.q_norm, eps, n * c.num_attention_heads, c.head_dim, q);
       b->RmsNorm(k, w.k_norm, eps, n * c.num_key_value_heads, c.head_dim, k);
     }
-    b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads,
-            c.head_dim);
-    b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale, attn);
+    b->RopePagedAttention(q, k, v, inv_freq_->f32(), kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads,
+                          scale, attn);
     if (on_layer_done) on_layer_done(l);
     b->Linear(attn, n, w.o, nullptr, h);
     b->AddRmsNorm(x, h, w.post_norm, eps, n, hidden, h);
     if (fused_) {
-      b->Linear(h, n, w.gate_up, nullptr, buf.gate_up);
-      b->SiluMulPacked(buf.gate_up, n, inter, gate);
+      b->LinearSiluMul(h, n, w.gate_up, buf.gate_up, gate);
     } else {
       b->Linear(h, n, w.gate, nullptr, gate);
       b->Linear(h, n, w.up, nullptr, up);

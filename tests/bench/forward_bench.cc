@@ -6,7 +6,7 @@
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
-//                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl]
+//                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
@@ -45,6 +45,9 @@ ABSL_FLAG(bool, tc_attention, false,
           "TANDEM_CUDA_TC_ATTENTION=1 for the backend");
 ABSL_FLAG(bool, pdl, false,
           "CUDA: launch the decode path's kernels with programmatic dependent launch (sets TANDEM_CUDA_PDL=1)");
+ABSL_FLAG(bool, fusion, true,
+          "CUDA: the decode fusions (bias and silu-mul in the GEMV, RoPE in the KV cache write); false sets "
+          "TANDEM_CUDA_FUSION=0, for a side-by-side run");
 ABSL_FLAG(int, gemv_columns, 0,
           "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
           "default)");
@@ -70,6 +73,7 @@ int Run() {
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
   if (absl::GetFlag(FLAGS_pdl)) ::setenv("TANDEM_CUDA_PDL", "1", 1);
+  if (!absl::GetFlag(FLAGS_fusion)) ::setenv("TANDEM_CUDA_FUSION", "0", 1);
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) {
     ::setenv("TANDEM_CUDA_GEMV_COLUMNS", std::to_string(c).c_str(), 1);
   }
@@ -173,6 +177,7 @@ int Run() {
               absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda" ? " (attention on the tensor cores)" : "");
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) std::printf("gemv: %d output columns a warp\n", c);
   if (absl::GetFlag(FLAGS_pdl)) std::printf("pdl: programmatic dependent launch on\n");
+  if (!absl::GetFlag(FLAGS_fusion)) std::printf("fusion: decode fusions off\n");
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",

@@ -21,8 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/cuda/cuda_backend.h"
+#ifdef TANDEM_CUDA_EMULATED
+#include "common/backend/cuda/emu/counters.h"
+#endif
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/prefill_attention.h"
@@ -243,6 +247,64 @@ TEST_F(CudaBackendTest, GemvMatchesADoubleProductAndIsTheSameForEveryRowCount) {
   EXPECT_FALSE(cuda::GemvCovers(1, DType::kF32, 64, nullptr, nullptr));
 }
 
+// The GEMV's epilogues (gemv.h) give the bits of the plain GEMV followed by the kernel they replace: the
+// bias add, and silu · up over a [2m][k] gate|up weight; in every row count and columns a warp. Through
+// the backend, LinearSiluMul matches the CPU's Linear then SiluMulPacked.
+TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
+  struct Shape { int64_t m, k; };
+  const std::vector<int64_t> rows = kEmulated ? std::vector<int64_t>{1, 3, 8} : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8};
+  for (const Shape sh : {Shape{1000, 896}, Shape{333, 1024}, Shape{9, 1160}}) {
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      const auto w = Random(2 * sh.m * sh.k, 51, 0.05f), x = Random(cuda::kGemvMaxRows * sh.k, 52),
+                 bias = Random(sh.m, 53);
+      const DeviceWeight wg = gpu_->UploadWeight(View(w, 2 * sh.m, sh.k, dt)).value();
+      float *xg = Up(x), *bg = Up(bias);
+      for (int64_t n : rows) {
+        for (int columns : {1, 2, 4}) {
+          const std::string what = absl::StrCat(std::string(DTypeName(dt)), " m ", sh.m, " k ", sh.k, " n ", n, " columns ", columns);
+          // The bias: the first m rows of the weight.
+          float *plain = Zeros(n * sh.m), *fused = Zeros(n * sh.m);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, plain, nullptr, columns), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchAddBias(plain, bg, n, sh.m, nullptr), cudaSuccess);
+          cuda::GemvEpilogue with_bias;
+          with_bias.bias = bg;
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, fused, nullptr, columns, with_bias), cudaSuccess);
+          EXPECT_EQ(Down(fused, n * sh.m), Down(plain, n * sh.m)) << "bias, " << what;
+          // silu · up: all 2m rows, then the packed activation.
+          float *gate_up = Zeros(n * 2 * sh.m), *separate = Zeros(n * sh.m), *silu = Zeros(n * sh.m);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, 2 * sh.m, sh.k, gate_up, nullptr, columns), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchSiluMulPacked(gate_up, n, sh.m, separate, nullptr), cudaSuccess);
+          cuda::GemvEpilogue silu_mul;
+          silu_mul.silu_mul = true;
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, silu, nullptr, columns, silu_mul), cudaSuccess);
+          EXPECT_EQ(Down(silu, n * sh.m), Down(separate, n * sh.m)) << "silu-mul, " << what;
+        }
+      }
+      // The backend's op against the CPU's two.
+      const DeviceWeight wc = cpu_->UploadWeight(View(w, 2 * sh.m, sh.k, dt)).value();
+      for (int64_t n : {int64_t{1}, cuda::kGemvMaxRows, cuda::kGemvMaxRows + 3}) {
+        const auto xn = Random(n * sh.k, 54 + n);
+        std::vector<float> x_ref = xn, scratch(n * 2 * sh.m), ref(n * sh.m);
+        float* xng = Up(xn);
+        if (!cuda::GemvCovers(n, dt, sh.k, xng, wg.data)) {  // cuBLAS: activations rounded to the weights' type
+          for (float& v : x_ref) v = dt == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : F16ToF32(F32ToF16(v));
+        }
+        cpu_->Linear(x_ref.data(), n, wc, nullptr, scratch.data());
+        cpu_->SiluMulPacked(scratch.data(), n, sh.m, ref.data());
+        float* out = Zeros(n * sh.m);
+        gpu_->LinearSiluMul(xng, n, wg, Zeros(n * 2 * sh.m), out);
+        EXPECT_LE(MaxRelDiff(Down(out, n * sh.m), ref), 1e-4f) << DTypeName(dt) << " m " << sh.m << " n " << n;
+      }
+    }
+  }
+  cuda::GemvEpilogue both;
+  both.silu_mul = true;
+  both.bias = reinterpret_cast<const float*>(16);
+  EXPECT_EQ(cuda::LaunchGemv(reinterpret_cast<const float*>(16), 1, DType::kBF16, reinterpret_cast<const void*>(16), 8,
+                             8, nullptr, nullptr, 1, both),
+            cudaErrorInvalidValue);
+}
+
 TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
   const int64_t rows = 64, cols = 128;
   auto [wc, wg] = Weights(Random(rows * cols, 41, 0.1f), rows, cols, DType::kBF16);
@@ -449,6 +511,60 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
       EXPECT_EQ(Down(vcg, cache_elems), vc) << "V cache writes, head_dim " << hd;
     }
   }
+}
+
+// RoPE in the kernel that writes the cache: the bits of Rope then PagedAttention (the rotated q and k,
+// both caches, the output), over the mixed batch with a padding token (slot -1) and 16-bit caches.
+TEST_F(CudaBackendTest, RopeInTheCacheWriteGivesTheBitsOfRopeThenAttention) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t hd : {64, 80, 128}) {
+      AttentionCase c(hd, 8, 2, kMixedBatch);
+      c.g.dtype = dt;
+      c.slots[3] = -1;  // a padding token: rotated, not stored
+      std::vector<float> inv(hd / 2);
+      for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
+      const size_t cache_bytes = c.g.num_layers * c.g.elements_per_layer() * DTypeSize(dt);
+      std::vector<std::byte> cache_init(cache_bytes);
+      for (size_t i = 0; i < cache_bytes; ++i) cache_init[i] = static_cast<std::byte>(i * 7 % 61);
+      const AttentionMetadata md = OnDevice(c);
+      const float* inv_g = Up(inv);
+      struct Run {
+        std::vector<float> q, k, out;
+        std::vector<std::byte> kc, vc;
+      };
+      auto run = [&](bool fused) {
+        float *q = Up(c.q), *k = Up(c.k), *out = Zeros(c.n * c.hq * hd);
+        void *kc = Up(cache_init), *vc = Up(cache_init);
+        if (fused) {
+          gpu_->RopePagedAttention(q, k, Up(c.v), inv_g, kc, vc, c.g, c.layer, md, c.hq, c.scale(), out);
+        } else {
+          gpu_->Rope(q, k, md.positions, inv_g, c.n, c.hq, c.g.num_kv_heads, hd);
+          gpu_->PagedAttention(q, k, Up(c.v), kc, vc, c.g, c.layer, md, c.hq, c.scale(), out);
+        }
+        Run r{Down(q, c.q.size()), Down(k, c.k.size()), Down(out, c.n * c.hq * hd), std::vector<std::byte>(cache_bytes),
+              std::vector<std::byte>(cache_bytes)};
+        gpu_->CopyToHost(r.kc.data(), kc, cache_bytes);
+        gpu_->CopyToHost(r.vc.data(), vc, cache_bytes);
+        return r;
+      };
+      const Run a = run(false), b = run(true);
+      const std::string what = absl::StrCat(std::string(DTypeName(dt)), " head_dim ", hd);
+      EXPECT_EQ(b.q, a.q) << what;
+      EXPECT_EQ(b.k, a.k) << what;
+      EXPECT_EQ(b.out, a.out) << what;
+      EXPECT_TRUE(b.kc == a.kc) << "K cache, " << what;
+      EXPECT_TRUE(b.vc == a.vc) << "V cache, " << what;
+      EXPECT_NE(a.q, c.q) << "rotated";
+    }
+  }
+  // q and k must be the arguments' own.
+  AttentionCase c(64, 8, 2, kMixedBatch);
+  float* other = Zeros(c.k.size());
+  cuda::PagedAttentionArgs a =
+      CudaBackend::AttentionArgs(Up(c.q), Up(c.k), Up(c.v), Up(c.kc), Up(c.vc), c.g, c.layer, OnDevice(c), c.hq,
+                                 c.scale(), Zeros(c.n * c.hq * 64));
+  a.rope = {const_cast<float*>(a.q), other, Up(std::vector<float>(32, 1.f))};
+  EXPECT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaErrorInvalidValue);
 }
 
 // A BF16 or F16 cache: keys and values written rounded to nearest even, exactly as the CPU rounds
@@ -987,8 +1103,19 @@ TEST_F(CudaBackendTest, BadLaunchBecomesTheStickyError) {
 
 class CudaForwardTest : public ::testing::TestWithParam<std::string> {};
 
-// Prefill in chunks of 16 then 8 single-token decode steps; logits of every row.
-std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std::vector<int32_t>& tokens) {
+// Kernels the emulator has run so far (0 on a device, where nothing counts them).
+uint64_t KernelsRun() {
+#ifdef TANDEM_CUDA_EMULATED
+  return tandem_emu::KernelsRun();
+#else
+  return 0;
+#endif
+}
+
+// Prefill in chunks of 16 then 8 single-token decode steps; logits of every row. `kernels` (nullable):
+// the kernels each step ran, on the emulator.
+std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std::vector<int32_t>& tokens,
+                             std::vector<uint64_t>* kernels = nullptr) {
   auto model = LlamaModel::Load(dir, backend);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
@@ -1002,8 +1129,10 @@ std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std
     in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
     in.seqs.push_back({static_cast<int64_t>(end - begin), static_cast<int64_t>(begin), table});
     for (size_t i = 0; i < end - begin; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
+    const uint64_t before = KernelsRun();
     const absl::Status s = (*model)->Forward(in, kv.get(), &step);
     EXPECT_TRUE(s.ok()) << s;
+    if (kernels != nullptr) kernels->push_back(KernelsRun() - before);
     all.insert(all.end(), step.begin(), step.end());
     begin = end;
   }
@@ -1118,6 +1247,43 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
   EXPECT_EQ(replays, 2) << "the second and fourth steps replay the graph of 8";
   ASSERT_EQ(eager.size(), replayed.size());
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_EQ(eager[i], replayed[i]) << "decode step " << i;
+}
+
+// The decode fusions (TANDEM_CUDA_FUSION: bias and silu · up in the GEMV, RoPE in the cache write)
+// change no bit of a forward pass. On the emulator, which counts kernels: a step of up to
+// kGemvMaxRows tokens runs two kernels a layer fewer (three with attention biases), a longer prompt
+// chunk (cuBLAS, not the GEMV) one.
+TEST_P(CudaForwardTest, DecodeFusionsChangeNoBitAndRunFewerKernels) {
+  const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
+  std::vector<int32_t> tokens(44);
+  std::mt19937 rng(5);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
+  std::vector<uint64_t> kernels[2];
+  std::vector<float> logits[2];
+  for (int fusion : {0, 1}) {
+    ::setenv("TANDEM_CUDA_FUSION", fusion == 1 ? "1" : "0", 1);
+    auto backend = CudaBackend::Create({});
+    ::unsetenv("TANDEM_CUDA_FUSION");
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    logits[fusion] = AllLogits(backend->get(), dir, tokens, &kernels[fusion]);
+    EXPECT_TRUE((*backend)->CheckErrors().ok());
+  }
+  ASSERT_FALSE(logits[0].empty());
+  EXPECT_EQ(logits[1], logits[0]);
+  if (!kEmulated) return;
+  auto cpu = CpuBackend::Create({}).value();
+  const ModelConfig c = LlamaModel::Load(dir, cpu.get()).value()->config();
+  const std::vector<int64_t> step_tokens = {16, 16, 8, 1, 1, 1, 1};  // prompt chunks, then decode steps
+  ASSERT_EQ(kernels[0].size(), step_tokens.size());
+  for (size_t i = 0; i < kernels[0].size(); ++i) {
+    const int64_t saved = step_tokens[i] <= cuda::kGemvMaxRows ? 2 + (c.attention_bias ? 1 : 0) : 1;
+    EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers) << "step " << i;
+    if (i == 3) {
+      std::printf("%s decode step, %lld layers: %llu kernels fused, %llu unfused\n", GetParam().c_str(),
+                  static_cast<long long>(c.num_hidden_layers), static_cast<unsigned long long>(kernels[1][i]),
+                  static_cast<unsigned long long>(kernels[0][i]));
+    }
+  }
 }
 
 TEST_P(CudaForwardTest, MatchesCpuInF32) { CompareModels(GetParam(), DType::kF32); }

@@ -124,6 +124,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     }
     backend->gemv_columns_ = std::stoi(v);
   }
+  if (const char* p = std::getenv("TANDEM_CUDA_FUSION"); p != nullptr) {
+    const std::string v(p);
+    if (v != "0" && v != "1") {
+      return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_FUSION must be 0 or 1, not '", v, "'"));
+    }
+    backend->fusion_ = v == "1";
+  }
   // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
   backend->tensor_core_prefill_ = EnvIsOne("TANDEM_CUDA_TC_ATTENTION");
   return backend;
@@ -390,8 +397,12 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
                    profiler_ ? absl::StrCat(gemv ? "gemv " : "gemm ", m, "x", k, n > 1 ? " (batched)" : "") : "",
                    m * k * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
   if (gemv) {
-    // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations.
-    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, gemv_columns_), "gemv");
+    // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations, the
+    // bias added as each column is written.
+    cuda::GemvEpilogue epilogue;
+    if (fusion_ && bias != nullptr) epilogue.bias = static_cast<const float*>(bias->data);
+    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, gemv_columns_, epilogue), "gemv");
+    if (epilogue.bias != nullptr) return;
   } else if (!batch_invariant_) {
     Gemm(x, n, w, out);
   } else {
@@ -460,7 +471,10 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
                                  int64_t num_q_heads, float scale, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
-  cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
+  Attend(AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out));
+}
+
+void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
   a.allow_tiled = !batch_invariant_;
   a.tensor_core_prefill = tensor_core_prefill_;
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
@@ -473,6 +487,36 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
     a.workspace_floats = a.workspace != nullptr ? floats : 0;
   }
   Check(cuda::LaunchPagedAttention(a, stream_), "paged attention");
+}
+
+void CudaBackend::RopePagedAttention(float* q, float* k, const float* v, const float* inv_freq, void* k_cache,
+                                     void* v_cache, const KvCacheGeometry& g, int64_t layer,
+                                     const AttentionMetadata& md, int64_t num_q_heads, float scale, float* out) {
+  if (!fusion_) {
+    Backend::RopePagedAttention(q, k, v, inv_freq, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
+    return;
+  }
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_, "rope+attention", 0, stream_);
+  cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
+  a.rope = {q, k, inv_freq};
+  Attend(a);
+}
+
+void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) {
+  const int64_t d = gate_up.rows / 2, k = gate_up.cols;
+  if (!fusion_ || batch_invariant_ || !cuda::GemvCovers(n, gate_up.dtype, k, x, gate_up.data)) {
+    Backend::LinearSiluMul(x, n, gate_up, scratch, out);
+    return;
+  }
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_,
+                   profiler_ ? absl::StrCat("gemv+silu ", gate_up.rows, "x", k, n > 1 ? " (batched)" : "") : "",
+                   gate_up.rows * k * static_cast<int64_t>(DTypeSize(gate_up.dtype)), stream_);
+  cuda::GemvEpilogue epilogue;
+  epilogue.silu_mul = true;
+  Check(cuda::LaunchGemv(x, n, gate_up.dtype, gate_up.data, d, k, out, stream_, gemv_columns_, epilogue),
+        "gemv (silu-mul)");
 }
 
 void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {

@@ -70,6 +70,12 @@ class CudaBackend final : public Backend {
                                                 void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                                                 const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                                                 float* out);
+  // The rotation in the kernel that writes the cache (kernels.h: PagedAttentionArgs::rope).
+  void RopePagedAttention(float* q, float* k, const float* v, const float* inv_freq, void* k_cache, void* v_cache,
+                          const KvCacheGeometry& geometry, int64_t layer, const AttentionMetadata& metadata,
+                          int64_t num_q_heads, float scale, float* out) override;
+  // Where the GEMV takes the rows: one kernel, silu · up applied as it writes (gemv.h: GemvEpilogue).
+  void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
   void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
@@ -115,6 +121,8 @@ class CudaBackend final : public Backend {
   enum ScratchSlot { kHalfInput, kPaddedInput, kPaddedOutput, kAttentionPartials, kNumScratch };
   // `optional`: failing to allocate is not an error of the backend (the caller has a fallback).
   void* Scratch(ScratchSlot slot, size_t bytes, bool optional = false);
+  // Launches the attention kernels for `a` in this backend's mode, with split workspace where it pays.
+  void Attend(cuda::PagedAttentionArgs a);
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
 
@@ -122,6 +130,9 @@ class CudaBackend final : public Backend {
   bool batch_invariant_;
   bool tensor_core_prefill_ = false;  // TANDEM_CUDA_TC_ATTENTION=1
   int gemv_columns_ = 1;              // TANDEM_CUDA_GEMV_COLUMNS
+  // Decode fusions (bias and silu·up in the GEMV, RoPE in the cache write): TANDEM_CUDA_FUSION=0 turns
+  // them off, for benchmarks to compare (the same bits either way).
+  bool fusion_ = true;
   std::string description_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;

@@ -1,5 +1,6 @@
 #include "common/backend/cuda/gemv.h"
 
+#include "common/backend/cuda/activation.cuh"
 #include "common/backend/cuda/launch.cuh"
 
 #include <cuda_bf16.h>
@@ -71,65 +72,74 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
   }
 }
 
-// Grid ceil(m / (kGemvWarps C)), kGemvWarps warps: warp w of block b computes the C columns from
-// (b kGemvWarps + w) C. Each lane folds the 8-element pieces lane, lane + 32, ... of its columns' rows
-// in that order (whatever C and the loads in flight), so every C gives the same bits.
-template <typename W, int N, int C>
+// What a warp does with its columns' sums (GemvEpilogue): write them, add a bias, or (kSiluMul) pair
+// gate column j with up column m + j of a [2m][k] weight and write silu(gate) · up.
+enum class Epi { kNone, kBias, kSiluMul };
+
+// Grid ceil(m / (kGemvWarps C)), kGemvWarps warps: warp w of block b computes the C output columns from
+// (b kGemvWarps + w) C (kSiluMul: from 2C weight rows). Each lane folds the 8-element pieces lane,
+// lane + 32, ... of its weight rows in that order (whatever C, the epilogue and the loads in flight),
+// so every C and epilogue gives a column the same sum, and the epilogue's arithmetic is the separate
+// kernels' (AddBiasKernel, SiluMulPackedKernel).
+template <typename W, int N, int C, Epi E>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
-                                                              int64_t m, int64_t k, float* __restrict__ out) {
-  constexpr int kUnroll = kGemvUnroll / C > 0 ? kGemvUnroll / C : 1;  // loads in flight a column
+                                                              int64_t m, int64_t k, const float* __restrict__ bias,
+                                                              float* __restrict__ out) {
+  constexpr int R = E == Epi::kSiluMul ? 2 * C : C;  // weight rows a warp folds
+  constexpr int kUnroll = kGemvUnroll / R > 0 ? kGemvUnroll / R : 1;  // loads in flight a row
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
   if (col0 >= m) return;  // (a warp of no column reads and writes nothing: it need not wait)
-  const uint4* rows[C];
+  const uint4* rows[R];
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
+  for (int r = 0; r < R; ++r) {
     // A column past m reads column col0's row again; its result is not written.
-    rows[c] = reinterpret_cast<const uint4*>(w + (col0 + c < m ? col0 + c : col0) * k);
+    const int64_t c = r % C, col = col0 + c < m ? col0 + c : col0;
+    rows[r] = reinterpret_cast<const uint4*>(w + (r < C ? col : m + col) * k);
   }
   const int64_t pieces = k / 8;
   // No kernel writes the weights: this lane's first round of them starts towards L2 before the wait
   // for the previous kernel (programmatic dependent launch), whose results (x) are read only after it.
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #ifdef __CUDA_ARCH__
-      if (lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[c] + lane + 32 * u));
+      if (lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + lane + 32 * u));
 #endif
     }
   }
   PdlPrologue();
-  float acc[C][N];
+  float acc[R][N];
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int t = 0; t < N; ++t) acc[c][t] = 0.f;
+    for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
   }
   int64_t p = lane;
   // Every load of a round issued before the first use.
   for (; p + 32 * (kUnroll - 1) < pieces; p += 32 * kUnroll) {
-    uint4 wv[kUnroll][C];
+    uint4 wv[kUnroll][R];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int c = 0; c < C; ++c) wv[u][c] = LoadStreaming(rows[c] + p + 32 * u);
+      for (int r = 0; r < R; ++r) wv[u][r] = LoadStreaming(rows[r] + p + 32 * u);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) Fold<W, N, C>(wv[u], x, k, (p + 32 * u) * 8, acc);
+    for (int u = 0; u < kUnroll; ++u) Fold<W, N, R>(wv[u], x, k, (p + 32 * u) * 8, acc);
   }
   for (; p < pieces; p += 32) {
-    uint4 wv[C];
+    uint4 wv[R];
 #pragma unroll
-    for (int c = 0; c < C; ++c) wv[c] = LoadStreaming(rows[c] + p);
-    Fold<W, N, C>(wv, x, k, p * 8, acc);
+    for (int r = 0; r < R; ++r) wv[r] = LoadStreaming(rows[r] + p);
+    Fold<W, N, R>(wv, x, k, p * 8, acc);
   }
 #pragma unroll
-  for (int c = 0; c < C; ++c) {
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int t = 0; t < N; ++t) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc[c][t] += __shfl_xor_sync(0xffffffffu, acc[c][t], o);
+      for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
     }
   }
   if (lane == 0) {
@@ -137,37 +147,58 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
     for (int c = 0; c < C; ++c) {
       if (col0 + c >= m) break;
 #pragma unroll
-      for (int t = 0; t < N; ++t) out[t * m + col0 + c] = acc[c][t];
+      for (int t = 0; t < N; ++t) {
+        float& o = out[t * m + col0 + c];
+        if constexpr (E == Epi::kSiluMul) {
+          o = SiluTimes(acc[c][t], acc[C + c][t]);
+        } else if constexpr (E == Epi::kBias) {
+          o = acc[c][t] + bias[col0 + c];
+        } else {
+          o = acc[c][t];
+        }
+      }
     }
   }
 }
 
-template <typename W, int C>
-cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int64_t k, float* out,
-                          cudaStream_t stream) {
+template <typename W, int N, int C>
+cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi, float* out,
+                           cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((m + kGemvWarps * C - 1) / (kGemvWarps * C));
   constexpr unsigned threads = kGemvWarps * 32;
-  switch (n) {
-    case 1: LaunchKernel(GemvKernel<W, 1, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 2: LaunchKernel(GemvKernel<W, 2, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 3: LaunchKernel(GemvKernel<W, 3, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 4: LaunchKernel(GemvKernel<W, 4, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 5: LaunchKernel(GemvKernel<W, 5, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 6: LaunchKernel(GemvKernel<W, 6, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 7: LaunchKernel(GemvKernel<W, 7, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    case 8: LaunchKernel(GemvKernel<W, 8, C>, blocks, threads, 0, stream, x, w, m, k, out); break;
-    default: return cudaErrorInvalidValue;
+  if (epi.silu_mul) {
+    LaunchKernel(GemvKernel<W, N, C, Epi::kSiluMul>, blocks, threads, 0, stream, x, w, m, k, epi.bias, out);
+  } else if (epi.bias != nullptr) {
+    LaunchKernel(GemvKernel<W, N, C, Epi::kBias>, blocks, threads, 0, stream, x, w, m, k, epi.bias, out);
+  } else {
+    LaunchKernel(GemvKernel<W, N, C, Epi::kNone>, blocks, threads, 0, stream, x, w, m, k, epi.bias, out);
   }
   return cudaGetLastError();
 }
 
+template <typename W, int C>
+cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
+                          float* out, cudaStream_t stream) {
+  switch (n) {
+    case 1: return LaunchEpilogue<W, 1, C>(x, w, m, k, epi, out, stream);
+    case 2: return LaunchEpilogue<W, 2, C>(x, w, m, k, epi, out, stream);
+    case 3: return LaunchEpilogue<W, 3, C>(x, w, m, k, epi, out, stream);
+    case 4: return LaunchEpilogue<W, 4, C>(x, w, m, k, epi, out, stream);
+    case 5: return LaunchEpilogue<W, 5, C>(x, w, m, k, epi, out, stream);
+    case 6: return LaunchEpilogue<W, 6, C>(x, w, m, k, epi, out, stream);
+    case 7: return LaunchEpilogue<W, 7, C>(x, w, m, k, epi, out, stream);
+    case 8: return LaunchEpilogue<W, 8, C>(x, w, m, k, epi, out, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 template <typename W>
-cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, float* out, int columns,
-                   cudaStream_t stream) {
+cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi, float* out,
+                   int columns, cudaStream_t stream) {
   switch (columns) {
-    case 1: return LaunchColumns<W, 1>(x, n, w, m, k, out, stream);
-    case 2: return LaunchColumns<W, 2>(x, n, w, m, k, out, stream);
-    case 4: return LaunchColumns<W, 4>(x, n, w, m, k, out, stream);
+    case 1: return LaunchColumns<W, 1>(x, n, w, m, k, epi, out, stream);
+    case 2: return LaunchColumns<W, 2>(x, n, w, m, k, epi, out, stream);
+    case 4: return LaunchColumns<W, 4>(x, n, w, m, k, epi, out, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -182,12 +213,15 @@ bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* 
 }
 
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream, int columns) {
-  if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff) {
+                       cudaStream_t stream, int columns, const GemvEpilogue& epilogue) {
+  if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff ||
+      (epilogue.silu_mul && epilogue.bias != nullptr)) {
     return cudaErrorInvalidValue;
   }
-  if (w_dtype == DType::kBF16) return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, out, columns, stream);
-  return Launch(x, n, static_cast<const __half*>(w), m, k, out, columns, stream);
+  if (w_dtype == DType::kBF16) {
+    return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, epilogue, out, columns, stream);
+  }
+  return Launch(x, n, static_cast<const __half*>(w), m, k, epilogue, out, columns, stream);
 }
 
 }  // namespace tandem::cuda

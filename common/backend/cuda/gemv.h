@@ -24,10 +24,21 @@ constexpr int64_t kGemvMaxRows = 8;
 // 8, and x, w 16-byte aligned.
 bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* w);
 
-// x: [n][k] f32; w: [m][k] of w_dtype; out: [n][m] f32. cudaErrorInvalidValue outside GemvCovers.
-// `columns` (1, 2 or 4): output columns a warp computes, reading each activation piece once for all of
-// them (fewer re-reads of x, fewer loads in flight a column); the same bits whatever it is.
+// What the GEMV does with each output column's sum before writing it (the kernel a decode step would
+// otherwise launch next, fused; the same bits as that kernel after the plain GEMV):
+struct GemvEpilogue {
+  // out[t][j] = sum + bias[j] (LaunchAddBias): bias [m] f32, device memory.
+  const float* bias = nullptr;
+  // w is [2m][k], gate rows then up rows (a fused gate|up projection), and out[t][j] =
+  // silu(gate sum j) · (up sum j) (LaunchSiluMulPacked after the [n][2m] GEMV). Not with a bias.
+  bool silu_mul = false;
+};
+
+// x: [n][k] f32; w: [m][k] of w_dtype ([2m][k] with silu_mul); out: [n][m] f32. cudaErrorInvalidValue
+// outside GemvCovers or with both epilogues. `columns` (1, 2 or 4): output columns a warp computes,
+// reading each activation piece once for all of them (fewer re-reads of x, fewer loads in flight a
+// column); the same bits whatever it is.
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream, int columns = 1);
+                       cudaStream_t stream, int columns = 1, const GemvEpilogue& epilogue = {});
 
 }  // namespace tandem::cuda

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/activation.cuh"
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/row_argmax.cuh"
@@ -107,6 +108,16 @@ __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t 
   }
 }
 
+// Rotates the pair (x[i], x[i + half]) of one head by pos · inv_freq[i], in place (rotate-half).
+__device__ __forceinline__ void RotatePair(float* x, int64_t i, int64_t half, float pos, const float* inv_freq) {
+  const float angle = pos * inv_freq[i];
+  float s, c;
+  sincosf(angle, &s, &c);
+  const float x0 = x[i], x1 = x[i + half];
+  x[i] = x0 * c - x1 * s;
+  x[i + half] = x1 * c + x0 * s;
+}
+
 // Grid: one block per token. Threads walk (head, i) pairs of q then k.
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t nq,
                            int64_t nk, int64_t head_dim) {
@@ -115,13 +126,7 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
   const float pos = float(positions[t]);
   for (int64_t idx = threadIdx.x; idx < (nq + nk) * half; idx += blockDim.x) {
     const int64_t h = idx / half, i = idx % half;
-    float* x = h < nq ? q + (t * nq + h) * head_dim : k + (t * nk + (h - nq)) * head_dim;
-    const float angle = pos * inv_freq[i];
-    float s, c;
-    sincosf(angle, &s, &c);
-    const float x0 = x[i], x1 = x[i + half];
-    x[i] = x0 * c - x1 * s;
-    x[i + half] = x1 * c + x0 * s;
+    RotatePair(h < nq ? q + (t * nq + h) * head_dim : k + (t * nk + (h - nq)) * head_dim, i, half, pos, inv_freq);
   }
 }
 
@@ -134,6 +139,32 @@ __global__ void WriteKvKernel(T* kc, T* vc, const float* k, const float* v, cons
     StoreKv(kc + slot * row + j, k[t * row + j]);
     StoreKv(vc + slot * row + j, v[t * row + j]);
   }
+}
+
+// RopeKernel then WriteKvKernel in one pass (grid: one block per token): the thread that rotates a
+// pair of k stores it, so no barrier separates the two. Padding tokens are rotated, not stored.
+template <typename T>
+__global__ void RopeWriteKvKernel(T* kc, T* vc, float* q, float* k, const float* v, const int32_t* slots,
+                                  const int32_t* positions, const float* inv_freq, int64_t nq, int64_t nk,
+                                  int64_t head_dim) {
+  PdlPrologue();
+  const int64_t t = blockIdx.x, half = head_dim / 2, slot = slots[t], row = nk * head_dim;
+  const float pos = float(positions[t]);
+  for (int64_t idx = threadIdx.x; idx < (nq + nk) * half; idx += blockDim.x) {
+    const int64_t h = idx / half, i = idx % half;
+    if (h < nq) {
+      RotatePair(q + (t * nq + h) * head_dim, i, half, pos, inv_freq);
+      continue;
+    }
+    float* x = k + t * row + (h - nq) * head_dim;
+    RotatePair(x, i, half, pos, inv_freq);
+    if (slot < 0) continue;
+    const int64_t at = slot * row + (h - nq) * head_dim;
+    StoreKv(kc + at + i, x[i]);
+    StoreKv(kc + at + i + half, x[i + half]);
+  }
+  if (slot < 0) return;
+  for (int64_t j = threadIdx.x; j < row; j += blockDim.x) StoreKv(vc + slot * row + j, v[t * row + j]);
 }
 
 // Float offset of the 8-byte aligned slot array after q [head_dim] and probs [kAttentionThreads].
@@ -478,8 +509,7 @@ int64_t SplitCount(int64_t max_context_len) { return std::max<int64_t>(1, (max_c
 __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count, float* out) {
   PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    out[i] = SiluTimes(gate[i], up[i]);
   }
 }
 
@@ -487,8 +517,7 @@ __global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, fl
   PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
-    const float g = x[t * 2 * d + j];
-    out[i] = g / (1.0f + expf(-g)) * x[t * 2 * d + d + j];
+    out[i] = SiluTimes(x[t * 2 * d + j], x[t * 2 * d + d + j]);
   }
 }
 
@@ -605,7 +634,8 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   if (a.num_tokens == 0) return cudaSuccess;
   if (a.layer.head_dim > kAttentionThreads * kMaxDimsPerThread || a.num_tokens > 0x7fffffff ||
       a.num_q_heads <= 0 || a.num_q_heads > 65535 || a.layer.num_kv_heads <= 0 ||
-      a.num_q_heads % a.layer.num_kv_heads != 0) {
+      a.num_q_heads % a.layer.num_kv_heads != 0 ||
+      (a.rope.inv_freq != nullptr && (a.rope.q != a.q || a.rope.k != a.k || a.layer.head_dim % 2 != 0))) {
     return cudaErrorInvalidValue;
   }
   const int64_t ws = SplitAttentionWorkspaceFloats(a);
@@ -615,9 +645,16 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   if (a.mode == AttentionMode::kTensorCore && !TensorCorePrefillCapable(a)) return cudaErrorInvalidValue;
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
-    LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
-                 static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
-                 a.layer.num_kv_heads * a.layer.head_dim);
+    if (a.rope.inv_freq != nullptr) {
+      LaunchKernel(RopeWriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
+                   static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.rope.q, a.rope.k, a.v,
+                   a.slot_mapping, a.positions, a.rope.inv_freq, a.num_q_heads, a.layer.num_kv_heads,
+                   a.layer.head_dim);
+    } else {
+      LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
+                   static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
+                   a.layer.num_kv_heads * a.layer.head_dim);
+    }
     if (a.mode == AttentionMode::kTiled) return LaunchTiledPrefillAttention(a, stream);
     if (a.mode == AttentionMode::kTensorCore) return LaunchTensorCorePrefillAttention(a, stream);
     if (TakesTiled(a)) {

@@ -52,7 +52,8 @@ enum class AttentionMode {
 };
 
 // First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
-// [num_kv_heads][head_dim]), then runs causal attention of every new token over its sequence's paged
+// [num_kv_heads][head_dim]; with `rope`, q and k are first rotated in place in the same pass, as
+// LaunchRope rotates them, bit for bit), then runs causal attention of every new token over its sequence's paged
 // keys and values (metadata as in backend.h's AttentionMetadata): out[n][num_q_heads][head_dim].
 // head_dim 32, 64, 128 or 256: GQA-aware split-KV kernels (kernels.cu), bit-identical in every split
 // mode and whatever the batch (kAuto with allow_tiled may take the tiled prompt kernel instead, whose
@@ -63,6 +64,13 @@ struct PagedAttentionArgs {
   const float* q = nullptr;
   const float* k = nullptr;  // [num_tokens][num_kv_heads][head_dim]
   const float* v = nullptr;
+  // Non-null inv_freq [head_dim/2]: q and k (which must be q and k above) are rotated at `positions`
+  // before k is written: one kernel for LaunchRope and the cache write.
+  struct Rope {
+    float* q = nullptr;
+    float* k = nullptr;
+    const float* inv_freq = nullptr;
+  } rope;
   const int32_t* slot_mapping = nullptr;
   int64_t num_tokens = 0;
   int64_t num_seqs = 0;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "common/backend/cuda/emu/cuda_emu.h"
+#include "common/backend/cuda/emu/counters.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -416,6 +418,8 @@ const ErrorText& Describe(cudaError_t e) {
   return kUnknown;
 }
 
+std::atomic<uint64_t> kernels_run{0};
+
 cudaError_t SetLast(cudaError_t e) {
   if (e != cudaSuccess) last_error = e;
   return e;
@@ -483,6 +487,8 @@ void Fault(const char* what) {
   std::abort();
 }
 
+uint64_t KernelsRun() { return kernels_run.load(std::memory_order_relaxed); }
+
 unsigned char* DynamicShared() { return block.dynamic_shared.get(); }
 
 bool SetSchedule(const char* name) {
@@ -528,6 +534,7 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
   }
   return SetLast(Enqueue(stream, [name, grid, threads, shared_bytes, body = std::move(body), per_block]() -> cudaError_t {
     std::lock_guard<std::mutex> lock(launch_mu);
+    kernels_run.fetch_add(1, std::memory_order_relaxed);
     const int count = static_cast<int>(per_block);
     if (block.fibers.size() < size_t(count)) block.fibers.resize(count);
     block.count = count;
