@@ -176,9 +176,9 @@ for p in "${presets[@]}"; do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b --pdl \
       2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
-  # The decode fusions off (the default: on) at batches 1 and 8: the GEMV's bias and silu-mul epilogues,
-  # RoPE in the KV cache write (TANDEM_CUDA_FUSION=0).
-  for b in $(step forward && echo 1 8); do
+  # The fusions off (the default: on) at batches 1, 8 and 64: the GEMV's bias and silu-mul epilogues,
+  # the q|k|v prologue (split, q/k norms, RoPE, cache write) (TANDEM_CUDA_FUSION=0).
+  for b in $(step forward && echo 1 8 64); do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       --fusion=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done

@@ -166,13 +166,41 @@ class Backend {
                               void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                               const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                               float* out) = 0;
-  // Rope(q, k, metadata.positions, inv_freq, ...) then PagedAttention(q, k, v, ...), the same results
-  // (q and k are rotated in place); a backend may do the rotation in the pass that writes the cache.
-  virtual void RopePagedAttention(float* q, float* k, const float* v, const float* inv_freq, void* k_cache,
-                                  void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
-                                  const AttentionMetadata& metadata, int64_t num_q_heads, float scale, float* out) {
-    Rope(q, k, metadata.positions, inv_freq, metadata.num_tokens, num_q_heads, geometry.num_kv_heads,
-         geometry.head_dim);
+  // Attention after a fused q|k|v projection. qkv [n][(num_q_heads + 2 kv_heads) head_dim] holds a
+  // token's q heads, k heads and v heads; q, k, v are scratch [n][heads][head_dim]. Splits the rows
+  // (CopyColumns; a single token's are used in place), normalises every q and k head when the norms
+  // are given (RmsNorm over head_dim: Qwen3), rotates q and k (Rope at metadata.positions), then runs
+  // PagedAttention. Afterwards qkv, q, k and v hold unspecified values. A backend may do everything
+  // before the attention in one pass that writes the cache, with the same results.
+  struct QkvAttentionInput {
+    float* qkv = nullptr;
+    const DeviceWeight* q_norm = nullptr;  // [head_dim] each, or both null
+    const DeviceWeight* k_norm = nullptr;
+    float eps = 0.f;
+    const float* inv_freq = nullptr;  // [head_dim / 2], rope scaling included
+    float* q = nullptr;
+    float* k = nullptr;
+    float* v = nullptr;
+  };
+  virtual void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& geometry,
+                            int64_t layer, const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                            float* out) {
+    const int64_t n = metadata.num_tokens, hd = geometry.head_dim, qs = num_q_heads * hd,
+                  kvs = geometry.num_kv_heads * hd;
+    float *q = in.qkv, *k = in.qkv + qs, *v = in.qkv + qs + kvs;
+    if (n != 1) {
+      q = in.q;
+      k = in.k;
+      v = in.v;
+      CopyColumns(in.qkv, n, qs + 2 * kvs, 0, qs, q);
+      CopyColumns(in.qkv, n, qs + 2 * kvs, qs, kvs, k);
+      CopyColumns(in.qkv, n, qs + 2 * kvs, qs + kvs, kvs, v);
+    }
+    if (in.q_norm != nullptr) {
+      RmsNorm(q, *in.q_norm, in.eps, n * num_q_heads, hd, q);
+      RmsNorm(k, *in.k_norm, in.eps, n * geometry.num_kv_heads, hd, k);
+    }
+    Rope(q, k, metadata.positions, in.inv_freq, n, num_q_heads, geometry.num_kv_heads, hd);
     PagedAttention(q, k, v, k_cache, v_cache, geometry, layer, metadata, num_q_heads, scale, out);
   }
   // out[n][d] = silu(gate[n][d]) * up[n][d].

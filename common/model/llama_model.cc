@@ -713,31 +713,31 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
     const LayerWeights& w = layers_[l];
     // h = input_norm(x) here: the first layer's above, the others' fused with the last residual add.
     if (fused_) {
-      // One GEMM for q|k|v; a single token's row is already q, k, v back to back.
+      // One GEMM for q|k|v, whose rows the backend splits into heads on the way to attention.
       b->Linear(h, n, w.qkv, c.attention_bias ? &w.qkv_bias : nullptr, buf.qkv);
-      if (n == 1) {
-        q = buf.qkv;
-        k = buf.qkv + qs;
-        v = buf.qkv + qs + kvs;
-      } else {
-        q = buf.q;
-        k = buf.k;
-        v = buf.v;
-        b->CopyColumns(buf.qkv, n, qs + 2 * kvs, 0, qs, q);
-        b->CopyColumns(buf.qkv, n, qs + 2 * kvs, qs, kvs, k);
-        b->CopyColumns(buf.qkv, n, qs + 2 * kvs, qs + kvs, kvs, v);
+      Backend::QkvAttentionInput in;
+      in.qkv = buf.qkv;
+      if (c.qk_norm) {
+        in.q_norm = &w.q_norm;
+        in.k_norm = &w.k_norm;
       }
+      in.eps = eps;
+      in.inv_freq = inv_freq_->f32();
+      in.q = buf.q;
+      in.k = buf.k;
+      in.v = buf.v;
+      b->QkvAttention(in, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale, attn);
     } else {
       b->Linear(h, n, w.q, c.attention_bias ? &w.q_bias : nullptr, q);
       b->Linear(h, n, w.k, c.attention_bias ? &w.k_bias : nullptr, k);
       b->Linear(h, n, w.v, c.attention_bias ? &w.v_bias : nullptr, v);
+      if (c.qk_norm) {
+        b->RmsNorm(q, w.q_norm, eps, n * c.num_attention_heads, c.head_dim, q);
+        b->RmsNorm(k, w.k_norm, eps, n * c.num_key_value_heads, c.head_dim, k);
+      }
+      b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+      b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale, attn);
     }
-    if (c.qk_norm) {
-      b->RmsNorm(q, w.q_norm, eps, n * c.num_attention_heads, c.head_dim, q);
-      b->RmsNorm(k, w.k_norm, eps, n * c.num_key_value_heads, c.head_dim, k);
-    }
-    b->RopePagedAttention(q, k, v, inv_freq_->f32(), kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads,
-                          scale, attn);
     if (on_layer_done) on_layer_done(l);
     b->Linear(attn, n, w.o, nullptr, h);
     b->AddRmsNorm(x, h, w.post_norm, eps, n, hidden, h);

@@ -46,8 +46,8 @@ ABSL_FLAG(bool, tc_attention, false,
 ABSL_FLAG(bool, pdl, false,
           "CUDA: launch the decode path's kernels with programmatic dependent launch (sets TANDEM_CUDA_PDL=1)");
 ABSL_FLAG(bool, fusion, true,
-          "CUDA: the decode fusions (bias and silu-mul in the GEMV, RoPE in the KV cache write); false sets "
-          "TANDEM_CUDA_FUSION=0, for a side-by-side run");
+          "CUDA: the fusions (bias and silu-mul in the GEMV; the q|k|v split, q/k norms, RoPE and the KV cache "
+          "write in one kernel); false sets TANDEM_CUDA_FUSION=0, for a side-by-side run");
 ABSL_FLAG(int, gemv_columns, 0,
           "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
           "default)");
@@ -177,7 +177,7 @@ int Run() {
               absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda" ? " (attention on the tensor cores)" : "");
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) std::printf("gemv: %d output columns a warp\n", c);
   if (absl::GetFlag(FLAGS_pdl)) std::printf("pdl: programmatic dependent launch on\n");
-  if (!absl::GetFlag(FLAGS_fusion)) std::printf("fusion: decode fusions off\n");
+  if (!absl::GetFlag(FLAGS_fusion)) std::printf("fusion: off\n");
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",

@@ -513,58 +513,97 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
   }
 }
 
-// RoPE in the kernel that writes the cache: the bits of Rope then PagedAttention (the rotated q and k,
-// both caches, the output), over the mixed batch with a padding token (slot -1) and 16-bit caches.
-TEST_F(CudaBackendTest, RopeInTheCacheWriteGivesTheBitsOfRopeThenAttention) {
+// The q|k|v prologue kernel (split, q/k norms, RoPE, cache write in one pass): the bits of the ops it
+// replaces (Backend's own QkvAttention: CopyColumns, RmsNorm, Rope, PagedAttention), output and both
+// caches, over the mixed batch with a padding token (slot -1) and over a single token, with and without
+// Qwen3's norms, over f32 and BF16 caches; and within rounding of the CPU.
+TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int64_t hd : {64, 80, 128}) {
-      AttentionCase c(hd, 8, 2, kMixedBatch);
-      c.g.dtype = dt;
-      c.slots[3] = -1;  // a padding token: rotated, not stored
-      std::vector<float> inv(hd / 2);
-      for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
-      const size_t cache_bytes = c.g.num_layers * c.g.elements_per_layer() * DTypeSize(dt);
-      std::vector<std::byte> cache_init(cache_bytes);
-      for (size_t i = 0; i < cache_bytes; ++i) cache_init[i] = static_cast<std::byte>(i * 7 % 61);
-      const AttentionMetadata md = OnDevice(c);
-      const float* inv_g = Up(inv);
-      struct Run {
-        std::vector<float> q, k, out;
-        std::vector<std::byte> kc, vc;
-      };
-      auto run = [&](bool fused) {
-        float *q = Up(c.q), *k = Up(c.k), *out = Zeros(c.n * c.hq * hd);
-        void *kc = Up(cache_init), *vc = Up(cache_init);
-        if (fused) {
-          gpu_->RopePagedAttention(q, k, Up(c.v), inv_g, kc, vc, c.g, c.layer, md, c.hq, c.scale(), out);
-        } else {
-          gpu_->Rope(q, k, md.positions, inv_g, c.n, c.hq, c.g.num_kv_heads, hd);
-          gpu_->PagedAttention(q, k, Up(c.v), kc, vc, c.g, c.layer, md, c.hq, c.scale(), out);
+      for (bool single : {false, true}) {
+        for (bool norms : {false, true}) {
+          const int64_t hq = 8, hk = 2;
+          AttentionCase c(hd, hq, hk, single ? std::vector<AttentionCase::Seq>{{300, 1}} : kMixedBatch);
+          c.g.dtype = dt;
+          if (!single) c.slots[3] = -1;  // a padding token: rotated, not stored
+          const int64_t row = (hq + 2 * hk) * hd;
+          const std::vector<float> qkv = Random(c.n * row, 61), qn = Random(hd, 62), kn = Random(hd, 63);
+          std::vector<float> inv(hd / 2);
+          for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
+          const DeviceWeight qw = gpu_->UploadWeight(View(qn, 1, hd, DType::kF32)).value();
+          const DeviceWeight kw = gpu_->UploadWeight(View(kn, 1, hd, DType::kF32)).value();
+          const size_t elems = c.g.num_layers * c.g.elements_per_layer(), cache_bytes = elems * DTypeSize(dt);
+          std::vector<std::byte> cache_init(cache_bytes);
+          for (size_t i = 0; i < cache_bytes; ++i) cache_init[i] = static_cast<std::byte>(i * 7 % 61);
+          const AttentionMetadata md = OnDevice(c);
+          struct Run {
+            std::vector<float> out;
+            std::vector<std::byte> kc, vc;
+          };
+          auto run = [&](bool fused) {
+            Backend::QkvAttentionInput in;
+            in.qkv = Up(qkv);
+            if (norms) {
+              in.q_norm = &qw;
+              in.k_norm = &kw;
+            }
+            in.eps = 1e-6f;
+            in.inv_freq = Up(inv);
+            in.q = Zeros(c.n * hq * hd);
+            in.k = Zeros(c.n * hk * hd);
+            in.v = Zeros(c.n * hk * hd);
+            float* out = Zeros(c.n * hq * hd);
+            void *kc = Up(cache_init), *vc = Up(cache_init);
+            if (fused) {
+              gpu_->QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+            } else {
+              gpu_->Backend::QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+            }
+            Run r{Down(out, c.n * hq * hd), std::vector<std::byte>(cache_bytes), std::vector<std::byte>(cache_bytes)};
+            gpu_->CopyToHost(r.kc.data(), kc, cache_bytes);
+            gpu_->CopyToHost(r.vc.data(), vc, cache_bytes);
+            return r;
+          };
+          const Run a = run(false), b = run(true);
+          const std::string what = absl::StrCat(std::string(DTypeName(dt)), " head_dim ", hd, single ? " one token" : "",
+                                                norms ? " with q/k norms" : "");
+          EXPECT_EQ(b.out, a.out) << what;
+          EXPECT_TRUE(b.kc == a.kc) << "K cache, " << what;
+          EXPECT_TRUE(b.vc == a.vc) << "V cache, " << what;
+          EXPECT_FALSE(a.kc == cache_init) << "keys written, " << what;
+          // The CPU's own ops (an f32 cache: the CPU's 16-bit cache is checked elsewhere).
+          if (dt != DType::kF32) continue;
+          const DeviceWeight qc = cpu_->UploadWeight(View(qn, 1, hd, DType::kF32)).value();
+          const DeviceWeight kcw = cpu_->UploadWeight(View(kn, 1, hd, DType::kF32)).value();
+          std::vector<float> qkv_c = qkv, qb(c.n * hq * hd), kb(c.n * hk * hd), vb(c.n * hk * hd), ref(c.n * hq * hd);
+          std::vector<float> kc_c(elems), vc_c(elems);
+          std::memcpy(kc_c.data(), cache_init.data(), cache_bytes);
+          std::memcpy(vc_c.data(), cache_init.data(), cache_bytes);
+          Backend::QkvAttentionInput in;
+          in.qkv = qkv_c.data();
+          if (norms) {
+            in.q_norm = &qc;
+            in.k_norm = &kcw;
+          }
+          in.eps = 1e-6f;
+          in.inv_freq = inv.data();
+          in.q = qb.data();
+          in.k = kb.data();
+          in.v = vb.data();
+          cpu_->QkvAttention(in, kc_c.data(), vc_c.data(), c.g, c.layer, c.Host(), hq, c.scale(), ref.data());
+          EXPECT_LE(MaxRelDiff(b.out, ref), 1e-4f) << what;
         }
-        Run r{Down(q, c.q.size()), Down(k, c.k.size()), Down(out, c.n * c.hq * hd), std::vector<std::byte>(cache_bytes),
-              std::vector<std::byte>(cache_bytes)};
-        gpu_->CopyToHost(r.kc.data(), kc, cache_bytes);
-        gpu_->CopyToHost(r.vc.data(), vc, cache_bytes);
-        return r;
-      };
-      const Run a = run(false), b = run(true);
-      const std::string what = absl::StrCat(std::string(DTypeName(dt)), " head_dim ", hd);
-      EXPECT_EQ(b.q, a.q) << what;
-      EXPECT_EQ(b.k, a.k) << what;
-      EXPECT_EQ(b.out, a.out) << what;
-      EXPECT_TRUE(b.kc == a.kc) << "K cache, " << what;
-      EXPECT_TRUE(b.vc == a.vc) << "V cache, " << what;
-      EXPECT_NE(a.q, c.q) << "rotated";
+      }
     }
   }
-  // q and k must be the arguments' own.
-  AttentionCase c(64, 8, 2, kMixedBatch);
-  float* other = Zeros(c.k.size());
-  cuda::PagedAttentionArgs a =
-      CudaBackend::AttentionArgs(Up(c.q), Up(c.k), Up(c.v), Up(c.kc), Up(c.vc), c.g, c.layer, OnDevice(c), c.hq,
-                                 c.scale(), Zeros(c.n * c.hq * 64));
-  a.rope = {const_cast<float*>(a.q), other, Up(std::vector<float>(32, 1.f))};
-  EXPECT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaErrorInvalidValue);
+  cuda::QkvPrologueArgs bad;
+  bad.num_tokens = 1;
+  bad.num_q_heads = 8;
+  bad.layer.num_kv_heads = 2;
+  bad.layer.head_dim = cuda::kMaxPrologueHeadDim + 2;
+  EXPECT_EQ(cuda::LaunchQkvPrologue(bad, nullptr), cudaErrorInvalidValue);
+  bad.layer.head_dim = 63;
+  EXPECT_EQ(cuda::LaunchQkvPrologue(bad, nullptr), cudaErrorInvalidValue);
 }
 
 // A BF16 or F16 cache: keys and values written rounded to nearest even, exactly as the CPU rounds
@@ -1249,11 +1288,12 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_EQ(eager[i], replayed[i]) << "decode step " << i;
 }
 
-// The decode fusions (TANDEM_CUDA_FUSION: bias and silu · up in the GEMV, RoPE in the cache write)
-// change no bit of a forward pass. On the emulator, which counts kernels: a step of up to
-// kGemvMaxRows tokens runs two kernels a layer fewer (three with attention biases), a longer prompt
-// chunk (cuBLAS, not the GEMV) one.
-TEST_P(CudaForwardTest, DecodeFusionsChangeNoBitAndRunFewerKernels) {
+// The fusions (TANDEM_CUDA_FUSION: bias and silu · up in the GEMV; the q|k|v split, q/k norms, RoPE
+// and the cache write in one kernel) change no bit of a forward pass. On the emulator, which counts
+// kernels, a step runs per layer: one fewer for RoPE, three more for the split of several tokens, two
+// for Qwen3's norms, and where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up and one for
+// the attention bias.
+TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   std::vector<int32_t> tokens(44);
   std::mt19937 rng(5);
@@ -1276,7 +1316,8 @@ TEST_P(CudaForwardTest, DecodeFusionsChangeNoBitAndRunFewerKernels) {
   const std::vector<int64_t> step_tokens = {16, 16, 8, 1, 1, 1, 1};  // prompt chunks, then decode steps
   ASSERT_EQ(kernels[0].size(), step_tokens.size());
   for (size_t i = 0; i < kernels[0].size(); ++i) {
-    const int64_t saved = step_tokens[i] <= cuda::kGemvMaxRows ? 2 + (c.attention_bias ? 1 : 0) : 1;
+    const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
+                          (step_tokens[i] <= cuda::kGemvMaxRows ? 1 + (c.attention_bias ? 1 : 0) : 0);
     EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers) << "step " << i;
     if (i == 3) {
       std::printf("%s decode step, %lld layers: %llu kernels fused, %llu unfused\n", GetParam().c_str(),

@@ -489,17 +489,34 @@ void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
   Check(cuda::LaunchPagedAttention(a, stream_), "paged attention");
 }
 
-void CudaBackend::RopePagedAttention(float* q, float* k, const float* v, const float* inv_freq, void* k_cache,
-                                     void* v_cache, const KvCacheGeometry& g, int64_t layer,
-                                     const AttentionMetadata& md, int64_t num_q_heads, float scale, float* out) {
-  if (!fusion_) {
-    Backend::RopePagedAttention(q, k, v, inv_freq, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
+void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& g,
+                               int64_t layer, const AttentionMetadata& md, int64_t num_q_heads, float scale,
+                               float* out) {
+  if (!fusion_ || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim) {
+    Backend::QkvAttention(in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
     return;
   }
   Bind();
-  cuda::OpScope op(profiler_.get(), capturing_, "rope+attention", 0, stream_);
-  cuda::PagedAttentionArgs a = AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
-  a.rope = {q, k, inv_freq};
+  cuda::PagedAttentionArgs a = AttentionArgs(in.q, nullptr, nullptr, k_cache, v_cache, g, layer, md, num_q_heads,
+                                             scale, out);
+  {
+    cuda::OpScope op(profiler_.get(), capturing_, "qkv prologue", 0, stream_);
+    cuda::QkvPrologueArgs p;
+    p.layer = a.layer;
+    p.qkv = in.qkv;
+    p.num_tokens = md.num_tokens;
+    p.num_q_heads = num_q_heads;
+    p.q_norm = in.q_norm != nullptr ? static_cast<const float*>(in.q_norm->data) : nullptr;
+    p.k_norm = in.k_norm != nullptr ? static_cast<const float*>(in.k_norm->data) : nullptr;
+    p.eps = in.eps;
+    p.positions = md.positions;
+    p.inv_freq = in.inv_freq;
+    p.slot_mapping = md.slot_mapping;
+    p.q_out = in.q;
+    Check(cuda::LaunchQkvPrologue(p, stream_), "q|k|v prologue");
+  }
+  cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
+  a.kv_written = true;
   Attend(a);
 }
 

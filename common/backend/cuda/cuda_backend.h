@@ -70,10 +70,10 @@ class CudaBackend final : public Backend {
                                                 void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                                                 const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                                                 float* out);
-  // The rotation in the kernel that writes the cache (kernels.h: PagedAttentionArgs::rope).
-  void RopePagedAttention(float* q, float* k, const float* v, const float* inv_freq, void* k_cache, void* v_cache,
-                          const KvCacheGeometry& geometry, int64_t layer, const AttentionMetadata& metadata,
-                          int64_t num_q_heads, float scale, float* out) override;
+  // The split, the q/k norms, RoPE and the cache write in one kernel (kernels.h: LaunchQkvPrologue).
+  void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& geometry,
+                    int64_t layer, const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                    float* out) override;
   // Where the GEMV takes the rows: one kernel, silu · up applied as it writes (gemv.h: GemvEpilogue).
   void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
@@ -130,8 +130,8 @@ class CudaBackend final : public Backend {
   bool batch_invariant_;
   bool tensor_core_prefill_ = false;  // TANDEM_CUDA_TC_ATTENTION=1
   int gemv_columns_ = 1;              // TANDEM_CUDA_GEMV_COLUMNS
-  // Decode fusions (bias and silu·up in the GEMV, RoPE in the cache write): TANDEM_CUDA_FUSION=0 turns
-  // them off, for benchmarks to compare (the same bits either way).
+  // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in one
+  // kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits either way).
   bool fusion_ = true;
   std::string description_;
   cudaStream_t stream_;

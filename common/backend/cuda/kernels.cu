@@ -108,14 +108,12 @@ __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t 
   }
 }
 
-// Rotates the pair (x[i], x[i + half]) of one head by pos · inv_freq[i], in place (rotate-half).
-__device__ __forceinline__ void RotatePair(float* x, int64_t i, int64_t half, float pos, const float* inv_freq) {
-  const float angle = pos * inv_freq[i];
+// (x0, x1) of a rotate-half pair turned by pos · inv_freq.
+__device__ __forceinline__ float2 Rotate(float x0, float x1, float pos, float inv_freq) {
+  const float angle = pos * inv_freq;
   float s, c;
   sincosf(angle, &s, &c);
-  const float x0 = x[i], x1 = x[i + half];
-  x[i] = x0 * c - x1 * s;
-  x[i + half] = x1 * c + x0 * s;
+  return make_float2(x0 * c - x1 * s, x1 * c + x0 * s);
 }
 
 // Grid: one block per token. Threads walk (head, i) pairs of q then k.
@@ -126,7 +124,10 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
   const float pos = float(positions[t]);
   for (int64_t idx = threadIdx.x; idx < (nq + nk) * half; idx += blockDim.x) {
     const int64_t h = idx / half, i = idx % half;
-    RotatePair(h < nq ? q + (t * nq + h) * head_dim : k + (t * nk + (h - nq)) * head_dim, i, half, pos, inv_freq);
+    float* x = h < nq ? q + (t * nq + h) * head_dim : k + (t * nk + (h - nq)) * head_dim;
+    const float2 y = Rotate(x[i], x[i + half], pos, inv_freq[i]);
+    x[i] = y.x;
+    x[i + half] = y.y;
   }
 }
 
@@ -141,30 +142,55 @@ __global__ void WriteKvKernel(T* kc, T* vc, const float* k, const float* v, cons
   }
 }
 
-// RopeKernel then WriteKvKernel in one pass (grid: one block per token): the thread that rotates a
-// pair of k stores it, so no barrier separates the two. Padding tokens are rotated, not stored.
+constexpr int kPrologueWarps = 8;
+
+// LaunchQkvPrologue's kernel. Grid: one block per token; warp w takes q and k heads w, w + 8, ...: it
+// stages the (normalised) head in shared memory, then rotates its pairs into q_out or the cache. The
+// norm adds squares as RmsNormKernel's block does (element j by thread j, each warp by xor-shuffle,
+// the warps' sums in order; its extra zeros change nothing), so the bits are RmsNorm's.
 template <typename T>
-__global__ void RopeWriteKvKernel(T* kc, T* vc, float* q, float* k, const float* v, const int32_t* slots,
-                                  const int32_t* positions, const float* inv_freq, int64_t nq, int64_t nk,
-                                  int64_t head_dim) {
+__global__ void __launch_bounds__(kPrologueWarps * 32) QkvPrologueKernel(QkvPrologueArgs a) {
   PdlPrologue();
-  const int64_t t = blockIdx.x, half = head_dim / 2, slot = slots[t], row = nk * head_dim;
-  const float pos = float(positions[t]);
-  for (int64_t idx = threadIdx.x; idx < (nq + nk) * half; idx += blockDim.x) {
-    const int64_t h = idx / half, i = idx % half;
-    if (h < nq) {
-      RotatePair(q + (t * nq + h) * head_dim, i, half, pos, inv_freq);
-      continue;
+  __shared__ float staged[kPrologueWarps][kMaxPrologueHeadDim];
+  const int64_t t = blockIdx.x, hd = a.layer.head_dim, half = hd / 2, nq = a.num_q_heads;
+  const int64_t kvs = a.layer.num_kv_heads * hd, slot = a.slot_mapping[t];
+  const float* row = a.qkv + t * (nq * hd + 2 * kvs);
+  const float pos = float(a.positions[t]);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* x = staged[warp];
+  T* kc = slot >= 0 ? static_cast<T*>(a.layer.k_cache) + slot * kvs : nullptr;
+  for (int64_t h = warp; h < nq + a.layer.num_kv_heads; h += kPrologueWarps) {
+    const float* src = row + h * hd;  // k heads follow the q heads
+    const float* norm = h < nq ? a.q_norm : a.k_norm;
+    if (norm != nullptr) {
+      float ss = 0.f;
+      for (int64_t c0 = 0; c0 < hd; c0 += 32) {
+        float v = c0 + lane < hd ? src[c0 + lane] * src[c0 + lane] : 0.f;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        ss = c0 == 0 ? v : ss + v;
+      }
+      const float inv = 1.0f / sqrtf(ss / float(hd) + a.eps);
+      for (int64_t j = lane; j < hd; j += 32) x[j] = src[j] * inv * norm[j];
+    } else {
+      for (int64_t j = lane; j < hd; j += 32) x[j] = src[j];
     }
-    float* x = k + t * row + (h - nq) * head_dim;
-    RotatePair(x, i, half, pos, inv_freq);
-    if (slot < 0) continue;
-    const int64_t at = slot * row + (h - nq) * head_dim;
-    StoreKv(kc + at + i, x[i]);
-    StoreKv(kc + at + i + half, x[i + half]);
+    __syncwarp();
+    for (int64_t i = lane; i < half; i += 32) {
+      const float2 y = Rotate(x[i], x[i + half], pos, a.inv_freq[i]);
+      if (h < nq) {
+        float* q = a.q_out + (t * nq + h) * hd;
+        q[i] = y.x;
+        q[i + half] = y.y;
+      } else if (kc != nullptr) {
+        StoreKv(kc + (h - nq) * hd + i, y.x);
+        StoreKv(kc + (h - nq) * hd + i + half, y.y);
+      }
+    }
+    __syncwarp();  // the warp's reads of x are done before its next head overwrites it
   }
-  if (slot < 0) return;
-  for (int64_t j = threadIdx.x; j < row; j += blockDim.x) StoreKv(vc + slot * row + j, v[t * row + j]);
+  if (slot < 0) return;  // a padding token: nothing to keep
+  T* vc = static_cast<T*>(a.layer.v_cache) + slot * kvs;
+  for (int64_t j = threadIdx.x; j < kvs; j += blockDim.x) StoreKv(vc + j, row[nq * hd + kvs + j]);
 }
 
 // Float offset of the 8-byte aligned slot array after q [head_dim] and probs [kAttentionThreads].
@@ -611,6 +637,19 @@ cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float
   return cudaGetLastError();
 }
 
+cudaError_t LaunchQkvPrologue(const QkvPrologueArgs& a, cudaStream_t stream) {
+  if (a.num_tokens == 0) return cudaSuccess;
+  if (a.layer.head_dim <= 0 || a.layer.head_dim % 2 != 0 || a.layer.head_dim > kMaxPrologueHeadDim ||
+      a.num_tokens > 0x7fffffff || a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
+    using T = std::remove_pointer_t<decltype(type)>;
+    LaunchKernel(QkvPrologueKernel<T>, static_cast<unsigned>(a.num_tokens), kPrologueWarps * 32, 0, stream, a);
+    return cudaGetLastError();
+  });
+}
+
 // Whether kAuto takes the tiled prompt kernel for this launch.
 static bool TakesTiled(const PagedAttentionArgs& a) {
   return a.mode == AttentionMode::kAuto && a.allow_tiled && TiledPrefillCapable(a) && TiledPrefillPays(a);
@@ -634,8 +673,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   if (a.num_tokens == 0) return cudaSuccess;
   if (a.layer.head_dim > kAttentionThreads * kMaxDimsPerThread || a.num_tokens > 0x7fffffff ||
       a.num_q_heads <= 0 || a.num_q_heads > 65535 || a.layer.num_kv_heads <= 0 ||
-      a.num_q_heads % a.layer.num_kv_heads != 0 ||
-      (a.rope.inv_freq != nullptr && (a.rope.q != a.q || a.rope.k != a.k || a.layer.head_dim % 2 != 0))) {
+      a.num_q_heads % a.layer.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
   const int64_t ws = SplitAttentionWorkspaceFloats(a);
@@ -645,12 +683,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   if (a.mode == AttentionMode::kTensorCore && !TensorCorePrefillCapable(a)) return cudaErrorInvalidValue;
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
-    if (a.rope.inv_freq != nullptr) {
-      LaunchKernel(RopeWriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
-                   static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.rope.q, a.rope.k, a.v,
-                   a.slot_mapping, a.positions, a.rope.inv_freq, a.num_q_heads, a.layer.num_kv_heads,
-                   a.layer.head_dim);
-    } else {
+    if (!a.kv_written) {
       LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kThreads, 0, stream,
                    static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k, a.v, a.slot_mapping,
                    a.layer.num_kv_heads * a.layer.head_dim);

@@ -52,8 +52,7 @@ enum class AttentionMode {
 };
 
 // First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
-// [num_kv_heads][head_dim]; with `rope`, q and k are first rotated in place in the same pass, as
-// LaunchRope rotates them, bit for bit), then runs causal attention of every new token over its sequence's paged
+// [num_kv_heads][head_dim]; not when kv_written), then runs causal attention of every new token over its sequence's paged
 // keys and values (metadata as in backend.h's AttentionMetadata): out[n][num_q_heads][head_dim].
 // head_dim 32, 64, 128 or 256: GQA-aware split-KV kernels (kernels.cu), bit-identical in every split
 // mode and whatever the batch (kAuto with allow_tiled may take the tiled prompt kernel instead, whose
@@ -64,13 +63,8 @@ struct PagedAttentionArgs {
   const float* q = nullptr;
   const float* k = nullptr;  // [num_tokens][num_kv_heads][head_dim]
   const float* v = nullptr;
-  // Non-null inv_freq [head_dim/2]: q and k (which must be q and k above) are rotated at `positions`
-  // before k is written: one kernel for LaunchRope and the cache write.
-  struct Rope {
-    float* q = nullptr;
-    float* k = nullptr;
-    const float* inv_freq = nullptr;
-  } rope;
+  // The new keys and values are in the cache already (LaunchQkvPrologue wrote them): k and v unused.
+  bool kv_written = false;
   const int32_t* slot_mapping = nullptr;
   int64_t num_tokens = 0;
   int64_t num_seqs = 0;
@@ -98,6 +92,30 @@ struct PagedAttentionArgs {
   int64_t workspace_floats = 0;
 };
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, cudaStream_t stream);
+
+// What comes between a fused q|k|v projection and attention, in one pass a token: splits each row of
+// qkv [num_tokens][(num_q_heads + 2 num_kv_heads) head_dim] into heads; with q_norm / k_norm
+// ([head_dim] f32, Qwen3) RMS-normalises every q and k head; rotates q and k at `positions` (RoPE,
+// inv_freq [head_dim/2]); writes q to q_out [num_tokens][num_q_heads][head_dim] and k, v into the
+// layer's cache at slot_mapping (a negative slot: not written). Bit for bit what LaunchCopyColumns,
+// LaunchRmsNorm (per head), LaunchRope and LaunchPagedAttention's cache write give (the norm's sum in
+// RmsNorm's order). cudaErrorInvalidValue, nothing launched, unless head_dim is even and at most
+// kMaxPrologueHeadDim.
+constexpr int64_t kMaxPrologueHeadDim = 256;
+struct QkvPrologueArgs {
+  PagedLayer layer;  // the cache's layer, num_kv_heads and head_dim
+  const float* qkv = nullptr;
+  int64_t num_tokens = 0;
+  int64_t num_q_heads = 0;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 0.f;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  const int32_t* slot_mapping = nullptr;
+  float* q_out = nullptr;
+};
+cudaError_t LaunchQkvPrologue(const QkvPrologueArgs& args, cudaStream_t stream);
 // Floats of workspace the launch wants (0: it needs none and will not split across blocks).
 int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& args);
 
