@@ -305,6 +305,39 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
             cudaErrorInvalidValue);
 }
 
+// The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
+// more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
+// an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
+TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
+  const int64_t n = 40, d = 256, m = 96;
+  const std::vector<float> wv = Random(m * d, 71, 0.05f), norm = Random(d, 72), xv = Random(n * d, 73),
+                           yv = Random(n * d, 74), zv = Random(n * d, 75);
+  const DeviceWeight w = gpu_->UploadWeight(View(wv, m, d, DType::kBF16)).value();
+  const DeviceWeight nw = gpu_->UploadWeight(View(norm, 1, d, DType::kF32)).value();
+  // GEMM over a fresh device copy of `input`.
+  auto fresh = [&](const std::vector<float>& input) {
+    float* out = Zeros(n * m);
+    gpu_->Linear(Up(input), n, w, nullptr, out);
+    return Down(out, n * m);
+  };
+  for (bool between : {false, true}) {
+    float *x = Up(xv), *h = Zeros(n * d), *out = Zeros(n * m);
+    gpu_->AddRmsNorm(x, Up(yv), nw, 1e-6f, n, d, h);
+    if (between) gpu_->Add(h, Up(zv), n * d);
+    gpu_->Linear(h, n, w, nullptr, out);
+    EXPECT_EQ(Down(out, n * m), fresh(Down(h, n * d))) << (between ? "an Add between" : "right after");
+  }
+  // silu · up, and the plain norm.
+  float *gu = Up(Random(n * 2 * d, 76)), *act = Zeros(n * d), *out = Zeros(n * m);
+  gpu_->SiluMulPacked(gu, n, d, act);
+  gpu_->Linear(act, n, w, nullptr, out);
+  EXPECT_EQ(Down(out, n * m), fresh(Down(act, n * d))) << "silu-mul";
+  float* normed = Zeros(n * d);
+  gpu_->RmsNorm(Up(xv), nw, 1e-6f, n, d, normed);
+  gpu_->Linear(normed, n, w, nullptr, out);
+  EXPECT_EQ(Down(out, n * m), fresh(Down(normed, n * d))) << "rms norm";
+}
+
 TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
   const int64_t rows = 64, cols = 128;
   auto [wc, wg] = Weights(Random(rows * cols, 41, 0.1f), rows, cols, DType::kBF16);
@@ -1291,8 +1324,8 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
 // The fusions (TANDEM_CUDA_FUSION: bias and silu · up in the GEMV; the q|k|v split, q/k norms, RoPE
 // and the cache write in one kernel) change no bit of a forward pass. On the emulator, which counts
 // kernels, a step runs per layer: one fewer for RoPE, three more for the split of several tokens, two
-// for Qwen3's norms, and where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up and one for
-// the attention bias.
+// for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up and one for the
+// attention bias, elsewhere three for the GEMM inputs the norms and silu · up write already rounded.
 TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   std::vector<int32_t> tokens(44);
@@ -1316,9 +1349,11 @@ TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::vector<int64_t> step_tokens = {16, 16, 8, 1, 1, 1, 1};  // prompt chunks, then decode steps
   ASSERT_EQ(kernels[0].size(), step_tokens.size());
   for (size_t i = 0; i < kernels[0].size(); ++i) {
+    const bool gemv = step_tokens[i] <= cuda::kGemvMaxRows;
     const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
-                          (step_tokens[i] <= cuda::kGemvMaxRows ? 1 + (c.attention_bias ? 1 : 0) : 0);
-    EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers) << "step " << i;
+                          (gemv ? 1 + (c.attention_bias ? 1 : 0) : 3);
+    // (every row's logits: the final norm rounds the LM head's input too where cuBLAS takes it)
+    EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 0 : 1)) << "step " << i;
     if (i == 3) {
       std::printf("%s decode step, %lld layers: %llu kernels fused, %llu unfused\n", GetParam().c_str(),
                   static_cast<long long>(c.num_hidden_layers), static_cast<unsigned long long>(kernels[1][i]),

@@ -68,7 +68,14 @@ absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes,
 
 }  // namespace
 
+namespace {
+// Ops begun on this thread, by any CUDA backend (Bind), so that a rounded output is taken only by the
+// op right after its producer.
+thread_local uint64_t ops_begun = 0;
+}  // namespace
+
 void CudaBackend::Bind() {
+  ++ops_begun;
   // The current device is per host thread, and the engine loop is not the thread that created us.
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device_) Check(cudaSetDevice(device_), "cudaSetDevice");
@@ -239,6 +246,10 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
     w.owner = *std::move(owner);
   } else if (t.shape.size() == 2) {
     w.dtype = t.dtype;
+    if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
+      gemm_dtype_mixed_ |= gemm_dtype_ != DType::kF32 && gemm_dtype_ != t.dtype;
+      gemm_dtype_ = t.dtype;
+    }
     w.rows = t.shape[0];
     w.cols = t.shape[1];
     auto owner = UploadBytes(t.data, t.nbytes, stream_, live_bytes_);
@@ -264,14 +275,17 @@ void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps,
                           float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "rms_norm", 0, stream_);
-  Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "rms norm");
+  Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_, RoundOutput(out, n, d)),
+        "rms norm");
 }
 
 void CudaBackend::AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
                              float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "add_rms_norm", 0, stream_);
-  Check(cuda::LaunchAddRmsNorm(x, y, static_cast<const float*>(weight.data), eps, n, d, out, stream_), "add + rms norm");
+  Check(cuda::LaunchAddRmsNorm(x, y, static_cast<const float*>(weight.data), eps, n, d, out, stream_,
+                               RoundOutput(out, n, d)),
+        "add + rms norm");
 }
 
 absl::Status CudaBackend::BeginCapture() {
@@ -381,11 +395,25 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
   }
   void* xh = Scratch(kHalfInput, static_cast<size_t>(n) * k * 2);
   if (!xh) return;
-  Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
+  const RoundedOutput& r = rounded_;
+  const bool rounded = r.data == xh && r.of == x && r.count == n * k && r.dtype == w.dtype &&
+                       r.thread == std::this_thread::get_id() && r.op + 1 == ops_begun;
+  if (!rounded) Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
   const cudaDataType type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
   Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
                      CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
+}
+
+cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t d) {
+  rounded_ = {};
+  if (!fusion_ || batch_invariant_ || n <= cuda::kGemvMaxRows || gemm_dtype_ == DType::kF32 || gemm_dtype_mixed_) {
+    return {};
+  }
+  void* data = Scratch(kHalfInput, static_cast<size_t>(n * d) * 2, /*optional=*/true);
+  if (data == nullptr) return {};
+  rounded_ = {out, n * d, data, gemm_dtype_, std::this_thread::get_id(), ops_begun};
+  return {data, gemm_dtype_};
 }
 
 void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) {
@@ -557,7 +585,7 @@ void CudaBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t
 void CudaBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "silu_mul", 0, stream_);
-  Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_), "silu-mul (packed)");
+  Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_, RoundOutput(out, n, d)), "silu-mul (packed)");
 }
 
 void CudaBackend::Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/backend/backend.h"
@@ -125,6 +126,10 @@ class CudaBackend final : public Backend {
   void Attend(cuda::PagedAttentionArgs a);
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
+  // Where an op producing `out` [n][d] also writes the 16-bit copy a GEMM reading it next would
+  // convert (in the GEMM input scratch), recorded in rounded_; none (data null) when no GEMM of 16-bit
+  // weights is likely to read it (the GEMV takes n rows, fusions off, batch-invariant) or no scratch.
+  cuda::RoundedCopy RoundOutput(const float* out, int64_t n, int64_t d);
 
   int device_;
   bool batch_invariant_;
@@ -133,6 +138,19 @@ class CudaBackend final : public Backend {
   // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in one
   // kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits either way).
   bool fusion_ = true;
+  // The 16-bit type of the 2-D weights uploaded (kF32: none yet, or both 16-bit types: no rounded copies).
+  DType gemm_dtype_ = DType::kF32;
+  bool gemm_dtype_mixed_ = false;
+  // The rounded copy the last op wrote of its output (RoundOutput): good for the op right after it on
+  // the same thread only, which Bind()'s per-thread op count tells (a Gemm of `of` then converts nothing).
+  struct RoundedOutput {
+    const float* of = nullptr;
+    int64_t count = 0;
+    void* data = nullptr;
+    DType dtype = DType::kF32;
+    std::thread::id thread;
+    uint64_t op = 0;
+  } rounded_;
   std::string description_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;

@@ -55,7 +55,25 @@ __global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, i
   }
 }
 
-__global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out) {
+template <typename T>
+__device__ T FromF32(float v);
+template <>
+__device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
+
+// out[i] = v, and the rounded copy's [i] when there is one.
+__device__ __forceinline__ void StoreOut(float* out, const RoundedCopy& r, int64_t i, float v) {
+  out[i] = v;
+  if (r.data == nullptr) return;
+  if (r.dtype == DType::kF16) {
+    static_cast<__half*>(r.data)[i] = FromF32<__half>(v);
+  } else {
+    static_cast<__nv_bfloat16*>(r.data)[i] = FromF32<__nv_bfloat16>(v);
+  }
+}
+
+__global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out, RoundedCopy r) {
   PdlPrologue();
   __shared__ float red[32];
   const float* xi = x + blockIdx.x * d;
@@ -63,13 +81,13 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xi[j] * xi[j];
   ss = BlockReduce<false>(ss, red);
   const float inv = 1.0f / sqrtf(ss / float(d) + eps);
-  float* oi = out + blockIdx.x * d;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) oi[j] = xi[j] * inv * w[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
 
 // RmsNormKernel after the residual add, with the same arithmetic: each thread reads its elements of
 // y before the reduction's barriers and writes out after them, so out may alias y.
-__global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float eps, int64_t d, float* out) {
+__global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float eps, int64_t d, float* out,
+                                 RoundedCopy r) {
   PdlPrologue();
   __shared__ float red[32];
   float* xi = x + blockIdx.x * d;
@@ -82,16 +100,8 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float
   }
   ss = BlockReduce<false>(ss, red);
   const float inv = 1.0f / sqrtf(ss / float(d) + eps);
-  float* oi = out + blockIdx.x * d;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) oi[j] = xi[j] * inv * w[j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
-
-template <typename T>
-__device__ T FromF32(float v);
-template <>
-__device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
 
 template <typename T>
 __global__ void ConvertKernel(const float* x, int64_t count, T* out) {
@@ -539,11 +549,11 @@ __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count,
   }
 }
 
-__global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, float* out) {
+__global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, float* out, RoundedCopy r) {
   PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
-    out[i] = SiluTimes(x[t * 2 * d + j], x[t * 2 * d + d + j]);
+    StoreOut(out, r, i, SiluTimes(x[t * 2 * d + j], x[t * 2 * d + d + j]));
   }
 }
 
@@ -594,18 +604,18 @@ cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int
 }
 
 cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_t n, int64_t d, float* out,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const RoundedCopy& rounded) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  LaunchKernel(RmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, weight, eps, d, out);
+  LaunchKernel(RmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, weight, eps, d, out, rounded);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, float eps, int64_t n, int64_t d,
-                             float* out, cudaStream_t stream) {
+                             float* out, cudaStream_t stream, const RoundedCopy& rounded) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  LaunchKernel(AddRmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, y, weight, eps, d, out);
+  LaunchKernel(AddRmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, y, weight, eps, d, out, rounded);
   return cudaGetLastError();
 }
 
@@ -863,9 +873,10 @@ cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, flo
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream) {
+cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream,
+                                const RoundedCopy& rounded) {
   if (n * d == 0) return cudaSuccess;
-  LaunchKernel(SiluMulPackedKernel, Blocks(n * d), kThreads, 0, stream, x, d, n * d, out);
+  LaunchKernel(SiluMulPackedKernel, Blocks(n * d), kThreads, 0, stream, x, d, n * d, out, rounded);
   return cudaGetLastError();
 }
 

@@ -15,9 +15,17 @@ namespace tandem::cuda {
 cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int32_t* ids, int64_t n,
                             float* out, cudaStream_t stream);
 
-// out[n][d] = x / sqrt(mean(x^2) + eps) * weight[d]; out may alias x.
+// A second, 16-bit copy of a kernel's f32 output, rounded to nearest even in `dtype` (kBF16 or kF16)
+// as LaunchConvertF32 rounds: the input of the cuBLAS GEMM that reads the output next, which then has
+// nothing to convert. data null: no copy.
+struct RoundedCopy {
+  void* data = nullptr;
+  DType dtype = DType::kBF16;
+};
+
+// out[n][d] = x / sqrt(mean(x^2) + eps) * weight[d]; out may alias x. `rounded`: [n][d].
 cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_t n, int64_t d,
-                          float* out, cudaStream_t stream);
+                          float* out, cudaStream_t stream, const RoundedCopy& rounded = {});
 
 // out[count] = round-to-nearest-even(x) in `dtype` (kF16 or kBF16): GEMM inputs for 16-bit weights.
 cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out, cudaStream_t stream);
@@ -124,10 +132,11 @@ cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, flo
 
 // x[n][d] += y[n][d], then out = RmsNorm(x) as LaunchRmsNorm computes it (out may alias y).
 cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, float eps, int64_t n, int64_t d,
-                             float* out, cudaStream_t stream);
+                             float* out, cudaStream_t stream, const RoundedCopy& rounded = {});
 
 // out[n][d] = silu(x[n][j]) * x[n][d + j] for j < d (packed gate|up rows).
-cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream);
+cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream,
+                                const RoundedCopy& rounded = {});
 
 // out[n][cols] = columns [offset, offset + cols) of x[n][stride].
 cudaError_t LaunchCopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out,
