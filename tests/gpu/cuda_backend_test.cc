@@ -639,6 +639,52 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
   EXPECT_EQ(cuda::LaunchQkvPrologue(bad, nullptr), cudaErrorInvalidValue);
 }
 
+// Every attention kernel writes its output rounded for the o projection's GEMM too (RoundOutput): a
+// step of prompt chunks (the tiled kernel, or with TANDEM_CUDA_TC_ATTENTION its tensor-core twin, with
+// the split-KV kernel for the decode token beside them) then the GEMM: the bits of a GEMM over a
+// fresh copy of the output.
+TEST_F(CudaBackendTest, AttentionWritesTheOProjectionsInputRounded) {
+  for (bool tc : {false, true}) {
+    if (tc) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
+    auto backend = CudaBackend::Create({});
+    ::unsetenv("TANDEM_CUDA_TC_ATTENTION");
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    CudaBackend* b = backend->get();
+    AttentionCase c(64, 8, 2, {{0, 80}, {300, 1}, {40, 70}});
+    c.g.dtype = DType::kBF16;
+    const int64_t d = c.hq * 64, m = 96;
+    const DeviceWeight w = b->UploadWeight(View(Random(m * d, 81, 0.05f), m, d, DType::kBF16)).value();
+    auto up = [&](const auto& host) {
+      auto buf = b->Allocate(std::max<size_t>(host.size(), 1) * sizeof(host[0])).value();
+      b->CopyToDevice(buf->data(), host.data(), host.size() * sizeof(host[0]));
+      void* p = buf->data();
+      buffers_.push_back(std::move(buf));
+      return p;
+    };
+    std::vector<uint16_t> cache(c.g.num_layers * c.g.elements_per_layer());
+    for (size_t i = 0; i < cache.size(); ++i) cache[i] = F32ToBf16(c.kc[i]);
+    AttentionMetadata md = c.Host();
+    md.seq_indptr = static_cast<int32_t*>(up(c.seq_indptr));
+    md.positions = static_cast<int32_t*>(up(c.positions));
+    md.context_lens = static_cast<int32_t*>(up(c.context_lens));
+    md.block_indptr = static_cast<int32_t*>(up(c.block_indptr));
+    md.block_indices = static_cast<int32_t*>(up(c.blocks));
+    md.slot_mapping = static_cast<int32_t*>(up(c.slots));
+    auto* attn = static_cast<float*>(up(std::vector<float>(c.n * d)));
+    auto* out = static_cast<float*>(up(std::vector<float>(c.n * m)));
+    b->PagedAttention(static_cast<float*>(up(c.q)), static_cast<float*>(up(c.k)), static_cast<float*>(up(c.v)),
+                      up(cache), up(cache), c.g, c.layer, md, c.hq, c.scale(), attn);
+    b->Linear(attn, c.n, w, nullptr, out);
+    std::vector<float> got(c.n * m), a(c.n * d), ref(c.n * m);
+    b->CopyToHost(got.data(), out, got.size() * 4);
+    b->CopyToHost(a.data(), attn, a.size() * 4);
+    b->Linear(static_cast<float*>(up(a)), c.n, w, nullptr, out);
+    b->CopyToHost(ref.data(), out, ref.size() * 4);
+    EXPECT_EQ(got, ref) << (tc ? "tensor-core" : "tiled") << " prompt kernel";
+    EXPECT_TRUE(b->CheckErrors().ok());
+  }
+}
+
 // A BF16 or F16 cache: keys and values written rounded to nearest even, exactly as the CPU rounds
 // them, and attention over them within f32 rounding of the CPU's.
 TEST_F(CudaBackendTest, PagedAttentionOverA16BitCacheMatchesTheCpu) {
@@ -1325,7 +1371,8 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
 // and the cache write in one kernel) change no bit of a forward pass. On the emulator, which counts
 // kernels, a step runs per layer: one fewer for RoPE, three more for the split of several tokens, two
 // for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up and one for the
-// attention bias, elsewhere three for the GEMM inputs the norms and silu · up write already rounded.
+// attention bias, elsewhere four for the GEMM inputs that the norms, attention and silu · up write
+// already rounded.
 TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   std::vector<int32_t> tokens(44);
@@ -1351,7 +1398,7 @@ TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   for (size_t i = 0; i < kernels[0].size(); ++i) {
     const bool gemv = step_tokens[i] <= cuda::kGemvMaxRows;
     const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
-                          (gemv ? 1 + (c.attention_bias ? 1 : 0) : 3);
+                          (gemv ? 1 + (c.attention_bias ? 1 : 0) : 4);
     // (every row's logits: the final norm rounds the LM head's input too where cuBLAS takes it)
     EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 0 : 1)) << "step " << i;
     if (i == 3) {

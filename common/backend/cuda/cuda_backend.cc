@@ -503,6 +503,7 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
 }
 
 void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
+  a.rounded = RoundOutput(a.out, a.num_tokens, a.num_q_heads * a.layer.head_dim);
   a.allow_tiled = !batch_invariant_;
   a.tensor_core_prefill = tensor_core_prefill_;
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace

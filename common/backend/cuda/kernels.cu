@@ -11,6 +11,7 @@
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/row_argmax.cuh"
+#include "common/backend/cuda/store_out.cuh"
 #include "common/backend/cuda/prefill_attention.h"
 
 namespace tandem::cuda {
@@ -61,17 +62,6 @@ template <>
 __device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <>
 __device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
-
-// out[i] = v, and the rounded copy's [i] when there is one.
-__device__ __forceinline__ void StoreOut(float* out, const RoundedCopy& r, int64_t i, float v) {
-  out[i] = v;
-  if (r.data == nullptr) return;
-  if (r.dtype == DType::kF16) {
-    static_cast<__half*>(r.data)[i] = FromF32<__half>(v);
-  } else {
-    static_cast<__nv_bfloat16*>(r.data)[i] = FromF32<__nv_bfloat16>(v);
-  }
-}
 
 __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out, RoundedCopy r) {
   PdlPrologue();
@@ -264,11 +254,11 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
     }
     __syncthreads();  // the next tile overwrites probs and slots
   }
-  float* o = a.out + (t * a.num_q_heads + h) * hd;
+  const int64_t o = (t * a.num_q_heads + h) * hd;
   const float inv = len > 0 ? 1.f / running_sum : 0.f;
   for (int j = 0; j < kMaxDimsPerThread; ++j) {
     const int64_t d = threadIdx.x + int64_t(j) * blockDim.x;
-    if (d < hd) o[d] = acc[j] * inv;
+    if (d < hd) StoreOut(a.out, a.rounded, o + d, acc[j] * inv);
   }
 }
 
@@ -475,7 +465,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
     const int64_t idx = threadIdx.x + int64_t(e) * kSplitThreads;
     if (idx >= gc * hd) break;
     const int64_t g = idx / hd, d = idx % hd;
-    a.out[(t * a.num_q_heads + h0 + g) * hd + d] = L[e] > 0.f ? __fdiv_rn(O[e], L[e]) : 0.f;
+    StoreOut(a.out, a.rounded, (t * a.num_q_heads + h0 + g) * hd + d, L[e] > 0.f ? __fdiv_rn(O[e], L[e]) : 0.f);
   }
 }
 
@@ -493,7 +483,7 @@ __global__ void MergeSplitsKernel(PagedAttentionArgs a, int64_t splits, const fl
     const float* part = partials + ((t * a.num_q_heads + h) * splits + s) * (hd + 2);
     MergeStep(M, L, O, part[hd], part[hd + 1], part[d]);
   }
-  a.out[(t * a.num_q_heads + h) * hd + d] = L > 0.f ? __fdiv_rn(O, L) : 0.f;
+  StoreOut(a.out, a.rounded, (t * a.num_q_heads + h) * hd + d, L > 0.f ? __fdiv_rn(O, L) : 0.f);
 }
 
 template <int kDims, typename T>

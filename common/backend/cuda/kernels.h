@@ -84,6 +84,7 @@ struct PagedAttentionArgs {
   const int32_t* block_indptr = nullptr;
   const int32_t* block_indices = nullptr;
   float* out = nullptr;
+  RoundedCopy rounded;  // of out [num_tokens][num_q_heads][head_dim], written by every kernel that writes out
   int64_t max_context_len = 0;  // of the batch: sets the number of splits
   AttentionMode mode = AttentionMode::kAuto;
   // kAuto may take the tiled prompt kernel for steps that are mostly prompt (not in the

@@ -4,6 +4,7 @@
 
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/prompt_runs.cuh"
+#include "common/backend/cuda/store_out.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -145,9 +146,9 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
       const int64_t t = run + 2 * rg + i;
       if (t >= run_end) continue;
       const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-      float* o = a.out + (t * a.num_q_heads + h) * kHd;
+      const int64_t o = (t * a.num_q_heads + h) * kHd;
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) o[c8 + 8 * d] = acc[i][d] * inv;
+      for (int d = 0; d < kDims; ++d) StoreOut(a.out, a.rounded, o + c8 + 8 * d, acc[i][d] * inv);
     }
     run = run_end;
   }

@@ -18,6 +18,7 @@
 
 #include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/prompt_runs.cuh"
+#include "common/backend/cuda/store_out.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -189,9 +190,9 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
     }
     if (t < run_end) {
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      float* out = a.out + (t * a.num_q_heads + h) * kHd + half * kHalfDims;
+      const int64_t out = (t * a.num_q_heads + h) * kHd + half * kHalfDims;
 #pragma unroll
-      for (int i = 0; i < kHalfDims; ++i) out[i] = o[i] * inv;
+      for (int i = 0; i < kHalfDims; ++i) StoreOut(a.out, a.rounded, out + i, o[i] * inv);
     }
     run = run_end;
   }
