@@ -227,6 +227,27 @@ class Backend {
     Linear(x, n, gate_up, nullptr, scratch);
     SiluMulPacked(scratch, n, gate_up.rows / 2, out);
   }
+  // --- Norms and residual adds inside the projections: the model uses the two ops below, in place of
+  // AddRmsNorm and the separate norms, where FusesNormsIntoLinear(n, w) says the backend fuses them for
+  // n rows over weights like w. The results are the same either way.
+  virtual bool FusesNormsIntoLinear(int64_t /*n*/, const DeviceWeight& /*w*/) const { return false; }
+  // out = Linear(RmsNorm(x[n][w.cols], norm, eps), w, bias), or with silu_mul LinearSiluMul of it
+  // (w = [gate; up], no bias: out [n][w.rows / 2]). h [n][w.cols] and scratch [n][w.rows] are scratch.
+  virtual void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps, const DeviceWeight& w,
+                             const DeviceWeight* bias, bool silu_mul, float* h, float* scratch, float* out) {
+    RmsNorm(x, norm, eps, n, w.cols, h);
+    if (silu_mul) {
+      LinearSiluMul(h, n, w, scratch, out);
+    } else {
+      Linear(h, n, w, bias, out);
+    }
+  }
+  // x[n][w.rows] += in[n][w.cols] · w^T: a projection and its residual add (Linear into scratch
+  // [n][w.rows], then Add).
+  virtual void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) {
+    Linear(in, n, w, nullptr, scratch);
+    Add(x, scratch, n * w.rows);
+  }
   // out[i] = the lowest index of the largest value of row x[i][d]; NaN never wins; 0 when nothing
   // beats -inf (common/base/argmax.h: greedy decoding's choice). out is a device int32 array [n].
   virtual void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) = 0;

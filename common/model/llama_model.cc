@@ -707,14 +707,23 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
   float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn, *gate = buf.gate,
         *up = buf.up;
   Backend* b = backend_;
+  // Where the backend runs the norms and residual adds inside the projections (its GEMV's shapes), h is
+  // scratch; elsewhere h = input_norm(x) at the top of each layer: the first layer's below, the
+  // others' fused with the last residual add.
+  const bool norms_in_linear =
+      fused_ && c.num_hidden_layers > 0 && b->FusesNormsIntoLinear(n, layers_[0].qkv);
   b->Embedding(embed_, buf.ids, n, x);
-  if (c.num_hidden_layers > 0) b->RmsNorm(x, layers_[0].input_norm, eps, n, hidden, h);
+  if (c.num_hidden_layers > 0 && !norms_in_linear) b->RmsNorm(x, layers_[0].input_norm, eps, n, hidden, h);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    // h = input_norm(x) here: the first layer's above, the others' fused with the last residual add.
     if (fused_) {
       // One GEMM for q|k|v, whose rows the backend splits into heads on the way to attention.
-      b->Linear(h, n, w.qkv, c.attention_bias ? &w.qkv_bias : nullptr, buf.qkv);
+      const DeviceWeight* bias = c.attention_bias ? &w.qkv_bias : nullptr;
+      if (norms_in_linear) {
+        b->RmsNormLinear(x, n, w.input_norm, eps, w.qkv, bias, /*silu_mul=*/false, h, buf.gate_up, buf.qkv);
+      } else {
+        b->Linear(h, n, w.qkv, bias, buf.qkv);
+      }
       Backend::QkvAttentionInput in;
       in.qkv = buf.qkv;
       if (c.qk_norm) {
@@ -739,6 +748,12 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
       b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale, attn);
     }
     if (on_layer_done) on_layer_done(l);
+    if (norms_in_linear) {
+      b->LinearResidual(attn, n, w.o, h, x);
+      b->RmsNormLinear(x, n, w.post_norm, eps, w.gate_up, nullptr, /*silu_mul=*/true, h, buf.gate_up, gate);
+      b->LinearResidual(gate, n, w.down, h, x);
+      continue;
+    }
     b->Linear(attn, n, w.o, nullptr, h);
     b->AddRmsNorm(x, h, w.post_norm, eps, n, hidden, h);
     if (fused_) {
@@ -757,8 +772,13 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
   }
   if (m == 0) return;
   b->GatherRows(x, buf.out_rows, m, hidden, buf.rows);
-  b->RmsNorm(buf.rows, final_norm_, eps, m, hidden, buf.logit_in);
-  b->Linear(buf.logit_in, m, lm_head_, nullptr, buf.logits);
+  if (fused_ && b->FusesNormsIntoLinear(m, lm_head_)) {
+    b->RmsNormLinear(buf.rows, m, final_norm_, eps, lm_head_, nullptr, /*silu_mul=*/false, buf.logit_in, nullptr,
+                     buf.logits);
+  } else {
+    b->RmsNorm(buf.rows, final_norm_, eps, m, hidden, buf.logit_in);
+    b->Linear(buf.logit_in, m, lm_head_, nullptr, buf.logits);
+  }
   if (argmax) b->ArgmaxRows(buf.logits, m, c.vocab_size, buf.argmax);
 }
 

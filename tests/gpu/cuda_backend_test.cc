@@ -278,10 +278,51 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
           silu_mul.silu_mul = true;
           ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, silu, nullptr, columns, silu_mul), cudaSuccess);
           EXPECT_EQ(Down(silu, n * sh.m), Down(separate, n * sh.m)) << "silu-mul, " << what;
+          if (columns != 1) continue;  // the norm and the accumulation take one column a warp
+          // The norm prologue, with each epilogue: RmsNorm then the GEMV.
+          const DeviceWeight nw = gpu_->UploadWeight(View(Random(sh.k, 55), 1, sh.k, DType::kF32)).value();
+          cuda::GemvPrologue norm;
+          norm.norm = static_cast<const float*>(nw.data);
+          norm.eps = 1e-5f;
+          float* h = Zeros(n * sh.k);
+          ASSERT_EQ(cuda::LaunchRmsNorm(xg, norm.norm, norm.eps, n, sh.k, h, nullptr), cudaSuccess);
+          for (const cuda::GemvEpilogue& e : {cuda::GemvEpilogue{}, with_bias, silu_mul}) {
+            float *two = Zeros(n * sh.m), *one = Zeros(n * sh.m);
+            ASSERT_EQ(cuda::LaunchGemv(h, n, dt, wg.data, sh.m, sh.k, two, nullptr, 1, e), cudaSuccess);
+            ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, one, nullptr, 1, e, norm), cudaSuccess);
+            EXPECT_EQ(Down(one, n * sh.m), Down(two, n * sh.m))
+                << "norm prologue, bias " << (e.bias != nullptr) << " silu " << e.silu_mul << ", " << what;
+          }
+          // The residual add: out += the GEMV.
+          const std::vector<float> residual = Random(n * sh.m, 56);
+          float *acc = Up(residual), *sum = Up(residual);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, plain, nullptr, 1), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchAdd(sum, plain, n * sh.m, nullptr), cudaSuccess);
+          cuda::GemvEpilogue accumulate;
+          accumulate.accumulate = true;
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, acc, nullptr, 1, accumulate), cudaSuccess);
+          EXPECT_EQ(Down(acc, n * sh.m), Down(sum, n * sh.m)) << "accumulate, " << what;
         }
       }
-      // The backend's op against the CPU's two.
+      // The backend's ops against the CPU's.
       const DeviceWeight wc = cpu_->UploadWeight(View(w, 2 * sh.m, sh.k, dt)).value();
+      {
+        const std::vector<float> nv = Random(sh.k, 57), res = Random(sh.m * 2 * 2, 58), xn = Random(2 * sh.k, 59);
+        const DeviceWeight ng = gpu_->UploadWeight(View(nv, 1, sh.k, DType::kF32)).value();
+        const DeviceWeight nc = cpu_->UploadWeight(View(nv, 1, sh.k, DType::kF32)).value();
+        ASSERT_TRUE(gpu_->FusesNormsIntoLinear(2, wg));
+        std::vector<float> h(2 * sh.k), scratch(2 * 2 * sh.m), ref(2 * sh.m), x_ref = xn;
+        cpu_->RmsNormLinear(x_ref.data(), 2, nc, 1e-5f, wc, nullptr, /*silu_mul=*/true, h.data(), scratch.data(),
+                            ref.data());
+        float* out = Zeros(2 * sh.m);
+        gpu_->RmsNormLinear(Up(xn), 2, ng, 1e-5f, wg, nullptr, /*silu_mul=*/true, Zeros(2 * sh.k), Zeros(4 * sh.m), out);
+        EXPECT_LE(MaxRelDiff(Down(out, 2 * sh.m), ref), 1e-4f) << "RmsNormLinear, " << DTypeName(dt);
+        std::vector<float> acc_ref = res;
+        cpu_->LinearResidual(xn.data(), 2, wc, scratch.data(), acc_ref.data());
+        float* acc = Up(res);
+        gpu_->LinearResidual(Up(xn), 2, wg, Zeros(4 * sh.m), acc);
+        EXPECT_LE(MaxRelDiff(Down(acc, 4 * sh.m), acc_ref), 1e-4f) << "LinearResidual, " << DTypeName(dt);
+      }
       for (int64_t n : {int64_t{1}, cuda::kGemvMaxRows, cuda::kGemvMaxRows + 3}) {
         const auto xn = Random(n * sh.k, 54 + n);
         std::vector<float> x_ref = xn, scratch(n * 2 * sh.m), ref(n * sh.m);
@@ -297,9 +338,19 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
       }
     }
   }
-  cuda::GemvEpilogue both;
+  cuda::GemvEpilogue both, accumulate;
   both.silu_mul = true;
   both.bias = reinterpret_cast<const float*>(16);
+  accumulate.accumulate = true;
+  cuda::GemvPrologue norm;
+  norm.norm = reinterpret_cast<const float*>(16);
+  EXPECT_FALSE(cuda::GemvTakes(both, {}, 1));
+  EXPECT_FALSE(cuda::GemvTakes(accumulate, {}, 2));
+  EXPECT_FALSE(cuda::GemvTakes({}, norm, 4));
+  EXPECT_FALSE(cuda::GemvTakes(accumulate, norm, 1));
+  EXPECT_FALSE(cuda::GemvTakes({}, {}, 3));
+  EXPECT_TRUE(cuda::GemvTakes(accumulate, {}, 1));
+  EXPECT_TRUE(cuda::GemvTakes({}, norm, 1));
   EXPECT_EQ(cuda::LaunchGemv(reinterpret_cast<const float*>(16), 1, DType::kBF16, reinterpret_cast<const void*>(16), 8,
                              8, nullptr, nullptr, 1, both),
             cudaErrorInvalidValue);
@@ -1370,9 +1421,9 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
 // The fusions (TANDEM_CUDA_FUSION: bias and silu · up in the GEMV; the q|k|v split, q/k norms, RoPE
 // and the cache write in one kernel) change no bit of a forward pass. On the emulator, which counts
 // kernels, a step runs per layer: one fewer for RoPE, three more for the split of several tokens, two
-// for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up and one for the
-// attention bias, elsewhere four for the GEMM inputs that the norms, attention and silu · up write
-// already rounded.
+// for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up, one for the
+// attention bias and two for the residual adds and norms it takes in, elsewhere four for the GEMM inputs
+// that the norms, attention and silu · up write already rounded.
 TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   std::vector<int32_t> tokens(44);
@@ -1398,9 +1449,10 @@ TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   for (size_t i = 0; i < kernels[0].size(); ++i) {
     const bool gemv = step_tokens[i] <= cuda::kGemvMaxRows;
     const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
-                          (gemv ? 1 + (c.attention_bias ? 1 : 0) : 4);
-    // (every row's logits: the final norm rounds the LM head's input too where cuBLAS takes it)
-    EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 0 : 1)) << "step " << i;
+                          (gemv ? 3 + (c.attention_bias ? 1 : 0) : 4);
+    // Every row wants logits: with the GEMV the first and the final norm go into the projections; with
+    // cuBLAS the final norm rounds the LM head's input.
+    EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 2 : 1)) << "step " << i;
     if (i == 3) {
       std::printf("%s decode step, %lld layers: %llu kernels fused, %llu unfused\n", GetParam().c_str(),
                   static_cast<long long>(c.num_hidden_layers), static_cast<unsigned long long>(kernels[1][i]),

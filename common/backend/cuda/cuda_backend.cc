@@ -565,6 +565,52 @@ void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& g
         "gemv (silu-mul)");
 }
 
+bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
+  return fusion_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 && n <= cuda::kGemvMaxRows &&
+         (w.dtype == DType::kBF16 || w.dtype == DType::kF16) && w.cols % 8 == 0;
+}
+
+void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps, const DeviceWeight& w,
+                                const DeviceWeight* bias, bool silu_mul, float* h, float* scratch, float* out) {
+  cuda::GemvEpilogue epilogue;
+  epilogue.silu_mul = silu_mul;
+  epilogue.bias = bias != nullptr ? static_cast<const float*>(bias->data) : nullptr;
+  cuda::GemvPrologue prologue;
+  prologue.norm = static_cast<const float*>(norm.data);
+  prologue.eps = eps;
+  if (!FusesNormsIntoLinear(n, w) || !cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) ||
+      !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || norm.cols != w.cols ||
+      reinterpret_cast<uintptr_t>(norm.data) % 16 != 0) {
+    Backend::RmsNormLinear(x, n, norm, eps, w, bias, silu_mul, h, scratch, out);
+    return;
+  }
+  Bind();
+  const int64_t m = silu_mul ? w.rows / 2 : w.rows;
+  cuda::OpScope op(profiler_.get(), capturing_,
+                   profiler_ ? absl::StrCat("norm+gemv", silu_mul ? "+silu " : " ", w.rows, "x", w.cols,
+                                            n > 1 ? " (batched)" : "")
+                             : "",
+                   w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
+  Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, gemv_columns_, epilogue, prologue),
+        "gemv (norm prologue)");
+}
+
+void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) {
+  cuda::GemvEpilogue epilogue;
+  epilogue.accumulate = true;
+  if (!FusesNormsIntoLinear(n, w) || !cuda::GemvCovers(n, w.dtype, w.cols, in, w.data) ||
+      !cuda::GemvTakes(epilogue, {}, gemv_columns_)) {
+    Backend::LinearResidual(in, n, w, scratch, x);
+    return;
+  }
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_,
+                   profiler_ ? absl::StrCat("gemv+residual ", w.rows, "x", w.cols, n > 1 ? " (batched)" : "") : "",
+                   w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
+  Check(cuda::LaunchGemv(in, n, w.dtype, w.data, w.rows, w.cols, x, stream_, gemv_columns_, epilogue),
+        "gemv (residual)");
+}
+
 void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "silu_mul", 0, stream_);

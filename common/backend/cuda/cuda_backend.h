@@ -77,6 +77,12 @@ class CudaBackend final : public Backend {
                     float* out) override;
   // Where the GEMV takes the rows: one kernel, silu · up applied as it writes (gemv.h: GemvEpilogue).
   void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) override;
+  // The GEMV's shapes (fusions on, one column a warp, not batch-invariant): the norm as the GEMV's
+  // prologue, the residual add as its epilogue (gemv.h).
+  bool FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const override;
+  void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps, const DeviceWeight& w,
+                     const DeviceWeight* bias, bool silu_mul, float* h, float* scratch, float* out) override;
+  void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
   void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,

@@ -1,6 +1,7 @@
 #include "common/backend/cuda/gemv.h"
 
 #include "common/backend/cuda/activation.cuh"
+#include "common/backend/cuda/block_reduce.cuh"
 #include "common/backend/cuda/launch.cuh"
 
 #include <cuda_bf16.h>
@@ -35,12 +36,13 @@ __device__ __forceinline__ float2 Unpack(uint32_t word, __half*) {
   return __half22float2(h);
 }
 
-// acc[c][t] += Σ_{i<8} w_c[i] · x[t][base + i], in element order, for each of the C columns whose 16
+// acc[c][t] += Σ_{i<8} w_c[i] · a[t][base + i], in element order, for each of the C columns whose 16
 // bytes of weights are wv[c]: each activation piece is read once for all C columns, and each column
-// folds exactly as it would alone.
-template <typename W, int N, int C>
+// folds exactly as it would alone. The activations a are x, or with kNorm RmsNorm(x) as RmsNormKernel
+// writes it: x[t][j] · inv[t] · norm[j].
+template <typename W, int N, int C, bool kNorm>
 __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restrict__ x, int64_t k, int64_t base,
-                                     float (&acc)[C][N]) {
+                                     const float (&inv)[N], const float* __restrict__ norm, float (&acc)[C][N]) {
   float w[C][8];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
@@ -52,10 +54,19 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
       w[c][2 * i + 1] = f.y;
     }
   }
+  float4 na, nb;
+  if constexpr (kNorm) {
+    na = *reinterpret_cast<const float4*>(norm + base);
+    nb = *reinterpret_cast<const float4*>(norm + base + 4);
+  }
 #pragma unroll
   for (int t = 0; t < N; ++t) {
-    const float4 a = *reinterpret_cast<const float4*>(x + t * k + base);
-    const float4 b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
+    float4 a = *reinterpret_cast<const float4*>(x + t * k + base);
+    float4 b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
+    if constexpr (kNorm) {
+      a = make_float4(a.x * inv[t] * na.x, a.y * inv[t] * na.y, a.z * inv[t] * na.z, a.w * inv[t] * na.w);
+      b = make_float4(b.x * inv[t] * nb.x, b.y * inv[t] * nb.y, b.z * inv[t] * nb.z, b.w * inv[t] * nb.w);
+    }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       float s = acc[c][t];
@@ -72,24 +83,28 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
   }
 }
 
-// What a warp does with its columns' sums (GemvEpilogue): write them, add a bias, or (kSiluMul) pair
-// gate column j with up column m + j of a [2m][k] weight and write silu(gate) · up.
-enum class Epi { kNone, kBias, kSiluMul };
+// What a warp does with its columns' sums (GemvEpilogue): write them, add a bias, (kSiluMul) pair gate
+// column j with up column m + j of a [2m][k] weight and write silu(gate) · up, or (kAccumulate) add
+// them to out.
+enum class Epi { kNone, kBias, kSiluMul, kAccumulate };
 
 // Grid ceil(m / (kGemvWarps C)), kGemvWarps warps: warp w of block b computes the C output columns from
 // (b kGemvWarps + w) C (kSiluMul: from 2C weight rows). Each lane folds the 8-element pieces lane,
 // lane + 32, ... of its weight rows in that order (whatever C, the epilogue and the loads in flight),
 // so every C and epilogue gives a column the same sum, and the epilogue's arithmetic is the separate
-// kernels' (AddBiasKernel, SiluMulPackedKernel).
-template <typename W, int N, int C, Epi E>
+// kernels' (AddBiasKernel, SiluMulPackedKernel, AddKernel). With kNorm every block first computes each
+// row's RMSNorm scale as RmsNormKernel's block of the same size does (block_reduce.cuh: RmsScale).
+template <typename W, int N, int C, Epi E, bool kNorm>
 __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
                                                               int64_t m, int64_t k, const float* __restrict__ bias,
+                                                              const float* __restrict__ norm, float eps,
                                                               float* __restrict__ out) {
   constexpr int R = E == Epi::kSiluMul ? 2 * C : C;  // weight rows a warp folds
   constexpr int kUnroll = kGemvUnroll / R > 0 ? kGemvUnroll / R : 1;  // loads in flight a row
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
-  if (col0 >= m) return;  // (a warp of no column reads and writes nothing: it need not wait)
+  // A warp of no column reads and writes nothing and need not wait, unless the block's norm needs it.
+  if (!kNorm && col0 >= m) return;
   const uint4* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -105,11 +120,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #ifdef __CUDA_ARCH__
-      if (lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + lane + 32 * u));
+      if (col0 < m && lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + lane + 32 * u));
 #endif
     }
   }
   PdlPrologue();
+  float inv[N] = {};
+  if constexpr (kNorm) {
+    __shared__ float red[32];
+#pragma unroll
+    for (int t = 0; t < N; ++t) inv[t] = RmsScale(x + t * k, k, eps, red);
+    if (col0 >= m) return;
+  }
   float acc[R][N];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -126,13 +148,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
       for (int r = 0; r < R; ++r) wv[u][r] = LoadStreaming(rows[r] + p + 32 * u);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) Fold<W, N, R>(wv[u], x, k, (p + 32 * u) * 8, acc);
+    for (int u = 0; u < kUnroll; ++u) Fold<W, N, R, kNorm>(wv[u], x, k, (p + 32 * u) * 8, inv, norm, acc);
   }
   for (; p < pieces; p += 32) {
     uint4 wv[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wv[r] = LoadStreaming(rows[r] + p);
-    Fold<W, N, R>(wv, x, k, p * 8, acc);
+    Fold<W, N, R, kNorm>(wv, x, k, p * 8, inv, norm, acc);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -153,6 +175,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
           o = SiluTimes(acc[c][t], acc[C + c][t]);
         } else if constexpr (E == Epi::kBias) {
           o = acc[c][t] + bias[col0 + c];
+        } else if constexpr (E == Epi::kAccumulate) {
+          o = o + acc[c][t];
         } else {
           o = acc[c][t];
         }
@@ -161,44 +185,66 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
   }
 }
 
-template <typename W, int N, int C>
-cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi, float* out,
-                           cudaStream_t stream) {
+template <typename W, int N, int C, Epi E, bool kNorm>
+void LaunchVariant(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
+                   const GemvPrologue& pro, float* out, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((m + kGemvWarps * C - 1) / (kGemvWarps * C));
-  constexpr unsigned threads = kGemvWarps * 32;
+  LaunchKernel(GemvKernel<W, N, C, E, kNorm>, blocks, kGemvWarps * 32, 0, stream, x, w, m, k, epi.bias, pro.norm,
+               pro.eps, out);
+}
+
+template <typename W, int N, int C>
+cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
+                           const GemvPrologue& pro, float* out, cudaStream_t stream) {
+  if constexpr (C == 1) {  // the norm and the accumulation: one column a warp only
+    if (pro.norm != nullptr) {
+      if (epi.silu_mul) {
+        LaunchVariant<W, N, C, Epi::kSiluMul, true>(x, w, m, k, epi, pro, out, stream);
+      } else if (epi.bias != nullptr) {
+        LaunchVariant<W, N, C, Epi::kBias, true>(x, w, m, k, epi, pro, out, stream);
+      } else {
+        LaunchVariant<W, N, C, Epi::kNone, true>(x, w, m, k, epi, pro, out, stream);
+      }
+      return cudaGetLastError();
+    }
+    if (epi.accumulate) {
+      LaunchVariant<W, N, C, Epi::kAccumulate, false>(x, w, m, k, epi, pro, out, stream);
+      return cudaGetLastError();
+    }
+  }
   if (epi.silu_mul) {
-    LaunchKernel(GemvKernel<W, N, C, Epi::kSiluMul>, blocks, threads, 0, stream, x, w, m, k, epi.bias, out);
+    LaunchVariant<W, N, C, Epi::kSiluMul, false>(x, w, m, k, epi, pro, out, stream);
   } else if (epi.bias != nullptr) {
-    LaunchKernel(GemvKernel<W, N, C, Epi::kBias>, blocks, threads, 0, stream, x, w, m, k, epi.bias, out);
+    LaunchVariant<W, N, C, Epi::kBias, false>(x, w, m, k, epi, pro, out, stream);
   } else {
-    LaunchKernel(GemvKernel<W, N, C, Epi::kNone>, blocks, threads, 0, stream, x, w, m, k, epi.bias, out);
+    LaunchVariant<W, N, C, Epi::kNone, false>(x, w, m, k, epi, pro, out, stream);
   }
   return cudaGetLastError();
 }
 
 template <typename W, int C>
 cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
-                          float* out, cudaStream_t stream) {
+                          const GemvPrologue& pro, float* out, cudaStream_t stream) {
   switch (n) {
-    case 1: return LaunchEpilogue<W, 1, C>(x, w, m, k, epi, out, stream);
-    case 2: return LaunchEpilogue<W, 2, C>(x, w, m, k, epi, out, stream);
-    case 3: return LaunchEpilogue<W, 3, C>(x, w, m, k, epi, out, stream);
-    case 4: return LaunchEpilogue<W, 4, C>(x, w, m, k, epi, out, stream);
-    case 5: return LaunchEpilogue<W, 5, C>(x, w, m, k, epi, out, stream);
-    case 6: return LaunchEpilogue<W, 6, C>(x, w, m, k, epi, out, stream);
-    case 7: return LaunchEpilogue<W, 7, C>(x, w, m, k, epi, out, stream);
-    case 8: return LaunchEpilogue<W, 8, C>(x, w, m, k, epi, out, stream);
+    case 1: return LaunchEpilogue<W, 1, C>(x, w, m, k, epi, pro, out, stream);
+    case 2: return LaunchEpilogue<W, 2, C>(x, w, m, k, epi, pro, out, stream);
+    case 3: return LaunchEpilogue<W, 3, C>(x, w, m, k, epi, pro, out, stream);
+    case 4: return LaunchEpilogue<W, 4, C>(x, w, m, k, epi, pro, out, stream);
+    case 5: return LaunchEpilogue<W, 5, C>(x, w, m, k, epi, pro, out, stream);
+    case 6: return LaunchEpilogue<W, 6, C>(x, w, m, k, epi, pro, out, stream);
+    case 7: return LaunchEpilogue<W, 7, C>(x, w, m, k, epi, pro, out, stream);
+    case 8: return LaunchEpilogue<W, 8, C>(x, w, m, k, epi, pro, out, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <typename W>
-cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi, float* out,
-                   int columns, cudaStream_t stream) {
+cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
+                   const GemvPrologue& pro, float* out, int columns, cudaStream_t stream) {
   switch (columns) {
-    case 1: return LaunchColumns<W, 1>(x, n, w, m, k, epi, out, stream);
-    case 2: return LaunchColumns<W, 2>(x, n, w, m, k, epi, out, stream);
-    case 4: return LaunchColumns<W, 4>(x, n, w, m, k, epi, out, stream);
+    case 1: return LaunchColumns<W, 1>(x, n, w, m, k, epi, pro, out, stream);
+    case 2: return LaunchColumns<W, 2>(x, n, w, m, k, epi, pro, out, stream);
+    case 4: return LaunchColumns<W, 4>(x, n, w, m, k, epi, pro, out, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -212,16 +258,22 @@ bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* 
          Aligned16(x) && Aligned16(w);
 }
 
+bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns) {
+  const int epilogues = (epilogue.bias != nullptr) + epilogue.silu_mul + epilogue.accumulate;
+  return epilogues <= 1 && (columns == 1 || (prologue.norm == nullptr && !epilogue.accumulate)) &&
+         (prologue.norm == nullptr || !epilogue.accumulate) && (columns == 1 || columns == 2 || columns == 4);
+}
+
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream, int columns, const GemvEpilogue& epilogue) {
+                       cudaStream_t stream, int columns, const GemvEpilogue& epilogue, const GemvPrologue& prologue) {
   if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff ||
-      (epilogue.silu_mul && epilogue.bias != nullptr)) {
+      !GemvTakes(epilogue, prologue, columns) || (prologue.norm != nullptr && !Aligned16(prologue.norm))) {
     return cudaErrorInvalidValue;
   }
   if (w_dtype == DType::kBF16) {
-    return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, epilogue, out, columns, stream);
+    return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, epilogue, prologue, out, columns, stream);
   }
-  return Launch(x, n, static_cast<const __half*>(w), m, k, epilogue, out, columns, stream);
+  return Launch(x, n, static_cast<const __half*>(w), m, k, epilogue, prologue, out, columns, stream);
 }
 
 }  // namespace tandem::cuda

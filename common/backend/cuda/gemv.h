@@ -30,15 +30,29 @@ struct GemvEpilogue {
   // out[t][j] = sum + bias[j] (LaunchAddBias): bias [m] f32, device memory.
   const float* bias = nullptr;
   // w is [2m][k], gate rows then up rows (a fused gate|up projection), and out[t][j] =
-  // silu(gate sum j) · (up sum j) (LaunchSiluMulPacked after the [n][2m] GEMV). Not with a bias.
+  // silu(gate sum j) · (up sum j) (LaunchSiluMulPacked after the [n][2m] GEMV).
   bool silu_mul = false;
+  // out[t][j] += sum (LaunchAdd after the GEMV: a residual add into out). One column a warp only.
+  bool accumulate = false;
 };
 
+// What the GEMV does to its input first: with `norm` ([k] f32, 16-byte aligned), it multiplies
+// RmsNorm(x) (LaunchRmsNorm's bits: every block computes each row's scale in RmsNormKernel's order)
+// instead of x. One column a warp only, and not with `accumulate`.
+struct GemvPrologue {
+  const float* norm = nullptr;
+  float eps = 0.f;
+};
+
+// Whether LaunchGemv takes this combination: at most one epilogue, and the rules above.
+bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns);
+
 // x: [n][k] f32; w: [m][k] of w_dtype ([2m][k] with silu_mul); out: [n][m] f32. cudaErrorInvalidValue
-// outside GemvCovers or with both epilogues. `columns` (1, 2 or 4): output columns a warp computes,
-// reading each activation piece once for all of them (fewer re-reads of x, fewer loads in flight a
-// column); the same bits whatever it is.
+// outside GemvCovers or GemvTakes. `columns` (1, 2 or 4): output columns a warp computes, reading each
+// activation piece once for all of them (fewer re-reads of x, fewer loads in flight a column); the
+// same bits whatever it is.
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream, int columns = 1, const GemvEpilogue& epilogue = {});
+                       cudaStream_t stream, int columns = 1, const GemvEpilogue& epilogue = {},
+                       const GemvPrologue& prologue = {});
 
 }  // namespace tandem::cuda

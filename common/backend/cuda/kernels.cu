@@ -8,6 +8,7 @@
 
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/activation.cuh"
+#include "common/backend/cuda/block_reduce.cuh"
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/row_argmax.cuh"
@@ -28,23 +29,6 @@ int Blocks(int64_t count, int threads = kThreads) {
 __device__ __forceinline__ float Load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float Load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ float Load(const __half* p, int64_t i) { return __half2float(p[i]); }
-
-// Reduces v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `red` is shared scratch of 32 floats.
-template <bool kMax>
-__device__ float BlockReduce(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? fmaxf(v, w) : v + w;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  __syncthreads();  // earlier readers of red are done
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = red[0];
-  for (int i = 1; i < warps; ++i) v = kMax ? fmaxf(v, red[i]) : v + red[i];
-  return v;
-}
 
 template <typename T>
 __global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, int64_t n, float* out) {
@@ -67,10 +51,7 @@ __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t
   PdlPrologue();
   __shared__ float red[32];
   const float* xi = x + blockIdx.x * d;
-  float ss = 0.f;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xi[j] * xi[j];
-  ss = BlockReduce<false>(ss, red);
-  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  const float inv = RmsScale(xi, d, eps, red);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
 
