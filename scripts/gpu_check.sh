@@ -182,6 +182,11 @@ for p in "${presets[@]}"; do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       --fusion=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
+  # Only the norms and residual adds outside the GEMV again (TANDEM_CUDA_GEMV_NORM=0), at batches 1 and 8.
+  for b in $(step forward && echo 1 8); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
+      --gemv-norm=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
   # GEMV with 1 (the default), 2 and 4 output columns a warp, at batches 1 and 8.
   for b in $(step forward && echo 1 8); do
     for gc in 1 2 4; do

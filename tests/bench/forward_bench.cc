@@ -7,6 +7,7 @@
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
 //                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
+//                 [--gemv-norm=false]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
@@ -48,6 +49,9 @@ ABSL_FLAG(bool, pdl, false,
 ABSL_FLAG(bool, fusion, true,
           "CUDA: the fusions (bias and silu-mul in the GEMV; the q|k|v split, q/k norms, RoPE and the KV cache "
           "write in one kernel); false sets TANDEM_CUDA_FUSION=0, for a side-by-side run");
+ABSL_FLAG(bool, gemv_norm, true,
+          "CUDA: the RMSNorm and the residual add inside the decode GEMV (with --fusion); false sets "
+          "TANDEM_CUDA_GEMV_NORM=0");
 ABSL_FLAG(int, gemv_columns, 0,
           "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
           "default)");
@@ -74,6 +78,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
   if (absl::GetFlag(FLAGS_pdl)) ::setenv("TANDEM_CUDA_PDL", "1", 1);
   if (!absl::GetFlag(FLAGS_fusion)) ::setenv("TANDEM_CUDA_FUSION", "0", 1);
+  if (!absl::GetFlag(FLAGS_gemv_norm)) ::setenv("TANDEM_CUDA_GEMV_NORM", "0", 1);
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) {
     ::setenv("TANDEM_CUDA_GEMV_COLUMNS", std::to_string(c).c_str(), 1);
   }
@@ -178,6 +183,7 @@ int Run() {
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) std::printf("gemv: %d output columns a warp\n", c);
   if (absl::GetFlag(FLAGS_pdl)) std::printf("pdl: programmatic dependent launch on\n");
   if (!absl::GetFlag(FLAGS_fusion)) std::printf("fusion: off\n");
+  if (!absl::GetFlag(FLAGS_gemv_norm)) std::printf("gemv norm: off\n");
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",

@@ -389,6 +389,25 @@ TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
   EXPECT_EQ(Down(out, n * m), fresh(Down(normed, n * d))) << "rms norm";
 }
 
+TEST_F(CudaBackendTest, BadTuningVariablesAreRefusedAtStart) {
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"TANDEM_CUDA_FUSION", "2"}, {"TANDEM_CUDA_GEMV_NORM", "yes"}, {"TANDEM_CUDA_GEMV_COLUMNS", "3"}}) {
+    ::setenv(name, value, 1);
+    auto backend = CudaBackend::Create({});
+    ::unsetenv(name);
+    ASSERT_FALSE(backend.ok()) << name;
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(backend.status().message()).find(name), std::string::npos) << backend.status();
+  }
+  ::setenv("TANDEM_CUDA_GEMV_NORM", "0", 1);
+  auto off = CudaBackend::Create({});
+  ::unsetenv("TANDEM_CUDA_GEMV_NORM");
+  ASSERT_TRUE(off.ok()) << off.status();
+  const DeviceWeight w = (*off)->UploadWeight(View(Random(64 * 64, 1), 64, 64, DType::kBF16)).value();
+  EXPECT_FALSE((*off)->FusesNormsIntoLinear(1, w));
+  EXPECT_TRUE(gpu_->FusesNormsIntoLinear(1, gpu_->UploadWeight(View(Random(64 * 64, 1), 64, 64, DType::kBF16)).value()));
+}
+
 TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
   const int64_t rows = 64, cols = 128;
   auto [wc, wg] = Weights(Random(rows * cols, 41, 0.1f), rows, cols, DType::kBF16);

@@ -138,6 +138,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     }
     backend->fusion_ = v == "1";
   }
+  if (const char* p = std::getenv("TANDEM_CUDA_GEMV_NORM"); p != nullptr) {
+    const std::string v(p);
+    if (v != "0" && v != "1") {
+      return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_GEMV_NORM must be 0 or 1, not '", v, "'"));
+    }
+    backend->gemv_norm_ = v == "1";
+  }
   // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
   backend->tensor_core_prefill_ = EnvIsOne("TANDEM_CUDA_TC_ATTENTION");
   return backend;
@@ -566,7 +573,7 @@ void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& g
 }
 
 bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
-  return fusion_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 && n <= cuda::kGemvMaxRows &&
+  return fusion_ && gemv_norm_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 && n <= cuda::kGemvMaxRows &&
          (w.dtype == DType::kBF16 || w.dtype == DType::kF16) && w.cols % 8 == 0;
 }
 

@@ -144,6 +144,9 @@ class CudaBackend final : public Backend {
   // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in one
   // kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits either way).
   bool fusion_ = true;
+  // The norms and residual adds inside the GEMV (FusesNormsIntoLinear): TANDEM_CUDA_GEMV_NORM=0 turns
+  // only these off (each GEMV block recomputes its rows' norm: for a GPU run to weigh).
+  bool gemv_norm_ = true;
   // The 16-bit type of the 2-D weights uploaded (kF32: none yet, or both 16-bit types: no rounded copies).
   DType gemm_dtype_ = DType::kF32;
   bool gemm_dtype_mixed_ = false;
