@@ -193,33 +193,31 @@ void LaunchVariant(const float* x, const W* w, int64_t m, int64_t k, const GemvE
                pro.eps, out);
 }
 
+// The variant for the bias or silu-mul epilogue (or none), with or without the norm.
+template <typename W, int N, int C, bool kNorm>
+cudaError_t LaunchWriting(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
+                          const GemvPrologue& pro, float* out, cudaStream_t stream) {
+  if (epi.silu_mul) {
+    LaunchVariant<W, N, C, Epi::kSiluMul, kNorm>(x, w, m, k, epi, pro, out, stream);
+  } else if (epi.bias != nullptr) {
+    LaunchVariant<W, N, C, Epi::kBias, kNorm>(x, w, m, k, epi, pro, out, stream);
+  } else {
+    LaunchVariant<W, N, C, Epi::kNone, kNorm>(x, w, m, k, epi, pro, out, stream);
+  }
+  return cudaGetLastError();
+}
+
 template <typename W, int N, int C>
 cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
                            const GemvPrologue& pro, float* out, cudaStream_t stream) {
   if constexpr (C == 1) {  // the norm and the accumulation: one column a warp only
-    if (pro.norm != nullptr) {
-      if (epi.silu_mul) {
-        LaunchVariant<W, N, C, Epi::kSiluMul, true>(x, w, m, k, epi, pro, out, stream);
-      } else if (epi.bias != nullptr) {
-        LaunchVariant<W, N, C, Epi::kBias, true>(x, w, m, k, epi, pro, out, stream);
-      } else {
-        LaunchVariant<W, N, C, Epi::kNone, true>(x, w, m, k, epi, pro, out, stream);
-      }
-      return cudaGetLastError();
-    }
+    if (pro.norm != nullptr) return LaunchWriting<W, N, C, true>(x, w, m, k, epi, pro, out, stream);
     if (epi.accumulate) {
       LaunchVariant<W, N, C, Epi::kAccumulate, false>(x, w, m, k, epi, pro, out, stream);
       return cudaGetLastError();
     }
   }
-  if (epi.silu_mul) {
-    LaunchVariant<W, N, C, Epi::kSiluMul, false>(x, w, m, k, epi, pro, out, stream);
-  } else if (epi.bias != nullptr) {
-    LaunchVariant<W, N, C, Epi::kBias, false>(x, w, m, k, epi, pro, out, stream);
-  } else {
-    LaunchVariant<W, N, C, Epi::kNone, false>(x, w, m, k, epi, pro, out, stream);
-  }
-  return cudaGetLastError();
+  return LaunchWriting<W, N, C, false>(x, w, m, k, epi, pro, out, stream);
 }
 
 template <typename W, int C>
