@@ -269,6 +269,7 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
           cuda::GemvEpilogue with_bias;
           with_bias.bias = bg;
           ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, fused, nullptr, columns, with_bias), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (launched on the legacy stream; Down reads on the backend's)
           EXPECT_EQ(Down(fused, n * sh.m), Down(plain, n * sh.m)) << "bias, " << what;
           // silu · up: all 2m rows, then the packed activation.
           float *gate_up = Zeros(n * 2 * sh.m), *separate = Zeros(n * sh.m), *silu = Zeros(n * sh.m);
@@ -277,6 +278,7 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
           cuda::GemvEpilogue silu_mul;
           silu_mul.silu_mul = true;
           ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, silu, nullptr, columns, silu_mul), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           EXPECT_EQ(Down(silu, n * sh.m), Down(separate, n * sh.m)) << "silu-mul, " << what;
           if (columns != 1) continue;  // the norm and the accumulation take one column a warp
           // The norm prologue, with each epilogue: RmsNorm then the GEMV.
@@ -290,6 +292,7 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
             float *two = Zeros(n * sh.m), *one = Zeros(n * sh.m);
             ASSERT_EQ(cuda::LaunchGemv(h, n, dt, wg.data, sh.m, sh.k, two, nullptr, 1, e), cudaSuccess);
             ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, one, nullptr, 1, e, norm), cudaSuccess);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             EXPECT_EQ(Down(one, n * sh.m), Down(two, n * sh.m))
                 << "norm prologue, bias " << (e.bias != nullptr) << " silu " << e.silu_mul << ", " << what;
           }
@@ -301,6 +304,7 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
           cuda::GemvEpilogue accumulate;
           accumulate.accumulate = true;
           ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, acc, nullptr, 1, accumulate), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           EXPECT_EQ(Down(acc, n * sh.m), Down(sum, n * sh.m)) << "accumulate, " << what;
         }
       }
