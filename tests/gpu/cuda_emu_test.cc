@@ -241,6 +241,39 @@ TEST(CudaEmulatorTest, TheThreadOrderExposesAMissingBarrier) {
   cudaFree(dout);
 }
 
+// Deferred streams: a copy on a non-blocking stream is not ordered after a kernel on the legacy stream
+// (it sees the old bytes until the device is synchronised); on a blocking stream it is; a launch's
+// failure comes back from the synchronisation.
+TEST(CudaEmulatorTest, DeferredStreamsShowAMissingSynchronisation) {
+  ASSERT_FALSE(tandem_emu::SetStreams("lazy"));
+  ASSERT_TRUE(tandem_emu::SetStreams("deferred"));
+  int* d = Device(std::vector<int>(32, 1));
+  cudaStream_t non_blocking = nullptr, blocking = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&non_blocking, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  std::vector<int> out(32, 0);
+  ASSERT_EQ(Launch(AddOne, 1, 32, 0, nullptr, d), cudaSuccess);  // queued on the legacy stream
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost, non_blocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(non_blocking), cudaSuccess);
+  EXPECT_EQ(out, std::vector<int>(32, 1)) << "not ordered after the legacy stream's kernel";
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost, blocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(blocking), cudaSuccess);
+  EXPECT_EQ(out, std::vector<int>(32, 2)) << "a blocking stream waits for the legacy stream";
+  ASSERT_EQ(Launch(AddOne, 1, 32, 0, non_blocking, d), cudaSuccess);
+  EXPECT_EQ(Host(d, 32), std::vector<int>(32, 2)) << "cudaMemcpy does not wait for a non-blocking stream";
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(Host(d, 32), std::vector<int>(32, 3));
+  int* dout = Device(std::vector<int>(64, 0));
+  ASSERT_EQ(Launch(DivergentBarriers, 1, 64, 0, non_blocking, dout), cudaSuccess) << "the failure comes later";
+  EXPECT_EQ(cudaStreamSynchronize(non_blocking), cudaErrorLaunchFailure);
+  cudaGetLastError();
+  ASSERT_TRUE(tandem_emu::SetStreams("eager"));
+  EXPECT_EQ(cudaStreamDestroy(non_blocking), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(blocking), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaFree(dout), cudaSuccess);
+}
+
 TEST(CudaEmulatorTest, MemoryIsAccountedAndBounded) {
   size_t free_before = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);

@@ -69,6 +69,11 @@ unsigned char* DynamicShared();
 // seeded by TANDEM_CUDA_EMU_SEED). A read that a missing barrier leaves racing gets another value in
 // another order. False for any other name.
 bool SetSchedule(const char* name);
+// When streams run their work (TANDEM_CUDA_EMU_STREAMS; runtime.cc: Enqueue): "eager" (the default)
+// when it is enqueued, "deferred" at the synchronisation that needs it, so that a read not ordered
+// after a write on another stream sees the old bytes, and a launch's failure is reported by the
+// synchronisation, as on the device. Switching runs all queued work first. False for any other name.
+bool SetStreams(const char* name);
 
 // Runs `body` as every thread of a grid on `stream` (now, or at a graph's replay when the stream is
 // being captured), after the checks a launch gets on the device. `kernel` identifies the function for

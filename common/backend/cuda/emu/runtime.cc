@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,12 +37,14 @@
 
 // The opaque handles of the runtime and cuBLAS.
 struct CUstream_st {
+  bool blocking = true;  // (cudaStreamNonBlocking: not ordered with the legacy default stream)
   bool capturing = false;
   bool capture_invalidated = false;
   std::thread::id capturer;
   std::vector<std::function<cudaError_t()>> recorded;
 };
 struct CUevent_st {
+  cudaStream_t stream = nullptr;  // where it was last recorded
   bool recorded = false;
   std::chrono::steady_clock::time_point at;
 };
@@ -425,13 +428,96 @@ cudaError_t SetLast(cudaError_t e) {
   return e;
 }
 
-// Work for `stream`: recorded when it is being captured, else run now.
+// Stream order (TANDEM_CUDA_EMU_STREAMS): "eager" (the default) runs work when it is enqueued;
+// "deferred" queues it on its stream until a synchronisation needs it, so that a read on one stream
+// of what another wrote without synchronising sees the old bytes, as it may on the device. Queues run
+// in enqueue order within a stream; the legacy default stream (nullptr) and blocking streams wait for
+// each other's earlier work; non-blocking streams wait for nothing. Errors of queued work are reported
+// by the synchronisation that runs it.
+struct Pending {
+  uint64_t seq;
+  std::function<cudaError_t()> work;
+};
+std::mutex queue_mu;    // the queues below
+std::mutex flush_mu;    // one flush at a time: a stream's work never runs on two threads at once
+uint64_t next_seq = 0;
+std::map<cudaStream_t, std::deque<Pending>> queues;  // nullptr: the legacy stream
+std::map<cudaStream_t, bool> stream_blocking;
+
+std::atomic<int> deferred_mode{-1};  // -1: not read from the environment yet
+bool Deferred() {
+  int mode = deferred_mode.load();
+  if (mode < 0) {
+    const char* p = std::getenv("TANDEM_CUDA_EMU_STREAMS");
+    const std::string v = p != nullptr ? p : "eager";
+    if (v != "eager" && v != "deferred") {
+      std::fprintf(stderr, "CUDA emulator: TANDEM_CUDA_EMU_STREAMS must be eager or deferred, not '%s'\n", p);
+      std::abort();
+    }
+    int expected = -1;
+    deferred_mode.compare_exchange_strong(expected, v == "deferred" ? 1 : 0);
+    mode = deferred_mode.load();
+  }
+  return mode == 1;
+}
+
+// The queue whose front must run next for `target`'s front to run (queue_mu held): a blocking or
+// legacy item waits for earlier items of the other kind.
+std::deque<Pending>* NextFor(cudaStream_t target) {
+  auto& q = queues[target];
+  if (q.empty()) return nullptr;
+  const bool legacy = target == nullptr;
+  if (!legacy && !stream_blocking[target]) return &q;
+  std::deque<Pending>* best = &q;
+  for (auto& [stream, other] : queues) {
+    if (other.empty() || stream == target || other.front().seq > best->front().seq) continue;
+    // legacy waits for blocking streams, blocking streams for legacy
+    if (legacy ? (stream != nullptr && stream_blocking[stream]) : stream == nullptr) best = &other;
+  }
+  if (best != &q && !legacy && best == &queues[nullptr]) {
+    std::deque<Pending>* first = NextFor(nullptr);  // the legacy item's own predecessors
+    if (first != nullptr) best = first;
+  }
+  return best;
+}
+
+// Runs queued work until `target`'s queue is empty (all queues when `all`), in order; the first error.
+cudaError_t Flush(cudaStream_t target, bool all) {
+  if (!Deferred()) return cudaSuccess;
+  std::lock_guard<std::mutex> flushing(flush_mu);
+  cudaError_t first = cudaSuccess;
+  while (true) {
+    Pending item;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      std::deque<Pending>* from = nullptr;
+      if (all) {
+        for (auto& [stream, q] : queues) {
+          if (!q.empty() && (from == nullptr || q.front().seq < from->front().seq)) from = &q;
+        }
+      } else {
+        from = NextFor(target);
+      }
+      if (from == nullptr) break;
+      item = std::move(from->front());
+      from->pop_front();
+    }
+    const cudaError_t e = item.work();
+    if (first == cudaSuccess) first = e;
+  }
+  return first;
+}
+
+// Work for `stream`: recorded when it is being captured, else run now or queued (Deferred()).
 cudaError_t Enqueue(cudaStream_t stream, std::function<cudaError_t()> work) {
   if (stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id()) {
     stream->recorded.push_back(std::move(work));
     return cudaSuccess;
   }
-  return work();
+  if (!Deferred()) return work();
+  std::lock_guard<std::mutex> lock(queue_mu);
+  queues[stream].push_back({next_seq++, std::move(work)});
+  return cudaSuccess;
 }
 
 // A call that the device refuses while this thread captures a graph (allocation, synchronisation):
@@ -485,6 +571,14 @@ void Fault(const char* what) {
   block.fault = std::string(what) + " (in " + Where(*block.running) + ")";
   SwitchTo(&block.running->context, &block.scheduler);  // which abandons the block
   std::abort();
+}
+
+bool SetStreams(const char* name) {
+  const std::string v = name;
+  if (v != "eager" && v != "deferred") return false;
+  Flush(nullptr, /*all=*/true);
+  deferred_mode.store(v == "deferred" ? 1 : 0);
+  return true;
 }
 
 uint64_t KernelsRun() { return kernels_run.load(std::memory_order_relaxed); }
@@ -643,6 +737,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  tandem_emu::Flush(nullptr, /*all=*/true);  // as on the device, freeing waits for the work before it
   std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
   const auto it = tandem_emu::allocations.find(p);
   if (it == tandem_emu::allocations.end()) return SetLast(cudaErrorInvalidValue);
@@ -661,7 +756,17 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   *free_bytes = *total - tandem_emu::allocated_bytes;
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (kind == cudaMemcpyHostToDevice && tandem_emu::Deferred() && !(stream != nullptr && stream->capturing)) {
+    // From (pageable) host memory the device stages the bytes before the call returns: the caller may
+    // reuse its buffer at once.
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                               static_cast<const unsigned char*>(src) + bytes);
+    return SetLast(Enqueue(stream, [dst, staged] {
+      if (!staged->empty()) std::memmove(dst, staged->data(), staged->size());
+      return cudaSuccess;
+    }));
+  }
   return SetLast(Enqueue(stream, [dst, src, bytes] {
     if (bytes > 0) std::memmove(dst, src, bytes);
     return cudaSuccess;
@@ -669,6 +774,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = tandem_emu::Flush(nullptr, false); e != cudaSuccess) return SetLast(e);
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -680,20 +786,30 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  if (const cudaError_t e = tandem_emu::Flush(nullptr, false); e != cudaSuccess) return SetLast(e);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 
 // --- Streams, events, graphs ---
 
-cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   *stream = new CUstream_st;
+  (*stream)->blocking = (flags & cudaStreamNonBlocking) == 0;
+  std::lock_guard<std::mutex> lock(tandem_emu::queue_mu);
+  tandem_emu::stream_blocking[*stream] = (*stream)->blocking;
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  const cudaError_t e = tandem_emu::Flush(stream, false);  // its work still completes
+  {
+    std::lock_guard<std::mutex> lock(tandem_emu::queue_mu);
+    tandem_emu::queues.erase(stream);
+    tandem_emu::stream_blocking.erase(stream);
+  }
   delete stream;
-  return cudaSuccess;
+  return SetLast(e);
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (stream != nullptr && stream->capturing) {
@@ -701,11 +817,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return SetLast(cudaErrorStreamCaptureUnsupported);
   }
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  return cudaSuccess;
+  return SetLast(tandem_emu::Flush(stream, false));
 }
 cudaError_t cudaDeviceSynchronize() {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  return cudaSuccess;
+  return SetLast(tandem_emu::Flush(nullptr, /*all=*/true));
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (stream == nullptr || stream->capturing) return SetLast(cudaErrorIllegalState);
@@ -763,6 +879,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  event->stream = stream;
   return SetLast(Enqueue(stream, [event] {
     event->recorded = true;
     event->at = std::chrono::steady_clock::now();
@@ -771,8 +888,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  (void)event;  // recorded work has run (and an event never recorded has nothing to wait for)
-  return cudaSuccess;
+  // Eager: recorded work has run (and an event never recorded has nothing to wait for). Deferred: the
+  // event's stream is run to its end (a little more than up to the event).
+  return SetLast(tandem_emu::Flush(event->stream, false));
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start->recorded || !end->recorded) return SetLast(cudaErrorInvalidResourceHandle);
