@@ -700,7 +700,7 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
   const int64_t n = buf.md.num_tokens, m = buf.num_rows;
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, qs = c.q_size(), kvs = c.kv_size();
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   const AttentionMetadata& md = buf.md;

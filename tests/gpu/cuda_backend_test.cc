@@ -728,31 +728,18 @@ TEST_F(CudaBackendTest, AttentionWritesTheOProjectionsInputRounded) {
     c.g.dtype = DType::kBF16;
     const int64_t d = c.hq * 64, m = 96;
     const DeviceWeight w = b->UploadWeight(View(Random(m * d, 81, 0.05f), m, d, DType::kBF16)).value();
-    auto up = [&](const auto& host) {
-      auto buf = b->Allocate(std::max<size_t>(host.size(), 1) * sizeof(host[0])).value();
-      b->CopyToDevice(buf->data(), host.data(), host.size() * sizeof(host[0]));
-      void* p = buf->data();
-      buffers_.push_back(std::move(buf));
-      return p;
-    };
+    // Buffers from the fixture's backend (one device, uploads finished on return); b reads them back
+    // on its own stream, after its work.
     std::vector<uint16_t> cache(c.g.num_layers * c.g.elements_per_layer());
     for (size_t i = 0; i < cache.size(); ++i) cache[i] = F32ToBf16(c.kc[i]);
-    AttentionMetadata md = c.Host();
-    md.seq_indptr = static_cast<int32_t*>(up(c.seq_indptr));
-    md.positions = static_cast<int32_t*>(up(c.positions));
-    md.context_lens = static_cast<int32_t*>(up(c.context_lens));
-    md.block_indptr = static_cast<int32_t*>(up(c.block_indptr));
-    md.block_indices = static_cast<int32_t*>(up(c.blocks));
-    md.slot_mapping = static_cast<int32_t*>(up(c.slots));
-    auto* attn = static_cast<float*>(up(std::vector<float>(c.n * d)));
-    auto* out = static_cast<float*>(up(std::vector<float>(c.n * m)));
-    b->PagedAttention(static_cast<float*>(up(c.q)), static_cast<float*>(up(c.k)), static_cast<float*>(up(c.v)),
-                      up(cache), up(cache), c.g, c.layer, md, c.hq, c.scale(), attn);
+    float *attn = Zeros(c.n * d), *out = Zeros(c.n * m);
+    b->PagedAttention(Up(c.q), Up(c.k), Up(c.v), Up(cache), Up(cache), c.g, c.layer, OnDevice(c), c.hq, c.scale(),
+                      attn);
     b->Linear(attn, c.n, w, nullptr, out);
     std::vector<float> got(c.n * m), a(c.n * d), ref(c.n * m);
     b->CopyToHost(got.data(), out, got.size() * 4);
     b->CopyToHost(a.data(), attn, a.size() * 4);
-    b->Linear(static_cast<float*>(up(a)), c.n, w, nullptr, out);
+    b->Linear(Up(a), c.n, w, nullptr, out);
     b->CopyToHost(ref.data(), out, ref.size() * 4);
     EXPECT_EQ(got, ref) << (tc ? "tensor-core" : "tiled") << " prompt kernel";
     EXPECT_TRUE(b->CheckErrors().ok());

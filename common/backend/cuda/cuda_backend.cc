@@ -586,8 +586,7 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
   prologue.norm = static_cast<const float*>(norm.data);
   prologue.eps = eps;
   if (!FusesNormsIntoLinear(n, w) || !cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) ||
-      !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || norm.cols != w.cols ||
-      reinterpret_cast<uintptr_t>(norm.data) % 16 != 0) {
+      !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || norm.cols != w.cols) {
     Backend::RmsNormLinear(x, n, norm, eps, w, bias, silu_mul, h, scratch, out);
     return;
   }

@@ -259,13 +259,14 @@ bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* 
 bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns) {
   const int epilogues = (epilogue.bias != nullptr) + epilogue.silu_mul + epilogue.accumulate;
   return epilogues <= 1 && (columns == 1 || (prologue.norm == nullptr && !epilogue.accumulate)) &&
-         (prologue.norm == nullptr || !epilogue.accumulate) && (columns == 1 || columns == 2 || columns == 4);
+         (prologue.norm == nullptr || (!epilogue.accumulate && Aligned16(prologue.norm))) &&
+         (columns == 1 || columns == 2 || columns == 4);
 }
 
 cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
                        cudaStream_t stream, int columns, const GemvEpilogue& epilogue, const GemvPrologue& prologue) {
   if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff ||
-      !GemvTakes(epilogue, prologue, columns) || (prologue.norm != nullptr && !Aligned16(prologue.norm))) {
+      !GemvTakes(epilogue, prologue, columns)) {
     return cudaErrorInvalidValue;
   }
   if (w_dtype == DType::kBF16) {

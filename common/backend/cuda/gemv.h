@@ -44,7 +44,8 @@ struct GemvPrologue {
   float eps = 0.f;
 };
 
-// Whether LaunchGemv takes this combination: at most one epilogue, and the rules above.
+// Whether LaunchGemv takes this combination: at most one epilogue, and the rules above (the norm's
+// alignment included).
 bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns);
 
 // x: [n][k] f32; w: [m][k] of w_dtype ([2m][k] with silu_mul); out: [n][m] f32. cudaErrorInvalidValue

@@ -40,13 +40,6 @@ __global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, i
   }
 }
 
-template <typename T>
-__device__ T FromF32(float v);
-template <>
-__device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
-
 __global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out, RoundedCopy r) {
   PdlPrologue();
   __shared__ float red[32];
@@ -73,6 +66,13 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float
   const float inv = 1.0f / sqrtf(ss / float(d) + eps);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
+
+template <typename T>
+__device__ T FromF32(float v);
+template <>
+__device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
 
 template <typename T>
 __global__ void ConvertKernel(const float* x, int64_t count, T* out) {

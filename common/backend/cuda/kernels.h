@@ -60,8 +60,9 @@ enum class AttentionMode {
 };
 
 // First writes the new keys and values into the cache (k_cache/v_cache[slot_mapping[t]] = k/v[t], rows
-// [num_kv_heads][head_dim]; not when kv_written), then runs causal attention of every new token over its sequence's paged
-// keys and values (metadata as in backend.h's AttentionMetadata): out[n][num_q_heads][head_dim].
+// [num_kv_heads][head_dim]; not when kv_written), then runs causal attention of every new token over
+// its sequence's paged keys and values (metadata as in backend.h's AttentionMetadata):
+// out[n][num_q_heads][head_dim].
 // head_dim 32, 64, 128 or 256: GQA-aware split-KV kernels (kernels.cu), bit-identical in every split
 // mode and whatever the batch (kAuto with allow_tiled may take the tiled prompt kernel instead, whose
 // arithmetic differs); other head_dims up to 512: one block per (token, head). cudaErrorInvalidValue,

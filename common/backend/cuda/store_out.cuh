@@ -7,17 +7,19 @@
 #include <cuda_runtime.h>
 
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/kv_types.cuh"
 
 namespace tandem::cuda {
 
-// out[i] = v, and the rounded copy's [i] (round to nearest even, as LaunchConvertF32) when there is one.
+// out[i] = v, and the rounded copy's [i] (round to nearest even, as LaunchConvertF32 and the cache's
+// StoreKv) when there is one.
 __device__ __forceinline__ void StoreOut(float* out, const RoundedCopy& r, int64_t i, float v) {
   out[i] = v;
   if (r.data == nullptr) return;
   if (r.dtype == DType::kF16) {
-    static_cast<__half*>(r.data)[i] = __float2half_rn(v);
+    StoreKv(static_cast<__half*>(r.data) + i, v);
   } else {
-    static_cast<__nv_bfloat16*>(r.data)[i] = __float2bfloat16_rn(v);
+    StoreKv(static_cast<__nv_bfloat16*>(r.data) + i, v);
   }
 }
 

@@ -442,7 +442,6 @@ std::mutex queue_mu;    // the queues below
 std::mutex flush_mu;    // one flush at a time: a stream's work never runs on two threads at once
 uint64_t next_seq = 0;
 std::map<cudaStream_t, std::deque<Pending>> queues;  // nullptr: the legacy stream
-std::map<cudaStream_t, bool> stream_blocking;
 
 std::atomic<int> deferred_mode{-1};  // -1: not read from the environment yet
 bool Deferred() {
@@ -467,12 +466,12 @@ std::deque<Pending>* NextFor(cudaStream_t target) {
   auto& q = queues[target];
   if (q.empty()) return nullptr;
   const bool legacy = target == nullptr;
-  if (!legacy && !stream_blocking[target]) return &q;
+  if (!legacy && !target->blocking) return &q;
   std::deque<Pending>* best = &q;
   for (auto& [stream, other] : queues) {
     if (other.empty() || stream == target || other.front().seq > best->front().seq) continue;
     // legacy waits for blocking streams, blocking streams for legacy
-    if (legacy ? (stream != nullptr && stream_blocking[stream]) : stream == nullptr) best = &other;
+    if (legacy ? (stream != nullptr && stream->blocking) : stream == nullptr) best = &other;
   }
   if (best != &q && !legacy && best == &queues[nullptr]) {
     std::deque<Pending>* first = NextFor(nullptr);  // the legacy item's own predecessors
@@ -796,8 +795,6 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   *stream = new CUstream_st;
   (*stream)->blocking = (flags & cudaStreamNonBlocking) == 0;
-  std::lock_guard<std::mutex> lock(tandem_emu::queue_mu);
-  tandem_emu::stream_blocking[*stream] = (*stream)->blocking;
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
@@ -806,7 +803,6 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   {
     std::lock_guard<std::mutex> lock(tandem_emu::queue_mu);
     tandem_emu::queues.erase(stream);
-    tandem_emu::stream_blocking.erase(stream);
   }
   delete stream;
   return SetLast(e);
