@@ -885,15 +885,24 @@ TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
     cuda::PagedAttentionArgs a = CudaBackend::AttentionArgs(Up(c.q), Up(c.k), Up(c.v), Up(c.kc), Up(c.vc), c.g, c.layer,
                                                             md, c.hq, c.scale(), nullptr);
     std::map<std::string, std::vector<float>> outs;
+    float* batch_workspace = nullptr;
+    int64_t batch_workspace_floats = 0;
     for (auto [name, mode] : std::vector<std::pair<std::string, cuda::AttentionMode>>{
              {"in-block", cuda::AttentionMode::kInBlock}, {"grid-split", cuda::AttentionMode::kGridSplit}}) {
       a.mode = mode;
       a.workspace_floats = cuda::SplitAttentionWorkspaceFloats(a);
       a.workspace = a.workspace_floats > 0 ? Zeros(a.workspace_floats) : nullptr;
+      if (a.workspace != nullptr) batch_workspace = a.workspace, batch_workspace_floats = a.workspace_floats;
       a.out = Zeros(c.n * c.hq * hd);
       ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess) << name;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       outs[name] = Down(a.out, c.n * c.hq * hd);
+      // Again over the same workspace: the split blocks' counters are back at zero, so the last block
+      // of each token and head merges again (a stale count would leave outputs unwritten).
+      a.out = Zeros(c.n * c.hq * hd);
+      ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess) << name;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(Down(a.out, c.n * c.hq * hd), outs[name]) << name << ", launched again, head_dim " << hd;
     }
     ASSERT_GT(cuda::SplitAttentionWorkspaceFloats(a), 0) << "the grid-split case must really split";
     EXPECT_EQ(outs["in-block"], outs["grid-split"]) << "head_dim " << hd;
@@ -915,8 +924,11 @@ TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
     a.v = Up(std::vector<float>(c.v.begin() + t * kv_row, c.v.begin() + (t + 1) * kv_row));
     for (cuda::AttentionMode mode : {cuda::AttentionMode::kAuto, cuda::AttentionMode::kInBlock, cuda::AttentionMode::kGridSplit}) {
       a.mode = mode;
+      // The batch's workspace again, as the backend reuses its scratch: this launch's partials and
+      // counters lie where the batch's partials were.
       a.workspace_floats = cuda::SplitAttentionWorkspaceFloats(a);
-      a.workspace = a.workspace_floats > 0 ? Zeros(a.workspace_floats) : nullptr;
+      ASSERT_LE(a.workspace_floats, batch_workspace_floats);
+      a.workspace = a.workspace_floats > 0 ? batch_workspace : nullptr;
       a.out = Zeros(row);
       ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

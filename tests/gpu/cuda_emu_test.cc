@@ -3,6 +3,7 @@
 // The backend's own kernels are tested on the emulator by cuda_backend_emu_test.
 #include "common/backend/cuda/emu/cuda_emu.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <set>
@@ -93,6 +94,11 @@ __global__ void SharedScratch(unsigned* out) {
 }
 
 __global__ void AddOne(int* p) { p[threadIdx.x] += 1; }
+
+// out[block] = the order blocks finished in (as a kernel's "last block to finish" counts them).
+__global__ void BlockTurn(unsigned* count, int* out) {
+  if (threadIdx.x == 0) out[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)] = int(atomicAdd(count, 1u));
+}
 
 // Thread 0 reads what the last thread writes, with no barrier between: a race.
 __global__ void MissingBarrier(int value, int* out) {
@@ -239,6 +245,36 @@ TEST(CudaEmulatorTest, TheThreadOrderExposesAMissingBarrier) {
   EXPECT_FALSE(tandem_emu::SetSchedule("sideways"));
   ASSERT_TRUE(tandem_emu::SetSchedule("forward"));
   cudaFree(dout);
+}
+
+TEST(CudaEmulatorTest, BlocksRunInTheScheduleOrder) {
+  const dim3 grid(3, 2, 2);
+  const int n = 12;
+  std::vector<int> linear(n);
+  std::iota(linear.begin(), linear.end(), 0);
+  std::vector<int> reversed(linear.rbegin(), linear.rend());
+  const auto turns = [&](const char* schedule) {
+    EXPECT_TRUE(tandem_emu::SetSchedule(schedule));
+    unsigned* count = Device(std::vector<unsigned>(1, 0));
+    int* out = Device(std::vector<int>(n, -1));
+    EXPECT_EQ(Launch(BlockTurn, grid, 32, 0, nullptr, count, out), cudaSuccess);
+    std::vector<int> got = Host(out, n);
+    cudaFree(count);
+    cudaFree(out);
+    return got;
+  };
+  EXPECT_EQ(turns("forward"), linear) << "x fastest, then y, then z";
+  EXPECT_EQ(turns("reverse"), reversed);
+  std::set<std::vector<int>> seen;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int> t = turns("random");
+    std::vector<int> sorted = t;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, linear) << "every block once";
+    seen.insert(t);
+  }
+  EXPECT_GT(seen.size(), 1u) << "a new order each launch";
+  ASSERT_TRUE(tandem_emu::SetSchedule("forward"));
 }
 
 // Deferred streams: a copy on a non-blocking stream is not ordered after a kernel on the legacy stream

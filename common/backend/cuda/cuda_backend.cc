@@ -384,6 +384,8 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
     }
     return nullptr;
   }
+  // Zeroed: the attention's split counters (in kAttentionPartials) must start at zero.
+  Check(cudaMemsetAsync(scratch_[slot], 0, want, stream_), "zeroing scratch memory");
   scratch_bytes_[slot] = want;
   *live_bytes_ += static_cast<int64_t>(want);
   return scratch_[slot];

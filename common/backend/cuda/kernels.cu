@@ -248,13 +248,14 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
 // Each block takes one token, one KV head and up to kGroup of the query heads sharing it (K and V rows
 // are read once for the whole group), over fixed splits of kSplitKeys keys: split s covers keys
 // [s * kSplitKeys, (s + 1) * kSplitKeys) of every token, whatever else is in the batch. Within a split
-// each of the block's warps takes every kSplitWarps-th key, lanes holding head dimensions lane + 32 j
-// (coalesced rows), with a running softmax per head; the warps' partials are then merged in warp
-// order. A warp loads KeyBatch keys' rows at once before it folds them in, in key order (the loads
-// overlap; the arithmetic is that of one key at a time), and reduces its group's dot products
-// together (independent shuffle chains). Splits are merged in split order, either by the same block one after another (in-block) or,
-// when the batch is too small to fill the device, by one block per split and MergeSplitsKernel. Both
-// merges go through MergeStep, whose arithmetic cannot be contracted or reordered, so a token's
+// each of the block's warps takes every kSplitWarps-th key, lane l holding the head dimensions
+// [l kDims, (l + 1) kDims) (one access a row: KvVec), with a running softmax per head; the warps'
+// partials are then merged in warp order. A warp loads KeyBatch keys' rows at once before it folds
+// them in, in key order (the loads overlap; the arithmetic is that of one key at a time), and reduces
+// its group's dot products together (independent shuffle chains). Splits are merged in split order,
+// either by the same block one after another (in-block) or, when the batch is too small to fill the
+// device, by one block per split, the last of which to finish merges the others' partials (no
+// separate merge kernel: one launch a layer fewer). Both merges go through MergeStep, whose arithmetic cannot be contracted or reordered, so a token's
 // output is bit-identical either way and independent of its batch (what the batch-invariant mode
 // and the equivalence tests need).
 constexpr int kSplitKeys = 256;
@@ -267,8 +268,25 @@ __host__ __device__ constexpr int SplitGroup(int64_t head_dim) {
   return kSplitMaxElems / head_dim < 8 ? static_cast<int>(kSplitMaxElems / head_dim) : 8;
 }
 
-// Keys whose K and V rows a warp holds in registers at once: 16 floats of each per lane.
-__host__ __device__ constexpr int KeyBatch(int dims) { return dims >= 8 ? 2 : (dims >= 4 ? 4 : 8); }
+// Blocks a token and KV head take (each up to SplitGroup of its query heads).
+int64_t SplitHeadChunks(const PagedAttentionArgs& a) {
+  const int64_t group = a.num_q_heads / a.layer.num_kv_heads, kgroup = SplitGroup(a.layer.head_dim);
+  return (group + kgroup - 1) / kgroup;
+}
+
+// The grid split's workspace: a 4-byte counter per (token, KV head, head chunk) at the start, in
+// kSplitCounters slots whatever the launch (so no launch's partials ever land on another's counters,
+// which stay zero between launches), then the partials [num_tokens][num_q_heads][splits][head_dim + 2].
+// A grid split takes at most this many blocks a split (kAuto: below FillBlocks, 8 a multiprocessor).
+constexpr int64_t kSplitCounters = 4096;
+
+// Keys whose K and V rows a warp has in flight at once: up to 16 raw words of each a lane (8 keys of a
+// 128-wide BF16 head: 4 KB a warp), at least 2 keys.
+template <typename T, int kDims>
+__host__ __device__ constexpr int KeyBatch() {
+  constexpr int words = KvVec<T, kDims>::kWords;
+  return words >= 8 ? 2 : (16 / words < 8 ? 16 / words : 8);
+}
 
 // (M, L, O) ⊕ (m, l, o), the ordered merge of two softmax partials; an empty partial (m = -inf)
 // changes nothing.
@@ -292,10 +310,19 @@ __device__ __forceinline__ int64_t CausalLength(const PagedAttentionArgs& a, int
   return min(int64_t(a.positions[t]) + 1, int64_t(a.context_lens[lo]));
 }
 
+// Element d of one (token, query head)'s output from its `splits` partials [splits][hd + 2] (o..., m, l),
+// merged in split order (read from L2: other blocks wrote them).
+__device__ __forceinline__ float MergedSplits(const float* part, int64_t splits, int64_t hd, int64_t d) {
+  float M = -INFINITY, L = 0.f, O = 0.f;
+  for (int64_t s = 0; s < splits; ++s, part += hd + 2) MergeStep(M, L, O, __ldcg(part + hd), __ldcg(part + hd + 1), __ldcg(part + d));
+  return L > 0.f ? __fdiv_rn(O, L) : 0.f;
+}
+
 // Grid (num_tokens, num_kv_heads * head_chunks, 1 or the batch's split count); kSplitThreads threads.
-// partials (grid split): [num_tokens][num_q_heads][gridDim.z][head_dim + 2] (o..., m, l).
+// Grid split: partials [num_tokens][num_q_heads][gridDim.z][head_dim + 2] (o..., m, l) and counters
+// [num_tokens][num_kv_heads * head_chunks], zero before the launch and after it.
 template <int kDims, int kGroup, typename T>
-__global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, float* partials) {
+__global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, float* partials, unsigned* counters) {
   PdlPrologue();
   constexpr int64_t hd = kDims * 32;
   __shared__ float sm_m[kSplitWarps * kGroup], sm_l[kSplitWarps * kGroup];
@@ -322,7 +349,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
 #pragma unroll
-    for (int j = 0; j < kDims; ++j) q[g][j] = g < gc ? a.q[(t * a.num_q_heads + h0 + g) * hd + lane + 32 * j] : 0.f;
+    for (int j = 0; j < kDims; ++j) q[g][j] = g < gc ? a.q[(t * a.num_q_heads + h0 + g) * hd + lane * kDims + j] : 0.f;
   }
   // This thread's elements (g, d) of the block's output: idx = threadIdx.x + e * kSplitThreads.
   float M[kElemsPerThread], L[kElemsPerThread], O[kElemsPerThread];
@@ -339,20 +366,17 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 #pragma unroll
       for (int j = 0; j < kDims; ++j) acc[g][j] = 0.f;
     }
-    constexpr int kBatch = KeyBatch(kDims);
+    constexpr int kBatch = KeyBatch<T, kDims>();
     for (int64_t p0 = k0 + warp; p0 < k1; p0 += int64_t(kSplitWarps) * kBatch) {
       // This warp's next keys p0, p0 + kSplitWarps, ...: every row load issued before the first use.
-      float kr[kBatch][kDims], vr[kBatch][kDims];
+      KvVec<T, kDims> kr[kBatch], vr[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int64_t p = p0 + int64_t(b) * kSplitWarps;
         if (p < k1) {
           const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
-#pragma unroll
-          for (int j = 0; j < kDims; ++j) {
-            kr[b][j] = LoadKv(kb + slot * row + lane + 32 * j);
-            vr[b][j] = LoadKv(vb + slot * row + lane + 32 * j);
-          }
+          kr[b].Load(kb + slot * row + lane * kDims);
+          vr[b].Load(vb + slot * row + lane * kDims);
         }
       }
 #pragma unroll
@@ -397,7 +421,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
         sm_l[warp * kGroup + g] = l[g];
       }
 #pragma unroll
-      for (int j = 0; j < kDims; ++j) sm_o[(warp * kGroup + g) * hd + lane + 32 * j] = acc[g][j];
+      for (int j = 0; j < kDims; ++j) sm_o[(warp * kGroup + g) * hd + lane * kDims + j] = acc[g][j];
     }
     __syncthreads();
     // The split's partial per element, merged over the warps in order, then into the running state
@@ -439,47 +463,41 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
         }
       }
     }
-    return;
+    // The last of this token and head chunk's gridDim.z blocks to finish merges their partials (in
+    // split order, whichever block it is), and sets the count back to zero for the next launch.
+    __shared__ bool last;
+    __threadfence();  // this block's partials are visible to every block before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned* count = counters + blockIdx.x * gridDim.y + blockIdx.y;
+      last = atomicAdd(count, 1u) == gridDim.z - 1;
+      if (last) *count = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the others' partials are read after their counts
   }
 #pragma unroll
   for (int e = 0; e < kElemsPerThread; ++e) {
     const int64_t idx = threadIdx.x + int64_t(e) * kSplitThreads;
     if (idx >= gc * hd) break;
     const int64_t g = idx / hd, d = idx % hd;
-    StoreOut(a.out, a.rounded, (t * a.num_q_heads + h0 + g) * hd + d, L[e] > 0.f ? __fdiv_rn(O[e], L[e]) : 0.f);
+    const float o = grid_split ? MergedSplits(partials + (t * a.num_q_heads + h0 + g) * gridDim.z * (hd + 2), gridDim.z,
+                                              hd, d)
+                               : (L[e] > 0.f ? __fdiv_rn(O[e], L[e]) : 0.f);
+    StoreOut(a.out, a.rounded, (t * a.num_q_heads + h0 + g) * hd + d, o);
   }
-}
-
-// Grid (num_tokens, num_q_heads), head_dim threads: merges a token's split partials in split order.
-__global__ void MergeSplitsKernel(PagedAttentionArgs a, int64_t splits, const float* partials) {
-  PdlPrologue();
-  const int64_t t = blockIdx.x, h = blockIdx.y, hd = a.layer.head_dim, d = threadIdx.x;
-  if (a.tiled_min_new_tokens > 0) {
-    int64_t seq;
-    CausalLength(a, t, &seq);
-    if (a.seq_indptr[seq + 1] - a.seq_indptr[seq] >= a.tiled_min_new_tokens) return;  // the tiled kernel's
-  }
-  float M = -INFINITY, L = 0.f, O = 0.f;
-  for (int64_t s = 0; s < splits; ++s) {
-    const float* part = partials + ((t * a.num_q_heads + h) * splits + s) * (hd + 2);
-    MergeStep(M, L, O, part[hd], part[hd + 1], part[d]);
-  }
-  StoreOut(a.out, a.rounded, (t * a.num_q_heads + h) * hd + d, L > 0.f ? __fdiv_rn(O, L) : 0.f);
 }
 
 template <int kDims, typename T>
 cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_splits, cudaStream_t stream) {
   constexpr int kGroup = SplitGroup(kDims * 32);
-  const int64_t group = a.num_q_heads / a.layer.num_kv_heads;
-  const int64_t chunks = (group + kGroup - 1) / kGroup;
+  const int64_t chunks = SplitHeadChunks(a);
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.layer.num_kv_heads * chunks),
                   static_cast<unsigned>(grid_splits));
-  LaunchKernel(SplitAttentionKernel<kDims, kGroup, T>, grid, kSplitThreads, 0, stream, a, chunks, a.workspace);
-  if (grid_splits > 1) {
-    const dim3 merge_grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));
-    LaunchKernel(MergeSplitsKernel, merge_grid, static_cast<unsigned>(a.layer.head_dim), 0, stream, a, grid_splits,
-                 a.workspace);
-  }
+  unsigned* counters = grid_splits > 1 ? reinterpret_cast<unsigned*>(a.workspace) : nullptr;
+  float* partials = grid_splits > 1 ? a.workspace + kSplitCounters : nullptr;
+  LaunchKernel(SplitAttentionKernel<kDims, kGroup, T>, grid, kSplitThreads, 0, stream, a, chunks, partials, counters);
   return cudaGetLastError();
 }
 
@@ -644,10 +662,10 @@ int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
   }
   const int64_t splits = SplitCount(a.max_context_len);
   if (splits <= 1 || splits > 65535) return 0;
-  const int64_t group = a.num_q_heads / a.layer.num_kv_heads, kgroup = SplitGroup(a.layer.head_dim);
-  const int64_t blocks = a.num_tokens * a.layer.num_kv_heads * ((group + kgroup - 1) / kgroup);
-  if (a.mode == AttentionMode::kAuto && blocks >= FillBlocks()) return 0;
-  return a.num_tokens * a.num_q_heads * splits * (a.layer.head_dim + 2);
+  const int64_t blocks = a.num_tokens * a.layer.num_kv_heads * SplitHeadChunks(a);
+  if ((a.mode == AttentionMode::kAuto && blocks >= FillBlocks()) || blocks > kSplitCounters) return 0;
+  static_assert(sizeof(unsigned) == sizeof(float), "a counter takes a float's place");
+  return kSplitCounters + a.num_tokens * a.num_q_heads * splits * (a.layer.head_dim + 2);
 }
 
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t stream) {

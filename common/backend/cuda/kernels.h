@@ -53,7 +53,7 @@ struct PagedLayer {
 enum class AttentionMode {
   kAuto,       // split-KV, its splits on blocks of their own when the batch is too small to fill the device
   kInBlock,    // split-KV, every split of a token merged by one block
-  kGridSplit,  // split-KV, one block per split and a merge kernel (needs the workspace)
+  kGridSplit,  // split-KV, one block per split, the last to finish merging them (needs the workspace)
   kLegacy,     // one block per (token, query head): any head_dim up to 512
   kTiled,      // the tiled prompt kernel (prefill_attention.h): head_dim 32, 64, 128 or 256
   kTensorCore, // the tensor-core prompt kernel (prefill_attention.h): head_dim 64 or 128, 16-bit caches
@@ -66,7 +66,8 @@ enum class AttentionMode {
 // head_dim 32, 64, 128 or 256: GQA-aware split-KV kernels (kernels.cu), bit-identical in every split
 // mode and whatever the batch (kAuto with allow_tiled may take the tiled prompt kernel instead, whose
 // arithmetic differs); other head_dims up to 512: one block per (token, head). cudaErrorInvalidValue,
-// with nothing launched, for head_dim > 512, heads that do not group, or kGridSplit without workspace.
+// with nothing launched, for head_dim > 512, heads that do not group, or kGridSplit without workspace
+// (or over 4096 blocks a split: SplitAttentionWorkspaceFloats is then 0).
 struct PagedAttentionArgs {
   PagedLayer layer;
   const float* q = nullptr;
@@ -98,7 +99,9 @@ struct PagedAttentionArgs {
   // kAuto's prompt kernel runs on the tensor cores where it can (TensorCorePrefillCapable); off: on
   // the CUDA cores (CudaBackend: TANDEM_CUDA_TC_ATTENTION=1 turns it on).
   bool tensor_core_prefill = false;
-  float* workspace = nullptr;   // [SplitAttentionWorkspaceFloats(args)] for split partials
+  // [SplitAttentionWorkspaceFloats(args)] for split partials and the blocks' counters: zero before its
+  // first launch (each launch leaves the counters at zero for the next, or for a graph's replay).
+  float* workspace = nullptr;
   int64_t workspace_floats = 0;
 };
 cudaError_t LaunchPagedAttention(const PagedAttentionArgs& args, cudaStream_t stream);

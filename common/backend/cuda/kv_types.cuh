@@ -6,6 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "common/model/dtype.h"
 
 namespace tandem::cuda {
@@ -16,6 +19,49 @@ __device__ __forceinline__ float LoadKv(const __half* p) { return __half2float(*
 __device__ __forceinline__ void StoreKv(float* p, float x) { *p = x; }
 __device__ __forceinline__ void StoreKv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void StoreKv(__half* p, float x) { *p = __float2half_rn(x); }
+
+// kN consecutive cache elements read by one access (2, 4, 8 or 16 bytes; several 16-byte ones past that)
+// and kept as raw words until each element is read, as LoadKv reads it: the attention kernels' lane
+// loads a whole slice of a K or V row at once. Load's p must be aligned to min(kN · sizeof(T), 16).
+template <typename T, int kN>
+struct KvVec {
+  static constexpr int kBytes = kN * static_cast<int>(sizeof(T));
+  static constexpr int kWords = kBytes < 4 ? 1 : kBytes / 4;
+  uint32_t w[kWords];
+
+  __device__ __forceinline__ void Load(const T* p) {
+    if constexpr (kBytes >= 16) {
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x, w[1] = v.y;
+    } else if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else {
+      static_assert(kBytes == 2, "one 16-bit element");
+      w[0] = *reinterpret_cast<const uint16_t*>(p);
+    }
+  }
+  // Element e as f32 (exact: every 16-bit value is a float).
+  __device__ __forceinline__ float operator[](int e) const {
+    if constexpr (sizeof(T) == 4) {
+      return __uint_as_float(w[e]);
+    } else {
+      const uint32_t bits = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;  // element 0 in the low half
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        return __uint_as_float(bits << 16);
+      } else {
+        __half_raw r;
+        r.x = static_cast<unsigned short>(bits);
+        return __half2float(__half(r));
+      }
+    }
+  }
+};
 
 // fn(static_cast<T*>(nullptr)) for the cache's element type T.
 template <typename Fn>

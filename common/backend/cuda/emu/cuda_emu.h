@@ -4,7 +4,7 @@
 // first (CMake generates one wrapper .cc a file); runtime.cc implements the CUDA runtime and cuBLAS
 // calls the backend makes, over host memory.
 //
-// How a launch runs: blocks one after another; each of a block's threads is a fiber (its own stack),
+// How a launch runs: blocks one after another (in the threads' schedule's order, below); each of a block's threads is a fiber (its own stack),
 // run until it reaches a barrier (__syncthreads, or a warp op with its mask), so every thread of a
 // block sees the block's __shared__ variables (function statics here: blocks never overlap) and every
 // lane of a warp exchanges values at a shuffle as on the device. What the device would reject or leave
@@ -14,7 +14,8 @@
 // 48 KiB of dynamic shared memory without cudaFuncSetAttribute. Dynamic shared memory starts as 0xff
 // bytes (NaN floats) in every block, so a read before any write shows. Threads run in index order
 // between barriers, or reversed, or shuffled (SetSchedule, TANDEM_CUDA_EMU_SCHEDULE): a missing
-// barrier shows as a result that changes with the order.
+// barrier shows as a result that changes with the order. The blocks of a grid run in the same kind of
+// order, so a kernel that assumes which block runs last (or first) shows too.
 //
 // Not emulated: timing, concurrency between streams (work runs when enqueued; a stream being captured
 // records it instead), the memory model (every write is visible at once), and device math's last-bit
@@ -64,7 +65,7 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t value);
 // This block's dynamic shared memory.
 unsigned char* DynamicShared();
 // The order a block's threads run in between barriers (after a barrier the last thread to arrive runs
-// on first), for the launches after it: "forward" (by index; the default, or
+// on first), and a grid's blocks run in, for the launches after it: "forward" (by index; the default, or
 // TANDEM_CUDA_EMU_SCHEDULE), "reverse" or "random" (a new order each block,
 // seeded by TANDEM_CUDA_EMU_SEED). A read that a missing barrier leaves racing gets another value in
 // another order. False for any other name.
@@ -214,6 +215,12 @@ template <typename T>
 T __ldg(const T* p) {
   return *p;
 }
+template <typename T>
+T __ldcg(const T* p) {
+  return *p;
+}
+// Every write is visible at once here (blocks run one after another).
+inline void __threadfence() {}
 
 // atomicAdd: one fiber runs at a time, so a plain read-modify-write is atomic.
 template <typename T>

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -258,7 +259,9 @@ void Yield() {
 // TANDEM_CUDA_EMU_SCHEDULE: "forward" (the default: by index), "reverse", or "random" (a
 // new order every block, seeded by TANDEM_CUDA_EMU_SEED). Which thread runs first between two
 // barriers is all a missing barrier can depend on here, so running a test in each order exposes
-// reads of shared or global memory that another thread writes without a barrier between.
+// reads of shared or global memory that another thread writes without a barrier between. A grid's
+// blocks run in the same kind of order (which one is last is all a kernel's "the last block to finish"
+// can depend on here).
 enum class Schedule { kForward, kReverse, kRandom };
 std::optional<Schedule> ParseSchedule(const std::string& v) {
   if (v == "forward") return Schedule::kForward;
@@ -280,18 +283,28 @@ Schedule CurrentSchedule() {
   return schedule_override.value_or(from_env);
 }
 
-void OrderThreads() {
+std::mt19937& ScheduleRng() {
   static std::mt19937 rng([] {
     const char* p = std::getenv("TANDEM_CUDA_EMU_SEED");
     return p != nullptr ? static_cast<uint32_t>(std::strtoul(p, nullptr, 10)) : 1u;
   }());
-  block.order.resize(block.count);
-  for (int i = 0; i < block.count; ++i) block.order[i] = &block.fibers[i];
+  return rng;
+}
+
+// `items` put in the schedule's order.
+template <typename T>
+void Order(std::vector<T>& items) {
   switch (CurrentSchedule()) {
     case Schedule::kForward: break;
-    case Schedule::kReverse: std::reverse(block.order.begin(), block.order.end()); break;
-    case Schedule::kRandom: std::shuffle(block.order.begin(), block.order.end(), rng); break;
+    case Schedule::kReverse: std::reverse(items.begin(), items.end()); break;
+    case Schedule::kRandom: std::shuffle(items.begin(), items.end(), ScheduleRng()); break;
   }
+}
+
+void OrderThreads() {
+  block.order.resize(block.count);
+  for (int i = 0; i < block.count; ++i) block.order[i] = &block.fibers[i];
+  Order(block.order);
   for (int t = 0; t < block.count; ++t) block.order[t]->turn = t;
 }
 
@@ -636,20 +649,26 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
     block.body = &body;
     block.released.assign((count + 31) / 32, {});
     block.pending.assign((count + 31) / 32, {});  // a block that completes leaves every warp's list empty
-    for (unsigned bz = 0; bz < grid.z; ++bz) {
-      for (unsigned by = 0; by < grid.y; ++by) {
-        for (unsigned bx = 0; bx < grid.x; ++bx) {
-          if (shared_bytes > 0) std::memset(block.dynamic_shared.get(), 0xff, shared_bytes);
-          block.done = 0;
-          block.at_sync = 0;
-          for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, {bx, by, bz});
-          OrderThreads();
-          if (!RunBlock()) {
-            std::fprintf(stderr, "CUDA emulator: %s: %s\n", name, block.fault.c_str());
-            block.fault.clear();
-            return cudaErrorLaunchFailure;
-          }
-        }
+    // Blocks by linear index (x fastest), in the schedule's order.
+    const uint64_t total = uint64_t(grid.x) * grid.y * grid.z;
+    std::vector<uint64_t> shuffled;
+    if (CurrentSchedule() == Schedule::kRandom) {
+      shuffled.resize(total);
+      std::iota(shuffled.begin(), shuffled.end(), uint64_t{0});
+      Order(shuffled);
+    }
+    for (uint64_t i = 0; i < total; ++i) {
+      const uint64_t linear = !shuffled.empty() ? shuffled[i] : CurrentSchedule() == Schedule::kReverse ? total - 1 - i : i;
+      const uint3 b{unsigned(linear % grid.x), unsigned(linear / grid.x % grid.y), unsigned(linear / grid.x / grid.y)};
+      if (shared_bytes > 0) std::memset(block.dynamic_shared.get(), 0xff, shared_bytes);
+      block.done = 0;
+      block.at_sync = 0;
+      for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, b);
+      OrderThreads();
+      if (!RunBlock()) {
+        std::fprintf(stderr, "CUDA emulator: %s: %s\n", name, block.fault.c_str());
+        block.fault.clear();
+        return cudaErrorLaunchFailure;
       }
     }
     return cudaSuccess;
