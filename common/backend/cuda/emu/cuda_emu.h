@@ -19,7 +19,8 @@
 //
 // Not emulated: timing, concurrency between streams (work runs when enqueued; a stream being captured
 // records it instead), the memory model (every write is visible at once), and device math's last-bit
-// differences (expf here is the host's).
+// differences (expf here is the host's). Misaligned accesses, which fault on the device, are caught by
+// UBSan's alignment check in the builds that have it (emu/CMakeLists.txt: tandem_cuda_emu_checked).
 #pragma once
 
 #include <cuda_bf16.h>
