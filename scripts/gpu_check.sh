@@ -187,6 +187,11 @@ for p in "${presets[@]}"; do
     lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
       --gemv-norm=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
+  # The q|k|v prologue as its own kernel again (TANDEM_CUDA_GEMV_HEADS=0), at batches 1 and 8.
+  for b in $(step forward && echo 1 8); do
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
+      --gemv-heads=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  done
   # GEMV with 1 (the default), 2 and 4 output columns a warp, at batches 1 and 8.
   for b in $(step forward && echo 1 8); do
     for gc in 1 2 4; do

@@ -172,7 +172,15 @@ class Backend {
   // are given (RmsNorm over head_dim: Qwen3), rotates q and k (Rope at metadata.positions), then runs
   // PagedAttention. Afterwards qkv, q, k and v hold unspecified values. A backend may do everything
   // before the attention in one pass that writes the cache, with the same results.
+  // With `w`, the projection comes first: qkv = Linear(x [n][w.cols], w, bias), or with `norm`
+  // RmsNormLinear (eps; h [n][w.cols] and scratch as it takes them); a backend may fuse the two.
   struct QkvAttentionInput {
+    const float* x = nullptr;
+    const DeviceWeight* w = nullptr;
+    const DeviceWeight* bias = nullptr;
+    const DeviceWeight* norm = nullptr;
+    float* h = nullptr;
+    float* scratch = nullptr;
     float* qkv = nullptr;
     const DeviceWeight* q_norm = nullptr;  // [head_dim] each, or both null
     const DeviceWeight* k_norm = nullptr;
@@ -187,6 +195,7 @@ class Backend {
                             float* out) {
     const int64_t n = metadata.num_tokens, hd = geometry.head_dim, qs = num_q_heads * hd,
                   kvs = geometry.num_kv_heads * hd;
+    ProjectQkv(in, n);
     float *q = in.qkv, *k = in.qkv + qs, *v = in.qkv + qs + kvs;
     if (n != 1) {
       q = in.q;
@@ -202,6 +211,15 @@ class Backend {
     }
     Rope(q, k, metadata.positions, in.inv_freq, n, num_q_heads, geometry.num_kv_heads, hd);
     PagedAttention(q, k, v, k_cache, v_cache, geometry, layer, metadata, num_q_heads, scale, out);
+  }
+  // QkvAttention's projection, when its input has one.
+  void ProjectQkv(const QkvAttentionInput& in, int64_t n) {
+    if (in.w == nullptr) return;
+    if (in.norm != nullptr) {
+      RmsNormLinear(in.x, n, *in.norm, in.eps, *in.w, in.bias, /*silu_mul=*/false, in.h, in.scratch, in.qkv);
+    } else {
+      Linear(in.x, n, *in.w, in.bias, in.qkv);
+    }
   }
   // out[n][d] = silu(gate[n][d]) * up[n][d].
   virtual void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) = 0;

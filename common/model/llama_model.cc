@@ -718,13 +718,17 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
     const LayerWeights& w = layers_[l];
     if (fused_) {
       // One GEMM for q|k|v, whose rows the backend splits into heads on the way to attention.
-      const DeviceWeight* bias = c.attention_bias ? &w.qkv_bias : nullptr;
-      if (norms_in_linear) {
-        b->RmsNormLinear(x, n, w.input_norm, eps, w.qkv, bias, /*silu_mul=*/false, h, buf.gate_up, buf.qkv);
-      } else {
-        b->Linear(h, n, w.qkv, bias, buf.qkv);
-      }
       Backend::QkvAttentionInput in;
+      in.w = &w.qkv;
+      in.bias = c.attention_bias ? &w.qkv_bias : nullptr;
+      if (norms_in_linear) {
+        in.x = x;
+        in.norm = &w.input_norm;
+        in.h = h;
+        in.scratch = buf.gate_up;
+      } else {
+        in.x = h;
+      }
       in.qkv = buf.qkv;
       if (c.qk_norm) {
         in.q_norm = &w.q_norm;

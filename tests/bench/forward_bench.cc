@@ -52,6 +52,9 @@ ABSL_FLAG(bool, fusion, true,
 ABSL_FLAG(bool, gemv_norm, true,
           "CUDA: the RMSNorm and the residual add inside the decode GEMV (with --fusion); false sets "
           "TANDEM_CUDA_GEMV_NORM=0");
+ABSL_FLAG(bool, gemv_heads, true,
+          "CUDA: the q|k|v prologue run by the q|k|v GEMV's last block of each head (with --fusion, over a KV "
+          "cache of the weights' 16-bit type); false sets TANDEM_CUDA_GEMV_HEADS=0 (the prologue kernel instead)");
 ABSL_FLAG(int, gemv_columns, 0,
           "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
           "default)");
@@ -79,6 +82,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_pdl)) ::setenv("TANDEM_CUDA_PDL", "1", 1);
   if (!absl::GetFlag(FLAGS_fusion)) ::setenv("TANDEM_CUDA_FUSION", "0", 1);
   if (!absl::GetFlag(FLAGS_gemv_norm)) ::setenv("TANDEM_CUDA_GEMV_NORM", "0", 1);
+  if (!absl::GetFlag(FLAGS_gemv_heads)) ::setenv("TANDEM_CUDA_GEMV_HEADS", "0", 1);
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) {
     ::setenv("TANDEM_CUDA_GEMV_COLUMNS", std::to_string(c).c_str(), 1);
   }
@@ -184,6 +188,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_pdl)) std::printf("pdl: programmatic dependent launch on\n");
   if (!absl::GetFlag(FLAGS_fusion)) std::printf("fusion: off\n");
   if (!absl::GetFlag(FLAGS_gemv_norm)) std::printf("gemv norm: off\n");
+  if (!absl::GetFlag(FLAGS_gemv_heads)) std::printf("gemv heads: off (the q|k|v prologue kernel)\n");
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
               step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",

@@ -395,7 +395,8 @@ TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
 
 TEST_F(CudaBackendTest, BadTuningVariablesAreRefusedAtStart) {
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"TANDEM_CUDA_FUSION", "2"}, {"TANDEM_CUDA_GEMV_NORM", "yes"}, {"TANDEM_CUDA_GEMV_COLUMNS", "3"}}) {
+           {"TANDEM_CUDA_FUSION", "2"}, {"TANDEM_CUDA_GEMV_NORM", "yes"}, {"TANDEM_CUDA_GEMV_HEADS", "on"},
+           {"TANDEM_CUDA_GEMV_COLUMNS", "3"}}) {
     ::setenv(name, value, 1);
     auto backend = CudaBackend::Create({});
     ::unsetenv(name);
@@ -624,17 +625,31 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
 // replaces (Backend's own QkvAttention: CopyColumns, RmsNorm, Rope, PagedAttention), output and both
 // caches, over the mixed batch with a padding token (slot -1) and over a single token, with and without
 // Qwen3's norms, over f32 and BF16 caches; and within rounding of the CPU.
+// With the projection in its input (proj 1: Linear, 2: RmsNormLinear with a bias), over BF16 weights:
+// on a BF16 cache and up to 8 tokens the q|k|v GEMV's last blocks run the prologue (their counters
+// reused case after case), elsewhere the projection then the prologue kernel; the same bits as the
+// projection op followed by the ops the prologue replaces.
 TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
+  const std::vector<AttentionCase::Seq> kEightTokens = {{300, 1}, {10, 1}, {40, 2}, {700, 1}, {5, 3}};
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int64_t hd : {64, 80, 128}) {
-      for (bool single : {false, true}) {
+      for (int batch : {0, 1, 2}) {  // the mixed batch, one token, eight tokens
+      for (int proj : {0, 1, 2}) {
         for (bool norms : {false, true}) {
+          if (batch == 0 && proj == 2) continue;  // cuBLAS: no norm prologue
+          const bool single = batch == 1;
           const int64_t hq = 8, hk = 2;
-          AttentionCase c(hd, hq, hk, single ? std::vector<AttentionCase::Seq>{{300, 1}} : kMixedBatch);
+          AttentionCase c(hd, hq, hk, single ? std::vector<AttentionCase::Seq>{{300, 1}} : batch == 0 ? kMixedBatch
+                                                                                                    : kEightTokens);
           c.g.dtype = dt;
           if (!single) c.slots[3] = -1;  // a padding token: rotated, not stored
-          const int64_t row = (hq + 2 * hk) * hd;
+          const int64_t row = (hq + 2 * hk) * hd, kin = 64;
           const std::vector<float> qkv = Random(c.n * row, 61), qn = Random(hd, 62), kn = Random(hd, 63);
+          const std::vector<float> x = Random(c.n * kin, 64), wf = Random(row * kin, 65), bias = Random(row, 66),
+                                   xn = Random(kin, 67);
+          const DeviceWeight ww = gpu_->UploadWeight(View(wf, row, kin, DType::kBF16)).value();
+          const DeviceWeight bw = gpu_->UploadWeight(View(bias, 1, row, DType::kF32)).value();
+          const DeviceWeight nw = gpu_->UploadWeight(View(xn, 1, kin, DType::kF32)).value();
           std::vector<float> inv(hd / 2);
           for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
           const DeviceWeight qw = gpu_->UploadWeight(View(qn, 1, hd, DType::kF32)).value();
@@ -650,6 +665,14 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
           auto run = [&](bool fused) {
             Backend::QkvAttentionInput in;
             in.qkv = Up(qkv);
+            if (proj > 0) {
+              in.x = Up(x);
+              in.w = &ww;
+              in.bias = proj == 2 ? &bw : nullptr;
+              in.norm = proj == 2 ? &nw : nullptr;
+              in.h = Zeros(c.n * kin);
+              in.scratch = Zeros(c.n * row);
+            }
             if (norms) {
               in.q_norm = &qw;
               in.k_norm = &kw;
@@ -672,14 +695,16 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
             return r;
           };
           const Run a = run(false), b = run(true);
-          const std::string what = absl::StrCat(std::string(DTypeName(dt)), " head_dim ", hd, single ? " one token" : "",
-                                                norms ? " with q/k norms" : "");
+          const std::string what = absl::StrCat(std::string(DTypeName(dt)), " head_dim ", hd,
+                                                batch == 1 ? " one token" : batch == 2 ? " eight tokens" : "",
+                                                norms ? " with q/k norms" : "", proj == 1 ? ", projected" : "",
+                                                proj == 2 ? ", normalised, projected with a bias" : "");
           EXPECT_EQ(b.out, a.out) << what;
           EXPECT_TRUE(b.kc == a.kc) << "K cache, " << what;
           EXPECT_TRUE(b.vc == a.vc) << "V cache, " << what;
           EXPECT_FALSE(a.kc == cache_init) << "keys written, " << what;
           // The CPU's own ops (an f32 cache: the CPU's 16-bit cache is checked elsewhere).
-          if (dt != DType::kF32) continue;
+          if (dt != DType::kF32 || proj > 0) continue;
           const DeviceWeight qc = cpu_->UploadWeight(View(qn, 1, hd, DType::kF32)).value();
           const DeviceWeight kcw = cpu_->UploadWeight(View(kn, 1, hd, DType::kF32)).value();
           std::vector<float> qkv_c = qkv, qb(c.n * hq * hd), kb(c.n * hk * hd), vb(c.n * hk * hd), ref(c.n * hq * hd);
@@ -700,6 +725,7 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
           cpu_->QkvAttention(in, kc_c.data(), vc_c.data(), c.g, c.layer, c.Host(), hq, c.scale(), ref.data());
           EXPECT_LE(MaxRelDiff(b.out, ref), 1e-4f) << what;
         }
+      }
       }
     }
   }
@@ -1306,11 +1332,11 @@ uint64_t KernelsRun() {
 // Prefill in chunks of 16 then 8 single-token decode steps; logits of every row. `kernels` (nullable):
 // the kernels each step ran, on the emulator.
 std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std::vector<int32_t>& tokens,
-                             std::vector<uint64_t>* kernels = nullptr) {
+                             std::vector<uint64_t>* kernels = nullptr, DType kv_dtype = DType::kF32) {
   auto model = LlamaModel::Load(dir, backend);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
-  auto kv = KvCacheStorage::Create(backend, (*model)->KvGeometry(16, 16)).value();
+  auto kv = KvCacheStorage::Create(backend, (*model)->KvGeometry(16, 16, kv_dtype)).value();
   std::vector<int32_t> table = {7, 3, 11, 0, 5};
   std::vector<float> all, step;
   size_t begin = 0;
@@ -1382,13 +1408,14 @@ void CompareModels(const std::string& preset, DType dtype) {
 // splits; then decode steps of all five (a graph batch of 8), of three (4) and of all five again (a
 // replay), the contexts growing: logits and argmax of every step, in order.
 std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs, size_t* num_graphs,
-                                             int64_t* replays, bool batch_invariant = true) {
+                                             int64_t* replays, bool batch_invariant = true,
+                                             DType kv_dtype = DType::kF32) {
   CudaBackend::Options o;
   o.batch_invariant = batch_invariant;
   auto backend = CudaBackend::Create(o).value();
   auto model = LlamaModel::Load(dir, backend.get()).value();
   model->set_use_graphs(graphs);
-  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(320, 16)).value();
+  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(320, 16, kv_dtype)).value();
   const int64_t vocab = model->config().vocab_size;
   std::vector<int64_t> len(5);
   std::vector<std::vector<int32_t>> tables(5);
@@ -1445,40 +1472,50 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
 // kernels, a step runs per layer: one fewer for RoPE, three more for the split of several tokens, two
 // for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up, one for the
 // attention bias and two for the residual adds and norms it takes in, elsewhere four for the GEMM inputs
-// that the norms, attention and silu · up write already rounded.
+// that the norms, attention and silu · up write already rounded; and over a cache of the weights' 16-bit
+// type, where the GEMV runs, the prologue kernel too (the q|k|v GEMV's last blocks run it).
 TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   std::vector<int32_t> tokens(44);
   std::mt19937 rng(5);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
-  std::vector<uint64_t> kernels[2];
-  std::vector<float> logits[2];
-  for (int fusion : {0, 1}) {
-    ::setenv("TANDEM_CUDA_FUSION", fusion == 1 ? "1" : "0", 1);
-    auto backend = CudaBackend::Create({});
-    ::unsetenv("TANDEM_CUDA_FUSION");
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    logits[fusion] = AllLogits(backend->get(), dir, tokens, &kernels[fusion]);
-    EXPECT_TRUE((*backend)->CheckErrors().ok());
-  }
-  ASSERT_FALSE(logits[0].empty());
-  EXPECT_EQ(logits[1], logits[0]);
-  if (!kEmulated) return;
-  auto cpu = CpuBackend::Create({}).value();
-  const ModelConfig c = LlamaModel::Load(dir, cpu.get()).value()->config();
-  const std::vector<int64_t> step_tokens = {16, 16, 8, 1, 1, 1, 1};  // prompt chunks, then decode steps
-  ASSERT_EQ(kernels[0].size(), step_tokens.size());
-  for (size_t i = 0; i < kernels[0].size(); ++i) {
-    const bool gemv = step_tokens[i] <= cuda::kGemvMaxRows;
-    const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
-                          (gemv ? 3 + (c.attention_bias ? 1 : 0) : 4);
-    // Every row wants logits: with the GEMV the first and the final norm go into the projections; with
-    // cuBLAS the final norm rounds the LM head's input.
-    EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 2 : 1)) << "step " << i;
-    if (i == 3) {
-      std::printf("%s decode step, %lld layers: %llu kernels fused, %llu unfused\n", GetParam().c_str(),
-                  static_cast<long long>(c.num_hidden_layers), static_cast<unsigned long long>(kernels[1][i]),
-                  static_cast<unsigned long long>(kernels[0][i]));
+  for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    // Fusions off, on, and on but for the prologue in the q|k|v GEMV (TANDEM_CUDA_GEMV_HEADS=0).
+    std::vector<uint64_t> kernels[3];
+    std::vector<float> logits[3];
+    for (int fusion : {0, 1, 2}) {
+      ::setenv("TANDEM_CUDA_FUSION", fusion > 0 ? "1" : "0", 1);
+      if (fusion == 2) ::setenv("TANDEM_CUDA_GEMV_HEADS", "0", 1);
+      auto backend = CudaBackend::Create({});
+      ::unsetenv("TANDEM_CUDA_FUSION");
+      ::unsetenv("TANDEM_CUDA_GEMV_HEADS");
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      logits[fusion] = AllLogits(backend->get(), dir, tokens, &kernels[fusion], kv_dtype);
+      EXPECT_TRUE((*backend)->CheckErrors().ok());
+    }
+    ASSERT_FALSE(logits[0].empty());
+    EXPECT_EQ(logits[1], logits[0]) << DTypeName(kv_dtype) << " cache";
+    EXPECT_EQ(logits[2], logits[0]) << DTypeName(kv_dtype) << " cache, the prologue kernel";
+    if (!kEmulated) continue;
+    auto cpu = CpuBackend::Create({}).value();
+    const ModelConfig c = LlamaModel::Load(dir, cpu.get()).value()->config();
+    const std::vector<int64_t> step_tokens = {16, 16, 8, 1, 1, 1, 1};  // prompt chunks, then decode steps
+    ASSERT_EQ(kernels[0].size(), step_tokens.size());
+    for (size_t i = 0; i < kernels[0].size(); ++i) {
+      const bool gemv = step_tokens[i] <= cuda::kGemvMaxRows;
+      const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
+                            (gemv ? 3 + (c.attention_bias ? 1 : 0) + (kv_dtype == DType::kBF16 ? 1 : 0) : 4);
+      // Every row wants logits: with the GEMV the first and the final norm go into the projections;
+      // with cuBLAS the final norm rounds the LM head's input.
+      EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 2 : 1))
+          << "step " << i << ", " << DTypeName(kv_dtype) << " cache";
+      EXPECT_EQ(int64_t(kernels[2][i] - kernels[1][i]), gemv && kv_dtype == DType::kBF16 ? c.num_hidden_layers : 0)
+          << "step " << i << ", " << DTypeName(kv_dtype) << " cache: the prologue kernel a layer";
+      if (i == 3) {
+        std::printf("%s decode step, %lld layers, %s cache: %llu kernels fused, %llu unfused\n", GetParam().c_str(),
+                    static_cast<long long>(c.num_hidden_layers), std::string(DTypeName(kv_dtype)).c_str(),
+                    static_cast<unsigned long long>(kernels[1][i]), static_cast<unsigned long long>(kernels[0][i]));
+      }
     }
   }
 }
@@ -1486,12 +1523,15 @@ TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
 // The same without --batch-invariant: decode steps of up to 8 rows run the GEMV with its fused norms,
 // biases, activations and residual adds, and the q|k|v prologue kernel, captured in graphs and
 // replayed: the bits of the same steps op by op (the GEMV's rows do not depend on the padding rows).
+// Mistral's steps keep an f32 cache (the prologue kernel in the graphs); the others a BF16 one, as on a
+// GPU by default (the q|k|v GEMV's last blocks running the prologue, its counters reset at each replay).
 TEST_P(CudaForwardTest, FusedDecodeGraphsMatchOpByOpBitForBit) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
+  const DType kv_dtype = GetParam() == "tiny-mistral" ? DType::kF32 : DType::kBF16;
   size_t eager_graphs = 0, graphs = 0;
   int64_t eager_replays = 0, replays = 0;
-  const auto eager = DecodeScript(dir, false, &eager_graphs, &eager_replays, /*batch_invariant=*/false);
-  const auto replayed = DecodeScript(dir, true, &graphs, &replays, /*batch_invariant=*/false);
+  const auto eager = DecodeScript(dir, false, &eager_graphs, &eager_replays, /*batch_invariant=*/false, kv_dtype);
+  const auto replayed = DecodeScript(dir, true, &graphs, &replays, /*batch_invariant=*/false, kv_dtype);
   EXPECT_EQ(graphs, 2u);
   EXPECT_EQ(replays, 2);
   ASSERT_EQ(eager.size(), replayed.size());

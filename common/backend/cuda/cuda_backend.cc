@@ -131,19 +131,24 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     }
     backend->gemv_columns_ = std::stoi(v);
   }
-  if (const char* p = std::getenv("TANDEM_CUDA_FUSION"); p != nullptr) {
+  // 0/1 switches (unset: the default).
+  for (auto [name, value] : {std::pair<const char*, bool*>{"TANDEM_CUDA_FUSION", &backend->fusion_},
+                             {"TANDEM_CUDA_GEMV_NORM", &backend->gemv_norm_},
+                             {"TANDEM_CUDA_GEMV_HEADS", &backend->gemv_heads_}}) {
+    const char* p = std::getenv(name);
+    if (p == nullptr) continue;
     const std::string v(p);
-    if (v != "0" && v != "1") {
-      return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_FUSION must be 0 or 1, not '", v, "'"));
-    }
-    backend->fusion_ = v == "1";
+    if (v != "0" && v != "1") return absl::InvalidArgumentError(absl::StrCat(name, " must be 0 or 1, not '", v, "'"));
+    *value = v == "1";
   }
-  if (const char* p = std::getenv("TANDEM_CUDA_GEMV_NORM"); p != nullptr) {
-    const std::string v(p);
-    if (v != "0" && v != "1") {
-      return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_GEMV_NORM must be 0 or 1, not '", v, "'"));
-    }
-    backend->gemv_norm_ = v == "1";
+  // The q|k|v GEMV's per-head counters (GemvEpilogue::head_counters), zero, fixed up front (graphs).
+  if (cudaError_t e = cudaMalloc(&backend->head_counters_, kHeadCounters * sizeof(unsigned)); e != cudaSuccess) {
+    return CudaStatus(e, "allocating the q|k|v GEMV's counters");
+  }
+  *backend->live_bytes_ += kHeadCounters * sizeof(unsigned);
+  if (cudaError_t e = cudaMemsetAsync(backend->head_counters_, 0, kHeadCounters * sizeof(unsigned), stream);
+      e != cudaSuccess) {
+    return CudaStatus(e, "zeroing the q|k|v GEMV's counters");
   }
   // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
   backend->tensor_core_prefill_ = EnvIsOne("TANDEM_CUDA_TC_ATTENTION");
@@ -157,6 +162,7 @@ CudaBackend::~CudaBackend() {
   for (void* p : scratch_) cudaFree(p);
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
+  cudaFree(head_counters_);
   cudaStreamDestroy(stream_);
 }
 
@@ -534,11 +540,9 @@ void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void*
     Backend::QkvAttention(in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
     return;
   }
-  Bind();
   cuda::PagedAttentionArgs a = AttentionArgs(in.q, nullptr, nullptr, k_cache, v_cache, g, layer, md, num_q_heads,
                                              scale, out);
   {
-    cuda::OpScope op(profiler_.get(), capturing_, "qkv prologue", 0, stream_);
     cuda::QkvPrologueArgs p;
     p.layer = a.layer;
     p.qkv = in.qkv;
@@ -551,11 +555,48 @@ void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void*
     p.inv_freq = in.inv_freq;
     p.slot_mapping = md.slot_mapping;
     p.q_out = in.q;
-    Check(cuda::LaunchQkvPrologue(p, stream_), "q|k|v prologue");
+    // The projection's GEMV may run the prologue on each head as it completes; else the prologue kernel
+    // follows the projection. (No Bind() before the projection: a GEMM there may take the rounded
+    // copy of its input that the op before wrote.)
+    if (in.w == nullptr || !ProjectQkvWithPrologue(in, p)) {
+      ProjectQkv(in, md.num_tokens);
+      Bind();
+      cuda::OpScope op(profiler_.get(), capturing_, "qkv prologue", 0, stream_);
+      Check(cuda::LaunchQkvPrologue(p, stream_), "q|k|v prologue");
+    }
   }
+  Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
   a.kv_written = true;
   Attend(a);
+}
+
+bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda::QkvPrologueArgs& p) {
+  const DeviceWeight& w = *in.w;
+  const int64_t n = p.num_tokens;
+  cuda::GemvEpilogue epilogue;
+  epilogue.bias = in.bias != nullptr ? static_cast<const float*>(in.bias->data) : nullptr;
+  epilogue.heads = &p;
+  epilogue.head_counters = head_counters_;
+  cuda::GemvPrologue prologue;
+  if (in.norm != nullptr) {
+    prologue.norm = static_cast<const float*>(in.norm->data);
+    prologue.eps = in.eps;
+  }
+  if (!fusion_ || !gemv_heads_ || batch_invariant_ || p.layer.dtype != w.dtype ||
+      p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters || !cuda::GemvCovers(n, w.dtype, w.cols, in.x, w.data) ||
+      !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || (in.norm != nullptr && !FusesNormsIntoLinear(n, w))) {
+    return false;
+  }
+  Bind();
+  cuda::OpScope op(profiler_.get(), capturing_,
+                   profiler_ ? absl::StrCat(in.norm != nullptr ? "norm+" : "", "gemv+qkv prologue ", w.rows, "x",
+                                            w.cols, n > 1 ? " (batched)" : "")
+                             : "",
+                   w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
+  Check(cuda::LaunchGemv(in.x, n, w.dtype, w.data, w.rows, w.cols, in.qkv, stream_, gemv_columns_, epilogue, prologue),
+        "gemv (q|k|v prologue)");
+  return true;
 }
 
 void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) {

@@ -130,6 +130,9 @@ class CudaBackend final : public Backend {
   void* Scratch(ScratchSlot slot, size_t bytes, bool optional = false);
   // Launches the attention kernels for `a` in this backend's mode, with split workspace where it pays.
   void Attend(cuda::PagedAttentionArgs a);
+  // QkvAttention's projection (in.w) as the GEMV that runs the prologue p (whose qkv is in.qkv) on each
+  // head as it completes; false, with nothing launched, where the GEMV does not take it.
+  bool ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda::QkvPrologueArgs& p);
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
   // Where an op producing `out` [n][d] also writes the 16-bit copy a GEMM reading it next would
@@ -147,6 +150,11 @@ class CudaBackend final : public Backend {
   // The norms and residual adds inside the GEMV (FusesNormsIntoLinear): TANDEM_CUDA_GEMV_NORM=0 turns
   // only these off (each GEMV block recomputes its rows' norm: for a GPU run to weigh).
   bool gemv_norm_ = true;
+  // The q|k|v prologue run by the q|k|v GEMV's last block of each head (ProjectQkvWithPrologue):
+  // TANDEM_CUDA_GEMV_HEADS=0 turns only this off (the prologue kernel then runs after the GEMV).
+  bool gemv_heads_ = true;
+  static constexpr int64_t kHeadCounters = 4096;
+  unsigned* head_counters_ = nullptr;  // [kHeadCounters], zero between launches
   // The 16-bit type of the 2-D weights uploaded (kF32: none yet, or both 16-bit types: no rounded copies).
   DType gemm_dtype_ = DType::kF32;
   bool gemm_dtype_mixed_ = false;

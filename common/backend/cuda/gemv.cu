@@ -3,6 +3,7 @@
 #include "common/backend/cuda/activation.cuh"
 #include "common/backend/cuda/block_reduce.cuh"
 #include "common/backend/cuda/launch.cuh"
+#include "common/backend/cuda/qkv_prologue.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -93,18 +94,21 @@ enum class Epi { kNone, kBias, kSiluMul, kAccumulate };
 // lane + 32, ... of its weight rows in that order (whatever C, the epilogue and the loads in flight),
 // so every C and epilogue gives a column the same sum, and the epilogue's arithmetic is the separate
 // kernels' (AddBiasKernel, SiluMulPackedKernel, AddKernel). With kNorm every block first computes each
-// row's RMSNorm scale as RmsNormKernel's block of the same size does (block_reduce.cuh: RmsScale).
-template <typename W, int N, int C, Epi E, bool kNorm>
-__global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __restrict__ x, const W* __restrict__ w,
-                                                              int64_t m, int64_t k, const float* __restrict__ bias,
-                                                              const float* __restrict__ norm, float eps,
-                                                              float* __restrict__ out) {
+// row's RMSNorm scale as RmsNormKernel's block of the same size does (block_reduce.cuh: RmsScale). With
+// kHeads (GemvEpilogue::heads; C = 1, so a block's columns lie in one head) the last of a head's
+// blocks to finish runs the q|k|v prologue on it, warp t for token t.
+template <typename W, int N, int C, Epi E, bool kNorm, bool kHeads>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    GemvKernel(const float* __restrict__ x, const W* __restrict__ w, int64_t m, int64_t k,
+               const float* __restrict__ bias, const float* __restrict__ norm, float eps, float* out,
+               QkvPrologueArgs heads, unsigned* head_counters) {
   constexpr int R = E == Epi::kSiluMul ? 2 * C : C;  // weight rows a warp folds
   constexpr int kUnroll = kGemvUnroll / R > 0 ? kGemvUnroll / R : 1;  // loads in flight a row
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
-  // A warp of no column reads and writes nothing and need not wait, unless the block's norm needs it.
-  if (!kNorm && col0 >= m) return;
+  // A warp of no column reads and writes nothing and need not wait, unless the block's norm needs it
+  // (with kHeads every warp has a column: m is a whole number of heads).
+  if (!kNorm && !kHeads && col0 >= m) return;
   const uint4* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
     __shared__ float red[32];
 #pragma unroll
     for (int t = 0; t < N; ++t) inv[t] = RmsScale(x + t * k, k, eps, red);
-    if (col0 >= m) return;
+    if (!kHeads && col0 >= m) return;
   }
   float acc[R][N];
 #pragma unroll
@@ -183,20 +187,48 @@ __global__ void __launch_bounds__(kGemvWarps * 32) GemvKernel(const float* __res
       }
     }
   }
+  if constexpr (kHeads) {
+    __shared__ bool last;
+    __shared__ float staged[kGemvWarps][kMaxPrologueHeadDim];
+    const int64_t head = int64_t(blockIdx.x) * kGemvWarps / heads.layer.head_dim;
+    __threadfence();  // this block's columns are visible to every block before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned* count = head_counters + head;
+      last = atomicAdd(count, 1u) == unsigned(heads.layer.head_dim / kGemvWarps) - 1;
+      if (last) *count = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the head's other columns are read after their blocks' counts
+    const int warp = threadIdx.x / 32;
+    if (warp < N) PrologueHead<W>(heads, warp, head, staged[warp]);
+  }
 }
 
-template <typename W, int N, int C, Epi E, bool kNorm>
+template <typename W, int N, int C, Epi E, bool kNorm, bool kHeads = false>
 void LaunchVariant(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
                    const GemvPrologue& pro, float* out, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((m + kGemvWarps * C - 1) / (kGemvWarps * C));
-  LaunchKernel(GemvKernel<W, N, C, E, kNorm>, blocks, kGemvWarps * 32, 0, stream, x, w, m, k, epi.bias, pro.norm,
-               pro.eps, out);
+  LaunchKernel(GemvKernel<W, N, C, E, kNorm, kHeads>, blocks, kGemvWarps * 32, 0, stream, x, w, m, k, epi.bias,
+               pro.norm, pro.eps, out, epi.heads != nullptr ? *epi.heads : QkvPrologueArgs{}, epi.head_counters);
 }
 
-// The variant for the bias or silu-mul epilogue (or none), with or without the norm.
+// The variant for the bias or silu-mul epilogue (or none), with or without the norm (and with the
+// heads' prologue, one column a warp).
 template <typename W, int N, int C, bool kNorm>
 cudaError_t LaunchWriting(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
                           const GemvPrologue& pro, float* out, cudaStream_t stream) {
+  if constexpr (C == 1) {
+    if (epi.heads != nullptr) {
+      if (epi.bias != nullptr) {
+        LaunchVariant<W, N, C, Epi::kBias, kNorm, true>(x, w, m, k, epi, pro, out, stream);
+      } else {
+        LaunchVariant<W, N, C, Epi::kNone, kNorm, true>(x, w, m, k, epi, pro, out, stream);
+      }
+      return cudaGetLastError();
+    }
+  }
   if (epi.silu_mul) {
     LaunchVariant<W, N, C, Epi::kSiluMul, kNorm>(x, w, m, k, epi, pro, out, stream);
   } else if (epi.bias != nullptr) {
@@ -258,6 +290,14 @@ bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* 
 
 bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns) {
   const int epilogues = (epilogue.bias != nullptr) + epilogue.silu_mul + epilogue.accumulate;
+  if (const QkvPrologueArgs* h = epilogue.heads; h != nullptr) {
+    const int64_t hd = h->layer.head_dim;
+    if (epilogue.silu_mul || epilogue.accumulate || columns != 1 || epilogue.head_counters == nullptr ||
+        hd <= 0 || hd % kGemvWarps != 0 || hd > kMaxPrologueHeadDim || h->qkv == nullptr || h->num_q_heads <= 0 ||
+        h->layer.num_kv_heads <= 0) {
+      return false;
+    }
+  }
   return epilogues <= 1 && (columns == 1 || (prologue.norm == nullptr && !epilogue.accumulate)) &&
          (prologue.norm == nullptr || (!epilogue.accumulate && Aligned16(prologue.norm))) &&
          (columns == 1 || columns == 2 || columns == 4);
@@ -267,6 +307,11 @@ cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, 
                        cudaStream_t stream, int columns, const GemvEpilogue& epilogue, const GemvPrologue& prologue) {
   if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff ||
       !GemvTakes(epilogue, prologue, columns)) {
+    return cudaErrorInvalidValue;
+  }
+  if (const QkvPrologueArgs* h = epilogue.heads;
+      h != nullptr && (h->qkv != out || h->num_tokens != n || h->layer.dtype != w_dtype ||
+                       m != (h->num_q_heads + 2 * h->layer.num_kv_heads) * h->layer.head_dim)) {
     return cudaErrorInvalidValue;
   }
   if (w_dtype == DType::kBF16) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "common/backend/cuda/kernels.h"
 #include "common/model/dtype.h"
 
 namespace tandem::cuda {
@@ -34,6 +35,13 @@ struct GemvEpilogue {
   bool silu_mul = false;
   // out[t][j] += sum (LaunchAdd after the GEMV: a residual add into out). One column a warp only.
   bool accumulate = false;
+  // A fused q|k|v projection's prologue: out is the qkv [n][(nq + 2 nkv) head_dim] of `heads` (its qkv
+  // must be out, its num_tokens n, its cache of the weights' type), and the last of each head's blocks
+  // to finish runs LaunchQkvPrologue's work on that head for every token (its bits: qkv_prologue.cuh).
+  // head_counters: device memory of at least nq + 2 nkv counters, zero, left zero. With or without the
+  // bias; one column a warp, head_dim a multiple of 8.
+  const QkvPrologueArgs* heads = nullptr;
+  unsigned* head_counters = nullptr;
 };
 
 // What the GEMV does to its input first: with `norm` ([k] f32, 16-byte aligned), it multiplies
@@ -44,8 +52,8 @@ struct GemvPrologue {
   float eps = 0.f;
 };
 
-// Whether LaunchGemv takes this combination: at most one epilogue, and the rules above (the norm's
-// alignment included).
+// Whether LaunchGemv takes this combination: at most one epilogue (heads may go with the bias), and the
+// rules above (the norm's alignment included).
 bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns);
 
 // x: [n][k] f32; w: [m][k] of w_dtype ([2m][k] with silu_mul); out: [n][m] f32. cudaErrorInvalidValue

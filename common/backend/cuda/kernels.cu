@@ -10,6 +10,7 @@
 #include "common/backend/cuda/activation.cuh"
 #include "common/backend/cuda/block_reduce.cuh"
 #include "common/backend/cuda/kv_types.cuh"
+#include "common/backend/cuda/qkv_prologue.cuh"
 #include "common/backend/cuda/launch.cuh"
 #include "common/backend/cuda/row_argmax.cuh"
 #include "common/backend/cuda/store_out.cuh"
@@ -89,14 +90,6 @@ __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t 
   }
 }
 
-// (x0, x1) of a rotate-half pair turned by pos · inv_freq.
-__device__ __forceinline__ float2 Rotate(float x0, float x1, float pos, float inv_freq) {
-  const float angle = pos * inv_freq;
-  float s, c;
-  sincosf(angle, &s, &c);
-  return make_float2(x0 * c - x1 * s, x1 * c + x0 * s);
-}
-
 // Grid: one block per token. Threads walk (head, i) pairs of q then k.
 __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t nq,
                            int64_t nk, int64_t head_dim) {
@@ -125,53 +118,16 @@ __global__ void WriteKvKernel(T* kc, T* vc, const float* k, const float* v, cons
 
 constexpr int kPrologueWarps = 8;
 
-// LaunchQkvPrologue's kernel. Grid: one block per token; warp w takes q and k heads w, w + 8, ...: it
-// stages the (normalised) head in shared memory, then rotates its pairs into q_out or the cache. The
-// norm adds squares as RmsNormKernel's block does (element j by thread j, each warp by xor-shuffle,
-// the warps' sums in order; its extra zeros change nothing), so the bits are RmsNorm's.
+// LaunchQkvPrologue's kernel. Grid: one block per token; warp w takes heads w, w + 8, ... of its row
+// (qkv_prologue.cuh: PrologueHead).
 template <typename T>
 __global__ void __launch_bounds__(kPrologueWarps * 32) QkvPrologueKernel(QkvPrologueArgs a) {
   PdlPrologue();
   __shared__ float staged[kPrologueWarps][kMaxPrologueHeadDim];
-  const int64_t t = blockIdx.x, hd = a.layer.head_dim, half = hd / 2, nq = a.num_q_heads;
-  const int64_t kvs = a.layer.num_kv_heads * hd, slot = a.slot_mapping[t];
-  const float* row = a.qkv + t * (nq * hd + 2 * kvs);
-  const float pos = float(a.positions[t]);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* x = staged[warp];
-  T* kc = slot >= 0 ? static_cast<T*>(a.layer.k_cache) + slot * kvs : nullptr;
-  for (int64_t h = warp; h < nq + a.layer.num_kv_heads; h += kPrologueWarps) {
-    const float* src = row + h * hd;  // k heads follow the q heads
-    const float* norm = h < nq ? a.q_norm : a.k_norm;
-    if (norm != nullptr) {
-      float ss = 0.f;
-      for (int64_t c0 = 0; c0 < hd; c0 += 32) {
-        float v = c0 + lane < hd ? src[c0 + lane] * src[c0 + lane] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        ss = c0 == 0 ? v : ss + v;
-      }
-      const float inv = 1.0f / sqrtf(ss / float(hd) + a.eps);
-      for (int64_t j = lane; j < hd; j += 32) x[j] = src[j] * inv * norm[j];
-    } else {
-      for (int64_t j = lane; j < hd; j += 32) x[j] = src[j];
-    }
-    __syncwarp();
-    for (int64_t i = lane; i < half; i += 32) {
-      const float2 y = Rotate(x[i], x[i + half], pos, a.inv_freq[i]);
-      if (h < nq) {
-        float* q = a.q_out + (t * nq + h) * hd;
-        q[i] = y.x;
-        q[i + half] = y.y;
-      } else if (kc != nullptr) {
-        StoreKv(kc + (h - nq) * hd + i, y.x);
-        StoreKv(kc + (h - nq) * hd + i + half, y.y);
-      }
-    }
-    __syncwarp();  // the warp's reads of x are done before its next head overwrites it
+  const int warp = threadIdx.x / 32;
+  for (int64_t h = warp; h < a.num_q_heads + 2 * a.layer.num_kv_heads; h += kPrologueWarps) {
+    PrologueHead<T>(a, blockIdx.x, h, staged[warp]);
   }
-  if (slot < 0) return;  // a padding token: nothing to keep
-  T* vc = static_cast<T*>(a.layer.v_cache) + slot * kvs;
-  for (int64_t j = threadIdx.x; j < kvs; j += blockDim.x) StoreKv(vc + j, row[nq * hd + kvs + j]);
 }
 
 // Float offset of the 8-byte aligned slot array after q [head_dim] and probs [kAttentionThreads].
