@@ -26,7 +26,8 @@ ldd "${bins[@]}" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
     *) cp -L "$lib" "$OUT/stage/lib/" ;;
   esac
 done
-tar -C "$OUT/stage" -cJf "$OUT/bundle.tar.xz" bin lib
+# xz -9: with the prebuilt llama-server it must stay under the device tool's 64 MiB carry.
+XZ_OPT=-9 tar -C "$OUT/stage" -cJf "$OUT/bundle.tar.xz" bin lib
 rm -rf "$OUT/stage"
 grep -qx '/.gpu_bundle/' .git/info/exclude 2>/dev/null || echo '/.gpu_bundle/' >> .git/info/exclude
 ls -l "$OUT/bundle.tar.xz"
