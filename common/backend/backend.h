@@ -173,7 +173,8 @@ class Backend {
   // PagedAttention. Afterwards qkv, q, k and v hold unspecified values. A backend may do everything
   // before the attention in one pass that writes the cache, with the same results.
   // With `w`, the projection comes first: qkv = Linear(x [n][w.cols], w, bias), or with `norm`
-  // RmsNormLinear (eps; h [n][w.cols] and scratch as it takes them); a backend may fuse the two.
+  // RmsNormLinear (h [n][w.cols] and scratch as it takes them); a backend may fuse the two. One eps
+  // serves that norm and the q/k norms (the models' single rms_norm_eps).
   struct QkvAttentionInput {
     const float* x = nullptr;
     const DeviceWeight* w = nullptr;

@@ -584,6 +584,7 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda
     prologue.eps = in.eps;
   }
   if (!fusion_ || !gemv_heads_ || batch_invariant_ || p.layer.dtype != w.dtype ||
+      (in.norm != nullptr && in.norm->cols != w.cols) ||
       p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters || !cuda::GemvCovers(n, w.dtype, w.cols, in.x, w.data) ||
       !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || (in.norm != nullptr && !FusesNormsIntoLinear(n, w))) {
     return false;

@@ -196,11 +196,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (threadIdx.x == 0) {
       unsigned* count = head_counters + head;
       last = atomicAdd(count, 1u) == unsigned(heads.layer.head_dim / kGemvWarps) - 1;
-      if (last) *count = 0;
+      if (last) {
+        __threadfence();  // the head's other columns are read after their blocks' counts (acquire)
+        *count = 0;
+      }
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();  // the head's other columns are read after their blocks' counts
     const int warp = threadIdx.x / 32;
     if (warp < N) PrologueHead<W>(heads, warp, head, staged[warp]);
   }

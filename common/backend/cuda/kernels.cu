@@ -211,9 +211,9 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
 // its group's dot products together (independent shuffle chains). Splits are merged in split order,
 // either by the same block one after another (in-block) or, when the batch is too small to fill the
 // device, by one block per split, the last of which to finish merges the others' partials (no
-// separate merge kernel: one launch a layer fewer). Both merges go through MergeStep, whose arithmetic cannot be contracted or reordered, so a token's
-// output is bit-identical either way and independent of its batch (what the batch-invariant mode
-// and the equivalence tests need).
+// separate merge kernel: one launch a layer fewer). Both merges go through MergeStep, whose
+// arithmetic cannot be contracted or reordered, so a token's output is bit-identical either way and
+// independent of its batch (what the batch-invariant mode and the equivalence tests need).
 constexpr int kSplitKeys = 256;
 constexpr int kSplitWarps = 8;
 constexpr int kSplitThreads = kSplitWarps * 32;
@@ -282,7 +282,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
   PdlPrologue();
   constexpr int64_t hd = kDims * 32;
   __shared__ float sm_m[kSplitWarps * kGroup], sm_l[kSplitWarps * kGroup];
-  __shared__ float sm_o[kSplitWarps * kGroup * hd];
+  __shared__ __align__(16) float sm_o[kSplitWarps * kGroup * hd];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = blockIdx.x, kh = blockIdx.y / head_chunks, chunk = blockIdx.y % head_chunks;
   const int64_t group = a.num_q_heads / a.layer.num_kv_heads;
@@ -376,8 +376,17 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
         sm_m[warp * kGroup + g] = m[g];
         sm_l[warp * kGroup + g] = l[g];
       }
+      // A lane's adjacent dimensions in 16-byte stores where they fill them (no bank conflicts).
+      float* so = sm_o + (warp * kGroup + g) * hd + lane * kDims;
+      if constexpr (kDims % 4 == 0) {
 #pragma unroll
-      for (int j = 0; j < kDims; ++j) sm_o[(warp * kGroup + g) * hd + lane * kDims + j] = acc[g][j];
+        for (int j = 0; j < kDims; j += 4) {
+          *reinterpret_cast<float4*>(so + j) = make_float4(acc[g][j], acc[g][j + 1], acc[g][j + 2], acc[g][j + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kDims; ++j) so[j] = acc[g][j];
+      }
     }
     __syncthreads();
     // The split's partial per element, merged over the warps in order, then into the running state
@@ -427,11 +436,13 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
     if (threadIdx.x == 0) {
       unsigned* count = counters + blockIdx.x * gridDim.y + blockIdx.y;
       last = atomicAdd(count, 1u) == gridDim.z - 1;
-      if (last) *count = 0;
+      if (last) {
+        __threadfence();  // the others' partials are read after their counts (acquire)
+        *count = 0;
+      }
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();  // the others' partials are read after their counts
   }
 #pragma unroll
   for (int e = 0; e < kElemsPerThread; ++e) {

@@ -12,12 +12,14 @@
 
 namespace tandem::cuda {
 
-// (x0, x1) of a rotate-half pair turned by pos · inv_freq.
+// (x0, x1) of a rotate-half pair turned by pos · inv_freq. Explicit roundings: no contraction into
+// FMAs that could differ between the kernels inlining it (RopeKernel, the prologue kernel, the q|k|v
+// GEMV), which must agree bit for bit.
 __device__ __forceinline__ float2 Rotate(float x0, float x1, float pos, float inv_freq) {
-  const float angle = pos * inv_freq;
+  const float angle = __fmul_rn(pos, inv_freq);
   float s, c;
   sincosf(angle, &s, &c);
-  return make_float2(x0 * c - x1 * s, x1 * c + x0 * s);
+  return make_float2(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
 }
 
 // Warp-wide: head h of token t's q|k|v row (the q heads, then the k heads, then the v heads). A q or k
