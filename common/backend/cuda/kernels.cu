@@ -61,7 +61,7 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     const float v = xi[j] + yi[j];
     xi[j] = v;
-    ss += v * v;
+    ss = __fadd_rn(ss, __fmul_rn(v, v));  // RmsScale's arithmetic (no contraction)
   }
   ss = BlockReduce<false>(ss, red);
   const float inv = 1.0f / sqrtf(ss / float(d) + eps);
