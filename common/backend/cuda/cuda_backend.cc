@@ -584,9 +584,8 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda
     prologue.eps = in.eps;
   }
   if (!fusion_ || !gemv_heads_ || batch_invariant_ || p.layer.dtype != w.dtype ||
-      (in.norm != nullptr && in.norm->cols != w.cols) ||
-      p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters || !cuda::GemvCovers(n, w.dtype, w.cols, in.x, w.data) ||
-      !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || (in.norm != nullptr && !FusesNormsIntoLinear(n, w))) {
+      p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters ||
+      !FusedGemvRuns(in.x, n, w, epilogue, prologue, in.norm != nullptr ? in.norm->cols : 0)) {
     return false;
   }
   Bind();
@@ -616,6 +615,15 @@ void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& g
         "gemv (silu-mul)");
 }
 
+bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w, const cuda::GemvEpilogue& epilogue,
+                                const cuda::GemvPrologue& prologue, int64_t norm_cols) const {
+  if ((prologue.norm != nullptr || epilogue.accumulate) &&
+      (!FusesNormsIntoLinear(n, w) || (prologue.norm != nullptr && norm_cols != w.cols))) {
+    return false;
+  }
+  return cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) && cuda::GemvTakes(epilogue, prologue, gemv_columns_);
+}
+
 bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
   return fusion_ && gemv_norm_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 && n <= cuda::kGemvMaxRows &&
          (w.dtype == DType::kBF16 || w.dtype == DType::kF16) && w.cols % 8 == 0;
@@ -629,8 +637,7 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
   cuda::GemvPrologue prologue;
   prologue.norm = static_cast<const float*>(norm.data);
   prologue.eps = eps;
-  if (!FusesNormsIntoLinear(n, w) || !cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) ||
-      !cuda::GemvTakes(epilogue, prologue, gemv_columns_) || norm.cols != w.cols) {
+  if (!FusedGemvRuns(x, n, w, epilogue, prologue, norm.cols)) {
     Backend::RmsNormLinear(x, n, norm, eps, w, bias, silu_mul, h, scratch, out);
     return;
   }
@@ -648,8 +655,7 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
 void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) {
   cuda::GemvEpilogue epilogue;
   epilogue.accumulate = true;
-  if (!FusesNormsIntoLinear(n, w) || !cuda::GemvCovers(n, w.dtype, w.cols, in, w.data) ||
-      !cuda::GemvTakes(epilogue, {}, gemv_columns_)) {
+  if (!FusedGemvRuns(in, n, w, epilogue, {}, 0)) {
     Backend::LinearResidual(in, n, w, scratch, x);
     return;
   }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/backend/backend.h"
+#include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/op_profiler.h"
 
@@ -133,6 +134,10 @@ class CudaBackend final : public Backend {
   // QkvAttention's projection (in.w) as the GEMV that runs the prologue p (whose qkv is in.qkv) on each
   // head as it completes; false, with nothing launched, where the GEMV does not take it.
   bool ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda::QkvPrologueArgs& p);
+  // Whether the GEMV runs x [n][w.cols] · w^T with this epilogue and prologue: its shapes and rules, and
+  // with a norm prologue (of norm_cols elements, w.cols) or a residual add, FusesNormsIntoLinear.
+  bool FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w, const cuda::GemvEpilogue& epilogue,
+                     const cuda::GemvPrologue& prologue, int64_t norm_cols) const;
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
   // Where an op producing `out` [n][d] also writes the 16-bit copy a GEMM reading it next would

@@ -188,21 +188,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     }
   }
   if constexpr (kHeads) {
-    __shared__ bool last;
     __shared__ float staged[kGemvWarps][kMaxPrologueHeadDim];
     const int64_t head = int64_t(blockIdx.x) * kGemvWarps / heads.layer.head_dim;
-    __threadfence();  // this block's columns are visible to every block before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned* count = head_counters + head;
-      last = atomicAdd(count, 1u) == unsigned(heads.layer.head_dim / kGemvWarps) - 1;
-      if (last) {
-        __threadfence();  // the head's other columns are read after their blocks' counts (acquire)
-        *count = 0;
-      }
-    }
-    __syncthreads();
-    if (!last) return;
+    if (!LastBlockToArrive(head_counters + head, unsigned(heads.layer.head_dim / kGemvWarps))) return;
     const int warp = threadIdx.x / 32;
     if (warp < N) PrologueHead<W>(heads, warp, head, staged[warp]);
   }

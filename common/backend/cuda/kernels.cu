@@ -61,10 +61,9 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     const float v = xi[j] + yi[j];
     xi[j] = v;
-    ss = __fadd_rn(ss, __fmul_rn(v, v));  // RmsScale's arithmetic (no contraction)
+    ss = AddSquare(ss, v);
   }
-  ss = BlockReduce<false>(ss, red);
-  const float inv = 1.0f / sqrtf(ss / float(d) + eps);
+  const float inv = RmsInverse(BlockReduce<false>(ss, red), d, eps);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
 
@@ -429,20 +428,8 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
       }
     }
     // The last of this token and head chunk's gridDim.z blocks to finish merges their partials (in
-    // split order, whichever block it is), and sets the count back to zero for the next launch.
-    __shared__ bool last;
-    __threadfence();  // this block's partials are visible to every block before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned* count = counters + blockIdx.x * gridDim.y + blockIdx.y;
-      last = atomicAdd(count, 1u) == gridDim.z - 1;
-      if (last) {
-        __threadfence();  // the others' partials are read after their counts (acquire)
-        *count = 0;
-      }
-    }
-    __syncthreads();
-    if (!last) return;
+    // split order, whichever block it is).
+    if (!LastBlockToArrive(counters + blockIdx.x * gridDim.y + blockIdx.y, gridDim.z)) return;
   }
 #pragma unroll
   for (int e = 0; e < kElemsPerThread; ++e) {

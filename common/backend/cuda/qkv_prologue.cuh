@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/backend/cuda/block_reduce.cuh"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/kv_types.cuh"
 
@@ -24,8 +25,7 @@ __device__ __forceinline__ float2 Rotate(float x0, float x1, float pos, float in
 
 // Warp-wide: head h of token t's q|k|v row (the q heads, then the k heads, then the v heads). A q or k
 // head is normalised (q_norm / k_norm: the squares added as RmsNormKernel's block adds them: element j
-// by thread j, each warp by xor-shuffle, the warps' sums in order; its extra zeros change nothing;
-// explicit roundings, as block_reduce.cuh's),
+// by thread j, each warp by WarpReduce, the warps' sums in order; its extra zeros change nothing),
 // rotated at the token's position, and written to q_out or the k cache; a v head is copied into the v
 // cache. A padding token (slot < 0) stores nothing in the caches. The row is read from L2 (another
 // block may have written it); x is the warp's shared staging [head_dim].
@@ -45,15 +45,11 @@ __device__ void PrologueHead(const QkvPrologueArgs& a, int64_t t, int64_t h, flo
   if (norm != nullptr) {
     float ss = 0.f;
     for (int64_t c0 = 0; c0 < hd; c0 += 32) {
-      float v = 0.f;
-      if (c0 + lane < hd) {
-        const float e = __ldcg(src + c0 + lane);
-        v = __fmul_rn(e, e);
-      }
-      for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+      // Thread j's own sum in RmsScale: 0 + x[j]².
+      const float v = WarpReduce<false>(c0 + lane < hd ? AddSquare(0.f, __ldcg(src + c0 + lane)) : 0.f);
       ss = c0 == 0 ? v : __fadd_rn(ss, v);
     }
-    const float inv = 1.0f / sqrtf(ss / float(hd) + a.eps);
+    const float inv = RmsInverse(ss, hd, a.eps);
     for (int64_t j = lane; j < hd; j += 32) x[j] = __ldcg(src + j) * inv * norm[j];
   } else {
     for (int64_t j = lane; j < hd; j += 32) x[j] = __ldcg(src + j);
