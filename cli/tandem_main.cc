@@ -27,7 +27,8 @@ Commands:
                [--prefill-worker-args=--flag,...] [--decode-worker-args=--flag,...]
                [--kv-transport tcp|nccl]
                Waits until every worker serves, prints the endpoints; Ctrl-C drains and stops.
-               Without --model: the embedded default (models-cache/tiny-llama, written on first use).
+               Without --model: $TANDEM_DEFAULT_MODEL, else the embedded models/kjv-target, else a
+               random tiny Llama (models-cache/tiny-llama, written on first use).
   bench        Load-test a router: --server HOST:PORT (--concurrency N | --request-rate R
                [--burstiness B] | --sweep-concurrency 1,4,16) [--num-requests N | --duration-s T]
                [--workload random|shared-prefix|multi-turn|jsonl] [--input-len N] [--output-len N]

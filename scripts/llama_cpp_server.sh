@@ -25,8 +25,13 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/llama.cpp"
 cp "$B/build/bin/llama-server" "$stage/bin/" && strip "$stage/bin/llama-server"
-# The converter to GGUF and the tokenizers the stage needs, so that the source need not travel too.
+# The converter to GGUF and the tokenizers the stage needs, so that the source need not travel too:
+# convert_hf_to_gguf.py, gguf-py, and every local module or package it imports (newer llama.cpp keeps
+# the model classes in conversion/).
 cp -r "$B/src/llama.cpp/convert_hf_to_gguf.py" "$B/src/llama.cpp/gguf-py" "$stage/llama.cpp/"
+for m in $(sed -nE 's/^(from|import) ([A-Za-z_][A-Za-z0-9_]*).*/\2/p' "$B/src/llama.cpp/convert_hf_to_gguf.py" | sort -u); do
+  for f in "$B/src/llama.cpp/$m" "$B/src/llama.cpp/$m.py"; do if [[ -e $f ]]; then cp -r "$f" "$stage/llama.cpp/"; fi; done
+done
 cp -r "$B/src/tokenizers" "$stage/"
 ldd "$B/build/bin/llama-server" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
