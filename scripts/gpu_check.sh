@@ -78,6 +78,7 @@ make_model() {
   rm -rf "$2" && lim 600 "$W/tandem" make-model --preset "$1" --out "$2" >/dev/null && touch "$2/.done"
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
+source scripts/gpu_forward_runs.sh
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
@@ -164,60 +165,19 @@ if stage bench; then
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1
-  for b in $(step forward && echo ${DECODE_BATCHES:-1 16 64}); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
-      2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  # forward_runs and profile_runs: scripts/gpu_forward_runs.sh (also run on the emulator by ctest).
+  runs=()
+  step forward && mapfile -t runs < <(forward_runs)
+  for args in "${runs[@]}"; do
+    # shellcheck disable=SC2086 # each line is an argument list
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda $args 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   done
-  # The same batch-64 decode over an f32 KV cache (the default above is the model's BF16).
-  ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 \
-    --decode-batch 64 --kv-cache-dtype f32 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  # Programmatic dependent launch (the default: off) at batches 1 and 64.
-  for b in $(step forward && echo 1 64); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b --pdl \
-      2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
+  runs=()
+  step profile && mapfile -t runs < <(profile_runs)
+  for args in "${runs[@]}"; do
+    # shellcheck disable=SC2086
+    lim 300 "$W/forward_bench" --model "$dir" --device cuda $args 2>&1 | tee -a "$OUT/profile.txt" || status=1
   done
-  # The fusions off (the default: on) at batches 1, 8 and 64: the GEMV's bias and silu-mul epilogues,
-  # the q|k|v prologue (split, q/k norms, RoPE, cache write) (TANDEM_CUDA_FUSION=0).
-  for b in $(step forward && echo 1 8 64); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
-      --fusion=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  done
-  # Only the norms and residual adds outside the GEMV again (TANDEM_CUDA_GEMV_NORM=0), at batches 1 and 8.
-  for b in $(step forward && echo 1 8); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
-      --gemv-norm=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  done
-  # The q|k|v prologue as its own kernel again (TANDEM_CUDA_GEMV_HEADS=0), at batches 1 and 8.
-  for b in $(step forward && echo 1 8); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
-      --gemv-heads=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  done
-  # GEMV with 1 (the default), 2 and 4 output columns a warp, at batches 1 and 8.
-  for b in $(step forward && echo 1 8); do
-    for gc in 1 2 4; do
-      lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch $b \
-        --gemv-columns $gc 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-    done
-  done
-  # Long prompts, attention on the CUDA cores against the tensor cores (TANDEM_CUDA_TC_ATTENTION).
-  for tc in $(step forward && echo false true); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 2048 --decode-tokens 8 --decode-batch 1 \
-      --tc-attention=$tc 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  done
-  # Sampled batch-64 decode: every row's logits to the host, against drawing (temperature, min-p) and
-  # top-p candidates on the device.
-  for smp in $(step forward && echo host draw nucleus); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 64 \
-      --sampling $smp 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  done
-  # Where the time goes: every op of a prefill and of batch-1, 8 and 64 decode steps, timed (batch 8:
-  # the GEMV's widest, whose f32 activations every warp re-reads).
-  for b in $(step profile && echo 1 8 64); do
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 16 --decode-batch $b \
-      --repeats 1 --profile-ops 2>&1 | tee -a "$OUT/profile.txt" || status=1
-  done
-  ! step forward || lim 300 "$W/forward_bench" --model "$dir" --device cuda --prompt-len 512 --decode-tokens 64 --decode-batch 1 \
-    --cuda-graphs=false 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
   levels=1,16,64; hf_levels=1,16
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   ! step throughput || lim 900 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \

@@ -5,6 +5,7 @@ session with little device time (and little room to read logs) sees the results 
 Usage: gpu_summary.py OUT_DIR   (gpu_check.sh writes OUT_DIR/summary.txt with it at exit)
 """
 import glob
+import json
 import os
 import re
 import sys
@@ -19,7 +20,6 @@ def read(name):
 
 
 def section(title):
-    lines.append("")
     lines.append(f"== {title}")
 
 
@@ -57,11 +57,39 @@ if plan:
     section("memory plan (tandem generate --device cuda)")
     lines += [l[l.find("memory plan"):][:220] for l in plan[:2]]
 
+
+
+def forward_runs(text):
+    """One line a forward_bench run, from its closing `json:` record; errors as they were printed."""
+    out, model = [], None
+    defaults = {"graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True, "gemv_heads": True,
+                "gemv_columns": 0, "pdl": False, "tc_attention": False}
+    for l in text.splitlines():
+        if l.startswith("forward_bench:") or l.startswith("graphs failed"):
+            out.append("  " + l[:200])
+        if not l.startswith("json: "):
+            continue
+        try:
+            r = json.loads(l[len("json: "):])
+        except ValueError:
+            out.append("  (unreadable record) " + l[:150])
+            continue
+        if r.get("model") != model:
+            model = r.get("model")
+            out.append(f"{os.path.basename(str(model))} ({r.get('arch')})")
+        settings = " ".join(f"{k}={r[k]}" for k in defaults if k in r and r[k] != defaults[k])
+        decode = f"decode {r.get('decode_ms', 0):.2f} ms/step ({r.get('decode_tok_s', 0):.0f} tok/s"
+        if "decode_roofline_pct" in r:
+            decode += f", {r['decode_roofline_pct']:.1f}% of copy {r.get('copy_gb_s', 0):.0f} GB/s"
+        prefill = f"prefill {r.get('prompt_len')}: {r.get('prefill_tok_s', 0):.0f} tok/s"
+        if "prefill_peak_pct" in r:
+            prefill += f" ({r['prefill_peak_pct']:.1f}% of GEMM {r.get('gemm_tflops', 0):.0f} TFLOP/s)"
+        out.append(f"  b={r.get('batch')} kv={r.get('kv')}{' ' + settings if settings else ''}: {decode}); {prefill}")
+    return out
+
+
 section("forward_bench")
-fb = read("forward_bench.txt") or ""
-for l in fb.splitlines():
-    if re.match(r"(model=|prefill:|decode:|roofline:|gemv:|pdl:|graphs failed)", l):
-        lines.append(l[:200])
+lines += forward_runs(read("forward_bench.txt") or "")
 
 section("op profiles (the five costliest ops of each table)")
 prof = read("profile.txt") or ""
@@ -91,7 +119,14 @@ if missing and missing.strip():
     section("missing libraries")
     lines.append(missing.strip())
 
-text = "\n".join(lines).strip() + "\n"
+# Sections with nothing under them (stages not run) are left out.
+groups = [[]]
+for l in lines:
+    if l.startswith("== "):
+        groups.append([l])
+    elif l.strip():
+        groups[-1].append(l)
+text = "\n\n".join("\n".join(g) for g in groups if g and not (len(g) == 1 and g[0].startswith("== "))).strip() + "\n"
 with open(os.path.join(out, "summary.txt"), "w") as f:
     f.write(text)
 print(text, end="")

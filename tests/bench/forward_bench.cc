@@ -7,7 +7,7 @@
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
 //                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
-//                 [--gemv-norm=false]
+//                 [--gemv-norm=false] [--gemv-heads=false] [--roofline-copy-mib 1024] [--roofline-gemm 8192]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
@@ -20,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/types/optional.h"
+#include "nlohmann/json.hpp"
 #include "common/backend/create_backend.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "common/backend/cuda/roofline.h"
@@ -63,6 +64,8 @@ ABSL_FLAG(std::string, sampling, "argmax",
           "logits copied to the host, as sampling without a device sampler), draw (a token drawn on the device "
           "at temperature 1, as temperature and min-p steps), nucleus (256 candidates and the row's weight total, "
           "as top-p steps); draw and nucleus need a GPU backend (elsewhere rows come to the host)");
+ABSL_FLAG(int64_t, roofline_copy_mib, 1024, "CUDA: MiB the copy kernel of the bandwidth ceiling copies");
+ABSL_FLAG(int, roofline_gemm, 8192, "CUDA: m = n = k of the cuBLAS BF16 GEMM of the tensor-core ceiling");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
           "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); false on the CPU "
           "uses OpenBLAS GEMM for large batches");
@@ -178,6 +181,7 @@ int Run() {
     best_decode = std::min(best_decode, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double step_seconds = best_decode / decode_tokens;
+  const bool measured_with_graphs = model->use_graphs();  // --profile-ops turns them off below
   std::printf("model=%s arch=%s dtype=%s weights=%.1f MB kv=%s backend=%s\n", dir.c_str(),
               c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
               weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(), backend->device_description().c_str());
@@ -191,7 +195,7 @@ int Run() {
   if (!absl::GetFlag(FLAGS_gemv_heads)) std::printf("gemv heads: off (the q|k|v prologue kernel)\n");
   std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
               static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
-              step_bytes / step_seconds / 1e9, model->use_graphs() ? ", CUDA graphs" : "",
+              step_bytes / step_seconds / 1e9, measured_with_graphs ? ", CUDA graphs" : "",
               sampling == "argmax" ? ", argmax on the device"
               : sampling == "host" || !backend->SupportsSampling() ? ", logits to the host"
               : sampling == "draw" ? ", tokens drawn on the device"
@@ -217,23 +221,56 @@ int Run() {
     }
     backend->SetOpProfiling(false);
   }
+  // One line with every setting and figure of the run, for scripts (gpu_summary.py, gpu_runs_test.sh).
+  nlohmann::json record = {{"model", dir},
+                           {"arch", c.architecture},
+                           {"device", backend->name()},
+                           {"backend", backend->device_description()},
+                           {"kv", std::string(DTypeName(kv_dtype))},
+                           {"prompt_len", prompt_len},
+                           {"batch", batch},
+                           {"graphs", measured_with_graphs},
+                           {"sampling", sampling},
+                           {"fusion", absl::GetFlag(FLAGS_fusion)},
+                           {"gemv_norm", absl::GetFlag(FLAGS_gemv_norm)},
+                           {"gemv_heads", absl::GetFlag(FLAGS_gemv_heads)},
+                           {"gemv_columns", absl::GetFlag(FLAGS_gemv_columns)},
+                           {"pdl", absl::GetFlag(FLAGS_pdl)},
+                           {"tc_attention", absl::GetFlag(FLAGS_tc_attention)},
+                           {"prefill_tok_s", prompt_len / best_prefill},
+                           {"decode_ms", step_seconds * 1e3},
+                           {"decode_tok_s", batch / step_seconds},
+                           {"weight_gb_s", step_bytes / step_seconds / 1e9},
+                           {"graph_error", model->graph_error()}};
 #ifdef TANDEM_HAVE_CUDA
   if (backend->name() == "cuda") {
     // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths), except
     // the LM head, which it runs for the last token only.
     const double params = step_bytes / dtype_bytes - static_cast<double>(c.vocab_size) * c.hidden_size;
-    auto bandwidth = cuda::MeasureCopyBandwidth();
-    auto tflops = cuda::MeasureBf16GemmTflops();
+    const int64_t copy_mib = absl::GetFlag(FLAGS_roofline_copy_mib);
+    const int gemm = absl::GetFlag(FLAGS_roofline_gemm);
+    if (copy_mib < 1 || gemm < 16) {
+      std::fprintf(stderr, "forward_bench: --roofline-copy-mib must be >= 1 and --roofline-gemm >= 16\n");
+      return 1;
+    }
+    auto bandwidth = cuda::MeasureCopyBandwidth(static_cast<size_t>(copy_mib) << 20);
+    auto tflops = cuda::MeasureBf16GemmTflops(gemm, gemm, gemm);
     if (!bandwidth.ok() || !tflops.ok()) {
-      std::fprintf(stderr, "forward_bench: roofline measurement failed\n");
+      std::fprintf(stderr, "forward_bench: roofline measurement failed: %s\n",
+                   std::string((bandwidth.ok() ? tflops.status() : bandwidth.status()).message()).c_str());
       return 1;
     }
     std::printf("roofline: copy kernel %.0f GB/s -> decode at %.1f%% of it; BF16 GEMM %.0f TFLOP/s -> "
                 "prefill at %.1f%% of it\n",
                 *bandwidth, 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth, *tflops,
                 100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops);
+    record["copy_gb_s"] = *bandwidth;
+    record["decode_roofline_pct"] = 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth;
+    record["gemm_tflops"] = *tflops;
+    record["prefill_peak_pct"] = 100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops;
   }
 #endif
+  std::printf("json: %s\n", record.dump().c_str());
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/sampling.h"
@@ -152,6 +153,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   }
   // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
   backend->tensor_core_prefill_ = EnvIsOne("TANDEM_CUDA_TC_ATTENTION");
+  // The tunings off their defaults, in the description (workers log it, forward_bench records it).
+  std::vector<std::string> tunings;
+  if (!backend->fusion_) tunings.push_back("fusion off");
+  if (backend->fusion_ && !backend->gemv_norm_) tunings.push_back("GEMV norm off");
+  if (backend->fusion_ && !backend->gemv_heads_) tunings.push_back("GEMV heads off");
+  if (backend->gemv_columns_ != 1) tunings.push_back(absl::StrCat("GEMV columns ", backend->gemv_columns_));
+  if (cuda::ProgrammaticLaunchOn()) tunings.push_back("programmatic dependent launch");
+  if (backend->tensor_core_prefill_) tunings.push_back("tensor-core prompt attention");
+  if (!tunings.empty()) backend->description_ += absl::StrCat(", ", absl::StrJoin(tunings, ", "));
   return backend;
 }
 

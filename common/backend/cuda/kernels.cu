@@ -523,6 +523,8 @@ __global__ void GatherRowsKernel(const float* x, const int32_t* rows, int64_t d,
 
 }  // namespace
 
+bool ProgrammaticLaunchOn() { return ProgrammaticLaunch(); }
+
 cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int32_t* ids, int64_t n,
                             float* out, cudaStream_t stream) {
   if (n * d == 0) return cudaSuccess;

@@ -11,6 +11,10 @@
 
 namespace tandem::cuda {
 
+// Whether launches of the forward pass's kernels use programmatic dependent launch (launch.cuh:
+// TANDEM_CUDA_PDL=1 on a device of compute capability 9 or more), for the host code.
+bool ProgrammaticLaunchOn();
+
 // out[n][d] = f32(table[ids[i]][d]); table [rows][d] in `dtype`.
 cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int32_t* ids, int64_t n,
                             float* out, cudaStream_t stream);

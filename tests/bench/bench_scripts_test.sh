@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The benchmark scripts of gpu_check.sh's bench stage, run on the CPU at small sizes with the arguments
+# that stage gives them (device and KV transport aside): throughput_vs_hf.py (plain, with the larger
+# step budget, sampled), disagg_bench.py, disagg_vs_combined.py and kv_transfer_bench; each must finish
+# with its figures, and scripts/gpu_summary.py must read their outputs. Figures are not checked (2
+# shared cores), only that every level and every side came back.
+#   bench_scripts_test.sh TANDEM KV_TRANSFER_BENCH SOURCE_DIR
+set -euo pipefail
+tandem=$1 kvb=$2 src=$3
+out=$(mktemp -d /tmp/tandem-bench-scripts.XXXX)
+trap '[[ -n ${KEEP_OUT:-} ]] || rm -rf "$out"' EXIT
+model="$src/models/kjv-target"
+# Router ports away from the scripts' defaults and from other tests running beside this one.
+port=$((30000 + $$ % 10000 * 2))
+fail() { echo "FAILED: $*"; exit 1; }
+cd "$src"
+common=(--device cpu --input-len 24 --output-len 6 --skip-hf)
+python3 tests/bench/throughput_vs_hf.py "$tandem" "$model" "${common[@]}" --concurrency 1,4 --port "$port" \
+  --json-out "$out/throughput.json" >> "$out/throughput.txt" 2>&1 || fail "throughput_vs_hf.py ($(tail -3 "$out/throughput.txt"))"
+python3 tests/bench/throughput_vs_hf.py "$tandem" "$model" "${common[@]}" --concurrency 4 --port "$port" \
+  --up-args=--max-num-batched-tokens=8192,--max-prefill-chunk=2048 --json-out "$out/budget.json" \
+  >> "$out/throughput.txt" 2>&1 || fail "throughput_vs_hf.py --up-args"
+python3 tests/bench/throughput_vs_hf.py "$tandem" "$model" "${common[@]}" --concurrency 4 --port "$port" \
+  --temperature 0.8 --top-p 0.95 --json-out "$out/sampled.json" >> "$out/throughput.txt" 2>&1 ||
+  fail "throughput_vs_hf.py --temperature"
+python3 tests/bench/disagg_bench.py "$tandem" "$model" --prompt-len 48 --requests 2 --port "$port" \
+  --up-arg=--device=cpu >> "$out/disagg.txt" 2>&1 || fail "disagg_bench.py ($(tail -3 "$out/disagg.txt"))"
+python3 tests/bench/disagg_vs_combined.py "$tandem" "$model" --request-rate 20 --num-requests 8 --long-len 96 \
+  --short-len 16 --output-len 4 --port "$port" --up-arg=--device=cpu --json-out "$out/mixed.json" \
+  >> "$out/mixed.txt" 2>&1 || fail "disagg_vs_combined.py ($(tail -3 "$out/mixed.txt"))"
+"$kvb" --device cpu --presets qwen2.5-0.5b --tokens 64 --iterations 1 --transports tcp --two-processes >> "$out/kv_transfer.txt" 2>&1 ||
+  fail "kv_transfer_bench ($(tail -3 "$out/kv_transfer.txt"))"
+python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+bad = []
+for name, levels in (("throughput", ["1", "4"]), ("budget", ["4"]), ("sampled", ["4"])):
+    r = json.load(open(f"{out}/{name}.json"))
+    got = {k: v for k, v in r["tandem"].items() if isinstance(v, (int, float)) and v > 0}
+    if sorted(got) != levels:
+        bad.append(f"{name}: Tandem figures for levels {sorted(r['tandem'])}, want {levels} all > 0")
+    if "skipped" not in r.get("hf_note", ""):
+        bad.append(f"{name}: transformers column says {r.get('hf_note')!r}")
+sampled = json.load(open(f"{out}/sampled.json"))
+if (sampled["temperature"], sampled["top_p"]) != (0.8, 0.95):
+    bad.append(f"sampled run recorded temperature {sampled['temperature']}, top_p {sampled['top_p']}")
+mixed = json.load(open(f"{out}/mixed.json"))
+text = json.dumps(mixed)
+for side in ("disaggregated", "combined"):
+    if side not in text:
+        bad.append(f"disagg_vs_combined.py: no {side} side in its JSON")
+disagg = open(f"{out}/disagg.txt").read()
+for words in ("layer-wise", "TTFT"):
+    if words not in disagg:
+        bad.append(f"disagg_bench.py printed no '{words}'")
+if "GB/s" not in open(f"{out}/kv_transfer.txt").read():
+    bad.append("kv_transfer_bench printed no GB/s")
+summary = open(f"{out}/summary.txt").read()
+for title in ("== throughput", "== TTFT with layer-wise overlap", "== disaggregated vs combined", "== KV transfer"):
+    if title not in summary:
+        bad.append(f"gpu_summary.py has no '{title}' section")
+for b in bad:
+    print(b)
+print("bench scripts: " + ("every script came back with its figures" if not bad else f"{len(bad)} problems"))
+sys.exit(1 if bad else 0)
+PY
