@@ -59,25 +59,47 @@ if plan:
 
 
 
+# forward_bench's settings at their defaults (a record's gemv_columns 0 is the backend's default, 1).
+DEFAULTS = {"graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True, "gemv_heads": True,
+            "gemv_columns": 1, "pdl": False, "tc_attention": False}
+
+
+def records(text):
+    """forward_bench's closing `json:` records, in order; a line that does not parse is None."""
+    out = []
+    for l in text.splitlines():
+        if not l.startswith("json: "):
+            continue
+        try:
+            r = json.loads(l[len("json: "):])
+            r["gemv_columns"] = r.get("gemv_columns") or 1
+            out.append(r)
+        except ValueError:
+            out.append(None)
+    return out
+
+
+def tunings(r):
+    return {k: r[k] for k, v in DEFAULTS.items() if r.get(k, v) != v}
+
+
 def forward_runs(text):
-    """One line a forward_bench run, from its closing `json:` record; errors as they were printed."""
+    """One line a forward_bench run; errors as they were printed."""
     out, model = [], None
-    defaults = {"graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True, "gemv_heads": True,
-                "gemv_columns": 0, "pdl": False, "tc_attention": False}
+    recs = iter(records(text))
     for l in text.splitlines():
         if l.startswith("forward_bench:") or l.startswith("graphs failed"):
             out.append("  " + l[:200])
         if not l.startswith("json: "):
             continue
-        try:
-            r = json.loads(l[len("json: "):])
-        except ValueError:
+        r = next(recs)
+        if r is None:
             out.append("  (unreadable record) " + l[:150])
             continue
         if r.get("model") != model:
             model = r.get("model")
             out.append(f"{os.path.basename(str(model))} ({r.get('arch')})")
-        settings = " ".join(f"{k}={r[k]}" for k in defaults if k in r and r[k] != defaults[k])
+        settings = " ".join(f"{k}={v}" for k, v in tunings(r).items())
         decode = f"decode {r.get('decode_ms', 0):.2f} ms/step ({r.get('decode_tok_s', 0):.0f} tok/s"
         if "decode_roofline_pct" in r:
             decode += f", {r['decode_roofline_pct']:.1f}% of copy {r.get('copy_gb_s', 0):.0f} GB/s"
@@ -88,8 +110,37 @@ def forward_runs(text):
     return out
 
 
+def side_by_side(text):
+    """Each tuning against the first run with the defaults on the same model, batch and prompt: the
+    ratio of decode step times and of prefill rates (below 1 and above 1, respectively, favour the
+    tuning), which is what flipping a default is decided on."""
+    recs = [r for r in records(text) if r is not None]
+    where = lambda r: (r.get("model"), r.get("batch"), r.get("prompt_len"))
+    base = {}
+    for r in recs:
+        if not tunings(r):
+            base.setdefault(where(r), r)
+    out = []
+    for r in recs:
+        b = base.get(where(r))
+        if b is None or b is r or not b.get("decode_ms") or not b.get("prefill_tok_s"):
+            continue
+        tuned = tunings(r)
+        if r.get("kv") != b.get("kv"):
+            tuned["kv"] = r.get("kv")
+        if not tuned:
+            continue
+        out.append(f"  {os.path.basename(str(r.get('model')))} b={r.get('batch')} prompt {r.get('prompt_len')} "
+                   f"{' '.join(f'{k}={v}' for k, v in tuned.items())}: decode x{r['decode_ms'] / b['decode_ms']:.3f}, "
+                   f"prefill x{r['prefill_tok_s'] / b['prefill_tok_s']:.3f} of the defaults'")
+    return out
+
+
 section("forward_bench")
-lines += forward_runs(read("forward_bench.txt") or "")
+fb = read("forward_bench.txt") or ""
+lines += forward_runs(fb)
+section("tunings side by side (decode time ratio < 1 and prefill rate ratio > 1 favour the tuning)")
+lines += side_by_side(fb)
 
 section("op profiles (the five costliest ops of each table)")
 prof = read("profile.txt") or ""

@@ -103,11 +103,24 @@ if text.count("ops of one 32-token prefill") != profiles:
     bad += 1
 summary = open(f"{work}/summary.txt").read().splitlines()
 runs_in_summary = sum(1 for l in summary if l.startswith("  b="))
-total = sum(1 for l in open(f"{work}/runs.txt") if l.strip())
+forward = [l.strip() for l in open(f"{work}/runs.txt") if l.strip()]
+total = len(forward)
 if runs_in_summary != total:
     print(f"gpu_summary.py: {runs_in_summary} run lines for {total} forward runs")
     bad += 1
-print(f"{total} forward runs and {len(records('profile.txt'))} profile runs on the emulator: "
+# Every run with a tuning (the sizes here make every run's baseline the plain run of its batch).
+plain = expected("")
+tuned = sum(1 for a in forward
+            if any(v != plain[k] and not (k == "gemv_columns" and v in (0, 1)) for k, v in expected(a).items()
+                   if k in plain))
+side = summary[summary.index(next(l for l in summary if l.startswith("== tunings side by side"))) + 1:] \
+    if any(l.startswith("== tunings side by side") for l in summary) else []
+side = [l for l in side[:next((i for i, l in enumerate(side) if l.startswith("== ")), len(side))] if l.strip()]
+if len(side) != tuned or not all(" decode x" in l and " prefill x" in l for l in side):
+    print(f"gpu_summary.py: {len(side)} side-by-side lines for {tuned} tuned runs")
+    bad += 1
+print(f"{total} forward runs ({tuned} tuned, each side by side with its baseline) and "
+      f"{len(records('profile.txt'))} profile runs on the emulator: "
       f"{'every record matches its flags' if not bad else f'{bad} problems'}")
 sys.exit(1 if bad else 0)
 PY
