@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/types/optional.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/backend/create_backend.h"
 
@@ -12,7 +13,7 @@ ABSL_FLAG(int64_t, prefill_chunk, 0, "engine: alias of --max-prefill-chunk");
 ABSL_FLAG(int64_t, max_prefill_chunk, 512,
           "engine: prompt tokens of one request per step (chunked prefill; 0 = whole prompt)");
 ABSL_FLAG(int64_t, max_num_batched_tokens, 2048, "engine: token budget of one step");
-ABSL_FLAG(int64_t, max_num_seqs, 128, "engine: sequences in one step");
+ABSL_FLAG(int64_t, max_num_seqs, 0, "engine: sequences in one step (0 = 256 on a GPU, 128 on the CPU)");
 ABSL_FLAG(int64_t, max_queued_requests, 1024, "engine: waiting requests beyond which new ones are refused");
 ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
 ABSL_FLAG(std::string, kv_cache_memory, "0",
@@ -78,6 +79,10 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   SchedulerConfig& sc = o.scheduler;
   sc.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   sc.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  if (sc.max_num_seqs < 0) return absl::InvalidArgumentError(absl::StrCat("--max-num-seqs must be >= 0, got ", sc.max_num_seqs));
+  // A GPU's decode step reads the weights once for the whole batch, so a wider batch costs little more
+  // (256 concurrent requests share one step); the CPU's cost grows with the batch sooner.
+  if (sc.max_num_seqs == 0) sc.max_num_seqs = absl::StartsWith(DeviceFromFlags(), "cuda") ? 256 : 128;
   sc.max_prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk) > 0 ? absl::GetFlag(FLAGS_prefill_chunk)
                                                                : absl::GetFlag(FLAGS_max_prefill_chunk);
   sc.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
