@@ -162,6 +162,11 @@ if stage bench; then
   2>&1 | tee "$OUT/kv_transfer.txt" || status=1
 ! step kv || lim 180 "$W/kv_transfer_bench" --device cuda --presets llama-3-8b --tokens 4096 --iterations 3 --kv-dtype bf16 \
   2>&1 | tee -a "$OUT/kv_transfer.txt" || status=1
+# NCCL's socket path with more sockets and threads (one socket, one thread by default): with one
+# message a chunk the link may now be bound by a single socket's copy rate.
+! step kv || NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 lim 180 "$W/kv_transfer_bench" --device cuda --presets llama-3-8b \
+  --tokens 4096 --iterations 3 --kv-dtype bf16 --transports nccl 2>&1 | sed 's/^/NCCL 4x4 sockets: /' |
+  tee -a "$OUT/kv_transfer.txt" || status=1
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1
