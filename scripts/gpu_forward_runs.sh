@@ -24,6 +24,11 @@ forward_runs() {
   for b in 1 8; do
     for gc in 1 2 4; do echo "$base --decode-batch $b --gemv-columns $gc"; done
   done
+  # Attention's grid splits (batches too small to fill the device) of 64 and 128 keys instead of 256
+  # (TANDEM_CUDA_GRID_SPLIT_KEYS): shorter chains of loads a block, more blocks, more to merge.
+  for b in 1 8; do
+    for gk in 64 128; do echo "$base --decode-batch $b --grid-split-keys $gk"; done
+  done
   # Long prompts, attention on the CUDA cores against the tensor cores (TANDEM_CUDA_TC_ATTENTION).
   for tc in false true; do echo "--prompt-len 2048 --decode-tokens 8 --decode-batch 1 --tc-attention=$tc"; done
   # Sampled batch-64 decode: every row's logits to the host, against drawing (temperature, min-p) and

@@ -59,9 +59,9 @@ if plan:
 
 
 
-# forward_bench's settings at their defaults (a record's gemv_columns 0 is the backend's default, 1).
+# forward_bench's settings at their defaults (a record's 0 for gemv_columns or grid_split_keys is the backend's default).
 DEFAULTS = {"graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True, "gemv_heads": True,
-            "gemv_columns": 1, "pdl": False, "tc_attention": False}
+            "gemv_columns": 1, "grid_split_keys": 256, "pdl": False, "tc_attention": False}
 
 
 def records(text):
@@ -73,6 +73,7 @@ def records(text):
         try:
             r = json.loads(l[len("json: "):])
             r["gemv_columns"] = r.get("gemv_columns") or 1
+            r["grid_split_keys"] = r.get("grid_split_keys") or 256
             out.append(r)
         except ValueError:
             out.append(None)

@@ -7,7 +7,8 @@
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
 //                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
 //                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
-//                 [--gemv-norm=false] [--gemv-heads=false] [--roofline-copy-mib 1024] [--roofline-gemm 8192]
+//                 [--gemv-norm=false] [--gemv-heads=false] [--grid-split-keys 32|64|128|256]
+//                 [--roofline-copy-mib 1024] [--roofline-gemm 8192]
 //                 [--kv-cache-dtype auto|f32|bf16|f16]
 #include <algorithm>
 #include <chrono>
@@ -59,6 +60,9 @@ ABSL_FLAG(bool, gemv_heads, true,
 ABSL_FLAG(int, gemv_columns, 0,
           "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
           "default)");
+ABSL_FLAG(int, grid_split_keys, 0,
+          "CUDA: keys of an attention split where the splits take blocks of their own (32, 64, 128 or 256; sets "
+          "TANDEM_CUDA_GRID_SPLIT_KEYS; 0: the backend's default, 256)");
 ABSL_FLAG(std::string, sampling, "argmax",
           "what a decode step returns per row: argmax (taken on the device, as greedy steps), host (the row's "
           "logits copied to the host, as sampling without a device sampler), draw (a token drawn on the device "
@@ -88,6 +92,9 @@ int Run() {
   if (!absl::GetFlag(FLAGS_gemv_heads)) ::setenv("TANDEM_CUDA_GEMV_HEADS", "0", 1);
   if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) {
     ::setenv("TANDEM_CUDA_GEMV_COLUMNS", std::to_string(c).c_str(), 1);
+  }
+  if (const int k = absl::GetFlag(FLAGS_grid_split_keys); k != 0) {
+    ::setenv("TANDEM_CUDA_GRID_SPLIT_KEYS", std::to_string(k).c_str(), 1);
   }
   BackendOptions o;
   o.device = absl::GetFlag(FLAGS_device);
@@ -235,6 +242,7 @@ int Run() {
                            {"gemv_norm", absl::GetFlag(FLAGS_gemv_norm)},
                            {"gemv_heads", absl::GetFlag(FLAGS_gemv_heads)},
                            {"gemv_columns", absl::GetFlag(FLAGS_gemv_columns)},
+                           {"grid_split_keys", absl::GetFlag(FLAGS_grid_split_keys)},
                            {"pdl", absl::GetFlag(FLAGS_pdl)},
                            {"tc_attention", absl::GetFlag(FLAGS_tc_attention)},
                            {"prefill_tok_s", prompt_len / best_prefill},

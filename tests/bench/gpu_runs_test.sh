@@ -39,7 +39,7 @@ def records(name):
 def expected(args):
     """The record's settings the argument list asks for (the defaults otherwise)."""
     want = {"device": "cuda", "kv": "BF16", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
-            "gemv_heads": True, "gemv_columns": 0, "pdl": False, "tc_attention": False}
+            "gemv_heads": True, "gemv_columns": 0, "grid_split_keys": 0, "pdl": False, "tc_attention": False}
     a = shlex.split(args)
     for i, f in enumerate(a):
         name, _, val = f.partition("=")
@@ -52,6 +52,8 @@ def expected(args):
             want["sampling"] = nxt
         elif name == "--gemv-columns":
             want["gemv_columns"] = int(nxt)
+        elif name == "--grid-split-keys":
+            want["grid_split_keys"] = int(nxt)
         elif name == "--pdl":
             want["pdl"] = val != "false"
         elif name in ("--fusion", "--gemv-norm", "--gemv-heads", "--tc-attention", "--cuda-graphs"):
@@ -79,6 +81,7 @@ for runs, name in (("runs.txt", "forward_bench.txt"), ("prof.txt", "profile.txt"
                    "GEMV norm off": want["fusion"] and not want["gemv_norm"],
                    "GEMV heads off": want["fusion"] and not want["gemv_heads"],
                    f"GEMV columns {want['gemv_columns']}": want["gemv_columns"] not in (0, 1),
+                   f"grid splits of {want['grid_split_keys']} keys": want["grid_split_keys"] not in (0, 256),
                    "programmatic dependent launch": want["pdl"],
                    "tensor-core prompt attention": want["tc_attention"]}
         for words, on in tunings.items():
@@ -111,7 +114,8 @@ if runs_in_summary != total:
 # Every run with a tuning (the sizes here make every run's baseline the plain run of its batch).
 plain = expected("")
 tuned = sum(1 for a in forward
-            if any(v != plain[k] and not (k == "gemv_columns" and v in (0, 1)) for k, v in expected(a).items()
+            if any(v != plain[k] and not (k == "gemv_columns" and v in (0, 1)) and
+                   not (k == "grid_split_keys" and v in (0, 256)) for k, v in expected(a).items()
                    if k in plain))
 side = summary[summary.index(next(l for l in summary if l.startswith("== tunings side by side"))) + 1:] \
     if any(l.startswith("== tunings side by side") for l in summary) else []

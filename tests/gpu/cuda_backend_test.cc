@@ -396,7 +396,7 @@ TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
 TEST_F(CudaBackendTest, BadTuningVariablesAreRefusedAtStart) {
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
            {"TANDEM_CUDA_FUSION", "2"}, {"TANDEM_CUDA_GEMV_NORM", "yes"}, {"TANDEM_CUDA_GEMV_HEADS", "on"},
-           {"TANDEM_CUDA_GEMV_COLUMNS", "3"}}) {
+           {"TANDEM_CUDA_GEMV_COLUMNS", "3"}, {"TANDEM_CUDA_GRID_SPLIT_KEYS", "48"}}) {
     ::setenv(name, value, 1);
     auto backend = CudaBackend::Create({});
     ::unsetenv(name);
@@ -962,6 +962,73 @@ TEST_F(CudaBackendTest, SplitKvAttentionIsBitIdenticalInEveryModeAndBatch) {
           << "head_dim " << hd << ", mode " << static_cast<int>(mode);
     }
   }
+}
+
+// Grid splits shorter than the in-block 256 keys (PagedAttentionArgs::grid_split_keys): the CPU's
+// results within rounding for every length (the batch's contexts of 1 to 701 keys cross many split
+// boundaries), relaunched over the same workspace; past kMaxGridSplits splits the keys double; a value
+// the kernel does not take is refused with nothing written; the backend's variable reaches the launch.
+TEST_F(CudaBackendTest, ShorterGridSplitsMatchTheCpu) {
+  for (int64_t hd : {64, 128}) {
+    AttentionCase c(hd, 16, 2, kMixedBatch);
+    const AttentionMetadata md = OnDevice(c);
+    std::vector<float> ref(c.n * c.hq * hd), kc = c.kc, vc = c.vc;
+    cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc.data(), vc.data(), c.g, c.layer, c.Host(), c.hq,
+                         c.scale(), ref.data());
+    cuda::PagedAttentionArgs a = CudaBackend::AttentionArgs(Up(c.q), Up(c.k), Up(c.v), Up(c.kc), Up(c.vc), c.g, c.layer,
+                                                            md, c.hq, c.scale(), nullptr);
+    a.mode = cuda::AttentionMode::kGridSplit;
+    for (int64_t keys : {32, 64, 128}) {
+      a.grid_split_keys = keys;
+      a.workspace_floats = cuda::SplitAttentionWorkspaceFloats(a);
+      // 701 keys: 22, 11 and 6 splits of each token's (token, KV head) blocks.
+      ASSERT_EQ(a.workspace_floats, 4096 + c.n * c.hq * ((701 + keys - 1) / keys) * (hd + 2)) << keys;
+      a.workspace = Zeros(a.workspace_floats);
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {
+        a.out = Zeros(c.n * c.hq * hd);
+        ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess) << keys;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> out = Down(a.out, ref.size());
+        EXPECT_LE(MaxRelDiff(out, ref), 1e-4f) << "head_dim " << hd << ", splits of " << keys << " keys, run " << run;
+        if (run == 0) first = out;
+        else EXPECT_EQ(out, first) << "relaunched over the same workspace, splits of " << keys << " keys";
+      }
+    }
+    // 5000 keys in splits of 32 would be 157: the keys double to 128 (40 splits), the workspace says so.
+    cuda::PagedAttentionArgs long_context = a;
+    long_context.grid_split_keys = 32;
+    long_context.max_context_len = 5000;
+    EXPECT_EQ(cuda::SplitAttentionWorkspaceFloats(long_context), 4096 + c.n * c.hq * 40 * (hd + 2));
+    a.grid_split_keys = 48;
+    EXPECT_EQ(cuda::SplitAttentionWorkspaceFloats(a), 0);
+    a.out = Zeros(c.n * c.hq * hd);
+    EXPECT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(Down(a.out, ref.size()), std::vector<float>(ref.size(), 0.f)) << "nothing written";
+  }
+  // Through the backend: TANDEM_CUDA_GRID_SPLIT_KEYS=64 splits a lone 701-key decode into 11 blocks'
+  // worth of partials (other bits than 256-key splits, the same values within rounding).
+  AttentionCase c(128, 16, 2, {{700, 1}});
+  ::setenv("TANDEM_CUDA_GRID_SPLIT_KEYS", "64", 1);
+  auto short_splits = CudaBackend::Create({});
+  ::unsetenv("TANDEM_CUDA_GRID_SPLIT_KEYS");
+  ASSERT_TRUE(short_splits.ok()) << short_splits.status();
+  EXPECT_NE((*short_splits)->device_description().find("grid splits of 64 keys"), std::string::npos);
+  std::vector<float> ref(c.n * c.hq * 128), kc = c.kc, vc = c.vc;
+  cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), kc.data(), vc.data(), c.g, c.layer, c.Host(), c.hq,
+                       c.scale(), ref.data());
+  const AttentionMetadata md = OnDevice(c);
+  std::map<std::string, std::vector<float>> outs;
+  for (auto [name, backend] : std::vector<std::pair<std::string, CudaBackend*>>{{"64", short_splits->get()},
+                                                                               {"256", gpu_.get()}}) {
+    float* out = Zeros(ref.size());
+    backend->PagedAttention(Up(c.q), Up(c.k), Up(c.v), Up(c.kc), Up(c.vc), c.g, c.layer, md, c.hq, c.scale(), out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the other backend's stream, then this one's copy
+    ASSERT_TRUE(backend->CheckErrors().ok()) << backend->CheckErrors();
+    outs[name] = Down(out, ref.size());
+    EXPECT_LE(MaxRelDiff(outs[name], ref), 1e-4f) << "splits of " << name << " keys through the backend";
+  }
+  EXPECT_NE(outs["64"], outs["256"]) << "TANDEM_CUDA_GRID_SPLIT_KEYS=64 did not reach the launch";
 }
 
 TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {

@@ -132,6 +132,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     }
     backend->gemv_columns_ = std::stoi(v);
   }
+  if (const char* p = std::getenv("TANDEM_CUDA_GRID_SPLIT_KEYS"); p != nullptr) {
+    const std::string v(p);
+    if (v != "32" && v != "64" && v != "128" && v != "256") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TANDEM_CUDA_GRID_SPLIT_KEYS must be 32, 64, 128 or 256, not '", v, "'"));
+    }
+    backend->grid_split_keys_ = std::stoi(v);
+  }
   // 0/1 switches (unset: the default).
   for (auto [name, value] : {std::pair<const char*, bool*>{"TANDEM_CUDA_FUSION", &backend->fusion_},
                              {"TANDEM_CUDA_GEMV_NORM", &backend->gemv_norm_},
@@ -159,6 +167,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (backend->fusion_ && !backend->gemv_norm_) tunings.push_back("GEMV norm off");
   if (backend->fusion_ && !backend->gemv_heads_) tunings.push_back("GEMV heads off");
   if (backend->gemv_columns_ != 1) tunings.push_back(absl::StrCat("GEMV columns ", backend->gemv_columns_));
+  if (backend->grid_split_keys_ != 256 && !backend->batch_invariant_) {
+    tunings.push_back(absl::StrCat("grid splits of ", backend->grid_split_keys_, " keys"));
+  }
   if (cuda::ProgrammaticLaunchOn()) tunings.push_back("programmatic dependent launch");
   if (backend->tensor_core_prefill_) tunings.push_back("tensor-core prompt attention");
   if (!tunings.empty()) backend->description_ += absl::StrCat(", ", absl::StrJoin(tunings, ", "));
@@ -531,6 +542,7 @@ void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
   a.rounded = RoundOutput(a.out, a.num_tokens, a.num_q_heads * a.layer.head_dim);
   a.allow_tiled = !batch_invariant_;
   a.tensor_core_prefill = tensor_core_prefill_;
+  a.grid_split_keys = batch_invariant_ ? 0 : grid_split_keys_;
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
   // splits merge in-block, with the same bits. A captured launch is split for the context its graph

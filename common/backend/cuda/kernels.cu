@@ -202,7 +202,9 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
 //
 // Each block takes one token, one KV head and up to kGroup of the query heads sharing it (K and V rows
 // are read once for the whole group), over fixed splits of kSplitKeys keys: split s covers keys
-// [s * kSplitKeys, (s + 1) * kSplitKeys) of every token, whatever else is in the batch. Within a split
+// [s * kSplitKeys, (s + 1) * kSplitKeys) of every token, whatever else is in the batch (where the
+// splits take blocks of their own, PagedAttentionArgs::grid_split_keys may make them shorter: a
+// shorter chain of loads a block, other bits). Within a split
 // each of the block's warps takes every kSplitWarps-th key, lane l holding the head dimensions
 // [l kDims, (l + 1) kDims) (one access a row: KvVec), with a running softmax per head; the warps'
 // partials are then merged in warp order. A warp loads KeyBatch keys' rows at once before it folds
@@ -277,7 +279,8 @@ __device__ __forceinline__ float MergedSplits(const float* part, int64_t splits,
 // Grid split: partials [num_tokens][num_q_heads][gridDim.z][head_dim + 2] (o..., m, l) and counters
 // [num_tokens][num_kv_heads * head_chunks], zero before the launch and after it.
 template <int kDims, int kGroup, typename T>
-__global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, float* partials, unsigned* counters) {
+__global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, int64_t split_keys, float* partials,
+                                     unsigned* counters) {
   PdlPrologue();
   constexpr int64_t hd = kDims * 32;
   __shared__ float sm_m[kSplitWarps * kGroup], sm_l[kSplitWarps * kGroup];
@@ -292,7 +295,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
   if (a.tiled_min_new_tokens > 0 && a.seq_indptr[seq + 1] - a.seq_indptr[seq] >= a.tiled_min_new_tokens) {
     return;  // the tiled kernel's (the whole block alike: no barrier is left waiting)
   }
-  const int64_t splits = (len + kSplitKeys - 1) / kSplitKeys;
+  const int64_t splits = (len + split_keys - 1) / split_keys;
   const bool grid_split = gridDim.z > 1;
   const int64_t s_begin = grid_split ? blockIdx.z : 0, s_end = grid_split ? min(s_begin + 1, splits) : splits;
   const int64_t row = a.layer.num_kv_heads * hd, bs = a.layer.block_size;
@@ -312,7 +315,7 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
   for (int e = 0; e < kElemsPerThread; ++e) M[e] = -INFINITY, L[e] = 0.f, O[e] = 0.f;
 
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int64_t k0 = s * kSplitKeys, k1 = min(len, k0 + kSplitKeys);
+    const int64_t k0 = s * split_keys, k1 = min(len, k0 + split_keys);
     float m[kGroup], l[kGroup], acc[kGroup][kDims];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
@@ -444,25 +447,28 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
 }
 
 template <int kDims, typename T>
-cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_splits, cudaStream_t stream) {
+cudaError_t LaunchSplitAttention(const PagedAttentionArgs& a, int64_t grid_splits, int64_t split_keys,
+                                 cudaStream_t stream) {
   constexpr int kGroup = SplitGroup(kDims * 32);
   const int64_t chunks = SplitHeadChunks(a);
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.layer.num_kv_heads * chunks),
                   static_cast<unsigned>(grid_splits));
   unsigned* counters = grid_splits > 1 ? reinterpret_cast<unsigned*>(a.workspace) : nullptr;
   float* partials = grid_splits > 1 ? a.workspace + kSplitCounters : nullptr;
-  LaunchKernel(SplitAttentionKernel<kDims, kGroup, T>, grid, kSplitThreads, 0, stream, a, chunks, partials, counters);
+  LaunchKernel(SplitAttentionKernel<kDims, kGroup, T>, grid, kSplitThreads, 0, stream, a, chunks, split_keys, partials,
+               counters);
   return cudaGetLastError();
 }
 
 // LaunchSplitAttention for the launch's head_dim (SplitCapable).
 template <typename T>
-cudaError_t LaunchSplitAttentionForHeadDim(const PagedAttentionArgs& a, int64_t grid_splits, cudaStream_t stream) {
+cudaError_t LaunchSplitAttentionForHeadDim(const PagedAttentionArgs& a, int64_t grid_splits, int64_t split_keys,
+                                           cudaStream_t stream) {
   switch (a.layer.head_dim) {
-    case 32: return LaunchSplitAttention<1, T>(a, grid_splits, stream);
-    case 64: return LaunchSplitAttention<2, T>(a, grid_splits, stream);
-    case 128: return LaunchSplitAttention<4, T>(a, grid_splits, stream);
-    default: return LaunchSplitAttention<8, T>(a, grid_splits, stream);
+    case 32: return LaunchSplitAttention<1, T>(a, grid_splits, split_keys, stream);
+    case 64: return LaunchSplitAttention<2, T>(a, grid_splits, split_keys, stream);
+    case 128: return LaunchSplitAttention<4, T>(a, grid_splits, split_keys, stream);
+    default: return LaunchSplitAttention<8, T>(a, grid_splits, split_keys, stream);
   }
 }
 
@@ -483,7 +489,19 @@ int64_t FillBlocks() {
 
 bool SplitCapable(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
-int64_t SplitCount(int64_t max_context_len) { return std::max<int64_t>(1, (max_context_len + kSplitKeys - 1) / kSplitKeys); }
+int64_t SplitCount(int64_t max_context_len, int64_t keys = kSplitKeys) {
+  return std::max<int64_t>(1, (max_context_len + keys - 1) / keys);
+}
+
+// Keys of a grid split's splits (PagedAttentionArgs::grid_split_keys): the asked power of two, doubled
+// while the longest context would take more than kMaxGridSplits splits, never past kSplitKeys.
+int64_t GridSplitKeys(const PagedAttentionArgs& a) {
+  int64_t keys = a.grid_split_keys > 0 ? a.grid_split_keys : kSplitKeys;
+  while (keys < kSplitKeys && SplitCount(a.max_context_len, keys) > kMaxGridSplits) keys *= 2;
+  return keys;
+}
+
+bool GridSplitKeysValid(int64_t keys) { return keys == 0 || keys == 32 || keys == 64 || keys == 128 || keys == kSplitKeys; }
 
 __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count, float* out) {
   PdlPrologue();
@@ -616,8 +634,8 @@ int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
       a.layer.num_kv_heads <= 0 || TakesTiled(a)) {
     return 0;
   }
-  const int64_t splits = SplitCount(a.max_context_len);
-  if (splits <= 1 || splits > 65535) return 0;
+  const int64_t splits = SplitCount(a.max_context_len, GridSplitKeys(a));
+  if (!GridSplitKeysValid(a.grid_split_keys) || splits <= 1 || splits > 65535) return 0;
   const int64_t blocks = a.num_tokens * a.layer.num_kv_heads * SplitHeadChunks(a);
   if ((a.mode == AttentionMode::kAuto && blocks >= FillBlocks()) || blocks > kSplitCounters) return 0;
   static_assert(sizeof(unsigned) == sizeof(float), "a counter takes a float's place");
@@ -628,12 +646,15 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   if (a.num_tokens == 0) return cudaSuccess;
   if (a.layer.head_dim > kAttentionThreads * kMaxDimsPerThread || a.num_tokens > 0x7fffffff ||
       a.num_q_heads <= 0 || a.num_q_heads > 65535 || a.layer.num_kv_heads <= 0 ||
-      a.num_q_heads % a.layer.num_kv_heads != 0) {
+      a.num_q_heads % a.layer.num_kv_heads != 0 || !GridSplitKeysValid(a.grid_split_keys)) {
     return cudaErrorInvalidValue;
   }
   const int64_t ws = SplitAttentionWorkspaceFloats(a);
+  const int64_t grid_keys = GridSplitKeys(a);
   const bool grid_split = ws > 0 && a.workspace != nullptr && a.workspace_floats >= ws;
-  if (a.mode == AttentionMode::kGridSplit && !grid_split && SplitCount(a.max_context_len) > 1) return cudaErrorInvalidValue;
+  if (a.mode == AttentionMode::kGridSplit && !grid_split && SplitCount(a.max_context_len, grid_keys) > 1) {
+    return cudaErrorInvalidValue;
+  }
   if (a.mode == AttentionMode::kTiled && !TiledPrefillCapable(a)) return cudaErrorInvalidValue;  // nothing written
   if (a.mode == AttentionMode::kTensorCore && !TensorCorePrefillCapable(a)) return cudaErrorInvalidValue;
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
@@ -652,7 +673,7 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
       both.tiled_min_new_tokens = kMinTiledNewTokens;
       if (cudaError_t e = LaunchPromptAttention(both, stream); e != cudaSuccess) return e;
       if (!SplitCapable(a.layer.head_dim)) return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
-      return LaunchSplitAttentionForHeadDim<T>(both, 1, stream);
+      return LaunchSplitAttentionForHeadDim<T>(both, 1, kSplitKeys, stream);
     }
     if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
       const size_t smem = SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
@@ -660,7 +681,8 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
       LaunchKernel(PagedAttentionKernel<T>, grid, kAttentionThreads, smem, stream, a);
       return cudaGetLastError();
     }
-    return LaunchSplitAttentionForHeadDim<T>(a, grid_split ? SplitCount(a.max_context_len) : 1, stream);
+    return grid_split ? LaunchSplitAttentionForHeadDim<T>(a, SplitCount(a.max_context_len, grid_keys), grid_keys, stream)
+                      : LaunchSplitAttentionForHeadDim<T>(a, 1, kSplitKeys, stream);
   });
 }
 

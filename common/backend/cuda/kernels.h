@@ -68,9 +68,10 @@ enum class AttentionMode {
 // its sequence's paged keys and values (metadata as in backend.h's AttentionMetadata):
 // out[n][num_q_heads][head_dim].
 // head_dim 32, 64, 128 or 256: GQA-aware split-KV kernels (kernels.cu), bit-identical in every split
-// mode and whatever the batch (kAuto with allow_tiled may take the tiled prompt kernel instead, whose
+// mode and whatever the batch with grid_split_keys 0 or 256 (kAuto with allow_tiled may take the tiled prompt kernel instead, whose
 // arithmetic differs); other head_dims up to 512: one block per (token, head). cudaErrorInvalidValue,
-// with nothing launched, for head_dim > 512, heads that do not group, or kGridSplit without workspace
+// with nothing launched, for head_dim > 512, heads that do not group, a grid_split_keys other than 0,
+// 32, 64, 128 or 256, or kGridSplit without workspace
 // (or over 4096 blocks a split: SplitAttentionWorkspaceFloats is then 0).
 struct PagedAttentionArgs {
   PagedLayer layer;
@@ -92,6 +93,11 @@ struct PagedAttentionArgs {
   float* out = nullptr;
   RoundedCopy rounded;  // of out [num_tokens][num_q_heads][head_dim], written by every kernel that writes out
   int64_t max_context_len = 0;  // of the batch: sets the number of splits
+  // Keys of a split where the splits take blocks of their own (a power of two, 32 to 256; 0: 256, the
+  // in-block splits'). Below 256 a split block walks a shorter chain of loads but a token's bits then
+  // differ from the in-block mode's (not for the batch-invariant mode). Doubled, up to 256, while a
+  // token would have more than kMaxGridSplits splits (the last block merges them one by one).
+  int64_t grid_split_keys = 0;
   AttentionMode mode = AttentionMode::kAuto;
   // kAuto may take the tiled prompt kernel for steps that are mostly prompt (not in the
   // batch-invariant mode: its arithmetic is not the split-KV kernels').
@@ -135,6 +141,8 @@ struct QkvPrologueArgs {
 cudaError_t LaunchQkvPrologue(const QkvPrologueArgs& args, cudaStream_t stream);
 // Floats of workspace the launch wants (0: it needs none and will not split across blocks).
 int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& args);
+
+constexpr int64_t kMaxGridSplits = 64;
 
 // out[count] = silu(gate) * up; out may alias gate.
 cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
