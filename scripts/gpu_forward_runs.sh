@@ -7,7 +7,7 @@
 # DECODE_BATCHES: the plain decode batches (default 1 16 64).
 forward_runs() {
   local base="--prompt-len 512 --decode-tokens 64"
-  local b gc tc smp
+  local b gc gk tc smp
   for b in ${DECODE_BATCHES:-1 16 64}; do echo "$base --decode-batch $b"; done
   # The same batch-64 decode over an f32 KV cache (the default is the model's BF16).
   echo "$base --decode-batch 64 --kv-cache-dtype f32"

@@ -60,8 +60,14 @@ if plan:
 
 
 # forward_bench's settings at their defaults (a record's 0 for gemv_columns or grid_split_keys is the backend's default).
-DEFAULTS = {"graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True, "gemv_heads": True,
-            "gemv_columns": 1, "grid_split_keys": 256, "pdl": False, "tc_attention": False}
+DEFAULTS = {"kv_cache_dtype": "auto", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
+            "gemv_heads": True, "gemv_columns": 1, "grid_split_keys": 256, "pdl": False, "tc_attention": False}
+
+
+def num(r, key):
+    """A figure of a record, 0 when it is missing or not a number (NaN is written as null)."""
+    v = r.get(key)
+    return v if isinstance(v, (int, float)) and v == v else 0
 
 
 def records(text):
@@ -75,7 +81,7 @@ def records(text):
             r["gemv_columns"] = r.get("gemv_columns") or 1
             r["grid_split_keys"] = r.get("grid_split_keys") or 256
             out.append(r)
-        except ValueError:
+        except (ValueError, AttributeError, TypeError):
             out.append(None)
     return out
 
@@ -101,12 +107,12 @@ def forward_runs(text):
             model = r.get("model")
             out.append(f"{os.path.basename(str(model))} ({r.get('arch')})")
         settings = " ".join(f"{k}={v}" for k, v in tunings(r).items())
-        decode = f"decode {r.get('decode_ms', 0):.2f} ms/step ({r.get('decode_tok_s', 0):.0f} tok/s"
+        decode = f"decode {num(r, 'decode_ms'):.2f} ms/step ({num(r, 'decode_tok_s'):.0f} tok/s"
         if "decode_roofline_pct" in r:
-            decode += f", {r['decode_roofline_pct']:.1f}% of copy {r.get('copy_gb_s', 0):.0f} GB/s"
-        prefill = f"prefill {r.get('prompt_len')}: {r.get('prefill_tok_s', 0):.0f} tok/s"
+            decode += f", {num(r, 'decode_roofline_pct'):.1f}% of copy {num(r, 'copy_gb_s'):.0f} GB/s"
+        prefill = f"prefill {r.get('prompt_len')}: {num(r, 'prefill_tok_s'):.0f} tok/s"
         if "prefill_peak_pct" in r:
-            prefill += f" ({r['prefill_peak_pct']:.1f}% of GEMM {r.get('gemm_tflops', 0):.0f} TFLOP/s)"
+            prefill += f" ({num(r, 'prefill_peak_pct'):.1f}% of GEMM {num(r, 'gemm_tflops'):.0f} TFLOP/s)"
         out.append(f"  b={r.get('batch')} kv={r.get('kv')}{' ' + settings if settings else ''}: {decode}); {prefill}")
     return out
 
@@ -124,16 +130,14 @@ def side_by_side(text):
     out = []
     for r in recs:
         b = base.get(where(r))
-        if b is None or b is r or not b.get("decode_ms") or not b.get("prefill_tok_s"):
+        if b is None or b is r or not num(b, "decode_ms") or not num(b, "prefill_tok_s"):
             continue
         tuned = tunings(r)
-        if r.get("kv") != b.get("kv"):
-            tuned["kv"] = r.get("kv")
         if not tuned:
             continue
         out.append(f"  {os.path.basename(str(r.get('model')))} b={r.get('batch')} prompt {r.get('prompt_len')} "
-                   f"{' '.join(f'{k}={v}' for k, v in tuned.items())}: decode x{r['decode_ms'] / b['decode_ms']:.3f}, "
-                   f"prefill x{r['prefill_tok_s'] / b['prefill_tok_s']:.3f} of the defaults'")
+                   f"{' '.join(f'{k}={v}' for k, v in tuned.items())}: decode x{num(r, 'decode_ms') / num(b, 'decode_ms'):.3f}, "
+                   f"prefill x{num(r, 'prefill_tok_s') / num(b, 'prefill_tok_s'):.3f} of the defaults'")
     return out
 
 

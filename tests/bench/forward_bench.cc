@@ -85,6 +85,10 @@ int Run() {
   const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  if (absl::GetFlag(FLAGS_roofline_copy_mib) < 1 || absl::GetFlag(FLAGS_roofline_gemm) < 16) {
+    std::fprintf(stderr, "forward_bench: --roofline-copy-mib must be >= 1 and --roofline-gemm >= 16\n");
+    return 1;
+  }
   if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
   if (absl::GetFlag(FLAGS_pdl)) ::setenv("TANDEM_CUDA_PDL", "1", 1);
   if (!absl::GetFlag(FLAGS_fusion)) ::setenv("TANDEM_CUDA_FUSION", "0", 1);
@@ -234,6 +238,7 @@ int Run() {
                            {"device", backend->name()},
                            {"backend", backend->device_description()},
                            {"kv", std::string(DTypeName(kv_dtype))},
+                           {"kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)},
                            {"prompt_len", prompt_len},
                            {"batch", batch},
                            {"graphs", measured_with_graphs},
@@ -257,10 +262,6 @@ int Run() {
     const double params = step_bytes / dtype_bytes - static_cast<double>(c.vocab_size) * c.hidden_size;
     const int64_t copy_mib = absl::GetFlag(FLAGS_roofline_copy_mib);
     const int gemm = absl::GetFlag(FLAGS_roofline_gemm);
-    if (copy_mib < 1 || gemm < 16) {
-      std::fprintf(stderr, "forward_bench: --roofline-copy-mib must be >= 1 and --roofline-gemm >= 16\n");
-      return 1;
-    }
     auto bandwidth = cuda::MeasureCopyBandwidth(static_cast<size_t>(copy_mib) << 20);
     auto tflops = cuda::MeasureBf16GemmTflops(gemm, gemm, gemm);
     if (!bandwidth.ok() || !tflops.ok()) {

@@ -12,13 +12,17 @@ trap 'rm -rf "$work"' EXIT
 "$tandem" make-model --preset tiny-llama --out "$work/model" --dtype bf16 > /dev/null
 # shellcheck source=../../scripts/gpu_forward_runs.sh
 source "$src/scripts/gpu_forward_runs.sh"
+unset DECODE_BATCHES  # the default batches, whatever the caller's environment says
 mapfile -t runs < <(forward_runs)
 mapfile -t prof < <(profile_runs)
 # Later flags win: the device's sizes become the emulator's.
 small="--prompt-len 32 --decode-tokens 2 --repeats 1 --roofline-copy-mib 1 --roofline-gemm 64"
 run() {
+  local sizes=$small
+  # Prompt attention's tiled and tensor-core kernels take steps of at least 64 new tokens.
+  [[ $1 == *--tc-attention* ]] && sizes="$small --prompt-len 72"
   # shellcheck disable=SC2086 # argument lists
-  if ! TANDEM_CUDA_PLUGIN=$plugin "$bench" --model "$work/model" --device cuda $1 $small >> "$2" 2>&1; then
+  if ! TANDEM_CUDA_PLUGIN=$plugin "$bench" --model "$work/model" --device cuda $1 $sizes >> "$2" 2>&1; then
     echo "FAILED: forward_bench $1 (log below)"
     tail -20 "$2"
     exit 1
@@ -38,7 +42,7 @@ def records(name):
 
 def expected(args):
     """The record's settings the argument list asks for (the defaults otherwise)."""
-    want = {"device": "cuda", "kv": "BF16", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
+    want = {"device": "cuda", "kv": "BF16", "kv_cache_dtype": "auto", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
             "gemv_heads": True, "gemv_columns": 0, "grid_split_keys": 0, "pdl": False, "tc_attention": False}
     a = shlex.split(args)
     for i, f in enumerate(a):
@@ -48,6 +52,7 @@ def expected(args):
             want["batch"] = int(nxt)
         elif name == "--kv-cache-dtype":
             want["kv"] = nxt.upper()
+            want["kv_cache_dtype"] = nxt
         elif name == "--sampling":
             want["sampling"] = nxt
         elif name == "--gemv-columns":

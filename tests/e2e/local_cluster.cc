@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/backend/create_backend.h"
 #include "common/rpc/status.h"
@@ -136,6 +137,10 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
       argv.push_back(absl::StrCat("--nccl-host-id=e2e-", ::getpid(), "-", next_));
       ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the workers, all on this machine, inherit it
     }
+  }
+  for (absl::string_view a : absl::StrSplit(Env(role == "prefill" ? "TANDEM_E2E_PREFILL_ARGS" : "TANDEM_E2E_DECODE_ARGS"),
+                                            ' ', absl::SkipEmpty())) {
+    argv.emplace_back(a);
   }
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());

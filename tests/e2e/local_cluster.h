@@ -6,7 +6,10 @@
 //   TANDEM_E2E_DEVICE=cuda        every worker runs --device cuda --batch-invariant (and the tests'
 //                                 reference engine the same, see E2eBackend);
 //   TANDEM_E2E_KV_TRANSPORT=nccl  every worker moves KV over NCCL, each with its own --nccl-host-id;
-//   TANDEM_E2E_BIN_DIR=DIR        the router and workers from DIR instead of the build tree.
+//   TANDEM_E2E_BIN_DIR=DIR        the router and workers from DIR instead of the build tree;
+//   TANDEM_E2E_PREFILL_ARGS, TANDEM_E2E_DECODE_ARGS   space-separated flags added to every prefill,
+//                                 and every decode or combined, worker (the run on the CUDA emulator,
+//                                 a thousand times slower than a GPU, lengthens the KV timeouts).
 #pragma once
 
 #include <map>

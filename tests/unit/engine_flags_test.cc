@@ -5,6 +5,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 
 ABSL_DECLARE_FLAG(int64_t, max_num_seqs);
 ABSL_DECLARE_FLAG(std::string, device);
@@ -21,6 +22,7 @@ int64_t MaxNumSeqs(const std::string& device, int64_t flag) {
 }
 
 TEST(EngineFlagsTest, MaxNumSeqsDefaultsToTheDevice) {
+  absl::FlagSaver restore;  // the flags as they were, however the test ends
   EXPECT_EQ(MaxNumSeqs("cpu", 0), 128);
   EXPECT_EQ(MaxNumSeqs("cuda", 0), 256);
   EXPECT_EQ(MaxNumSeqs("cuda:1", 0), 256);
@@ -34,12 +36,12 @@ TEST(EngineFlagsTest, MaxNumSeqsDefaultsToTheDevice) {
 }
 
 TEST(EngineFlagsTest, NegativeMaxNumSeqsIsRefusedByName) {
+  absl::FlagSaver restore;
   absl::SetFlag(&FLAGS_device, "cpu");
   absl::SetFlag(&FLAGS_max_num_seqs, -1);
   auto o = EngineOptionsFromFlags();
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("--max-num-seqs"), absl::string_view::npos) << o.status();
-  absl::SetFlag(&FLAGS_max_num_seqs, 0);
 }
 
 }  // namespace
