@@ -63,6 +63,9 @@ void KvTransferLanes::Enqueue(const std::string& address, Job job) {
 }
 
 absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
+  // A cached connection the decode worker has closed since (it restarted, or dropped it after an
+  // error) is replaced before a transfer begins on it, instead of failing that transfer.
+  if (lane->sender != nullptr && job.kind == Job::kBegin && !lane->sender->Connected()) lane->sender.reset();
   if (lane->sender == nullptr) {
     auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout, options_.link_factory);
     if (!sender.ok()) return sender.status();

@@ -44,6 +44,9 @@ class KvSender {
                                  const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) = 0;
   // Ends the transfer with the first token and waits for the receiver's acknowledgement.
   virtual absl::Status End(const std::string& request_id, int32_t first_token) = 0;
+  // False once the connection is known to be gone (the receiver closed it: restarted, or dropped it
+  // after an error): a cached sender is then replaced before a new transfer begins on it.
+  virtual bool Connected() const { return true; }
 };
 
 class KvReceiver {

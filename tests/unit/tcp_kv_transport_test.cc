@@ -197,6 +197,37 @@ TEST_P(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
 }
 
+// A connection may sit idle between transfers (and between a transfer's frames) far longer than the
+// receiver's io_timeout, which bounds only the reading of a frame begun: a cached connection is not
+// dropped by a lull in traffic (it was, and the first request after 10 idle seconds failed). Once the
+// receiver is gone the sender says so, for a cache of connections to reconnect.
+TEST_P(TcpKvTransportTest, AnIdleConnectionOutlivesTheIoTimeout) {
+  TcpKvReceiver::Options o = ReceiverOptions();
+  o.io_timeout = absl::Milliseconds(150);
+  auto receiver = TcpKvReceiver::Create(o).value();
+  const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
+  auto sender = Connect(address).value();
+  EXPECT_TRUE(sender->Connected());
+  for (const std::string id : {"r1", "r2"}) {
+    absl::SleepFor(absl::Milliseconds(500));  // idle between transfers
+    ASSERT_TRUE(receiver->Expect(id, {1}).ok());
+    ASSERT_TRUE(sender->Connected()) << id;
+    ASSERT_TRUE(sender->Begin(id, 4).ok()) << id;
+    absl::SleepFor(absl::Milliseconds(400));  // idle between a transfer's frames (a prompt computing)
+    for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer(id, l, {2}, src_.get()).ok()) << id;
+    ASSERT_TRUE(sender->End(id, 9).ok()) << id;
+    EXPECT_EQ(receiver->Wait(id, absl::Seconds(2)).value(), 9);
+    EXPECT_TRUE(SameBlock(2, 1));
+  }
+  receiver.reset();  // closes its connections
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = !sender->Connected();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(gone) << "a sender whose receiver closed the connection still says it is connected";
+}
+
 TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   auto sender = Connect(address_).value();

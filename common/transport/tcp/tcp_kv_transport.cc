@@ -304,6 +304,13 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   const size_t block_bytes = static_cast<size_t>(g.bytes_per_block());
   std::vector<char> payload;
   while (!stopping_) {
+    // The next frame may be long in coming: a sender caches its connection between requests, and a
+    // long prompt computes between a transfer's frames. So the wait for it has no timeout (a
+    // reservation's own timeout bounds a transfer); io_timeout bounds the reading of a frame begun.
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 100);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready < 0) return finish(IoError("poll"));
     FrameType type;
     uint32_t len;
     if (absl::Status s = ReadHeader(fd, &type, &len); !s.ok()) return finish(s);
@@ -608,6 +615,13 @@ absl::Status TcpKvSender::End(const std::string& request_id, int32_t first_token
   RETURN_IF_ERROR(ReadMessage(fd_, kAck, &ack));
   if (!ack.ok()) return absl::UnavailableError(absl::StrCat("KV receiver rejected \"", request_id, "\": ", ack.error()));
   return absl::OkStatus();
+}
+
+bool TcpKvSender::Connected() const {
+  // The receiver only ever writes an acknowledgement, which End reads at once: between jobs a
+  // readable (or hung-up) socket is one the receiver closed or reset.
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
 }
 
 }  // namespace tandem

@@ -101,6 +101,8 @@ class TcpKvSender final : public KvSender {
   absl::Status SendLayer(const std::string& request_id, int32_t layer,
                          const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) override;
   absl::Status End(const std::string& request_id, int32_t first_token) override;
+  // Nothing is due from the receiver between transfers: a readable socket means it closed it.
+  bool Connected() const override;
 
  private:
   TcpKvSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
