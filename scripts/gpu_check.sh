@@ -79,6 +79,15 @@ make_model() {
 }
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 source scripts/gpu_forward_runs.sh
+# forward_bench on model $2 with each argument list function $1 prints, appending to $OUT/$3.
+bench_runs() {
+  local runs=() args
+  mapfile -t runs < <("$1")
+  for args in "${runs[@]}"; do
+    # shellcheck disable=SC2086 # each line is an argument list
+    lim 300 "$W/forward_bench" --model "$2" --device cuda $args 2>&1 | tee -a "$OUT/$3" || status=1
+  done
+}
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
@@ -171,18 +180,8 @@ for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1
   # forward_runs and profile_runs: scripts/gpu_forward_runs.sh (also run on the emulator by ctest).
-  runs=()
-  step forward && mapfile -t runs < <(forward_runs)
-  for args in "${runs[@]}"; do
-    # shellcheck disable=SC2086 # each line is an argument list
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda $args 2>&1 | tee -a "$OUT/forward_bench.txt" || status=1
-  done
-  runs=()
-  step profile && mapfile -t runs < <(profile_runs)
-  for args in "${runs[@]}"; do
-    # shellcheck disable=SC2086
-    lim 300 "$W/forward_bench" --model "$dir" --device cuda $args 2>&1 | tee -a "$OUT/profile.txt" || status=1
-  done
+  ! step forward || bench_runs forward_runs "$dir" forward_bench.txt
+  ! step profile || bench_runs profile_runs "$dir" profile.txt
   levels=1,16,64; hf_levels=1,16
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   ! step throughput || lim 900 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \

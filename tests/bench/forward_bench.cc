@@ -269,14 +269,15 @@ int Run() {
                    std::string((bandwidth.ok() ? tflops.status() : bandwidth.status()).message()).c_str());
       return 1;
     }
+    const double decode_pct = 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth;
+    const double prefill_pct = 100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops;
     std::printf("roofline: copy kernel %.0f GB/s -> decode at %.1f%% of it; BF16 GEMM %.0f TFLOP/s -> "
                 "prefill at %.1f%% of it\n",
-                *bandwidth, 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth, *tflops,
-                100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops);
+                *bandwidth, decode_pct, *tflops, prefill_pct);
     record["copy_gb_s"] = *bandwidth;
-    record["decode_roofline_pct"] = 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth;
+    record["decode_roofline_pct"] = decode_pct;
     record["gemm_tflops"] = *tflops;
-    record["prefill_peak_pct"] = 100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops;
+    record["prefill_peak_pct"] = prefill_pct;
   }
 #endif
   std::printf("json: %s\n", record.dump().c_str());

@@ -3,6 +3,7 @@
 #include "common/base/status_macros.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <cstdlib>
 #include <vector>
 
@@ -22,6 +23,22 @@ using LiveBytes = std::shared_ptr<std::atomic<int64_t>>;
 bool EnvIsOne(const char* name) {
   const char* p = std::getenv(name);
   return p != nullptr && std::string(p) == "1";
+}
+
+// Environment variable `name` as one of `choices` into *value (unset: *value stays, the default);
+// INVALID_ARGUMENT naming the variable and its choices for anything else (the backend's tunings).
+absl::Status EnvChoice(const char* name, std::initializer_list<int> choices, int* value) {
+  const char* p = std::getenv(name);
+  if (p == nullptr) return absl::OkStatus();
+  for (int c : choices) {
+    if (std::to_string(c) == p) {
+      *value = c;
+      return absl::OkStatus();
+    }
+  }
+  const std::vector<int> all(choices);
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be ", absl::StrJoin(all.begin(), all.end() - 1, ", "),
+                                                 " or ", all.back(), ", not '", p, "'"));
 }
 
 class CudaBuffer final : public DeviceBuffer {
@@ -125,30 +142,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (EnvIsOne("TANDEM_CUDA_OP_PROFILE")) backend->SetOpProfiling(true);
   // Output columns a GEMV warp computes (gemv.h; 1, 2 or 4, the same bits): 1 until a GPU run has
   // compared them.
-  if (const char* p = std::getenv("TANDEM_CUDA_GEMV_COLUMNS"); p != nullptr) {
-    const std::string v(p);
-    if (v != "1" && v != "2" && v != "4") {
-      return absl::InvalidArgumentError(absl::StrCat("TANDEM_CUDA_GEMV_COLUMNS must be 1, 2 or 4, not '", v, "'"));
-    }
-    backend->gemv_columns_ = std::stoi(v);
-  }
-  if (const char* p = std::getenv("TANDEM_CUDA_GRID_SPLIT_KEYS"); p != nullptr) {
-    const std::string v(p);
-    if (v != "32" && v != "64" && v != "128" && v != "256") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TANDEM_CUDA_GRID_SPLIT_KEYS must be 32, 64, 128 or 256, not '", v, "'"));
-    }
-    backend->grid_split_keys_ = std::stoi(v);
-  }
+  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GEMV_COLUMNS", {1, 2, 4}, &backend->gemv_columns_));
+  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GRID_SPLIT_KEYS", {32, 64, 128, 256}, &backend->grid_split_keys_));
   // 0/1 switches (unset: the default).
   for (auto [name, value] : {std::pair<const char*, bool*>{"TANDEM_CUDA_FUSION", &backend->fusion_},
                              {"TANDEM_CUDA_GEMV_NORM", &backend->gemv_norm_},
                              {"TANDEM_CUDA_GEMV_HEADS", &backend->gemv_heads_}}) {
-    const char* p = std::getenv(name);
-    if (p == nullptr) continue;
-    const std::string v(p);
-    if (v != "0" && v != "1") return absl::InvalidArgumentError(absl::StrCat(name, " must be 0 or 1, not '", v, "'"));
-    *value = v == "1";
+    int on = *value;
+    RETURN_IF_ERROR(EnvChoice(name, {0, 1}, &on));
+    *value = on == 1;
   }
   // The q|k|v GEMV's per-head counters (GemvEpilogue::head_counters), zero, fixed up front (graphs).
   if (cudaError_t e = cudaMalloc(&backend->head_counters_, kHeadCounters * sizeof(unsigned)); e != cudaSuccess) {

@@ -152,7 +152,7 @@ class CudaBackend final : public Backend {
   // Keys of a split where attention's splits take blocks of their own (PagedAttentionArgs::
   // grid_split_keys): TANDEM_CUDA_GRID_SPLIT_KEYS (32, 64, 128 or 256), 256 until a GPU run has
   // compared them; always 256 with batch_invariant (a token's bits then match the in-block mode's).
-  int64_t grid_split_keys_ = 256;
+  int grid_split_keys_ = 256;
   // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in one
   // kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits either way).
   bool fusion_ = true;
