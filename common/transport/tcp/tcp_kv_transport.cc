@@ -575,6 +575,15 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   }
   const size_t payload = 2 * src_blocks.size() * block_bytes;
   if (payload > std::numeric_limits<uint32_t>::max()) return absl::InvalidArgumentError("layer payload over 4 GiB");
+  if (link_ == nullptr && !storage->host_accessible()) {
+    // Device memory: copy the layer out first. ReadBlocks waits for the work enqueued before it, so
+    // the layer's KV writes are complete; the blocks stay the request's until End(). This wait (a
+    // whole step's work) comes before the layer's header: the receiver, once a frame has begun,
+    // reads the rest of it under its io timeout.
+    staging_.resize(payload);
+    storage->ReadBlocks(false, layer, src_blocks, staging_.data());
+    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes);
+  }
   v1::KvLayerHeader h;
   h.set_request_id(request_id);
   h.set_layer(layer);
@@ -582,8 +591,8 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   h.set_payload_bytes(static_cast<int64_t>(payload));
   RETURN_IF_ERROR(SendMessage(fd_, kLayerHeader, h));
   if (link_ != nullptr) return link_->SendLayer(layer, src_blocks, io_timeout_);
-  // The payload goes out straight from the cache blocks (K blocks, then V blocks): the sender's
-  // blocks stay allocated until End() returns, so no staging copy is needed.
+  // The payload goes out from the staging copy, or straight from host cache blocks (K blocks, then V
+  // blocks): the sender's blocks stay allocated until End() returns.
   unsigned char header[5];
   const uint32_t len = static_cast<uint32_t>(payload);
   std::memcpy(header, &len, 4);
@@ -591,11 +600,6 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   iov_.clear();
   iov_.push_back({header, sizeof(header)});
   if (!storage->host_accessible()) {
-    // Device memory: copy the layer out first. ReadBlocks waits for the work enqueued before it, so
-    // the layer's KV writes are complete; the blocks stay the request's until End().
-    staging_.resize(payload);
-    storage->ReadBlocks(false, layer, src_blocks, staging_.data());
-    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes);
     iov_.push_back({staging_.data(), payload});
     return WriteVector(fd_, iov_);
   }
