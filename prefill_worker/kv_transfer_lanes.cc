@@ -65,14 +65,18 @@ void KvTransferLanes::Enqueue(const std::string& address, Job job) {
 absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
   // A cached connection the decode worker has closed since (it restarted, or dropped it after an
   // error) is replaced before a transfer begins on it, instead of failing that transfer.
-  if (lane->sender != nullptr && job.kind == Job::kBegin && !lane->sender->Connected()) lane->sender.reset();
+  if (lane->sender != nullptr && job.kind == Job::kBegin && !lane->sender->Connected()) {
+    DropConnection(lane, absl::UnavailableError("the decode worker closed the connection"));
+  }
   if (lane->sender == nullptr) {
     auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout, options_.link_factory);
     if (!sender.ok()) return sender.status();
     lane->sender = *std::move(sender);
   }
   switch (job.kind) {
-    case Job::kBegin: return lane->sender->Begin(job.id, job.num_tokens);
+    case Job::kBegin:
+      lane->begun.insert(job.id);
+      return lane->sender->Begin(job.id, job.num_tokens);
     case Job::kLayer: return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage);
     case Job::kEnd: return lane->sender->End(job.id, job.first_token);
   }
@@ -106,15 +110,23 @@ void KvTransferLanes::Run(Lane* lane) {
       status = absl::CancelledError("cancelled");
     } else if (failed != lane->failed.end()) {
       status = failed->second;
+      // A layer failed short of the wire (the connection is sound): the End still goes out, so the
+      // receiver fails the reservation now (layers missing) instead of at its transfer timeout.
+      if (job.kind == Job::kEnd && lane->begun.contains(job.id) && lane->sender != nullptr) {
+        const absl::Status ended = lane->sender->End(job.id, job.first_token);
+        if (!lane->sender->Connected()) DropConnection(lane, ended);
+      }
     } else {
       status = Execute(lane, job);
       if (!status.ok()) {
-        lane->sender.reset();  // the connection is in an unknown state: reconnect next time
-        status = absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address, " failed: ", status.message()));
+        const absl::Status cause = status;
+        status = absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address, " failed: ", cause.message()));
         lane->failed[job.id] = status;
+        if (lane->sender != nullptr && !lane->sender->Connected()) DropConnection(lane, cause);
       }
     }
     if (job.kind == Job::kEnd) {
+      lane->begun.erase(job.id);
       double seconds = 0;
       if (auto it = lane->started.find(job.id); it != lane->started.end()) {
         seconds = absl::ToDoubleSeconds(absl::Now() - it->second);
@@ -124,6 +136,16 @@ void KvTransferLanes::Run(Lane* lane) {
       job.done(status, seconds);
     }
   }
+}
+
+void KvTransferLanes::DropConnection(Lane* lane, const absl::Status& cause) {
+  lane->sender.reset();
+  for (const std::string& id : lane->begun) {
+    lane->failed.try_emplace(id, absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address,
+                                                                     " failed: the connection was lost (",
+                                                                     cause.message(), ")")));
+  }
+  lane->begun.clear();
 }
 
 }  // namespace tandem

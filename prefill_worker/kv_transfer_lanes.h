@@ -2,8 +2,10 @@
 // connection) per decode worker, so a slow or hung decode worker delays only its own transfers.
 // The engine thread enqueues Begin / layer / End jobs as layers are computed; the lane sends them
 // while the engine computes the next layer (layer-wise overlap). A failed job fails the rest of its
-// request's jobs and drops the connection (reconnected on next use); End reports the outcome of
-// the whole transfer through its callback, on the lane's thread.
+// request's jobs; when the connection itself broke, every transfer begun on it fails at once (none
+// goes on over a new connection, where the receiver would drain its layers only to refuse it) and
+// the lane reconnects on next use. A transfer the receiver refused leaves the others alone. End
+// reports the outcome of the whole transfer through its callback, on the lane's thread.
 #pragma once
 
 #include <deque>
@@ -61,10 +63,13 @@ class KvTransferLanes {
     std::unique_ptr<KvSender> sender;
     absl::flat_hash_map<std::string, absl::Status> failed;  // request → first error
     absl::flat_hash_map<std::string, absl::Time> started;   // request → Begin sent
+    absl::flat_hash_set<std::string> begun;  // begun on `sender`'s connection and not ended
   };
   void Enqueue(const std::string& address, Job job);
   void Run(Lane* lane);
   absl::Status Execute(Lane* lane, const Job& job);
+  // Drops the lane's connection; each transfer begun on it fails with `cause`.
+  static void DropConnection(Lane* lane, const absl::Status& cause);
 
   Options options_;
   absl::Mutex mu_;

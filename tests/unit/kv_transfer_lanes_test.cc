@@ -13,6 +13,18 @@
 namespace tandem {
 namespace {
 
+// Waits for End's callback and returns its status.
+absl::Status Ended(KvTransferLanes* lanes, const std::string& address, const std::string& id) {
+  absl::Notification done;
+  absl::Status result;
+  lanes->End(address, id, 5, [&](const absl::Status& s, double) {
+    result = s;
+    done.Notify();
+  });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  return result;
+}
+
 class KvTransferLanesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -35,14 +47,7 @@ class KvTransferLanesTest : public ::testing::Test {
   absl::Status Transfer(const std::string& address, const std::string& id, std::vector<int32_t> blocks) {
     lanes_->Begin(address, id, 4);
     for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes_->SendLayer(address, id, l, blocks);
-    absl::Notification done;
-    absl::Status result;
-    lanes_->End(address, id, 5, [&](const absl::Status& s, double) {
-      result = s;
-      done.Notify();
-    });
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
-    return result;
+    return Ended(lanes_.get(), address, id);
   }
 
   std::unique_ptr<CpuBackend> backend_;
@@ -86,6 +91,55 @@ TEST_F(KvTransferLanesTest, CancelledTransfersEndWithCancelled) {
   ASSERT_TRUE(receiver_->Expect("c", {2}).ok());
   lanes_->Cancel("c");
   EXPECT_EQ(Transfer(address_, "c", {1}).code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(KvTransferLanesTest, ARefusedTransferLeavesTheOthersOnItsConnectionAlone) {
+  // "b" is begun, then "x" (a reservation the decode worker dropped: a cancelled request) is refused
+  // at its End. The connection is sound: "b" goes on over it and completes.
+  ASSERT_TRUE(receiver_->Expect("b", {4}).ok());
+  lanes_->Begin(address_, "b", 4);
+  lanes_->SendLayer(address_, "b", 0, {1});
+  EXPECT_EQ(Transfer(address_, "x", {2}).code(), absl::StatusCode::kUnavailable);
+  lanes_->SendLayer(address_, "b", 1, {1});
+  EXPECT_TRUE(Ended(lanes_.get(), address_, "b").ok());
+  EXPECT_EQ(receiver_->Wait("b", absl::Seconds(1)).value(), 5);
+}
+
+TEST_F(KvTransferLanesTest, ALayerRefusedBeforeTheWireStillEndsTheTransferAtTheReceiver) {
+  // A block outside the sender's pool fails the layer before anything is sent; the End still goes
+  // out, so the receiver fails the reservation at once (a layer missing), not at its timeout.
+  ASSERT_TRUE(receiver_->Expect("v", {4}).ok());
+  lanes_->Begin(address_, "v", 4);
+  lanes_->SendLayer(address_, "v", 0, {static_cast<int32_t>(geometry_.num_blocks)});
+  lanes_->SendLayer(address_, "v", 1, {1});
+  const absl::Status v = Ended(lanes_.get(), address_, "v");
+  EXPECT_EQ(v.code(), absl::StatusCode::kUnavailable) << v;
+  EXPECT_NE(v.message().find("block out of range"), std::string::npos) << v;
+  const absl::StatusOr<int32_t> waited = receiver_->Wait("v", absl::Milliseconds(500));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();
+  EXPECT_NE(waited.status().message().find("ended after"), std::string::npos) << waited.status();
+  ASSERT_TRUE(receiver_->Expect("w", {5}).ok());
+  EXPECT_TRUE(Transfer(address_, "w", {2}).ok());
+}
+
+TEST_F(KvTransferLanesTest, ALostConnectionFailsEveryTransferBegunOnIt) {
+  // "a"'s layer names more blocks than the receiver's pool holds: the receiver drops the connection.
+  // "b", begun on it, fails at once with that cause, and sends nothing more over a new connection.
+  ASSERT_TRUE(receiver_->Expect("a", {4}).ok());
+  ASSERT_TRUE(receiver_->Expect("b", {5}).ok());
+  lanes_->Begin(address_, "b", 4);
+  lanes_->Begin(address_, "a", 4);
+  lanes_->SendLayer(address_, "a", 0, std::vector<int32_t>(geometry_.num_blocks + 1, 1));
+  const absl::Status a = Ended(lanes_.get(), address_, "a");
+  EXPECT_EQ(a.code(), absl::StatusCode::kUnavailable) << a;
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes_->SendLayer(address_, "b", l, {1});
+  const absl::Status b = Ended(lanes_.get(), address_, "b");
+  EXPECT_EQ(b.code(), absl::StatusCode::kUnavailable) << b;
+  EXPECT_NE(b.message().find("connection was lost"), std::string::npos) << b;
+  EXPECT_EQ(b.message().find("not begun on this connection"), std::string::npos) << b;
+  // The lane reconnects for the next request.
+  ASSERT_TRUE(receiver_->Expect("c", {6}).ok());
+  EXPECT_TRUE(Transfer(address_, "c", {3}).ok());
 }
 
 }  // namespace

@@ -562,7 +562,7 @@ absl::Status TcpKvSender::Begin(const std::string& request_id, int64_t num_token
   v1::KvTransferBegin m;
   m.set_request_id(request_id);
   m.set_num_tokens(num_tokens);
-  return SendMessage(fd_, kBegin, m);
+  return Io(SendMessage(fd_, kBegin, m));
 }
 
 absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer, const std::vector<int32_t>& src_blocks,
@@ -589,8 +589,8 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   h.set_layer(layer);
   h.set_num_blocks(static_cast<int32_t>(src_blocks.size()));
   h.set_payload_bytes(static_cast<int64_t>(payload));
-  RETURN_IF_ERROR(SendMessage(fd_, kLayerHeader, h));
-  if (link_ != nullptr) return link_->SendLayer(layer, src_blocks, io_timeout_);
+  RETURN_IF_ERROR(Io(SendMessage(fd_, kLayerHeader, h)));
+  if (link_ != nullptr) return Io(link_->SendLayer(layer, src_blocks, io_timeout_));
   // The payload goes out from the staging copy, or straight from host cache blocks (K blocks, then V
   // blocks): the sender's blocks stay allocated until End() returns.
   unsigned char header[5];
@@ -601,27 +601,33 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   iov_.push_back({header, sizeof(header)});
   if (!storage->host_accessible()) {
     iov_.push_back({staging_.data(), payload});
-    return WriteVector(fd_, iov_);
+    return Io(WriteVector(fd_, iov_));
   }
   for (bool v : {false, true}) {
     std::byte* base = storage->layer_data(v, layer);
     for (int32_t b : src_blocks) iov_.push_back({base + b * block_bytes, block_bytes});
   }
-  return WriteVector(fd_, iov_);
+  return Io(WriteVector(fd_, iov_));
 }
 
 absl::Status TcpKvSender::End(const std::string& request_id, int32_t first_token) {
   v1::KvTransferEnd m;
   m.set_request_id(request_id);
   m.set_first_token(first_token);
-  RETURN_IF_ERROR(SendMessage(fd_, kEnd, m));
+  RETURN_IF_ERROR(Io(SendMessage(fd_, kEnd, m)));
   v1::KvTransferAck ack;
-  RETURN_IF_ERROR(ReadMessage(fd_, kAck, &ack));
+  RETURN_IF_ERROR(Io(ReadMessage(fd_, kAck, &ack)));
   if (!ack.ok()) return absl::UnavailableError(absl::StrCat("KV receiver rejected \"", request_id, "\": ", ack.error()));
   return absl::OkStatus();
 }
 
+absl::Status TcpKvSender::Io(absl::Status s) {
+  if (!s.ok()) broken_ = true;
+  return s;
+}
+
 bool TcpKvSender::Connected() const {
+  if (broken_) return false;
   // The receiver only ever writes an acknowledgement, which End reads at once: between jobs a
   // readable (or hung-up) socket is one the receiver closed or reset.
   pollfd p{fd_, POLLIN, 0};

@@ -101,13 +101,18 @@ class TcpKvSender final : public KvSender {
   absl::Status SendLayer(const std::string& request_id, int32_t layer,
                          const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) override;
   absl::Status End(const std::string& request_id, int32_t first_token) override;
-  // Nothing is due from the receiver between transfers: a readable socket means it closed it.
+  // False after an I/O error (a frame may be half written) and once the receiver closed the
+  // connection: nothing is due from it between transfers, so a readable socket means it closed it.
+  // A transfer the receiver refused at End, or a layer refused before it was sent, leaves it true.
   bool Connected() const override;
 
  private:
   TcpKvSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
       : fd_(fd), info_(info), io_timeout_(io_timeout) {}
+  // `s`, noting the connection as broken when it is an error.
+  absl::Status Io(absl::Status s);
   int fd_;
+  bool broken_ = false;
   KvEndpointInfo info_;
   absl::Duration io_timeout_;
   std::unique_ptr<KvLink> link_;  // the side data path, when the handshake set one up
