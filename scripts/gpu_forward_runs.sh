@@ -29,6 +29,9 @@ forward_runs() {
   for b in 1 8; do
     for gk in 64 128; do echo "$base --decode-batch $b --grid-split-keys $gk"; done
   done
+  # BF16 weights cast to F16 at load, GEMM inputs rounded to F16 (--compute-dtype f16; the KV cache
+  # follows, as auto): the same tensor-core rate, 8x finer rounding. At batches 1 and 64.
+  for b in 1 64; do echo "$base --decode-batch $b --compute-dtype f16"; done
   # Long prompts, attention on the CUDA cores against the tensor cores (TANDEM_CUDA_TC_ATTENTION).
   for tc in false true; do echo "--prompt-len 2048 --decode-tokens 8 --decode-batch 1 --tc-attention=$tc"; done
   # Sampled batch-64 decode: every row's logits to the host, against drawing (temperature, min-p) and

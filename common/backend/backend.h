@@ -144,6 +144,9 @@ class Backend {
   // Makes a checkpoint tensor usable by ops. 1-D tensors (norms, biases) become f32 vectors;
   // 2-D tensors keep their dtype (the CPU backend maps them without copying).
   virtual absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) = 0;
+  // The type UploadWeight keeps a 2-D tensor of `checkpoint` type in: a backend may cast 16-bit
+  // weights to the other 16-bit type (CudaBackend::Options::compute_dtype).
+  virtual DType StoredWeightDType(DType checkpoint) const { return checkpoint; }
 
   // --- Ops (f32 activations) ---
   // out[n][cols] = table[ids[i]]; ids are device int32 and must be in range (validated above).

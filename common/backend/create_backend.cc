@@ -8,9 +8,19 @@
 
 namespace tandem {
 
+bool ParseComputeDType(std::string_view text, std::optional<DType>* out) {
+  std::optional<DType> d;
+  if (!ParseKvCacheDType(text, &d) || d == DType::kF32) return false;
+  *out = d;
+  return true;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   const std::string& device = options.device;
   if (device == "cpu") {
+    if (options.compute_dtype.has_value()) {
+      return absl::InvalidArgumentError("--compute-dtype is for --device cuda: the CPU backend computes in f32");
+    }
     CpuBackend::Options o;
     o.batch_invariant = options.batch_invariant.value_or(true);
     auto cpu = CpuBackend::Create(o);
@@ -21,8 +31,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   const std::string& name = device;
   if (name == "cuda" || (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &ordinal) &&
                          ordinal >= 0)) {
+    // (-1: the weights' own type; else a DType's value.)
+    const int compute_dtype = options.compute_dtype.has_value() ? static_cast<int>(*options.compute_dtype) : -1;
     return CallCudaPluginFactory<Backend>("TandemCreateCudaBackend", "--device cuda", ordinal,
-                                          options.batch_invariant.value_or(false));
+                                          options.batch_invariant.value_or(false), compute_dtype);
   }
   return absl::InvalidArgumentError(absl::StrCat("--device: '", name, "' is not cpu, cuda or cuda:N"));
 }

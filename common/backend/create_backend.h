@@ -5,9 +5,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/model/dtype.h"
 
 namespace tandem {
 
@@ -16,7 +18,13 @@ struct BackendOptions {
   // Linear results independent of the batch (see CpuBackend / CudaBackend Options). Unset: the
   // backend's default (on for the CPU, where it is cheap; off for CUDA, where it costs throughput).
   std::optional<bool> batch_invariant;
+  // The 16-bit type of a GPU's weights and GEMMs (CudaBackend::Options::compute_dtype); unset: the
+  // weights' own. Not for the CPU, which computes in f32.
+  std::optional<DType> compute_dtype;
 };
+
+// --compute-dtype's value: "auto" (unset), "bf16" or "f16", any case; false for anything else.
+bool ParseComputeDType(std::string_view text, std::optional<DType>* out);
 
 // INVALID_ARGUMENT for an unknown name; FAILED_PRECONDITION for "cuda" in a build without the CUDA
 // backend or on a machine without a usable device.

@@ -208,7 +208,7 @@ absl::Status LlamaModel::LoadWeights() {
 
 DType LlamaModel::KvCacheDType(std::optional<DType> requested) const {
   if (requested.has_value()) return *requested;
-  const DType w = config_.torch_dtype;
+  const DType w = backend_->StoredWeightDType(config_.torch_dtype);
   return backend_->name() == "cuda" && w != DType::kF32 ? w : DType::kF32;
 }
 

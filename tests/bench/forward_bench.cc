@@ -36,6 +36,8 @@ ABSL_FLAG(int64_t, decode_tokens, 32, "decode steps measured");
 ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, compute_dtype, "auto",
+          "CUDA: 16-bit type of the weights and GEMMs: auto (the weights' own), bf16 or f16 (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, else f32), as the "
           "engine's flag");
@@ -103,6 +105,10 @@ int Run() {
   BackendOptions o;
   o.device = absl::GetFlag(FLAGS_device);
   if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
+  if (!ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), &o.compute_dtype)) {
+    std::fprintf(stderr, "forward_bench: --compute-dtype must be auto, bf16 or f16\n");
+    return 1;
+  }
   auto backend_or = CreateBackend(o);
   if (!backend_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(backend_or.status().message()).c_str());
@@ -239,6 +245,7 @@ int Run() {
                            {"backend", backend->device_description()},
                            {"kv", std::string(DTypeName(kv_dtype))},
                            {"kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)},
+                           {"compute_dtype", absl::GetFlag(FLAGS_compute_dtype)},
                            {"prompt_len", prompt_len},
                            {"batch", batch},
                            {"graphs", measured_with_graphs},

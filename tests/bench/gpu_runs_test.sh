@@ -42,7 +42,7 @@ def records(name):
 
 def expected(args):
     """The record's settings the argument list asks for (the defaults otherwise)."""
-    want = {"device": "cuda", "kv": "BF16", "kv_cache_dtype": "auto", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
+    want = {"device": "cuda", "kv": "BF16", "kv_cache_dtype": "auto", "compute_dtype": "auto", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
             "gemv_heads": True, "gemv_columns": 0, "grid_split_keys": 0, "pdl": False, "tc_attention": False}
     a = shlex.split(args)
     for i, f in enumerate(a):
@@ -53,6 +53,10 @@ def expected(args):
         elif name == "--kv-cache-dtype":
             want["kv"] = nxt.upper()
             want["kv_cache_dtype"] = nxt
+        elif name == "--compute-dtype":
+            want["compute_dtype"] = nxt
+            if want["kv_cache_dtype"] == "auto":
+                want["kv"] = nxt.upper()  # an auto cache takes the weights' stored type
         elif name == "--sampling":
             want["sampling"] = nxt
         elif name == "--gemv-columns":
@@ -88,7 +92,8 @@ for runs, name in (("runs.txt", "forward_bench.txt"), ("prof.txt", "profile.txt"
                    f"GEMV columns {want['gemv_columns']}": want["gemv_columns"] not in (0, 1),
                    f"grid splits of {want['grid_split_keys']} keys": want["grid_split_keys"] not in (0, 256),
                    "programmatic dependent launch": want["pdl"],
-                   "tensor-core prompt attention": want["tc_attention"]}
+                   "tensor-core prompt attention": want["tc_attention"],
+                   f"16-bit weights and GEMMs in {want['compute_dtype'].upper()}": want["compute_dtype"] != "auto"}
         for words, on in tunings.items():
             if (words in desc) != on:
                 diff[f"backend says '{words}'"] = (words in desc, on)

@@ -6,9 +6,11 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "common/backend/create_backend.h"
 
 ABSL_DECLARE_FLAG(int64_t, max_num_seqs);
 ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, compute_dtype);
 
 namespace tandem {
 namespace {
@@ -42,6 +44,32 @@ TEST(EngineFlagsTest, NegativeMaxNumSeqsIsRefusedByName) {
   auto o = EngineOptionsFromFlags();
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("--max-num-seqs"), absl::string_view::npos) << o.status();
+}
+
+TEST(EngineFlagsTest, ComputeDTypeIsParsedRefusedByNameAndForwarded) {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_device, "cpu");
+  EXPECT_TRUE(BackendFromFlags().ok());  // auto: the CPU takes it
+  absl::SetFlag(&FLAGS_compute_dtype, "fp8");
+  absl::StatusOr<std::unique_ptr<Backend>> bad = BackendFromFlags();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--compute-dtype must be auto, bf16 or f16, got 'fp8'"), std::string::npos)
+      << bad.status();
+  absl::SetFlag(&FLAGS_compute_dtype, "f32");  // the CPU's own arithmetic, but not a GEMM type to ask for
+  EXPECT_FALSE(BackendFromFlags().ok());
+  absl::SetFlag(&FLAGS_compute_dtype, "F16");
+  bad = BackendFromFlags();  // a 16-bit compute type is the GPU's
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("is for --device cuda"), std::string::npos) << bad.status();
+  bool forwarded = false;
+  for (const std::string& a : EngineFlagArguments()) forwarded |= a == "--compute-dtype=F16";
+  EXPECT_TRUE(forwarded);
+  std::optional<DType> d;
+  EXPECT_TRUE(ParseComputeDType("bf16", &d));
+  EXPECT_EQ(d, DType::kBF16);
+  EXPECT_TRUE(ParseComputeDType("Auto", &d));
+  EXPECT_FALSE(d.has_value());
+  EXPECT_FALSE(ParseComputeDType("", &d));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "common/base/status_macros.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <cstdlib>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/sampling.h"
 #include "common/backend/cuda/smoke_kernel.h"
+#include "common/model/dtype.h"
 
 namespace tandem {
 namespace {
@@ -129,6 +131,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
                       absl::StrCat("cuda:", options.device, " ", *description,
                                    options.batch_invariant ? ", batch-invariant Linear" : ""),
                       stream, cublas));
+  if (options.compute_dtype.has_value() && *options.compute_dtype != DType::kBF16 &&
+      *options.compute_dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat("the CUDA backend's compute type is BF16 or F16, not ",
+                                                   std::string(DTypeName(*options.compute_dtype))));
+  }
+  backend->compute_dtype_ = options.compute_dtype;
   // cuBLAS's workspace, fixed up front: a GEMM inside a graph capture must not allocate.
   constexpr size_t kCublasWorkspace = 32 << 20;
   if (cudaError_t e = cudaMalloc(&backend->cublas_workspace_, kCublasWorkspace); e != cudaSuccess) {
@@ -174,6 +182,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   }
   if (cuda::ProgrammaticLaunchOn()) tunings.push_back("programmatic dependent launch");
   if (backend->tensor_core_prefill_) tunings.push_back("tensor-core prompt attention");
+  if (options.compute_dtype.has_value()) {
+    tunings.push_back(absl::StrCat("16-bit weights and GEMMs in ", std::string(DTypeName(*options.compute_dtype))));
+  }
   if (!tunings.empty()) backend->description_ += absl::StrCat(", ", absl::StrJoin(tunings, ", "));
   return backend;
 }
@@ -267,10 +278,38 @@ void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   Check(cudaStreamSynchronize(stream_), "copy to host");
 }
 
+DType CudaBackend::StoredWeightDType(DType checkpoint) const {
+  const bool half = checkpoint == DType::kBF16 || checkpoint == DType::kF16;
+  return half && compute_dtype_.has_value() ? *compute_dtype_ : checkpoint;
+}
+
+namespace {
+
+// `t`'s 16-bit values in the other 16-bit type `to`, into `out` [t.nbytes / 2]. F16 holds every BF16
+// value of magnitude 2^-14..65504 exactly (smaller ones round to its subnormals); a value beyond 65504
+// is refused, naming the tensor.
+absl::Status CastHalfWeight(const TensorView& t, DType to, uint16_t* out) {
+  const auto* in = reinterpret_cast<const uint16_t*>(t.data);
+  const size_t n = t.nbytes / 2;
+  for (size_t i = 0; i < n; ++i) {
+    const float f = t.dtype == DType::kBF16 ? Bf16ToF32(in[i]) : F16ToF32(in[i]);
+    if (to == DType::kF16 && std::isfinite(f) && std::fabs(f) > 65504.f) {
+      return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor ", t.name, " holds ", f,
+                                                     ", beyond F16's range (65504): it cannot run with "
+                                                     "--compute-dtype=f16; use auto or bf16"));
+    }
+    out[i] = to == DType::kF16 ? F32ToF16(f) : F32ToBf16(f);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
   Bind();
   DeviceWeight w;
-  std::vector<float> host;  // outlives the copy (synchronised below)
+  std::vector<float> host;      // outlives the copy (synchronised below)
+  std::vector<uint16_t> cast;   // the same, for a 16-bit tensor cast to the compute type
   if (t.shape.size() == 1) {
     w.rows = 1;
     w.cols = t.shape[0];
@@ -281,14 +320,20 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
     if (!owner.ok()) return owner.status();
     w.owner = *std::move(owner);
   } else if (t.shape.size() == 2) {
-    w.dtype = t.dtype;
-    if (t.dtype == DType::kBF16 || t.dtype == DType::kF16) {
-      gemm_dtype_mixed_ |= gemm_dtype_ != DType::kF32 && gemm_dtype_ != t.dtype;
-      gemm_dtype_ = t.dtype;
+    w.dtype = StoredWeightDType(t.dtype);
+    if (w.dtype == DType::kBF16 || w.dtype == DType::kF16) {
+      gemm_dtype_mixed_ |= gemm_dtype_ != DType::kF32 && gemm_dtype_ != w.dtype;
+      gemm_dtype_ = w.dtype;
     }
     w.rows = t.shape[0];
     w.cols = t.shape[1];
-    auto owner = UploadBytes(t.data, t.nbytes, stream_, live_bytes_);
+    const void* src = t.data;
+    if (w.dtype != t.dtype) {
+      cast.resize(t.nbytes / 2);
+      RETURN_IF_ERROR(CastHalfWeight(t, w.dtype, cast.data()));
+      src = cast.data();
+    }
+    auto owner = UploadBytes(src, t.nbytes, stream_, live_bytes_);
     if (!owner.ok()) return owner.status();
     w.owner = *std::move(owner);
   } else {

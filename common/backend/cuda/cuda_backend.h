@@ -17,6 +17,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,12 @@ class CudaBackend final : public Backend {
     // logits alone or batched (what the service's equivalence tests need). Costs compute at small
     // batches; off by default.
     bool batch_invariant = false;
+    // The 16-bit type of the GEMMs: 16-bit weights are cast to it at upload, and GEMM inputs are
+    // rounded to it (unset: each weight's own type). F16 over BF16 weights (as vLLM's --dtype half)
+    // rounds activations 8× finer than BF16 at the same speed: BF16 keeps 8 significant bits, F16 11.
+    // But F16 ends at 65504: a weight beyond it is refused at upload, and an activation beyond it
+    // becomes infinite (models with such activations need BF16).
+    std::optional<DType> compute_dtype;
   };
   static constexpr int64_t kInvariantRows = 64;
   // FAILED_PRECONDITION when there is no driver or no such device.
@@ -44,6 +51,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
+  DType StoredWeightDType(DType checkpoint) const override;
   std::string device_description() const override { return description_; }
   absl::Status CheckErrors() override;
   void* native_stream() override { return stream_; }
@@ -147,6 +155,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   bool batch_invariant_;
+  std::optional<DType> compute_dtype_;  // Options::compute_dtype
   bool tensor_core_prefill_ = false;  // TANDEM_CUDA_TC_ATTENTION=1
   int gemv_columns_ = 1;              // TANDEM_CUDA_GEMV_COLUMNS
   // Keys of a split where attention's splits take blocks of their own (PagedAttentionArgs::

@@ -26,11 +26,13 @@ T* Release(absl::StatusOr<std::unique_ptr<T>> made, char* error, size_t error_si
 
 extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateCudaBackend(int device,
                                                                                          bool batch_invariant,
+                                                                                         int compute_dtype,
                                                                                          char* error,
                                                                                          size_t error_size) {
   tandem::CudaBackend::Options o;
   o.device = device;
   o.batch_invariant = batch_invariant;
+  if (compute_dtype >= 0) o.compute_dtype = static_cast<tandem::DType>(compute_dtype);
   return Release<tandem::Backend>(tandem::CudaBackend::Create(o), error, error_size);
 }
 

@@ -166,7 +166,7 @@ std::string KvIncompatibility(const KvEndpointInfo& s, const KvEndpointInfo& r) 
                         " head_dim=", a.head_dim, " block_size=", a.block_size, " dtype=", std::string(DTypeName(a.dtype)),
                         "; receiver layers=", b.num_layers, " kv_heads=", b.num_kv_heads, " head_dim=", b.head_dim,
                         " block_size=", b.block_size, " dtype=", std::string(DTypeName(b.dtype)),
-                        "; give both workers the same --kv-cache-dtype)");
+                        "; give both workers the same --kv-cache-dtype and --compute-dtype)");
   }
   return "";
 }
