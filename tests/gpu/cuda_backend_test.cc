@@ -418,6 +418,19 @@ TEST_F(CudaBackendTest, ComputeDTypeCastsSixteenBitWeightsAndRefusesWhatF16Canno
     EXPECT_EQ(F16ToF32(back[i]), Bf16ToF32(F32ToBf16(F16ToF32(F32ToF16(bf16))))) << i;
     if (std::fabs(bf16) >= 6.103515625e-5f) EXPECT_EQ(F16ToF32(back[i]), bf16) << i;  // exact in F16's normal range
   }
+  // Every BF16 value F16 can hold, through the upload's vector path: the bits of the scalar conversion.
+  std::vector<float> every;
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const float f = Bf16ToF32(static_cast<uint16_t>(bits));
+    if (std::fabs(f) <= 65504.f) every.push_back(f);
+  }
+  every.resize(every.size() / 64 * 64);
+  const DeviceWeight all = f16->UploadWeight(View(every, static_cast<int64_t>(every.size() / 64), 64, DType::kBF16)).value();
+  std::vector<uint16_t> all_back(every.size());
+  f16->CopyToHost(all_back.data(), all.data, all_back.size() * 2);
+  int64_t differ = 0;
+  for (size_t i = 0; i < every.size(); ++i) differ += all_back[i] != F32ToF16(every[i]);
+  EXPECT_EQ(differ, 0) << "of " << every.size();
   // 1-D tensors become f32 vectors whatever the compute type; f32 matrices stay f32.
   EXPECT_EQ(f16->UploadWeight(View(values, 1, 64, DType::kBF16)).value().dtype, DType::kF32);
   EXPECT_EQ(f16->UploadWeight(View(values, 4, 64, DType::kF32)).value().dtype, DType::kF32);

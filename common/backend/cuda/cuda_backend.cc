@@ -2,6 +2,8 @@
 
 #include "common/base/status_macros.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -285,12 +287,36 @@ DType CudaBackend::StoredWeightDType(DType checkpoint) const {
 
 namespace {
 
+// BF16 → F16, 8 values a step with F16C (the hardware's round to nearest even, subnormals included:
+// F32ToF16's results without its branches, which a model of billions of weights notices at load).
+// False at the first value not within ±65504 (infinities and NaN included): the exact pass below then
+// decides.
+__attribute__((target("avx2,f16c"))) bool Bf16ToF16Vector(const uint16_t* in, size_t n, uint16_t* out) {
+  const __m256 limit = _mm256_set1_ps(65504.f);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))), 16));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), limit, _CMP_NLE_UQ)) != 0) return false;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) {
+    const float f = Bf16ToF32(in[i]);
+    if (!(std::fabs(f) <= 65504.f)) return false;
+    out[i] = F32ToF16(f);
+  }
+  return true;
+}
+
 // `t`'s 16-bit values in the other 16-bit type `to`, into `out` [t.nbytes / 2]. F16 holds every BF16
 // value of magnitude 2^-14..65504 exactly (smaller ones round to its subnormals); a value beyond 65504
 // is refused, naming the tensor.
 absl::Status CastHalfWeight(const TensorView& t, DType to, uint16_t* out) {
   const auto* in = reinterpret_cast<const uint16_t*>(t.data);
   const size_t n = t.nbytes / 2;
+  static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (f16c && t.dtype == DType::kBF16 && to == DType::kF16 && Bf16ToF16Vector(in, n, out)) return absl::OkStatus();
   for (size_t i = 0; i < n; ++i) {
     const float f = t.dtype == DType::kBF16 ? Bf16ToF32(in[i]) : F16ToF32(in[i]);
     if (to == DType::kF16 && std::isfinite(f) && std::fabs(f) > 65504.f) {
