@@ -65,8 +65,8 @@ void KvTransferLanes::Enqueue(const std::string& address, Job job) {
 absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
   // A cached connection the decode worker has closed since (it restarted, or dropped it after an
   // error) is replaced before a transfer begins on it, instead of failing that transfer.
-  if (lane->sender != nullptr && job.kind == Job::kBegin && !lane->sender->Connected()) {
-    DropConnection(lane, absl::UnavailableError("the decode worker closed the connection"));
+  if (job.kind == Job::kBegin) {
+    DropIfDisconnected(lane, absl::UnavailableError("the decode worker closed the connection"));
   }
   if (lane->sender == nullptr) {
     auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout, options_.link_factory);
@@ -113,8 +113,7 @@ void KvTransferLanes::Run(Lane* lane) {
       // A layer failed short of the wire (the connection is sound): the End still goes out, so the
       // receiver fails the reservation now (layers missing) instead of at its transfer timeout.
       if (job.kind == Job::kEnd && lane->begun.contains(job.id) && lane->sender != nullptr) {
-        const absl::Status ended = lane->sender->End(job.id, job.first_token);
-        if (!lane->sender->Connected()) DropConnection(lane, ended);
+        DropIfDisconnected(lane, lane->sender->End(job.id, job.first_token));
       }
     } else {
       status = Execute(lane, job);
@@ -122,7 +121,7 @@ void KvTransferLanes::Run(Lane* lane) {
         const absl::Status cause = status;
         status = absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address, " failed: ", cause.message()));
         lane->failed[job.id] = status;
-        if (lane->sender != nullptr && !lane->sender->Connected()) DropConnection(lane, cause);
+        DropIfDisconnected(lane, cause);
       }
     }
     if (job.kind == Job::kEnd) {
@@ -138,7 +137,8 @@ void KvTransferLanes::Run(Lane* lane) {
   }
 }
 
-void KvTransferLanes::DropConnection(Lane* lane, const absl::Status& cause) {
+void KvTransferLanes::DropIfDisconnected(Lane* lane, const absl::Status& cause) {
+  if (lane->sender == nullptr || lane->sender->Connected()) return;
   lane->sender.reset();
   for (const std::string& id : lane->begun) {
     lane->failed.try_emplace(id, absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address,

@@ -68,8 +68,9 @@ class KvTransferLanes {
   void Enqueue(const std::string& address, Job job);
   void Run(Lane* lane);
   absl::Status Execute(Lane* lane, const Job& job);
-  // Drops the lane's connection; each transfer begun on it fails with `cause`.
-  static void DropConnection(Lane* lane, const absl::Status& cause);
+  // Drops the lane's connection when it is gone (KvSender::Connected); each transfer begun on it then
+  // fails with `cause`.
+  static void DropIfDisconnected(Lane* lane, const absl::Status& cause);
 
   Options options_;
   absl::Mutex mu_;

@@ -8,11 +8,13 @@
 
 namespace tandem {
 
-bool ParseComputeDType(std::string_view text, std::optional<DType>* out) {
+absl::StatusOr<std::optional<DType>> ParseComputeDType(std::string_view text) {
   std::optional<DType> d;
-  if (!ParseKvCacheDType(text, &d) || d == DType::kF32) return false;
-  *out = d;
-  return true;
+  if (!ParseKvCacheDType(text, &d) || d == DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute-dtype must be auto, bf16 or f16, got '", std::string(text), "'"));
+  }
+  return d;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {

@@ -23,8 +23,9 @@ struct BackendOptions {
   std::optional<DType> compute_dtype;
 };
 
-// --compute-dtype's value: "auto" (unset), "bf16" or "f16", any case; false for anything else.
-bool ParseComputeDType(std::string_view text, std::optional<DType>* out);
+// --compute-dtype's value: "auto" (unset), "bf16" or "f16", any case; INVALID_ARGUMENT naming the
+// flag and the value for anything else.
+absl::StatusOr<std::optional<DType>> ParseComputeDType(std::string_view text);
 
 // INVALID_ARGUMENT for an unknown name; FAILED_PRECONDITION for "cuda" in a build without the CUDA
 // backend or on a machine without a usable device.

@@ -100,9 +100,9 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   BackendOptions o;
   o.device = DeviceFromFlags();
   if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
-  if (const std::string c = absl::GetFlag(FLAGS_compute_dtype); !ParseComputeDType(c, &o.compute_dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("--compute-dtype must be auto, bf16 or f16, got '", c, "'"));
-  }
+  absl::StatusOr<std::optional<DType>> compute = ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute.ok()) return compute.status();
+  o.compute_dtype = *compute;
   return CreateBackend(o);
 }
 

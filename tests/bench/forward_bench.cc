@@ -105,10 +105,12 @@ int Run() {
   BackendOptions o;
   o.device = absl::GetFlag(FLAGS_device);
   if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
-  if (!ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), &o.compute_dtype)) {
-    std::fprintf(stderr, "forward_bench: --compute-dtype must be auto, bf16 or f16\n");
+  absl::StatusOr<std::optional<DType>> compute = ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype));
+  if (!compute.ok()) {
+    std::fprintf(stderr, "forward_bench: %s\n", std::string(compute.status().message()).c_str());
     return 1;
   }
+  o.compute_dtype = *compute;
   auto backend_or = CreateBackend(o);
   if (!backend_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(backend_or.status().message()).c_str());

@@ -64,12 +64,13 @@ TEST(EngineFlagsTest, ComputeDTypeIsParsedRefusedByNameAndForwarded) {
   bool forwarded = false;
   for (const std::string& a : EngineFlagArguments()) forwarded |= a == "--compute-dtype=F16";
   EXPECT_TRUE(forwarded);
-  std::optional<DType> d;
-  EXPECT_TRUE(ParseComputeDType("bf16", &d));
-  EXPECT_EQ(d, DType::kBF16);
-  EXPECT_TRUE(ParseComputeDType("Auto", &d));
-  EXPECT_FALSE(d.has_value());
-  EXPECT_FALSE(ParseComputeDType("", &d));
+  absl::StatusOr<std::optional<DType>> d = ParseComputeDType("bf16");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(*d, DType::kBF16);
+  d = ParseComputeDType("Auto");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->has_value());
+  EXPECT_FALSE(ParseComputeDType("").ok());
 }
 
 }  // namespace

@@ -104,6 +104,11 @@ void CudaBackend::Bind() {
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& options) {
+  if (options.compute_dtype.has_value() && *options.compute_dtype != DType::kBF16 &&
+      *options.compute_dtype != DType::kF16) {
+    return absl::InvalidArgumentError(absl::StrCat("the CUDA backend's compute type is BF16 or F16, not ",
+                                                   std::string(DTypeName(*options.compute_dtype))));
+  }
   const int count = cuda::DeviceCount();
   if (count == 0) return absl::FailedPreconditionError("--device cuda: no CUDA device is visible (no driver or no GPU)");
   if (options.device < 0 || options.device >= count) {
@@ -133,11 +138,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
                       absl::StrCat("cuda:", options.device, " ", *description,
                                    options.batch_invariant ? ", batch-invariant Linear" : ""),
                       stream, cublas));
-  if (options.compute_dtype.has_value() && *options.compute_dtype != DType::kBF16 &&
-      *options.compute_dtype != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat("the CUDA backend's compute type is BF16 or F16, not ",
-                                                   std::string(DTypeName(*options.compute_dtype))));
-  }
   backend->compute_dtype_ = options.compute_dtype;
   // cuBLAS's workspace, fixed up front: a GEMM inside a graph capture must not allocate.
   constexpr size_t kCublasWorkspace = 32 << 20;
