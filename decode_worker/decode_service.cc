@@ -13,6 +13,7 @@ DecodeService::~DecodeService() { Stop(); }
 absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
                                   WorkerMetrics* metrics, v1::WorkerDescription* description) {
   engine_ = engine;
+  metrics_ = metrics;
   if (!options_.combined) {
     TcpKvReceiver::Options ro;
     ro.host = options_.bind_address;
@@ -138,26 +139,31 @@ void DecodeService::TransferDone(Engine& engine, const std::string& id) {
   auto it = calls_.find(id);
   if (it == calls_.end() || !it->second.awaiting_kv) return;  // cancelled meanwhile
   Call& call = it->second;
-  call.awaiting_kv = false;
-  --pending_transfers_;
   absl::StatusOr<int32_t> first = receiver_->Wait(id, absl::ZeroDuration());
   absl::Status s = first.status();
   if (s.ok()) s = engine.AdmitPrefilled(call.request, *first);
   if (!s.ok()) {
-    (void)engine.Release(id);
+    EndReservation(engine, id, call, KvReservationOutcome::kFailed);
     return EndCall(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(s.message())), "transfer failed");
   }
+  EndReservation(engine, id, call, KvReservationOutcome::kLanded);
   call.kv_done = absl::Now();
+}
+
+void DecodeService::EndReservation(Engine& engine, const std::string& id, Call& call, KvReservationOutcome outcome) {
+  call.awaiting_kv = false;
+  --pending_transfers_;
+  if (metrics_ != nullptr) metrics_->ObserveReservation(outcome);
+  if (outcome == KvReservationOutcome::kLanded) return;
+  if (outcome != KvReservationOutcome::kFailed) receiver_->Cancel(id);
+  (void)engine.Release(id);
 }
 
 void DecodeService::CancelCall(Engine& engine, const std::string& id, const grpc::Status& status) {
   auto it = calls_.find(id);
   if (it == calls_.end()) return;
   if (it->second.awaiting_kv) {
-    receiver_->Cancel(id);
-    (void)engine.Release(id);
-    --pending_transfers_;
-    it->second.awaiting_kv = false;
+    EndReservation(engine, id, it->second, KvReservationOutcome::kCancelled);
   } else {
     (void)engine.Abort(id);  // NOT_FOUND when it already finished at admission
   }
@@ -220,11 +226,7 @@ void DecodeService::OnTick() {
     if (call.awaiting_kv && now >= call.kv_deadline) expired.push_back(id);
   }
   for (const std::string& id : expired) {
-    Call& call = calls_.at(id);
-    receiver_->Cancel(id);
-    (void)engine_->Release(id);
-    --pending_transfers_;
-    call.awaiting_kv = false;
+    EndReservation(*engine_, id, calls_.at(id), KvReservationOutcome::kTimedOut);
     EndCall(id, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the KV transfer did not arrive in time"),
             "KV transfer timed out");
   }

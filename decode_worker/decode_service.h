@@ -6,7 +6,8 @@
 // completes, the request joins the running batch with its first token; tokens stream back; the call
 // ends with Finished. A failed transfer ends the call with UNAVAILABLE; one that does not complete
 // within --kv-transfer-timeout-s (or the call's deadline) with DEADLINE_EXCEEDED. Cancelling the call
-// aborts the request. Every path frees the request's blocks.
+// aborts the request. Every path frees the request's blocks. How each reservation ended is counted in
+// tandem_kv_reservations_total{outcome}.
 // Combined role (local_prefill): the prompt is computed here; no reservation, no transfer.
 //
 // Threads: gRPC handlers only post to the engine loop; all per-request state lives on its thread.
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/metrics/worker_metrics.h"
 #include "common/rpc/reactors.h"
 #include "common/serving/engine_loop.h"
 #include "common/serving/engine_service.h"
@@ -68,11 +70,15 @@ class DecodeService final : public v1::Decode::CallbackService, public EngineSer
   void OnOutputs(std::vector<RequestOutput>& outputs);
   void OnTick();
   void EndCall(const std::string& id, const grpc::Status& status, const std::string& reason);
+  // The call stops waiting for its KV: counted by outcome. Not landed: the receiver forgets the
+  // transfer and the engine frees the reserved blocks.
+  void EndReservation(Engine& engine, const std::string& id, Call& call, KvReservationOutcome outcome);
 
   Options options_;
   std::unique_ptr<KvLinkFactory> link_factory_;  // --kv-transport nccl; outlives what uses it
   std::unique_ptr<TcpKvReceiver> receiver_;
   Engine* engine_ = nullptr;
+  WorkerMetrics* metrics_ = nullptr;
   std::string kv_address_;
   std::atomic<int64_t> pending_transfers_{0};
   absl::flat_hash_map<std::string, Call> calls_;  // loop thread only

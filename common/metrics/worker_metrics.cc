@@ -31,6 +31,14 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
       transfers_(m->Counter("tandem_kv_transfers_total", "KV transfers finished, failed or not.")),
       transfer_seconds_(m->Histogram("tandem_kv_transfer_seconds", "Seconds from the first layer sent to the acknowledgement.",
                                      Metrics::LatencyBuckets())) {
+  // Every outcome's series exists from the start (at zero), so rates and alerts resolve on any worker.
+  static constexpr const char* kOutcomes[kNumKvReservationOutcomes] = {"landed", "failed", "timed_out", "cancelled"};
+  for (int i = 0; i < kNumKvReservationOutcomes; ++i) {
+    reservations_[i] = &m->Counter("tandem_kv_reservations_total",
+                                   "KV reservations of a decode worker that ended, by outcome: the transfer landed, "
+                                   "failed, timed out, or the request was cancelled while it waited.",
+                                   {{"outcome", kOutcomes[i]}});
+  }
   // Speculative decoding lands later; the counters exist (at zero) so dashboards and alerts resolve.
   m->Counter("tandem_spec_decode_draft_tokens_total", "Draft tokens proposed by speculative decoding.");
   m->Counter("tandem_spec_decode_accepted_tokens_total", "Draft tokens accepted by the target model.");
@@ -70,6 +78,10 @@ void WorkerMetrics::ObserveTransfer(int64_t bytes, double seconds, bool ok) {
   }
   transfer_bytes_.Increment(static_cast<double>(bytes));
   transfer_seconds_.Observe(seconds);
+}
+
+void WorkerMetrics::ObserveReservation(KvReservationOutcome outcome) {
+  reservations_[static_cast<int>(outcome)]->Increment();
 }
 
 }  // namespace tandem

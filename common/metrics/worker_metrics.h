@@ -1,6 +1,7 @@
 // The metrics of a worker (prefill, decode or combined role) over the process's Metrics object:
 // queue and batch gauges, per-step histograms, KV pool usage and its peak, prefix-cache and
-// preemption counters, KV transfers, speculative decoding. Gauges and counters that mirror engine
+// preemption counters, KV transfers (sent, prefill side) and reservations (received, decode side),
+// speculative decoding. Gauges and counters that mirror engine
 // state are refreshed from the engine loop's published snapshot (never from the engine itself,
 // which belongs to its thread); per-step histograms are observed by the engine loop.
 #pragma once
@@ -22,6 +23,13 @@ struct EngineSnapshot {
   bool kv_full = false;          // above the worker's KV high-water mark
 };
 
+// How a decode worker's KV reservation ended: its transfer landed (the sequence was admitted), failed
+// (the prefill side or the link reported an error, or the landed KV could not be admitted), timed out
+// (--kv-transfer-timeout-s or the call's deadline), or was cancelled (the client, the router, or the
+// worker shutting down) while it waited.
+enum class KvReservationOutcome { kLanded, kFailed, kTimedOut, kCancelled };
+inline constexpr int kNumKvReservationOutcomes = 4;
+
 class WorkerMetrics {
  public:
   explicit WorkerMetrics(Metrics* metrics);
@@ -32,6 +40,8 @@ class WorkerMetrics {
   void Refresh(const EngineSnapshot& s);
   // One finished KV transfer (prefill side): bytes sent, seconds from Begin to acknowledgement.
   void ObserveTransfer(int64_t bytes, double seconds, bool ok);
+  // One KV reservation ended (decode side), and how.
+  void ObserveReservation(KvReservationOutcome outcome);
 
  private:
   Metrics* m_;
@@ -55,6 +65,7 @@ class WorkerMetrics {
   prometheus::Counter& transfer_failures_;
   prometheus::Counter& transfers_;
   prometheus::Histogram& transfer_seconds_;
+  prometheus::Counter* reservations_[kNumKvReservationOutcomes];
   absl::Mutex mu_;
   EngineSnapshot last_ ABSL_GUARDED_BY(mu_);
 };

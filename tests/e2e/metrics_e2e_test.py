@@ -6,7 +6,8 @@ every process's /metrics with `promtool check metrics`, starts Prometheus (Debia
 scraping them with deploy/prometheus/alerts.yml loaded, runs a short `tandem bench` (random and
 shared-prefix workloads), then through Prometheus's HTTP API: every query of the Grafana dashboard
 returns data, every alerting rule's expression evaluates and the rule group is healthy. Every
-tandem_ metric the dashboard and rules name exists in some process's /metrics.
+tandem_ metric the dashboard and rules name exists in some process's /metrics. The prefill side's
+KV transfer count and the decode side's landed reservations agree.
 
 Usage: metrics_e2e_test.py TANDEM SOURCE_DIR WORK_DIR
 """
@@ -118,6 +119,20 @@ try:
         check(p.returncode == 0 and "Successful requests:               40" in p.stdout,
               f"tandem bench {' '.join(extra)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
     time.sleep(4)  # a few scrapes after the traffic
+
+    # The two sides of the KV transfer agree: each of the 80 requests' transfers was sent once by the
+    # prefill worker and landed once in a decode worker's reservation; none failed, timed out or was
+    # cancelled.
+    def total(expr):
+        result = query(expr)["data"]["result"]
+        return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in result}
+
+    sent = total('sum(tandem_kv_transfers_total{role="prefill"})')
+    check(list(sent.values()) == [80.0], f"prefill side: KV transfers {sent}, expected 80")
+    outcomes = total('sum by (outcome) (tandem_kv_reservations_total{role="decode"})')
+    by_outcome = {dict(k).get("outcome"): v for k, v in outcomes.items()}
+    check(by_outcome == {"landed": 80.0, "failed": 0.0, "timed_out": 0.0, "cancelled": 0.0},
+          f"decode side: KV reservations by outcome {by_outcome}, expected 80 landed and no others")
 
     dashboard = json.load(open(os.path.join(SRC, "deploy", "grafana", "dashboards", "tandem.json")))
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
