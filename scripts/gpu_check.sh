@@ -5,7 +5,8 @@
 # all three):
 #   tests  the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU), the
 #          NCCL link test (two processes on this GPU), every tiny preset in BF16 against transformers
-#          (tests/gpu/hf_forward_check.py, as is and with --compute-dtype f16; with HF_TC=1 again over a
+#          (tests/gpu/hf_forward_check.py, as is, with --compute-dtype f16 and with --split-gemm-inputs;
+#          with HF_TC=1 again over a
 #          BF16 cache with tensor-core prompt attention, reported only), and `tandem generate` on models/kjv-target with
 #          --device cuda vs --device cpu (greedy, 64 tokens);
 #   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL, one process per
@@ -137,6 +138,10 @@ lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" 2>&1 | tee "$OUT/hf_fo
 # bound, and F16 by 1.8e-3; this says what the GPU gives.
 lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" --compute-dtype f16 2>&1 | tee "$OUT/hf_forward_check_f16.log" ||
   status=1
+# And in BF16 with GEMM inputs split into two BF16 terms (--split-gemm-inputs): about f32 results from
+# BF16 arithmetic (emulated: 1.8e-5 against the CPU).
+lim 300 python3 tests/gpu/hf_forward_check.py "$W/tandem" --split-gemm-inputs 2>&1 |
+  tee "$OUT/hf_forward_check_split.log" || status=1
 # With HF_TC=1, the same over a BF16 cache with prompt attention on the tensor cores (opt-in until
 # checked): how far the two roundings take the whole model (reported, not failed on).
 if [[ "${HF_TC:-0}" == 1 ]]; then

@@ -38,7 +38,7 @@ for log in ("cuda_smoke.log", "cuda_backend.log", "nccl_link.log"):
     lines.append(f"{log}: " + ("FAILED " + ", ".join(failed) if failed else tail))
     for m in re.findall(r"^abandoned rendezvous.*$|^the same 3 rounds.*$", text, re.M):
         lines.append(f"  {m}")
-for log in ("hf_forward_check.log", "hf_forward_check_f16.log", "hf_forward_check_tc.log"):
+for log in ("hf_forward_check.log", "hf_forward_check_f16.log", "hf_forward_check_split.log", "hf_forward_check_tc.log"):
     hf = read(log)
     if hf:
         lines += [f"{log[:-4]}: {l}" for l in hf.strip().splitlines()[-4:]]
@@ -60,7 +60,7 @@ if plan:
 
 
 # forward_bench's settings at their defaults (a record's 0 for gemv_columns or grid_split_keys is the backend's default).
-DEFAULTS = {"kv_cache_dtype": "auto", "compute_dtype": "auto", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
+DEFAULTS = {"kv_cache_dtype": "auto", "compute_dtype": "auto", "split_gemm_inputs": False, "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
             "gemv_heads": True, "gemv_columns": 1, "grid_split_keys": 256, "pdl": False, "tc_attention": False}
 
 

@@ -23,6 +23,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     if (options.compute_dtype.has_value()) {
       return absl::InvalidArgumentError("--compute-dtype is for --device cuda: the CPU backend computes in f32");
     }
+    if (options.split_gemm_inputs) {
+      return absl::InvalidArgumentError(
+          "--split-gemm-inputs is for --device cuda: the CPU backend's GEMM inputs are f32 already");
+    }
     CpuBackend::Options o;
     o.batch_invariant = options.batch_invariant.value_or(true);
     auto cpu = CpuBackend::Create(o);
@@ -36,7 +40,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     // (-1: the weights' own type; else a DType's value.)
     const int compute_dtype = options.compute_dtype.has_value() ? static_cast<int>(*options.compute_dtype) : -1;
     return CallCudaPluginFactory<Backend>("TandemCreateCudaBackend", "--device cuda", ordinal,
-                                          options.batch_invariant.value_or(false), compute_dtype);
+                                          options.batch_invariant.value_or(false), compute_dtype,
+                                          options.split_gemm_inputs);
   }
   return absl::InvalidArgumentError(absl::StrCat("--device: '", name, "' is not cpu, cuda or cuda:N"));
 }

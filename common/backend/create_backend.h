@@ -21,6 +21,8 @@ struct BackendOptions {
   // The 16-bit type of a GPU's weights and GEMMs (CudaBackend::Options::compute_dtype); unset: the
   // weights' own. Not for the CPU, which computes in f32.
   std::optional<DType> compute_dtype;
+  // GEMM inputs as two 16-bit terms (CudaBackend::Options::split_gemm_inputs). Not for the CPU.
+  bool split_gemm_inputs = false;
 };
 
 // --compute-dtype's value: "auto" (unset), "bf16" or "f16", any case; INVALID_ARGUMENT naming the

@@ -38,6 +38,9 @@ ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, compute_dtype, "auto",
           "CUDA: 16-bit type of the weights and GEMMs: auto (the weights' own), bf16 or f16 (the engine's flag)");
+ABSL_FLAG(bool, split_gemm_inputs, false,
+          "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant bits for twice "
+          "the GEMM arithmetic (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, else f32), as the "
           "engine's flag");
@@ -111,6 +114,7 @@ int Run() {
     return 1;
   }
   o.compute_dtype = *compute;
+  o.split_gemm_inputs = absl::GetFlag(FLAGS_split_gemm_inputs);
   auto backend_or = CreateBackend(o);
   if (!backend_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(backend_or.status().message()).c_str());
@@ -248,6 +252,7 @@ int Run() {
                            {"kv", std::string(DTypeName(kv_dtype))},
                            {"kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)},
                            {"compute_dtype", absl::GetFlag(FLAGS_compute_dtype)},
+                           {"split_gemm_inputs", absl::GetFlag(FLAGS_split_gemm_inputs)},
                            {"prompt_len", prompt_len},
                            {"batch", batch},
                            {"graphs", measured_with_graphs},

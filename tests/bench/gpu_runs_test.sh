@@ -42,7 +42,7 @@ def records(name):
 
 def expected(args):
     """The record's settings the argument list asks for (the defaults otherwise)."""
-    want = {"device": "cuda", "kv": "BF16", "kv_cache_dtype": "auto", "compute_dtype": "auto", "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
+    want = {"device": "cuda", "kv": "BF16", "kv_cache_dtype": "auto", "compute_dtype": "auto", "split_gemm_inputs": False, "graphs": True, "sampling": "argmax", "fusion": True, "gemv_norm": True,
             "gemv_heads": True, "gemv_columns": 0, "grid_split_keys": 0, "pdl": False, "tc_attention": False}
     a = shlex.split(args)
     for i, f in enumerate(a):
@@ -63,8 +63,8 @@ def expected(args):
             want["gemv_columns"] = int(nxt)
         elif name == "--grid-split-keys":
             want["grid_split_keys"] = int(nxt)
-        elif name == "--pdl":
-            want["pdl"] = val != "false"
+        elif name in ("--pdl", "--split-gemm-inputs"):
+            want[name[2:].replace("-", "_")] = val != "false"
         elif name in ("--fusion", "--gemv-norm", "--gemv-heads", "--tc-attention", "--cuda-graphs"):
             key = {"--cuda-graphs": "graphs"}.get(name, name[2:].replace("-", "_"))
             want[key] = val != "false"
@@ -93,7 +93,8 @@ for runs, name in (("runs.txt", "forward_bench.txt"), ("prof.txt", "profile.txt"
                    f"grid splits of {want['grid_split_keys']} keys": want["grid_split_keys"] not in (0, 256),
                    "programmatic dependent launch": want["pdl"],
                    "tensor-core prompt attention": want["tc_attention"],
-                   f"16-bit weights and GEMMs in {want['compute_dtype'].upper()}": want["compute_dtype"] != "auto"}
+                   f"16-bit weights and GEMMs in {want['compute_dtype'].upper()}": want["compute_dtype"] != "auto",
+                   "GEMM inputs split into two 16-bit terms": want["split_gemm_inputs"]}
         for words, on in tunings.items():
             if (words in desc) != on:
                 diff[f"backend says '{words}'"] = (words in desc, on)

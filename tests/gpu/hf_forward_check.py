@@ -38,6 +38,9 @@ ap.add_argument("--compute-dtype", default="auto",
                 help="Tandem's --compute-dtype (f16: the BF16 weights cast to F16 at load, GEMM inputs rounded to "
                      "F16, 8x finer than BF16; on the CUDA emulator against the CPU backend, 2026-11-30, max |Δp| "
                      "1.3e-3..1.8e-3 where auto gave 9.2e-3..1.45e-2 at 700-token prompts)")
+ap.add_argument("--split-gemm-inputs", action="store_true",
+                help="Tandem's --split-gemm-inputs (GEMM inputs as two BF16 terms, about 16 significant bits: on the "
+                     "CUDA emulator against the CPU backend, 2026-11-30, max |Δp| 1.5e-5..1.8e-5 at 700-token prompts)")
 ap.add_argument("--kv-cache-dtype", default="f32",
                 help="Tandem's KV cache (f32: the forward pass alone is checked; bf16 adds the cache's rounding)")
 args = ap.parse_args()
@@ -98,7 +101,8 @@ def main():
         for n in (int(x) for x in args.prompt_lens.split(",")):
             ids = torch.randint(0, vocab, (n,), generator=g).tolist()
             common = ["generate", "--model", model_dir, "--device", "cuda", "--token-ids", ",".join(map(str, ids)), "--json",
-                      f"--kv-cache-dtype={args.kv_cache_dtype}", f"--compute-dtype={args.compute_dtype}"]
+                      f"--kv-cache-dtype={args.kv_cache_dtype}", f"--compute-dtype={args.compute_dtype}",
+                      f"--split-gemm-inputs={'true' if args.split_gemm_inputs else 'false'}"]
             pre = json.loads(tandem(*common, "--max-tokens", "0", "--prompt-logprobs", str(vocab)))
             dec = json.loads(tandem(*common, "--max-tokens", str(args.greedy), "--temperature", "0", "--ignore-eos",
                                     "--logprobs", str(vocab)))
@@ -116,7 +120,8 @@ def main():
                     worst_decode = max(worst_decode, dp)
                 worst_vs16 = max(worst_vs16, compare("", dist, ref16[row], info))
                 rows += 1
-        print(f"{preset}: Tandem BF16 (--compute-dtype={args.compute_dtype}) vs transformers {transformers.__version__} float32 on the same weights: max |Δp| "
+        split = ", --split-gemm-inputs" if args.split_gemm_inputs else ""
+        print(f"{preset}: Tandem BF16 (--compute-dtype={args.compute_dtype}{split}) vs transformers {transformers.__version__} float32 on the same weights: max |Δp| "
               f"prefill {worst_prefill:.3g}, decode {worst_decode:.3g} over {rows} rows; not checked: Tandem vs "
               f"transformers BF16 {worst_vs16:.3g}, transformers BF16 vs float32 {worst_16vs32:.3g}", flush=True)
         del hf32, hf16

@@ -11,6 +11,7 @@
 ABSL_DECLARE_FLAG(int64_t, max_num_seqs);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, compute_dtype);
+ABSL_DECLARE_FLAG(bool, split_gemm_inputs);
 
 namespace tandem {
 namespace {
@@ -71,6 +72,22 @@ TEST(EngineFlagsTest, ComputeDTypeIsParsedRefusedByNameAndForwarded) {
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_FALSE(d->has_value());
   EXPECT_FALSE(ParseComputeDType("").ok());
+}
+
+TEST(EngineFlagsTest, SplitGemmInputsIsRefusedOnTheCpuAndForwarded) {
+  absl::FlagSaver restore;
+  absl::SetFlag(&FLAGS_device, "cpu");
+  bool forwarded = false;
+  for (const std::string& a : EngineFlagArguments()) forwarded |= a == "--split-gemm-inputs=false";
+  EXPECT_TRUE(forwarded);
+  absl::SetFlag(&FLAGS_split_gemm_inputs, true);
+  absl::StatusOr<std::unique_ptr<Backend>> bad = BackendFromFlags();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--split-gemm-inputs is for --device cuda"), std::string::npos) << bad.status();
+  forwarded = false;
+  for (const std::string& a : EngineFlagArguments()) forwarded |= a == "--split-gemm-inputs=true";
+  EXPECT_TRUE(forwarded);
 }
 
 }  // namespace

@@ -139,6 +139,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
                                    options.batch_invariant ? ", batch-invariant Linear" : ""),
                       stream, cublas));
   backend->compute_dtype_ = options.compute_dtype;
+  backend->split_gemm_inputs_ = options.split_gemm_inputs;
   // cuBLAS's workspace, fixed up front: a GEMM inside a graph capture must not allocate.
   constexpr size_t kCublasWorkspace = 32 << 20;
   if (cudaError_t e = cudaMalloc(&backend->cublas_workspace_, kCublasWorkspace); e != cudaSuccess) {
@@ -187,6 +188,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   if (options.compute_dtype.has_value()) {
     tunings.push_back(absl::StrCat("16-bit weights and GEMMs in ", std::string(DTypeName(*options.compute_dtype))));
   }
+  if (options.split_gemm_inputs) tunings.push_back("GEMM inputs split into two 16-bit terms");
   if (!tunings.empty()) backend->description_ += absl::StrCat(", ", absl::StrJoin(tunings, ", "));
   return backend;
 }
@@ -512,6 +514,15 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
   Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
                      CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
+  if (!split_gemm_inputs_) return;
+  // The part of x that rounding to `type` lost, through the same weights, added to the result.
+  void* lo = Scratch(kHalfInputLow, static_cast<size_t>(n) * k * 2);
+  if (!lo) return;
+  Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, lo, stream_), "splitting GEMM input");
+  const float one = 1.f;
+  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, lo, type, k, &one, out,
+                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (low term)");
 }
 
 cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t d) {

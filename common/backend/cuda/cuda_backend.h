@@ -44,6 +44,13 @@ class CudaBackend final : public Backend {
     // But F16 ends at 65504: a weight beyond it is refused at upload, and an activation beyond it
     // becomes infinite (models with such activations need BF16).
     std::optional<DType> compute_dtype;
+    // Each GEMM input over 16-bit weights is split into two 16-bit terms, hi = round(x) and
+    // lo = round(x - hi), and the GEMM runs on both, accumulating in f32: activations keep about 16
+    // significant bits (as f32 does to the tiny presets' logprobs: max |Δp| 1.5e-5 against the CPU,
+    // where rounding to BF16 alone moves them by up to 1.45e-2), with no range limit beyond the type's,
+    // for twice the GEMM arithmetic (prefill) and weight reads (decode steps of more than
+    // cuda::kGemvMaxRows rows; the GEMV's steps keep f32 activations already and are unchanged).
+    bool split_gemm_inputs = false;
   };
   static constexpr int64_t kInvariantRows = 64;
   // FAILED_PRECONDITION when there is no driver or no such device.
@@ -134,7 +141,7 @@ class CudaBackend final : public Backend {
   void Check(cudaError_t e, const char* what);
   void Check(cublasStatus_t s, const char* what);
   // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on failure.
-  enum ScratchSlot { kHalfInput, kPaddedInput, kPaddedOutput, kAttentionPartials, kNumScratch };
+  enum ScratchSlot { kHalfInput, kHalfInputLow, kPaddedInput, kPaddedOutput, kAttentionPartials, kNumScratch };
   // `optional`: failing to allocate is not an error of the backend (the caller has a fallback).
   void* Scratch(ScratchSlot slot, size_t bytes, bool optional = false);
   // Launches the attention kernels for `a` in this backend's mode, with split workspace where it pays.
@@ -156,6 +163,7 @@ class CudaBackend final : public Backend {
   int device_;
   bool batch_invariant_;
   std::optional<DType> compute_dtype_;  // Options::compute_dtype
+  bool split_gemm_inputs_ = false;      // Options::split_gemm_inputs
   bool tensor_core_prefill_ = false;  // TANDEM_CUDA_TC_ATTENTION=1
   int gemv_columns_ = 1;              // TANDEM_CUDA_GEMV_COLUMNS
   // Keys of a split where attention's splits take blocks of their own (PagedAttentionArgs::

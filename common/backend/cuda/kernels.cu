@@ -82,6 +82,14 @@ __global__ void ConvertKernel(const float* x, int64_t count, T* out) {
   }
 }
 
+template <typename T>
+__global__ void ConvertRemainderKernel(const float* x, int64_t count, const T* hi, T* out) {
+  PdlPrologue();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = FromF32<T>(x[i] - LoadKv(hi + i));
+  }
+}
+
 __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t m) {
   PdlPrologue();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * m; i += int64_t(gridDim.x) * blockDim.x) {
@@ -589,6 +597,21 @@ cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* o
                  static_cast<__nv_bfloat16*>(out));
   } else if (dtype == DType::kF16) {
     LaunchKernel(ConvertKernel<__half>, Blocks(count), kThreads, 0, stream, x, count, static_cast<__half*>(out));
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchConvertF32Remainder(DType dtype, const float* x, int64_t count, const void* hi, void* out,
+                                      cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (dtype == DType::kBF16) {
+    LaunchKernel(ConvertRemainderKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x, count,
+                 static_cast<const __nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(out));
+  } else if (dtype == DType::kF16) {
+    LaunchKernel(ConvertRemainderKernel<__half>, Blocks(count), kThreads, 0, stream, x, count,
+                 static_cast<const __half*>(hi), static_cast<__half*>(out));
   } else {
     return cudaErrorInvalidValue;
   }

@@ -34,6 +34,12 @@ cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_
 // out[count] = round-to-nearest-even(x) in `dtype` (kF16 or kBF16): GEMM inputs for 16-bit weights.
 cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out, cudaStream_t stream);
 
+// out[count] = round-to-nearest-even(x - hi) in `dtype`, hi being LaunchConvertF32's output for x: the
+// low term of x split into two 16-bit terms, x ≈ hi + lo (CudaBackend::Options::split_gemm_inputs).
+// For BF16, hi + lo holds 16 of x's 24 significant bits (more where lo's rounding is exact).
+cudaError_t LaunchConvertF32Remainder(DType dtype, const float* x, int64_t count, const void* hi, void* out,
+                                      cudaStream_t stream);
+
 // out[n][m] += bias[m].
 cudaError_t LaunchAddBias(float* out, const float* bias, int64_t n, int64_t m, cudaStream_t stream);
 

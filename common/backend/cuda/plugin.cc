@@ -27,12 +27,14 @@ T* Release(absl::StatusOr<std::unique_ptr<T>> made, char* error, size_t error_si
 extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateCudaBackend(int device,
                                                                                          bool batch_invariant,
                                                                                          int compute_dtype,
+                                                                                         bool split_gemm_inputs,
                                                                                          char* error,
                                                                                          size_t error_size) {
   tandem::CudaBackend::Options o;
   o.device = device;
   o.batch_invariant = batch_invariant;
   if (compute_dtype >= 0) o.compute_dtype = static_cast<tandem::DType>(compute_dtype);
+  o.split_gemm_inputs = split_gemm_inputs;
   return Release<tandem::Backend>(tandem::CudaBackend::Create(o), error, error_size);
 }
 
