@@ -23,12 +23,13 @@ void KvTransferLanes::Begin(const std::string& address, const std::string& id, i
 }
 
 void KvTransferLanes::SendLayer(const std::string& address, const std::string& id, int32_t layer,
-                                std::vector<int32_t> blocks) {
+                                std::vector<int32_t> blocks, std::shared_ptr<WorkMark> ready) {
   Job j;
   j.kind = Job::kLayer;
   j.id = id;
   j.layer = layer;
   j.blocks = std::move(blocks);
+  j.ready = std::move(ready);
   Enqueue(address, std::move(j));
 }
 
@@ -77,7 +78,7 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
     case Job::kBegin:
       lane->begun.insert(job.id);
       return lane->sender->Begin(job.id, job.num_tokens);
-    case Job::kLayer: return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage);
+    case Job::kLayer: return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage, job.ready.get());
     case Job::kEnd: return lane->sender->End(job.id, job.first_token);
   }
   return absl::InternalError("unknown job");

@@ -40,7 +40,10 @@ class KvTransferLanes {
   ~KvTransferLanes();  // finishes queued jobs' callbacks with UNAVAILABLE and joins the lanes
 
   void Begin(const std::string& address, const std::string& id, int64_t num_tokens);
-  void SendLayer(const std::string& address, const std::string& id, int32_t layer, std::vector<int32_t> blocks);
+  // `ready`: the mark taken when the layer's KV writes were enqueued (Backend::Mark); the send waits for
+  // that work alone. Null: for all the work enqueued when the lane gets to it.
+  void SendLayer(const std::string& address, const std::string& id, int32_t layer, std::vector<int32_t> blocks,
+                 std::shared_ptr<WorkMark> ready = nullptr);
   // Ends the transfer; `done` gets OK once the receiver acknowledged every layer.
   void End(const std::string& address, const std::string& id, int32_t first_token, Done done);
   // Skips the request's remaining jobs; its End callback then gets CANCELLED.
@@ -53,6 +56,7 @@ class KvTransferLanes {
     int64_t num_tokens = 0;
     int32_t layer = 0;
     std::vector<int32_t> blocks;
+    std::shared_ptr<WorkMark> ready;
     int32_t first_token = 0;
     Done done;
   };

@@ -93,12 +93,16 @@ void PrefillService::StartCall(Engine& engine, std::shared_ptr<Call> call, grpc:
 }
 
 void PrefillService::OnLayer(int64_t layer, const std::vector<std::string>& completed) {
+  // Called as the layer's KV writes are enqueued: its sends wait for them, not for the layers (or the
+  // step) enqueued after them by the time a lane gets to it.
+  std::shared_ptr<WorkMark> ready;
   for (const std::string& id : completed) {
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second.decode_address.empty()) continue;
     const Request& r = it->second;
     if (layer == 0) lanes_->Begin(r.decode_address, id, r.num_tokens);
-    lanes_->SendLayer(r.decode_address, id, static_cast<int32_t>(layer), engine_->block_table(id));
+    if (ready == nullptr) ready = engine_->kv_storage()->backend()->Mark();
+    lanes_->SendLayer(r.decode_address, id, static_cast<int32_t>(layer), engine_->block_table(id), ready);
   }
 }
 
@@ -124,8 +128,11 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
       r.transferring = true;
       if (!options_.layerwise_transfer) {
         const KvCacheGeometry& g = engine_->kv_storage()->geometry();
+        const std::shared_ptr<WorkMark> ready = engine_->kv_storage()->backend()->Mark();  // the step's work
         lanes_->Begin(r.decode_address, o.id, r.num_tokens);
-        for (int32_t l = 0; l < g.num_layers; ++l) lanes_->SendLayer(r.decode_address, o.id, l, engine_->block_table(o.id));
+        for (int32_t l = 0; l < g.num_layers; ++l) {
+          lanes_->SendLayer(r.decode_address, o.id, l, engine_->block_table(o.id), ready);
+        }
       }
       lanes_->End(r.decode_address, o.id, first, [this, id = o.id](const absl::Status& s, double seconds) {
         loop_->Post([this, id, s, seconds](Engine& e) { TransferDone(e, id, s, seconds); });

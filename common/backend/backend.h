@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/model/dtype.h"
 #include "common/model/safetensors.h"
 #include "common/sampling/device_sampling.h"
@@ -88,6 +89,16 @@ struct DeviceMemory {
   int64_t own_bytes = 0;
 };
 
+// A point in a backend's stream of enqueued ops (Backend::Mark). Thread-safe; may outlive nothing but
+// its backend.
+class WorkMark {
+ public:
+  virtual ~WorkMark() = default;
+  // Returns once every op enqueued before the mark has completed (not those enqueued after it):
+  // OK; DEADLINE_EXCEEDED at `deadline`; the device's error if the work failed.
+  virtual absl::Status Wait(absl::Time deadline) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -107,6 +118,12 @@ class Backend {
   // on the CPU.
   virtual void* native_stream() { return nullptr; }
   virtual int device_ordinal() const { return -1; }
+
+  // A mark after the work enqueued so far on this thread's stream of ops (Backend::WorkMark), so that
+  // another thread can wait for that work alone, however much is enqueued after it meanwhile (a KV
+  // transfer waiting for one layer's cache writes while the next layers, or the next step, compute).
+  // Null where every op is complete when it returns (the CPU).
+  virtual std::shared_ptr<WorkMark> Mark() { return nullptr; }
 
   // Waits for enqueued work and returns the first failure of any of it (a kernel launch, a library
   // call); OK when none. Sticky: a failed backend stays failed. Ops themselves return nothing.

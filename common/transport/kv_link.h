@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/backend/backend.h"
 
 namespace tandem {
 
@@ -29,8 +30,10 @@ class KvLink {
  public:
   virtual ~KvLink() = default;
   // Sends layer `layer` of `blocks` (K blocks in order, then V blocks) of the factory's storage, after
-  // the device work enqueued on its backend before the call (the layer's KV writes).
-  virtual absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) = 0;
+  // the layer's KV writes: the work before `ready` (Backend::Mark, taken when they were enqueued), or
+  // with `ready` null every op enqueued on the storage's backend before the call.
+  virtual absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
+                                 WorkMark* ready) = 0;
   // Receives a layer sent as above (K then V of `blocks.size()` blocks). Piece by piece, as each lands
   // in staging, calls `land(write)`: the owner calls `write()` (which copies that piece into its
   // blocks of the factory's storage and waits for the copy) only while `blocks` are still the

@@ -39,9 +39,12 @@ class KvSender {
  public:
   virtual ~KvSender() = default;
   virtual absl::Status Begin(const std::string& request_id, int64_t num_tokens) = 0;
-  // Sends layer `layer` of `src_blocks` (the sender's block table for the request) from `storage`.
+  // Sends layer `layer` of `src_blocks` (the sender's block table for the request) from `storage`,
+  // once the layer's KV writes are done: the work before `ready` (Backend::Mark, taken when they were
+  // enqueued), or with `ready` null every op enqueued on the storage's backend before the call.
   virtual absl::Status SendLayer(const std::string& request_id, int32_t layer,
-                                 const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) = 0;
+                                 const std::vector<int32_t>& src_blocks, KvCacheStorage* storage,
+                                 WorkMark* ready = nullptr) = 0;
   // Ends the transfer with the first token and waits for the receiver's acknowledgement.
   virtual absl::Status End(const std::string& request_id, int32_t first_token) = 0;
   // False once the connection is known to be gone (the receiver closed it: restarted, or dropped it

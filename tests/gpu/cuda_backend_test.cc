@@ -364,6 +364,28 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
 // The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
 // more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
 // an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
+// A KV transfer waits on a mark taken as its layer was enqueued, while later layers compute.
+TEST_F(CudaBackendTest, AMarkWaitsForTheWorkBeforeItAlone) {
+  const int64_t n = kEmulated ? 8 : 2048, d = kEmulated ? 64 : 4096;
+  const DeviceWeight w = gpu_->UploadWeight(View(Random(d * d, 81, 0.02f), d, d, DType::kBF16)).value();
+  float *x = Up(Random(n * d, 82)), *out = Zeros(n * d);
+  gpu_->Linear(x, n, w, nullptr, out);
+  const std::shared_ptr<WorkMark> first = gpu_->Mark();
+  ASSERT_NE(first, nullptr);
+  // On a GPU about 27 TFLOP of GEMMs after the mark: tens of milliseconds on an H100 or H200.
+  for (int i = 0; i < (kEmulated ? 2 : 400); ++i) gpu_->Linear(x, n, w, nullptr, out);
+  const std::shared_ptr<WorkMark> last = gpu_->Mark();
+  ASSERT_NE(last, nullptr);
+  const absl::Status s = first->Wait(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(s.ok()) << s;
+  if (!kEmulated) {  // (the emulator runs each op as it is enqueued)
+    EXPECT_EQ(last->Wait(absl::Now()).code(), absl::StatusCode::kDeadlineExceeded)
+        << "the work after the first mark finished as soon as the work before it";
+  }
+  EXPECT_TRUE(last->Wait(absl::Now() + absl::Seconds(30)).ok());
+  EXPECT_TRUE(gpu_->CheckErrors().ok());
+}
+
 TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
   const int64_t n = 40, d = 256, m = 96;
   const std::vector<float> wv = Random(m * d, 71, 0.05f), norm = Random(d, 72), xv = Random(n * d, 73),

@@ -73,7 +73,8 @@ class LoopbackKvLink final : public KvLink {
     --hub_->live_links;
   }
 
-  absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) override {
+  absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
+                         WorkMark* /*ready: the CPU backend's work is done when enqueued*/) override {
     const absl::Time deadline = absl::Now() + timeout;
     const int64_t e = storage_->geometry().bytes_per_block();
     std::vector<char> data(2 * blocks.size() * e);

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "tests/unit/loopback_kv_link.h"
 #include "gmock/gmock.h"
@@ -369,6 +370,59 @@ TEST_P(TcpKvTransportTest, ADyingSenderDoesNotDisturbTheRetryThatTookItsTransfer
   EXPECT_EQ(receiver->Wait("r", absl::Seconds(1)).value(), 9);
   EXPECT_TRUE(SameBlock(2, 4));
   EXPECT_TRUE(SameBlock(3, 1));
+}
+
+// A mark whose work finishes when the test says so.
+class ManualMark final : public WorkMark {
+ public:
+  absl::Status Wait(absl::Time deadline) override {
+    waits.fetch_add(1);
+    absl::MutexLock lock(&mu_);
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) {
+      return absl::DeadlineExceededError("manual mark: not done");
+    }
+    return absl::OkStatus();
+  }
+  void Finish() {
+    absl::MutexLock lock(&mu_);
+    done_ = true;
+  }
+  std::atomic<int> waits{0};
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_P(TcpKvTransportTest, ALayerWaitsForItsMarkBeforeAnyByteAndAMarkThatNeverCompletesFailsOnlyThatLayer) {
+  ASSERT_TRUE(receiver_->Expect("r1", {5, 2}).ok());
+  auto sender = Connect(address_);  // io timeout 2 s
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE((*sender)->Begin("r1", 10).ok());
+  // The layer goes out only once its work is done: 300 ms here.
+  ManualMark slow;
+  std::thread finisher([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    slow.Finish();
+  });
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*sender)->SendLayer("r1", 0, {0, 1}, src_.get(), &slow).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(290));
+  finisher.join();
+  EXPECT_GE(slow.waits.load(), 1);
+  // Work that never completes: the layer fails at the io timeout, before its header, so the
+  // connection stays sound and the receiver has nothing half-read.
+  ManualMark never;
+  const absl::Status hung = (*sender)->SendLayer("r1", 1, {0, 1}, src_.get(), &never);
+  EXPECT_EQ(hung.code(), absl::StatusCode::kDeadlineExceeded) << hung;
+  EXPECT_TRUE((*sender)->Connected());
+  ManualMark done;
+  done.Finish();
+  for (int32_t l = 1; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1}, src_.get(), &done).ok());
+  ASSERT_TRUE((*sender)->End("r1", 9).ok());
+  EXPECT_EQ(receiver_->Wait("r1", absl::Seconds(2)).value(), 9);
+  EXPECT_TRUE(SameBlock(0, 5));
+  EXPECT_TRUE(SameBlock(1, 2));
 }
 
 INSTANTIATE_TEST_SUITE_P(DataPaths, TcpKvTransportTest,

@@ -67,6 +67,30 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
+// An event recorded on the backend's stream, polled (so that a hung device ends the wait at its
+// deadline instead of holding the thread), destroyed with the mark.
+class CudaWorkMark final : public WorkMark {
+ public:
+  CudaWorkMark(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~CudaWorkMark() override { cudaEventDestroy(event_); }
+  absl::Status Wait(absl::Time deadline) override {
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
+    for (absl::Duration pause = absl::Microseconds(20);; pause = std::min(pause * 2, absl::Microseconds(500))) {
+      const cudaError_t e = cudaEventQuery(event_);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaStatus(e, "waiting for the work before a mark");
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("the device did not finish the work before a mark in time");
+      }
+      absl::SleepFor(pause);
+    }
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_;
+};
+
 // Device memory freed when the last DeviceWeight copy referring to it goes.
 absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes, cudaStream_t stream,
                                                   const LiveBytes& live) {
@@ -272,6 +296,22 @@ void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
   // when a step's inputs are copied; the wait costs the copy itself.)
   Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
   Check(cudaStreamSynchronize(stream_), "copy to device");
+}
+
+std::shared_ptr<WorkMark> CudaBackend::Mark() {
+  if (capturing_) return nullptr;  // (the capturing thread's own call: a graph has no marks)
+  Bind();
+  cudaEvent_t event = nullptr;
+  if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); e != cudaSuccess) {
+    Check(e, "creating a work mark");
+    return nullptr;
+  }
+  if (cudaError_t e = cudaEventRecord(event, stream_); e != cudaSuccess) {
+    cudaEventDestroy(event);
+    Check(e, "recording a work mark");
+    return nullptr;
+  }
+  return std::make_shared<CudaWorkMark>(device_, event);
 }
 
 void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {

@@ -68,6 +68,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;
+  // On the thread that enqueues ops (null while it captures a graph).
+  std::shared_ptr<WorkMark> Mark() override;
   absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) override;
 
   void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override;

@@ -121,7 +121,7 @@ absl::Status NcclKvLink::Gather(int32_t layer, const std::vector<int32_t>& block
 }
 
 absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
-                              const Landing* land, absl::Duration timeout) {
+                              const Landing* land, absl::Duration timeout, WorkMark* ready) {
   if (aborted_) return absl::UnavailableError(abort_reason_.empty() ? "NCCL KV link: aborted" : abort_reason_);
   const KvCacheGeometry& g = storage_->geometry();
   if (layer < 0 || layer >= g.num_layers) return Failed(absl::StrCat("layer ", layer, " out of range"));
@@ -130,9 +130,12 @@ absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_
     if (b < 0 || b >= g.num_blocks) return Failed(absl::StrCat("block ", b, " outside the pool"));
   }
   if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return Failed(CudaError(e));
-  if (send) {
-    // The layer's KV writes are queued on the backend's stream: wait for them here, so the deadline
-    // below measures the transfer alone.
+  if (send && ready != nullptr) {
+    // The layer's KV writes, marked when they were enqueued: later layers and steps may be computing.
+    RETURN_IF_ERROR(ready->Wait(absl::Now() + timeout));
+  } else if (send) {
+    // The layer's KV writes are queued on the backend's stream: wait for them here (and whatever was
+    // queued after them), so the deadline below measures the transfer alone.
     auto* compute = static_cast<cudaStream_t>(storage_->backend()->native_stream());
     cudaError_t e = cudaEventRecord(ready_, compute);
     if (e == cudaSuccess) e = cudaEventSynchronize(ready_);
@@ -164,8 +167,9 @@ absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_
   return absl::OkStatus();
 }
 
-absl::Status NcclKvLink::SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) {
-  return Move(true, layer, blocks, static_cast<int64_t>(blocks.size()), nullptr, timeout);
+absl::Status NcclKvLink::SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
+                                   WorkMark* ready) {
+  return Move(true, layer, blocks, static_cast<int64_t>(blocks.size()), nullptr, timeout, ready);
 }
 
 absl::Status NcclKvLink::RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,

@@ -36,7 +36,8 @@ class NcclKvLink final : public KvLink {
   static constexpr int64_t kChunkBlocks = 256;
   ~NcclKvLink() override;
 
-  absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout) override;
+  absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
+                         WorkMark* ready) override;
   absl::Status RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
                          absl::Duration timeout) override;
   absl::Status DiscardLayer(int32_t num_blocks, absl::Duration timeout) override;
@@ -46,8 +47,9 @@ class NcclKvLink final : public KvLink {
   NcclKvLink(KvCacheStorage* storage, int device, int rank) : storage_(storage), device_(device), rank_(rank) {}
   // Moves layer `layer` of `num_blocks` blocks, chunk by chunk: sends from `blocks`, or receives into
   // staging and lands each chunk into `blocks` through `land` (nullptr: dropped).
+  // `ready`: on a send, the work the layer's KV writes are before (null: all enqueued work).
   absl::Status Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
-                    const Landing* land, absl::Duration timeout);
+                    const Landing* land, absl::Duration timeout, WorkMark* ready = nullptr);
   // Packs blocks[first, first + count) of `layer` into staging (queued on the link's stream).
   absl::Status Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count);
   // Copies `count` staged blocks into blocks[first, first + count) of `layer` and waits for it.

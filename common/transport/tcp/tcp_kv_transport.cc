@@ -566,7 +566,7 @@ absl::Status TcpKvSender::Begin(const std::string& request_id, int64_t num_token
 }
 
 absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer, const std::vector<int32_t>& src_blocks,
-                                    KvCacheStorage* storage) {
+                                    KvCacheStorage* storage, WorkMark* ready) {
   const KvCacheGeometry& g = storage->geometry();
   if (layer < 0 || layer >= g.num_layers) return absl::InvalidArgumentError("layer out of range");
   const size_t block_bytes = static_cast<size_t>(g.bytes_per_block());
@@ -575,6 +575,9 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   }
   const size_t payload = 2 * src_blocks.size() * block_bytes;
   if (payload > std::numeric_limits<uint32_t>::max()) return absl::InvalidArgumentError("layer payload over 4 GiB");
+  // The layer's KV writes first, before any byte of the layer goes out: the receiver, once a frame
+  // has begun, reads the rest of it under its io timeout. (A failed wait leaves the connection sound.)
+  if (ready != nullptr) RETURN_IF_ERROR(ready->Wait(absl::Now() + io_timeout_));
   if (link_ == nullptr && !storage->host_accessible()) {
     // Device memory: copy the layer out first. ReadBlocks waits for the work enqueued before it, so
     // the layer's KV writes are complete; the blocks stay the request's until End(). This wait (a
@@ -590,7 +593,7 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   h.set_num_blocks(static_cast<int32_t>(src_blocks.size()));
   h.set_payload_bytes(static_cast<int64_t>(payload));
   RETURN_IF_ERROR(Io(SendMessage(fd_, kLayerHeader, h)));
-  if (link_ != nullptr) return Io(link_->SendLayer(layer, src_blocks, io_timeout_));
+  if (link_ != nullptr) return Io(link_->SendLayer(layer, src_blocks, io_timeout_, ready));
   // The payload goes out from the staging copy, or straight from host cache blocks (K blocks, then V
   // blocks): the sender's blocks stay allocated until End() returns.
   unsigned char header[5];

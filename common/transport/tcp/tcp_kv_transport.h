@@ -98,8 +98,8 @@ class TcpKvSender final : public KvSender {
   ~TcpKvSender() override;
 
   absl::Status Begin(const std::string& request_id, int64_t num_tokens) override;
-  absl::Status SendLayer(const std::string& request_id, int32_t layer,
-                         const std::vector<int32_t>& src_blocks, KvCacheStorage* storage) override;
+  absl::Status SendLayer(const std::string& request_id, int32_t layer, const std::vector<int32_t>& src_blocks,
+                         KvCacheStorage* storage, WorkMark* ready = nullptr) override;
   absl::Status End(const std::string& request_id, int32_t first_token) override;
   // False after an I/O error (a frame may be half written) and once the receiver closed the
   // connection: nothing is due from it between transfers, so a readable socket means it closed it.

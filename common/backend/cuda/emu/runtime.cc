@@ -889,6 +889,10 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st;
   return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int /*flags: timing is always kept*/) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
@@ -905,6 +909,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
   // Eager: recorded work has run (and an event never recorded has nothing to wait for). Deferred: the
   // event's stream is run to its end (a little more than up to the event).
+  return SetLast(tandem_emu::Flush(event->stream, false));
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  // Complete once run: eager work has; deferred work up to the event runs now (as a synchronisation).
   return SetLast(tandem_emu::Flush(event->stream, false));
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
