@@ -342,6 +342,7 @@ int GenerateCommand() {
       std::puts(ResultJson(c, p).dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     } else {
       std::fputc('\n', stdout);
+      std::fflush(stdout);  // the text before the summary on stderr, also when stdout is a pipe
       const double decode = c.finish_seconds - c.first_token_seconds;
       std::fprintf(stderr,
                    "finish_reason=%s prompt=%zu tokens (%zu cached), first token after %.3f s, "

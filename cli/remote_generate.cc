@@ -171,6 +171,7 @@ int RemoteGenerateCommand() {
       std::puts(out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     } else {
       std::fputc('\n', stdout);
+      std::fflush(stdout);  // the text before the summary on stderr, also when stdout is a pipe
       const v1::Timings& t = r.final.timings();
       std::fprintf(stderr,
                    "finish_reason=%s prompt=%d tokens (%d cached), first token after %.3f s (prefill queue %.3f, "
