@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -158,6 +159,25 @@ class Backend {
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   // Waits for enqueued work, then copies.
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Pieces of `bytes` bytes at src + index[i] * bytes (this backend's memory) to host_out, one after
+  // another: a KV layer's blocks. With `after_enqueued_work`, after the ops enqueued before the call;
+  // without, the caller has waited for what it reads (a WorkMark). Thread-safe. A GPU backend gathers
+  // them on the device, off its stream of ops, and waits once; this default copies piece by piece.
+  virtual void GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
+                            bool after_enqueued_work) {
+    (void)after_enqueued_work;  // CopyToHost waits for enqueued work anyway
+    for (size_t i = 0; i < index.size(); ++i) {
+      CopyToHost(static_cast<std::byte*>(host_out) + i * bytes, src + static_cast<size_t>(index[i]) * bytes, bytes);
+    }
+  }
+  // The reverse: dst + index[i] * bytes = host_in's i-th piece, done when it returns. Not ordered after
+  // the enqueued ops: for memory none of them uses (KV blocks reserved between steps).
+  virtual void ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes, const void* host_in) {
+    for (size_t i = 0; i < index.size(); ++i) {
+      CopyToDevice(dst + static_cast<size_t>(index[i]) * bytes, static_cast<const std::byte*>(host_in) + i * bytes,
+                   bytes);
+    }
+  }
   // Makes a checkpoint tensor usable by ops. 1-D tensors (norms, biases) become f32 vectors;
   // 2-D tensors keep their dtype (the CPU backend maps them without copying).
   virtual absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) = 0;

@@ -17,23 +17,20 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(Backend* 
   const int64_t bytes = g.num_layers * g.bytes_per_layer();
   ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(bytes)));
   ASSIGN_OR_RETURN(auto v, backend->Allocate(static_cast<size_t>(bytes)));
+  // Zeroed before it is returned: KV transfers write blocks off the backend's stream of ops
+  // (Backend::ScatterFromHost, the NCCL link), unordered with the zeroing that Allocate enqueued.
+  RETURN_IF_ERROR(backend->CheckErrors());
   return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(backend, g, std::move(k), std::move(v)));
 }
 
-void KvCacheStorage::ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out) {
-  const int64_t n = geometry_.bytes_per_block();
-  const std::byte* base = layer_data(v, layer);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    backend_->CopyToHost(static_cast<std::byte*>(host_out) + i * n, base + blocks[i] * n, static_cast<size_t>(n));
-  }
+void KvCacheStorage::ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out,
+                                bool after_enqueued_work) {
+  backend_->GatherToHost(layer_data(v, layer), blocks, static_cast<size_t>(geometry_.bytes_per_block()), host_out,
+                         after_enqueued_work);
 }
 
 void KvCacheStorage::WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const void* host_in) {
-  const int64_t n = geometry_.bytes_per_block();
-  std::byte* base = layer_data(v, layer);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    backend_->CopyToDevice(base + blocks[i] * n, static_cast<const std::byte*>(host_in) + i * n, static_cast<size_t>(n));
-  }
+  backend_->ScatterFromHost(layer_data(v, layer), blocks, static_cast<size_t>(geometry_.bytes_per_block()), host_in);
 }
 
 }  // namespace tandem

@@ -29,9 +29,12 @@ class KvCacheStorage {
   void ForceStagingForTesting() { staging_forced_ = true; }
   // host_out[i] = layer `layer` of block blocks[i] of K (v = false) or V (v = true), each
   // [block_size][kv_heads][head_dim] in the cache's dtype (bytes_per_block bytes); waits for work
-  // enqueued on the backend before reading.
-  void ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out);
-  // The reverse: block blocks[i] of the layer = host_in[i]; done when it returns.
+  // enqueued on the backend before reading, unless the caller has waited for the layer's writes
+  // (`after_enqueued_work` false: a WorkMark). One gather and one copy on a GPU (Backend::GatherToHost).
+  void ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out,
+                  bool after_enqueued_work = true);
+  // The reverse: block blocks[i] of the layer = host_in[i]; done when it returns. Not ordered after
+  // the backend's enqueued work: for blocks no running sequence uses (reserved between steps).
   void WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const void* host_in);
   // The whole K or V memory, every layer, in the geometry's dtype.
   void* k_data() { return k_->data(); }

@@ -364,6 +364,40 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
 // The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
 // more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
 // an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
+// KV blocks to and from the host for the TCP transfer's staging: one gather or scatter on the copy
+// stream, in index order; a gather after the ops enqueued before it (the emulator's deferred streams,
+// emu.cuda_backend.ops_reversed, see old bytes without that order).
+TEST_F(CudaBackendTest, BlocksGatherToAndScatterFromTheHostInIndexOrder) {
+  const size_t floats = 16 * 2 * 64 / 2, bytes = floats * sizeof(float);  // a BF16 block of 16 tokens, 2 heads of 64
+  const int64_t blocks = 12;
+  const std::vector<float> initial = Random(blocks * floats, 91);
+  float* cache = Up(initial);
+  auto* base = reinterpret_cast<std::byte*>(cache);
+  const std::vector<float> in = Random(3 * floats, 92);
+  gpu_->ScatterFromHost(base, {7, 2, 9}, bytes, in.data());
+  std::vector<float> out(4 * floats);
+  gpu_->GatherToHost(base, {9, 7, 0, 2}, bytes, out.data(), /*after_enqueued_work=*/true);
+  auto piece = [&](const std::vector<float>& v, size_t i) {
+    return std::vector<float>(v.begin() + i * floats, v.begin() + (i + 1) * floats);
+  };
+  EXPECT_EQ(piece(out, 0), piece(in, 2));
+  EXPECT_EQ(piece(out, 1), piece(in, 0));
+  EXPECT_EQ(piece(out, 2), piece(initial, 0));
+  EXPECT_EQ(piece(out, 3), piece(in, 1));
+  // An op enqueued before the gather: its result is what is gathered.
+  gpu_->Add(cache, Up(std::vector<float>(blocks * floats, 1.f)), blocks * floats);
+  gpu_->GatherToHost(base, {0}, bytes, out.data(), /*after_enqueued_work=*/true);
+  for (size_t j = 0; j < floats; ++j) ASSERT_EQ(out[j], initial[j] + 1.f) << j;
+  // Pieces of a size the kernels do not take (not whole words) go piece by piece, the same bytes.
+  std::vector<std::byte> odd(6), back(6);
+  for (size_t j = 0; j < odd.size(); ++j) odd[j] = std::byte(0x40 + j);
+  gpu_->ScatterFromHost(base, {1, 0}, 3, odd.data());
+  gpu_->GatherToHost(base, {0, 1}, 6, back.data(), true);
+  EXPECT_EQ(std::vector<std::byte>(back.begin(), back.begin() + 3), std::vector<std::byte>(odd.begin() + 3, odd.end()));
+  EXPECT_EQ(std::vector<std::byte>(back.begin() + 3, back.end()), std::vector<std::byte>(odd.begin(), odd.begin() + 3));
+  EXPECT_TRUE(gpu_->CheckErrors().ok());
+}
+
 // A KV transfer waits on a mark taken as its layer was enqueued, while later layers compute.
 TEST_F(CudaBackendTest, AMarkWaitsForTheWorkBeforeItAlone) {
   const int64_t n = kEmulated ? 8 : 2048, d = kEmulated ? 64 : 4096;

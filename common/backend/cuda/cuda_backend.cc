@@ -174,6 +174,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
       s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
   }
+  if (cudaError_t e = cudaStreamCreateWithFlags(&backend->copy_stream_, cudaStreamNonBlocking); e != cudaSuccess) {
+    return CudaStatus(e, "cudaStreamCreate (copies)");
+  }
+  if (cudaError_t e = cudaEventCreateWithFlags(&backend->copy_after_, cudaEventDisableTiming); e != cudaSuccess) {
+    return CudaStatus(e, "cudaEventCreate (copies)");
+  }
   if (EnvIsOne("TANDEM_CUDA_OP_PROFILE")) backend->SetOpProfiling(true);
   // Output columns a GEMV warp computes (gemv.h; 1, 2 or 4, the same bits): 1 until a GPU run has
   // compared them.
@@ -225,6 +231,10 @@ CudaBackend::~CudaBackend() {
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(head_counters_);
+  if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
+  cudaFree(copy_staging_);
+  if (copy_after_ != nullptr) cudaEventDestroy(copy_after_);
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -312,6 +322,67 @@ std::shared_ptr<WorkMark> CudaBackend::Mark() {
     return nullptr;
   }
   return std::make_shared<CudaWorkMark>(device_, event);
+}
+
+bool CudaBackend::GrowCopyStaging(size_t bytes, size_t pieces) {
+  // The index first, 16-byte aligned, then the pieces.
+  const size_t want = (pieces * sizeof(int32_t) + 15) / 16 * 16 + bytes;
+  if (want <= copy_staging_bytes_) return true;
+  if (copy_staging_ != nullptr) {
+    cudaFree(copy_staging_);  // (the copy stream is idle: each use ends waiting for it)
+    *live_bytes_ -= static_cast<int64_t>(copy_staging_bytes_);
+    copy_staging_ = nullptr;
+    copy_staging_bytes_ = 0;
+  }
+  if (cudaError_t e = cudaMalloc(&copy_staging_, want); e != cudaSuccess) {
+    copy_staging_ = nullptr;
+    Check(e, "allocating KV copy staging");
+    return false;
+  }
+  copy_staging_bytes_ = want;
+  *live_bytes_ += static_cast<int64_t>(want);
+  return true;
+}
+
+void CudaBackend::GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
+                               bool after_enqueued_work) {
+  if (index.empty() || bytes == 0) return;
+  if (bytes % sizeof(float) != 0) return Backend::GatherToHost(src, index, bytes, host_out, after_enqueued_work);
+  Bind();
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  const size_t n = index.size(), total = n * bytes;
+  if (!GrowCopyStaging(total, n)) return;
+  auto* ids = static_cast<int32_t*>(copy_staging_);
+  auto* pieces = reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) + copy_staging_bytes_ - total);
+  if (after_enqueued_work) {  // the copy stream waits on the device, not this thread
+    std::lock_guard<std::mutex> no_capture(capture_mu_);
+    Check(cudaEventRecord(copy_after_, stream_), "ordering a gather after the ops");
+    Check(cudaStreamWaitEvent(copy_stream_, copy_after_, 0), "ordering a gather after the ops");
+  }
+  Check(cudaMemcpyAsync(ids, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, copy_stream_), "gather index");
+  Check(cuda::LaunchGatherRows(reinterpret_cast<const float*>(src), ids, static_cast<int64_t>(n),
+                               static_cast<int64_t>(bytes / sizeof(float)), pieces, copy_stream_),
+        "gathering blocks");
+  Check(cudaMemcpyAsync(host_out, pieces, total, cudaMemcpyDeviceToHost, copy_stream_), "gathered blocks to host");
+  Check(cudaStreamSynchronize(copy_stream_), "gathered blocks to host");
+}
+
+void CudaBackend::ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes,
+                                  const void* host_in) {
+  if (index.empty() || bytes == 0) return;
+  if (bytes % sizeof(float) != 0) return Backend::ScatterFromHost(dst, index, bytes, host_in);
+  Bind();
+  std::lock_guard<std::mutex> lock(copy_mu_);
+  const size_t n = index.size(), total = n * bytes;
+  if (!GrowCopyStaging(total, n)) return;
+  auto* ids = static_cast<int32_t*>(copy_staging_);
+  auto* pieces = reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) + copy_staging_bytes_ - total);
+  Check(cudaMemcpyAsync(ids, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, copy_stream_), "scatter index");
+  Check(cudaMemcpyAsync(pieces, host_in, total, cudaMemcpyHostToDevice, copy_stream_), "blocks to device");
+  Check(cuda::LaunchScatterBlocks(pieces, ids, static_cast<int64_t>(n), static_cast<int64_t>(bytes / sizeof(float)),
+                                  reinterpret_cast<float*>(dst), copy_stream_),
+        "scattering blocks");
+  Check(cudaStreamSynchronize(copy_stream_), "blocks to device");
 }
 
 void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {

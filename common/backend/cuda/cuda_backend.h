@@ -68,6 +68,12 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;
+  // On a stream of their own (the copy stream): the index and the pieces through device staging, one
+  // gather or scatter kernel, one copy each way and one wait, instead of a copy and a wait of the
+  // backend's stream a piece.
+  void GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
+                    bool after_enqueued_work) override;
+  void ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes, const void* host_in) override;
   // On the thread that enqueues ops (null while it captures a graph).
   std::shared_ptr<WorkMark> Mark() override;
   absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) override;
@@ -214,6 +220,15 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::OpProfiler> profiler_;  // set while ops are being timed
   std::mutex mu_;
   absl::Status error_;  // guarded by mu_
+  // GatherToHost / ScatterFromHost: their stream, the event that orders a gather after the ops, and
+  // device staging ([pieces] int32 index, [bytes] pieces), grown as needed. Guarded by copy_mu_.
+  std::mutex copy_mu_;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copy_after_ = nullptr;
+  void* copy_staging_ = nullptr;
+  size_t copy_staging_bytes_ = 0;
+  // Staging for `bytes` of pieces and `pieces` indices (copy_mu_ held); false when it cannot be had.
+  bool GrowCopyStaging(size_t bytes, size_t pieces);
 };
 
 }  // namespace tandem

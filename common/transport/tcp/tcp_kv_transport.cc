@@ -579,13 +579,13 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   // has begun, reads the rest of it under its io timeout. (A failed wait leaves the connection sound.)
   if (ready != nullptr) RETURN_IF_ERROR(ready->Wait(absl::Now() + io_timeout_));
   if (link_ == nullptr && !storage->host_accessible()) {
-    // Device memory: copy the layer out first. ReadBlocks waits for the work enqueued before it, so
-    // the layer's KV writes are complete; the blocks stay the request's until End(). This wait (a
-    // whole step's work) comes before the layer's header: the receiver, once a frame has begun,
-    // reads the rest of it under its io timeout.
+    // Device memory: copy the layer out first, after its KV writes (the mark above; without one,
+    // after all the work enqueued by now); the blocks stay the request's until End(). This comes
+    // before the layer's header: the receiver, once a frame has begun, reads the rest of it under
+    // its io timeout.
     staging_.resize(payload);
-    storage->ReadBlocks(false, layer, src_blocks, staging_.data());
-    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes);
+    storage->ReadBlocks(false, layer, src_blocks, staging_.data(), /*after_enqueued_work=*/ready == nullptr);
+    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes, ready == nullptr);
   }
   v1::KvLayerHeader h;
   h.set_request_id(request_id);

@@ -911,6 +911,13 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   // event's stream is run to its end (a little more than up to the event).
   return SetLast(tandem_emu::Flush(event->stream, false));
 }
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
+  (void)stream;
+  if (tandem_emu::thread_capture != nullptr) return cudaSuccess;  // (captured work runs at replay, in order)
+  // Eager: the event's work has run. Deferred: the event's stream runs to its end now, before anything
+  // `stream` queues after this (more than the wait asks for, never less).
+  return SetLast(tandem_emu::Flush(event->stream, false));
+}
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
   // Complete once run: eager work has; deferred work up to the event runs now (as a synchronisation).
