@@ -33,7 +33,8 @@ forward_runs() {
   # follows, as auto): the same tensor-core rate, 8x finer rounding. At batches 1 and 64.
   for b in 1 64; do echo "$base --decode-batch $b --compute-dtype f16"; done
   # GEMM inputs split into two BF16 terms (--split-gemm-inputs): about f32 results, for twice the
-  # prefill's GEMM arithmetic and batch 64's GEMM weight reads (batch 1's GEMV is unchanged).
+  # prefill's GEMM arithmetic; batch 64 runs hi and lo as one GEMM of 128 columns (batch 1's GEMV is
+  # unchanged).
   echo "$base --decode-batch 64 --split-gemm-inputs"
   # Long prompts, attention on the CUDA cores against the tensor cores (TANDEM_CUDA_TC_ATTENTION).
   for tc in false true; do echo "--prompt-len 2048 --decode-tokens 8 --decode-batch 1 --tc-attention=$tc"; done

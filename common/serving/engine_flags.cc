@@ -43,8 +43,8 @@ ABSL_FLAG(std::string, compute_dtype, "auto",
 ABSL_FLAG(bool, split_gemm_inputs, false,
           "engine, --device cuda: run each GEMM over 16-bit weights on its input split into two 16-bit terms "
           "(x = hi + lo): activations keep about 16 significant bits where rounding keeps 8 (BF16) or 11 (F16), "
-          "close to f32 results, for twice the prefill GEMMs' arithmetic; decode steps of up to 8 rows are "
-          "unchanged (their GEMV reads f32 activations)");
+          "close to f32 results, for twice the prefill GEMMs' arithmetic (steps of 9 to 128 rows read the weights "
+          "once; steps of up to 8 rows are unchanged: their GEMV reads f32 activations)");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
           "engine: Linear results independent of the batch, so a request's outputs do not depend on what it is "
           "batched with (default: true on the CPU, false on CUDA, where it costs throughput)");

@@ -364,6 +364,39 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
 // The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
 // more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
 // an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
+// Split GEMM inputs (hi + lo) against the exact product over the same BF16 weights, in both shapes:
+// one GEMM of 2n columns (few rows) and two GEMMs (more than kSplitPairRows rows).
+TEST_F(CudaBackendTest, SplitGemmInputsGiveAboutTheF32ProductInEitherShape) {
+  CudaBackend::Options o;
+  o.split_gemm_inputs = true;
+  auto split = CudaBackend::Create(o).value();
+  const int64_t m = 96, k = 256;
+  const std::vector<float> wv = Random(m * k, 101, 0.05f);
+  const TensorView t = View(wv, m, k, DType::kBF16);
+  const DeviceWeight ws = split->UploadWeight(t).value(), wp = gpu_->UploadWeight(t).value();
+  for (int64_t n : {int64_t{40}, CudaBackend::kSplitPairRows + 72}) {
+    const std::vector<float> xv = Random(n * k, 102);
+    float *x = Up(xv), *a = Zeros(n * m), *b = Zeros(n * m);
+    split->Linear(x, n, ws, nullptr, a);
+    ASSERT_TRUE(split->CheckErrors().ok());  // (its own stream: done before the fixture's copies)
+    gpu_->Linear(x, n, wp, nullptr, b);
+    const std::vector<float> got = Down(a, n * m), plain = Down(b, n * m);
+    double worst_split = 0, worst_plain = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < m; ++j) {
+        double exact = 0;
+        for (int64_t i = 0; i < k; ++i) exact += double(Bf16ToF32(F32ToBf16(wv[j * k + i]))) * xv[r * k + i];
+        worst_split = std::max(worst_split, std::fabs(got[r * m + j] - exact));
+        worst_plain = std::max(worst_plain, std::fabs(plain[r * m + j] - exact));
+      }
+    }
+    std::printf("n=%lld: max |error| split %.3g, BF16-rounded inputs %.3g\n", static_cast<long long>(n), worst_split,
+                worst_plain);
+    EXPECT_LE(worst_split, 2e-4) << n;
+    EXPECT_GT(worst_plain, 20 * worst_split) << n;  // (what splitting is for)
+  }
+}
+
 // KV blocks to and from the host for the TCP transfer's staging: one gather or scatter on the copy
 // stream, in index order; a gather after the ops enqueued before it (the emulator's deferred streams,
 // emu.cuda_backend.ops_reversed, see old bytes without that order).

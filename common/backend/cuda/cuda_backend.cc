@@ -627,6 +627,25 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
         "cublasGemmEx");
   if (!split_gemm_inputs_) return;
   // The part of x that rounding to `type` lost, through the same weights, added to the result.
+  if (n <= kSplitPairRows && 2 * n * m * static_cast<int64_t>(sizeof(float)) <= kSplitPairOutputBytes) {
+    // Few rows (memory-bound): hi and lo as the 2n columns of one GEMM, so the weights are read once,
+    // then the two halves of its output summed.
+    auto* pair = static_cast<std::byte*>(Scratch(kHalfInputLow, static_cast<size_t>(2 * n) * k * 2));
+    auto* both = static_cast<float*>(Scratch(kSplitOutput, static_cast<size_t>(2 * n) * m * sizeof(float)));
+    if (!pair || !both) return;
+    Check(cudaMemcpyAsync(pair, xh, static_cast<size_t>(n) * k * 2, cudaMemcpyDeviceToDevice, stream_),
+          "splitting GEMM input");
+    Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, pair + static_cast<size_t>(n) * k * 2, stream_),
+          "splitting GEMM input");
+    Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * nn, k, &alpha, w.data, type, k, pair, type, k, &beta,
+                       both, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (split input)");
+    Check(cudaMemcpyAsync(out, both, static_cast<size_t>(n) * m * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+          "split GEMM output");
+    Check(cuda::LaunchAdd(out, both + n * m, n * m, stream_), "split GEMM output");
+    return;
+  }
+  // Many rows (compute-bound): a second GEMM over lo accumulating into the first's output.
   void* lo = Scratch(kHalfInputLow, static_cast<size_t>(n) * k * 2);
   if (!lo) return;
   Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, lo, stream_), "splitting GEMM input");

@@ -48,11 +48,18 @@ class CudaBackend final : public Backend {
     // lo = round(x - hi), and the GEMM runs on both, accumulating in f32: activations keep about 16
     // significant bits (as f32 does to the tiny presets' logprobs: max |Δp| 1.5e-5 against the CPU,
     // where rounding to BF16 alone moves them by up to 1.45e-2), with no range limit beyond the type's,
-    // for twice the GEMM arithmetic (prefill) and weight reads (decode steps of more than
-    // cuda::kGemvMaxRows rows; the GEMV's steps keep f32 activations already and are unchanged).
+    // for twice the GEMM arithmetic: steps of more than kSplitPairRows rows (prefill) run each GEMM
+    // twice; steps of up to that many run one GEMM of twice the columns, reading the weights once
+    // (decode is bound by those reads); the GEMV's steps keep f32 activations already, unchanged.
     bool split_gemm_inputs = false;
   };
   static constexpr int64_t kInvariantRows = 64;
+  // Split GEMM inputs (Options::split_gemm_inputs) of up to this many rows run as one GEMM of 2n
+  // columns (the weights read once, as decode steps are bound by); more, as two GEMMs (prefill, bound
+  // by arithmetic, where the [2n][m] output would be large).
+  // (And while that output stays within kSplitPairOutputBytes: an LM head's rows are wide.)
+  static constexpr int64_t kSplitPairRows = 128;
+  static constexpr int64_t kSplitPairOutputBytes = int64_t{64} << 20;
   // FAILED_PRECONDITION when there is no driver or no such device.
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const Options& options);
   ~CudaBackend() override;
@@ -149,7 +156,15 @@ class CudaBackend final : public Backend {
   void Check(cudaError_t e, const char* what);
   void Check(cublasStatus_t s, const char* what);
   // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on failure.
-  enum ScratchSlot { kHalfInput, kHalfInputLow, kPaddedInput, kPaddedOutput, kAttentionPartials, kNumScratch };
+  enum ScratchSlot {
+    kHalfInput,
+    kHalfInputLow,  // split GEMM inputs' lo term ([n][k]), or hi and lo ([2n][k]) for a GEMM of few rows
+    kSplitOutput,   // a split GEMM of few rows: [2n][m], W·hi then W·lo
+    kPaddedInput,
+    kPaddedOutput,
+    kAttentionPartials,
+    kNumScratch
+  };
   // `optional`: failing to allocate is not an error of the backend (the caller has a fallback).
   void* Scratch(ScratchSlot slot, size_t bytes, bool optional = false);
   // Launches the attention kernels for `a` in this backend's mode, with split workspace where it pays.
