@@ -324,24 +324,29 @@ std::shared_ptr<WorkMark> CudaBackend::Mark() {
   return std::make_shared<CudaWorkMark>(device_, event);
 }
 
-bool CudaBackend::GrowCopyStaging(size_t bytes, size_t pieces) {
+CudaBackend::CopyStaging CudaBackend::StageCopy(const std::vector<int32_t>& index, size_t total) {
   // The index first, 16-byte aligned, then the pieces.
-  const size_t want = (pieces * sizeof(int32_t) + 15) / 16 * 16 + bytes;
-  if (want <= copy_staging_bytes_) return true;
-  if (copy_staging_ != nullptr) {
-    cudaFree(copy_staging_);  // (the copy stream is idle: each use ends waiting for it)
-    *live_bytes_ -= static_cast<int64_t>(copy_staging_bytes_);
-    copy_staging_ = nullptr;
-    copy_staging_bytes_ = 0;
+  const size_t n = index.size(), want = (n * sizeof(int32_t) + 15) / 16 * 16 + total;
+  if (want > copy_staging_bytes_) {
+    if (copy_staging_ != nullptr) {
+      cudaFree(copy_staging_);  // (the copy stream is idle: each use ends waiting for it)
+      *live_bytes_ -= static_cast<int64_t>(copy_staging_bytes_);
+      copy_staging_ = nullptr;
+      copy_staging_bytes_ = 0;
+    }
+    if (cudaError_t e = cudaMalloc(&copy_staging_, want); e != cudaSuccess) {
+      copy_staging_ = nullptr;
+      Check(e, "allocating KV copy staging");
+      return {};
+    }
+    copy_staging_bytes_ = want;
+    *live_bytes_ += static_cast<int64_t>(want);
   }
-  if (cudaError_t e = cudaMalloc(&copy_staging_, want); e != cudaSuccess) {
-    copy_staging_ = nullptr;
-    Check(e, "allocating KV copy staging");
-    return false;
-  }
-  copy_staging_bytes_ = want;
-  *live_bytes_ += static_cast<int64_t>(want);
-  return true;
+  CopyStaging s{static_cast<int32_t*>(copy_staging_),
+                reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) + copy_staging_bytes_ - total)};
+  Check(cudaMemcpyAsync(s.index, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, copy_stream_),
+        "KV copy index");
+  return s;
 }
 
 void CudaBackend::GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
@@ -351,19 +356,17 @@ void CudaBackend::GatherToHost(const std::byte* src, const std::vector<int32_t>&
   Bind();
   std::lock_guard<std::mutex> lock(copy_mu_);
   const size_t n = index.size(), total = n * bytes;
-  if (!GrowCopyStaging(total, n)) return;
-  auto* ids = static_cast<int32_t*>(copy_staging_);
-  auto* pieces = reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) + copy_staging_bytes_ - total);
   if (after_enqueued_work) {  // the copy stream waits on the device, not this thread
     std::lock_guard<std::mutex> no_capture(capture_mu_);
     Check(cudaEventRecord(copy_after_, stream_), "ordering a gather after the ops");
     Check(cudaStreamWaitEvent(copy_stream_, copy_after_, 0), "ordering a gather after the ops");
   }
-  Check(cudaMemcpyAsync(ids, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, copy_stream_), "gather index");
-  Check(cuda::LaunchGatherRows(reinterpret_cast<const float*>(src), ids, static_cast<int64_t>(n),
-                               static_cast<int64_t>(bytes / sizeof(float)), pieces, copy_stream_),
+  const CopyStaging s = StageCopy(index, total);
+  if (s.pieces == nullptr) return;
+  Check(cuda::LaunchGatherRows(reinterpret_cast<const float*>(src), s.index, static_cast<int64_t>(n),
+                               static_cast<int64_t>(bytes / sizeof(float)), s.pieces, copy_stream_),
         "gathering blocks");
-  Check(cudaMemcpyAsync(host_out, pieces, total, cudaMemcpyDeviceToHost, copy_stream_), "gathered blocks to host");
+  Check(cudaMemcpyAsync(host_out, s.pieces, total, cudaMemcpyDeviceToHost, copy_stream_), "gathered blocks to host");
   Check(cudaStreamSynchronize(copy_stream_), "gathered blocks to host");
 }
 
@@ -374,12 +377,10 @@ void CudaBackend::ScatterFromHost(std::byte* dst, const std::vector<int32_t>& in
   Bind();
   std::lock_guard<std::mutex> lock(copy_mu_);
   const size_t n = index.size(), total = n * bytes;
-  if (!GrowCopyStaging(total, n)) return;
-  auto* ids = static_cast<int32_t*>(copy_staging_);
-  auto* pieces = reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) + copy_staging_bytes_ - total);
-  Check(cudaMemcpyAsync(ids, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, copy_stream_), "scatter index");
-  Check(cudaMemcpyAsync(pieces, host_in, total, cudaMemcpyHostToDevice, copy_stream_), "blocks to device");
-  Check(cuda::LaunchScatterBlocks(pieces, ids, static_cast<int64_t>(n), static_cast<int64_t>(bytes / sizeof(float)),
+  const CopyStaging s = StageCopy(index, total);
+  if (s.pieces == nullptr) return;
+  Check(cudaMemcpyAsync(s.pieces, host_in, total, cudaMemcpyHostToDevice, copy_stream_), "blocks to device");
+  Check(cuda::LaunchScatterBlocks(s.pieces, s.index, static_cast<int64_t>(n), static_cast<int64_t>(bytes / sizeof(float)),
                                   reinterpret_cast<float*>(dst), copy_stream_),
         "scattering blocks");
   Check(cudaStreamSynchronize(copy_stream_), "blocks to device");

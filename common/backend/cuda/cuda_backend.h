@@ -242,8 +242,13 @@ class CudaBackend final : public Backend {
   cudaEvent_t copy_after_ = nullptr;
   void* copy_staging_ = nullptr;
   size_t copy_staging_bytes_ = 0;
-  // Staging for `bytes` of pieces and `pieces` indices (copy_mu_ held); false when it cannot be had.
-  bool GrowCopyStaging(size_t bytes, size_t pieces);
+  // Device staging for `index` (copied there on the copy stream) and `total` bytes of pieces, grown as
+  // needed (copy_mu_ held); pieces null when it cannot be had.
+  struct CopyStaging {
+    int32_t* index = nullptr;
+    float* pieces = nullptr;
+  };
+  CopyStaging StageCopy(const std::vector<int32_t>& index, size_t total);
 };
 
 }  // namespace tandem
