@@ -425,7 +425,7 @@ TEST_F(CudaBackendTest, BlocksGatherToAndScatterFromTheHostInIndexOrder) {
   std::vector<std::byte> odd(6), back(6);
   for (size_t j = 0; j < odd.size(); ++j) odd[j] = std::byte(0x40 + j);
   gpu_->ScatterFromHost(base, {1, 0}, 3, odd.data());
-  gpu_->GatherToHost(base, {0, 1}, 6, back.data(), true);
+  gpu_->GatherToHost(base, {0, 1}, 3, back.data(), true);
   EXPECT_EQ(std::vector<std::byte>(back.begin(), back.begin() + 3), std::vector<std::byte>(odd.begin() + 3, odd.end()));
   EXPECT_EQ(std::vector<std::byte>(back.begin() + 3, back.end()), std::vector<std::byte>(odd.begin(), odd.begin() + 3));
   EXPECT_TRUE(gpu_->CheckErrors().ok());
