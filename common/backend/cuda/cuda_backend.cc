@@ -403,24 +403,19 @@ namespace {
 
 // BF16 → F16, 8 values a step with F16C (the hardware's round to nearest even, subnormals included:
 // F32ToF16's results without its branches, which a model of billions of weights notices at load).
-// False at the first value not within ±65504 (infinities and NaN included): the exact pass below then
-// decides.
-__attribute__((target("avx2,f16c"))) bool Bf16ToF16Vector(const uint16_t* in, size_t n, uint16_t* out) {
+// Returns how many values it converted: it stops before the last n % 8 and before the first group of 8
+// holding a value not within ±65504 (infinities and NaN included), which the exact pass below takes.
+__attribute__((target("avx2,f16c"))) size_t Bf16ToF16Vector(const uint16_t* in, size_t n, uint16_t* out) {
   const __m256 limit = _mm256_set1_ps(65504.f);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))), 16));
-    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), limit, _CMP_NLE_UQ)) != 0) return false;
+    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), limit, _CMP_NLE_UQ)) != 0) break;
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
-  for (; i < n; ++i) {
-    const float f = Bf16ToF32(in[i]);
-    if (!(std::fabs(f) <= 65504.f)) return false;
-    out[i] = F32ToF16(f);
-  }
-  return true;
+  return i;
 }
 
 // `t`'s 16-bit values in the other 16-bit type `to`, into `out` [t.nbytes / 2]. F16 holds every BF16
@@ -430,8 +425,8 @@ absl::Status CastHalfWeight(const TensorView& t, DType to, uint16_t* out) {
   const auto* in = reinterpret_cast<const uint16_t*>(t.data);
   const size_t n = t.nbytes / 2;
   static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  if (f16c && t.dtype == DType::kBF16 && to == DType::kF16 && Bf16ToF16Vector(in, n, out)) return absl::OkStatus();
-  for (size_t i = 0; i < n; ++i) {
+  const size_t vectored = f16c && t.dtype == DType::kBF16 && to == DType::kF16 ? Bf16ToF16Vector(in, n, out) : 0;
+  for (size_t i = vectored; i < n; ++i) {
     const float f = t.dtype == DType::kBF16 ? Bf16ToF32(in[i]) : F16ToF32(in[i]);
     if (to == DType::kF16 && std::isfinite(f) && std::fabs(f) > 65504.f) {
       return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor ", t.name, " holds ", f,
@@ -623,14 +618,11 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
                        r.thread == std::this_thread::get_id() && r.op + 1 == ops_begun;
   if (!rounded) Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
   const cudaDataType type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
-  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
-                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx");
-  if (!split_gemm_inputs_) return;
-  // The part of x that rounding to `type` lost, through the same weights, added to the result.
-  if (n <= kSplitPairRows && 2 * n * m * static_cast<int64_t>(sizeof(float)) <= kSplitPairOutputBytes) {
-    // Few rows (memory-bound): hi and lo as the 2n columns of one GEMM, so the weights are read once,
-    // then the two halves of its output summed.
+  // Split inputs (the part of x that rounding to `type` lost, through the same weights, added to the
+  // result), few rows (memory-bound): hi and lo as the 2n columns of one GEMM, so the weights are read
+  // once, then the two halves of its output summed.
+  if (split_gemm_inputs_ && n <= kSplitPairRows &&
+      2 * n * m * static_cast<int64_t>(sizeof(float)) <= kSplitPairOutputBytes) {
     auto* pair = static_cast<std::byte*>(Scratch(kHalfInputLow, static_cast<size_t>(2 * n) * k * 2));
     auto* both = static_cast<float*>(Scratch(kSplitOutput, static_cast<size_t>(2 * n) * m * sizeof(float)));
     if (!pair || !both) return;
@@ -646,7 +638,11 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
     Check(cuda::LaunchAdd(out, both + n * m, n * m, stream_), "split GEMM output");
     return;
   }
-  // Many rows (compute-bound): a second GEMM over lo accumulating into the first's output.
+  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
+                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+  if (!split_gemm_inputs_) return;
+  // Split inputs, many rows (compute-bound): a second GEMM over lo accumulating into the first's output.
   void* lo = Scratch(kHalfInputLow, static_cast<size_t>(n) * k * 2);
   if (!lo) return;
   Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, lo, stream_), "splitting GEMM input");
