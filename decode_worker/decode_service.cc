@@ -79,7 +79,7 @@ grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(grpc::CallbackS
           loop_->Post([this, id](Engine& e) { CancelCall(e, id, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); });
         }
       },
-      &stream);
+      &stream, &write_thread_);
   if (grpc::Status s = Admission(); !s.ok()) {
     stream->Finish(s);
     return reactor;

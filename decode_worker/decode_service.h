@@ -11,6 +11,8 @@
 // Combined role (local_prefill): the prompt is computed here; no reservation, no transfer.
 //
 // Threads: gRPC handlers only post to the engine loop; all per-request state lives on its thread.
+// The loop queues each step's events on their streams and a write thread sends them (gRPC sends on
+// the thread that starts a write: a system call a stream a step), so the next step does not wait.
 #pragma once
 
 #include <atomic>
@@ -20,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/metrics/worker_metrics.h"
 #include "common/rpc/reactors.h"
+#include "common/rpc/write_thread.h"
 #include "common/serving/engine_loop.h"
 #include "common/serving/engine_service.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
@@ -77,6 +80,9 @@ class DecodeService final : public v1::Decode::CallbackService, public EngineSer
   Options options_;
   std::unique_ptr<KvLinkFactory> link_factory_;  // --kv-transport nccl; outlives what uses it
   std::unique_ptr<TcpKvReceiver> receiver_;
+  // Starts the streams' writes. Lives as long as the service, so that gRPC threads may read it at any
+  // time and the loop's last tasks' writes go out after Stop().
+  rpc::WriteThread write_thread_;
   Engine* engine_ = nullptr;
   WorkerMetrics* metrics_ = nullptr;
   std::string kv_address_;

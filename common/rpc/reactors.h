@@ -4,6 +4,8 @@
 // Each reactor keeps itself alive until gRPC's OnDone, and calls after that (or after Finish) are
 // ignored, so the owner never races the call's end. OnCancel (client cancelled, deadline passed)
 // runs the callback given at construction, on a gRPC thread: keep it short (post to the owner).
+// Given a WriteThread, Write() and Finish() only queue on the owner's thread and the StartWrite (and
+// the Finish) that sends it runs on the WriteThread, which must outlive the stream's owner's calls.
 #pragma once
 
 #include <deque>
@@ -13,6 +15,7 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/write_thread.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_callback.h"
 
@@ -24,29 +27,34 @@ class ServerStream : public grpc::ServerWriteReactor<Message>,
  public:
   // Returns the reactor to hand to gRPC and (through `owner`) the owner's handle.
   static grpc::ServerWriteReactor<Message>* Start(std::function<void()> on_cancel,
-                                                  std::shared_ptr<ServerStream>* owner) {
-    auto s = std::shared_ptr<ServerStream>(new ServerStream(std::move(on_cancel)));
+                                                  std::shared_ptr<ServerStream>* owner,
+                                                  WriteThread* write_thread = nullptr) {
+    auto s = std::shared_ptr<ServerStream>(new ServerStream(std::move(on_cancel), write_thread));
     s->self_ = s;
     *owner = s;
     return s.get();
   }
 
   void Write(Message message) {
+    bool post;
     {
       absl::MutexLock lock(&mu_);
       if (finish_ || done_) return;
       queue_.push_back(std::move(message));
+      post = PostPumpLocked();
     }
-    Pump();
+    PumpHere(post);
   }
   // Ends the call after the queued writes. Only the first call counts.
   void Finish(grpc::Status status) {
+    bool post;
     {
       absl::MutexLock lock(&mu_);
       if (finish_ || done_) return;
       finish_ = std::move(status);
+      post = PostPumpLocked();
     }
-    Pump();
+    PumpHere(post);
   }
   bool cancelled() const {
     absl::MutexLock lock(&mu_);
@@ -58,7 +66,27 @@ class ServerStream : public grpc::ServerWriteReactor<Message>,
   }
 
  private:
-  explicit ServerStream(std::function<void()> on_cancel) : on_cancel_(std::move(on_cancel)) {}
+  ServerStream(std::function<void()> on_cancel, WriteThread* write_thread)
+      : on_cancel_(std::move(on_cancel)), write_thread_(write_thread) {}
+
+  // With a write thread: whether this call must post a Pump there (none is pending yet).
+  bool PostPumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (write_thread_ == nullptr || pump_posted_) return false;
+    pump_posted_ = true;
+    return true;
+  }
+  // After Write/Finish queued: pump on this thread, or post one pump to the write thread.
+  void PumpHere(bool post) {
+    if (write_thread_ == nullptr) return Pump();
+    if (!post) return;
+    write_thread_->Post([self = this->shared_from_this()] {
+      {
+        absl::MutexLock lock(&self->mu_);
+        self->pump_posted_ = false;
+      }
+      self->Pump();
+    });
+  }
 
   void Pump() {
     bool write = false;
@@ -112,6 +140,7 @@ class ServerStream : public grpc::ServerWriteReactor<Message>,
 
   mutable absl::Mutex mu_;
   std::function<void()> on_cancel_;
+  WriteThread* const write_thread_;
   std::shared_ptr<ServerStream> self_;
   std::deque<Message> queue_;
   Message current_;
@@ -120,6 +149,7 @@ class ServerStream : public grpc::ServerWriteReactor<Message>,
   bool finish_called_ = false;
   bool cancelled_ = false;
   bool done_ = false;
+  bool pump_posted_ = false;  // a Pump waits on write_thread_
 };
 
 // A unary call finished by its owner: Finish(status, response) copies the response into gRPC's
