@@ -1,10 +1,18 @@
 #include "common/base/command_line.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
 
 namespace tandem {
 
 std::vector<std::string> ParseCommandLine(int argc, char** argv) {
+  const char* detection = std::getenv("TANDEM_MUTEX_DEADLOCK_DETECTION");
+  if (detection == nullptr || std::string_view(detection) != "1") {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
