@@ -282,6 +282,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<PlanKind> plans;  // per logits row
   // Per logits row: its sampled token's logprobs are computed where the logits are, after sampling.
   std::vector<bool> logprobs_after;
+  // Each chunk's sequence, looked up once a step (the per-row work below is the host's share of a step).
+  std::vector<Sequence*> chunk_seq(step.chunks.size());
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
     const ScheduledChunk& ch = step.chunks[ci];
     const SchedRequest* r = ch.request;
@@ -290,6 +292,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     in.token_ids.insert(in.token_ids.end(), r->token_ids.begin() + begin, r->token_ids.begin() + end);
     in.seqs.push_back({ch.num_new_tokens, begin, scheduler_->kv()->BlockTable(r->id)});
     Sequence& seq = sequences_.at(r->id);
+    chunk_seq[ci] = &seq;
     if (seq.first_scheduled == absl::InfinitePast()) seq.first_scheduled = step_start;
     for (int64_t p = begin; p < end; ++p) {
       const bool prompt_row = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
@@ -366,23 +369,30 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   last_step_tokens_ = step.num_tokens;
   last_step_sequences_ = static_cast<int64_t>(step.chunks.size());
 
-  // Postprocess: prompt logprobs, sampling, stop conditions.
-  absl::flat_hash_map<std::string, int32_t> sampled;
-  absl::flat_hash_map<std::string, size_t> output_index;
+  // Postprocess: prompt logprobs, sampling, stop conditions. Per chunk: its sampled token and its
+  // output's index (a request has one chunk a step; aborts and ended admissions in `outputs` already
+  // are not in the step).
+  std::vector<int32_t> sampled(step.chunks.size(), Scheduler::kNotSampled);
+  std::vector<size_t> output_index(step.chunks.size(), SIZE_MAX);
   std::vector<std::string> prompt_only;
-  auto output_for = [&](const std::string& id) -> RequestOutput& {
-    auto [it, inserted] = output_index.try_emplace(id, outputs.size());
-    if (inserted) {
+  auto output_for = [&](size_t chunk) -> RequestOutput& {
+    if (output_index[chunk] == SIZE_MAX) {
+      output_index[chunk] = outputs.size();
       outputs.emplace_back();
-      outputs.back().id = id;
+      outputs.back().id = step.chunks[chunk].request->id;
+      Sequence& seq = *chunk_seq[chunk];
+      if (!seq.first_output_sent) {
+        seq.first_output_sent = true;
+        outputs.back().first_scheduled = seq.first_scheduled;
+      }
     }
-    return outputs[it->second];
+    return outputs[output_index[chunk]];
   };
   // Each sampled row's token first (every sequence has its own generator, so the order is free), then
   // the logprobs of tokens sampled where the logits are, in one more pass there.
   std::vector<int32_t> chosen(rows.size(), -1);
   for (size_t k = 0; k < rows.size(); ++k) {
-    Sequence& seq = sequences_.at(step.chunks[rows[k].chunk].request->id);
+    Sequence& seq = *chunk_seq[rows[k].chunk];
     if (!rows[k].sample || seq.params.max_tokens == 0) continue;
     // The row's own candidates: the first sample_top_k of its samples.k.
     const size_t at = k * static_cast<size_t>(samples.k), row_k = static_cast<size_t>(in.sample_top_k[k]);
@@ -415,7 +425,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     for (size_t k = 0; k < rows.size(); ++k) {
       if (!logprobs_after[k]) continue;
       tokens[k] = chosen[k];
-      top_k = std::max(top_k, sequences_.at(step.chunks[rows[k].chunk].request->id).params.logprobs);
+      top_k = std::max(top_k, chunk_seq[rows[k].chunk]->params.logprobs);
     }
     std::vector<std::optional<RowLogprobs>> after;
     RETURN_IF_ERROR(model_->LastStepLogprobs(tokens, top_k, &after));
@@ -427,7 +437,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   for (size_t k = 0; k < rows.size(); ++k) {
     const ScheduledChunk& ch = step.chunks[rows[k].chunk];
     SchedRequest* r = ch.request;
-    Sequence& seq = sequences_.at(r->id);
+    Sequence& seq = *chunk_seq[rows[k].chunk];
     // Null when no row of the step needs host logits (argmax-only rows, logprobs computed on the device).
     const float* row = logits.empty() ? nullptr : logits.data() + k * vocab;
     const int64_t p = rows[k].position;
@@ -438,7 +448,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     }
     if (rows[k].sample && seq.params.max_tokens == 0) {
       // Prompt only (max_tokens 0): the prompt is evaluated, nothing is sampled.
-      RequestOutput& o = output_for(r->id);
+      RequestOutput& o = output_for(rows[k].chunk);
       if (seq.params.prompt_logprobs >= 0) o.prompt_logprobs = seq.prompt_logprobs;
       o.num_cached_tokens = r->num_cached_tokens;
       o.finished = true;
@@ -447,8 +457,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     } else if (rows[k].sample) {
       const int32_t token = chosen[k];
       seq.sampler->Accept(token);
-      sampled[r->id] = token;
-      RequestOutput& o = output_for(r->id);
+      sampled[rows[k].chunk] = token;
+      RequestOutput& o = output_for(rows[k].chunk);
       o.new_token_ids.push_back(token);
       if (seq.params.logprobs >= 0) {
         LogprobEntry e = on_device(k) ? from_device(k, seq.params.logprobs)
@@ -462,18 +472,13 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       o.num_cached_tokens = r->num_cached_tokens;
     }
   }
-  for (RequestOutput& o : outputs) {
-    auto it = sequences_.find(o.id);
-    if (it != sequences_.end() && !it->second.first_output_sent) {
-      it->second.first_output_sent = true;
-      o.first_scheduled = it->second.first_scheduled;
-    }
-  }
   scheduler_->Update(step, sampled);
   for (const std::string& id : prompt_only) FinishRequest(id);
-  for (const auto& [id, token] : sampled) {
-    SchedRequest* r = scheduler_->Find(id);
-    Sequence& seq = sequences_.at(id);
+  for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
+    if (sampled[ci] == Scheduler::kNotSampled) continue;
+    const int32_t token = sampled[ci];
+    SchedRequest* r = step.chunks[ci].request;  // sampled: not among prompt_only, still the scheduler's
+    Sequence& seq = *chunk_seq[ci];
     const int32_t generated = static_cast<int32_t>(r->num_output_tokens());
     std::string reason;
     if (options_.scheduler.role == SchedulerRole::kPrefill) {
@@ -484,9 +489,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       reason = "length";
     }
     if (!reason.empty()) {
-      RequestOutput& o = output_for(id);
+      RequestOutput& o = output_for(ci);
       o.finished = true;
       o.finish_reason = reason;
+      const std::string id = r->id;  // r goes with the request
       if (reason == "prefill_done") {
         scheduler_->HandOut(id);  // blocks stay until Release()
         sequences_.erase(id);

@@ -143,16 +143,14 @@ SchedulerStep Scheduler::Schedule() {
   return step;
 }
 
-void Scheduler::Update(const SchedulerStep& step, const absl::flat_hash_map<std::string, int32_t>& sampled) {
-  for (const ScheduledChunk& c : step.chunks) {
+void Scheduler::Update(const SchedulerStep& step, const std::vector<int32_t>& sampled) {
+  for (size_t i = 0; i < step.chunks.size(); ++i) {
+    const ScheduledChunk& c = step.chunks[i];
     SchedRequest* r = c.request;
     if (r->state != RequestState::kRunning) continue;  // finished or preempted meanwhile
     r->num_computed_tokens += c.num_new_tokens;
     kv_->CacheComputedBlocks(r->id, r->token_ids, r->num_computed_tokens);
-    if (c.samples) {
-      auto it = sampled.find(r->id);
-      if (it != sampled.end()) r->token_ids.push_back(it->second);
-    }
+    if (c.samples && i < sampled.size() && sampled[i] != kNotSampled) r->token_ids.push_back(sampled[i]);
   }
 }
 

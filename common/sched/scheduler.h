@@ -66,9 +66,10 @@ class Scheduler {
   absl::Status AdmitPrefilled(std::unique_ptr<SchedRequest> request);
 
   SchedulerStep Schedule();
-  // Records a computed step. `sampled` maps request id → token for chunks with samples == true
-  // (absent for a request the caller finished instead).
-  void Update(const SchedulerStep& step, const absl::flat_hash_map<std::string, int32_t>& sampled);
+  // Records a computed step. `sampled[i]`: the token of step.chunks[i] when it samples one, else
+  // kNotSampled (also for a request the caller finished instead). One entry a chunk.
+  static constexpr int32_t kNotSampled = -1;
+  void Update(const SchedulerStep& step, const std::vector<int32_t>& sampled);
 
   // Ends a request in any state (finished, aborted, failed) and frees its blocks. In the prefill
   // role a request whose prompt is done is handed out instead (blocks kept until Release).

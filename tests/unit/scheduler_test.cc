@@ -31,9 +31,9 @@ struct Fixture {
   // Runs one step, sampling token 1000 + step for every request that samples.
   SchedulerStep Step() {
     SchedulerStep s = sched->Schedule();
-    absl::flat_hash_map<std::string, int32_t> sampled;
+    std::vector<int32_t> sampled;
     for (const auto& c : s.chunks) {
-      if (c.samples) sampled[c.request->id] = 1000 + static_cast<int32_t>(steps);
+      sampled.push_back(c.samples ? 1000 + static_cast<int32_t>(steps) : Scheduler::kNotSampled);
     }
     sched->Update(s, sampled);
     ++steps;
