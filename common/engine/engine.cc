@@ -259,9 +259,16 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> outputs;
   outputs.swap(pending_outputs_);
 
+  const absl::Time schedule_start = absl::Now();
   SchedulerStep step = scheduler_->Schedule();
   if (step.empty()) return outputs;
   const absl::Time step_start = absl::Now();
+  // The step's wall time, whichever way it returns.
+  struct StepClock {
+    absl::Time start;
+    double* total;
+    ~StepClock() { *total += absl::ToDoubleSeconds(absl::Now() - start); }
+  } step_clock{schedule_start, &step_seconds_};
   const int64_t vocab = model_->config().vocab_size;
 
   // Build the batch: each chunk's tokens, its blocks, and the rows whose logits are needed.
@@ -353,7 +360,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<int32_t> argmax;
   std::vector<std::optional<RowLogprobs>> device_lp;
   DeviceSamples samples;
-  RETURN_IF_ERROR(model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &samples));
+  const absl::Time forward_start = absl::Now();
+  const absl::Status forwarded = model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &samples);
+  forward_seconds_ += absl::ToDoubleSeconds(absl::Now() - forward_start);
+  RETURN_IF_ERROR(forwarded);
   // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
   auto from_device = [&](size_t k, int32_t top_k) {
     const RowLogprobs& d = *device_lp[k];
@@ -514,6 +524,8 @@ EngineStats Engine::stats() const {
   s.prefix_queries = kv_->prefix_queries();
   s.prefix_hits = kv_->prefix_hits();
   s.steps = steps_;
+  s.step_seconds = step_seconds_;
+  s.forward_seconds = forward_seconds_;
   s.computed_tokens = computed_tokens_;
   s.max_model_len = options_.scheduler.max_model_len;
   s.last_step_tokens = last_step_tokens_;

@@ -76,6 +76,11 @@ struct EngineStats {
   int64_t prefix_hits = 0;     // tokens
   int64_t steps = 0;
   int64_t computed_tokens = 0;
+  // Wall time of the steps Step() ran, from scheduling to its return, and the part of it in the
+  // model's forward pass (on a GPU: launching the step and waiting for its results); the rest is the
+  // host's share (scheduling, batch assembly, sampling and stop bookkeeping). Cumulative seconds.
+  double step_seconds = 0;
+  double forward_seconds = 0;
   int64_t max_model_len = 0;
   int64_t last_step_tokens = 0;     // tokens computed by the last step
   int64_t last_step_sequences = 0;  // sequences in the last step
@@ -153,6 +158,7 @@ class Engine {
   LayerListener layer_listener_;
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;
+  double step_seconds_ = 0, forward_seconds_ = 0;
   int64_t last_step_tokens_ = 0;
   int64_t last_step_sequences_ = 0;
 };

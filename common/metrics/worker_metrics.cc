@@ -26,6 +26,13 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
       sampling_row_copies_(m->Counter("tandem_sampling_row_copies_total",
                                       "Top-p rows sampled on the device whose nucleus outgrew the candidates, so "
                                       "that their logits came to the host after all.")),
+      forward_seconds_(m->Counter("tandem_engine_forward_seconds_total",
+                                  "Engine-thread seconds in the model's forward pass (on a GPU: launching each step "
+                                  "and waiting for its results).")),
+      host_seconds_(m->Counter("tandem_engine_host_seconds_total",
+                               "Engine-thread seconds in steps outside the forward pass: scheduling, batch assembly, "
+                               "sampling and stop bookkeeping, queuing the outputs. Over it plus the forward seconds: "
+                               "the share of a busy engine's time its device waits for the host.")),
       transfer_bytes_(m->Counter("tandem_kv_transfer_bytes_total", "KV bytes sent to decode workers.")),
       transfer_failures_(m->Counter("tandem_kv_transfer_failures_total", "KV transfers that failed.")),
       transfers_(m->Counter("tandem_kv_transfers_total", "KV transfers finished, failed or not.")),
@@ -67,6 +74,8 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
   sampled_host_.Increment(static_cast<double>(std::max<int64_t>(0, s.sampled_on_host - last_.sampled_on_host)));
   sampling_row_copies_.Increment(
       static_cast<double>(std::max<int64_t>(0, s.sampling_row_copies - last_.sampling_row_copies)));
+  forward_seconds_.Increment(std::max(0.0, s.forward_seconds - last_.forward_seconds));
+  host_seconds_.Increment(std::max(0.0, s.host_seconds - last_.host_seconds));
   last_ = s;
 }
 

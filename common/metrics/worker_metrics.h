@@ -20,6 +20,9 @@ struct EngineSnapshot {
   int64_t sampled_on_device = 0, sampled_on_host = 0, sampling_row_copies = 0;  // cumulative
   int64_t pending_transfers = 0;
   int64_t peak_used_blocks = 0;  // highest blocks in use seen after any step since start
+  // Engine-thread seconds (cumulative) in the model's forward pass, and in steps outside it plus the
+  // handling of their outputs (EngineLoop).
+  double forward_seconds = 0, host_seconds = 0;
   bool kv_full = false;          // above the worker's KV high-water mark
 };
 
@@ -61,6 +64,8 @@ class WorkerMetrics {
   prometheus::Counter& sampled_device_;
   prometheus::Counter& sampled_host_;
   prometheus::Counter& sampling_row_copies_;
+  prometheus::Counter& forward_seconds_;
+  prometheus::Counter& host_seconds_;
   prometheus::Counter& transfer_bytes_;
   prometheus::Counter& transfer_failures_;
   prometheus::Counter& transfers_;

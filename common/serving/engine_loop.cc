@@ -34,6 +34,7 @@ void EngineLoop::Run() {
   absl::Time next_tick = absl::Now();
   bool stalled = false;  // the engine has work but the last step could schedule nothing
   int64_t peak_used_since_publish = 0;
+  double host_seconds = 0;  // steps outside the forward pass, and their outputs' handling
   while (true) {
     std::deque<std::function<void(Engine&)>> tasks;
     bool stopping;
@@ -53,10 +54,12 @@ void EngineLoop::Run() {
     if (stopping) break;
     stalled = false;
     if (engine_->HasWork()) {
-      const int64_t steps_before = engine_->stats().steps;
+      const EngineStats before = engine_->stats();
+      const int64_t steps_before = before.steps;
       const absl::Time step_start = absl::Now();
       absl::StatusOr<std::vector<RequestOutput>> outputs = engine_->Step();
       const EngineStats after = engine_->stats();
+      host_seconds += (after.step_seconds - before.step_seconds) - (after.forward_seconds - before.forward_seconds);
       peak_used_since_publish = std::max(peak_used_since_publish, after.num_blocks - after.free_blocks);
       if (handlers_.metrics != nullptr && after.steps > steps_before) {
         handlers_.metrics->ObserveStep(after.last_step_tokens, after.last_step_sequences,
@@ -65,7 +68,9 @@ void EngineLoop::Run() {
       if (!outputs.ok()) {
         TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
       } else if (!outputs->empty() && handlers_.on_outputs) {
+        const absl::Time handled = absl::Now();
         handlers_.on_outputs(*outputs);
+        host_seconds += absl::ToDoubleSeconds(absl::Now() - handled);
       }
       stalled = outputs.ok() && outputs->empty() && engine_->stats().steps == steps_before;
     }
@@ -86,6 +91,8 @@ void EngineLoop::Run() {
     snapshot_.sampled_on_device = s.sampled_on_device;
     snapshot_.sampled_on_host = s.sampled_on_host;
     snapshot_.sampling_row_copies = s.sampling_row_copies;
+    snapshot_.forward_seconds = s.forward_seconds;
+    snapshot_.host_seconds = host_seconds;
     snapshot_.peak_used_blocks =
         std::max({snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});
   }

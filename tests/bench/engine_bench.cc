@@ -82,10 +82,16 @@ RunResult Run(LlamaModel* model, const std::vector<EngineRequest>& requests, int
 }
 
 void Print(const char* name, const RunResult& r) {
-  std::printf("  %-28s %8.2f s %9.1f tok/s %7.2f req/s  steps=%lld preemptions=%lld prefix hits %lld/%lld tokens\n",
+  // The host's share of a step: the engine's time outside the forward pass (scheduling, batch
+  // assembly, sampling and stop bookkeeping), which a GPU would spend waiting.
+  const double host = r.stats.step_seconds - r.stats.forward_seconds;
+  std::printf("  %-28s %8.2f s %9.1f tok/s %7.2f req/s  steps=%lld preemptions=%lld prefix hits %lld/%lld tokens"
+              "  host %.0f us/step (%.2f%% of step time)\n",
               name, r.seconds, r.generated / r.seconds, r.requests / r.seconds,
               static_cast<long long>(r.stats.steps), static_cast<long long>(r.stats.preemptions),
-              static_cast<long long>(r.stats.prefix_hits), static_cast<long long>(r.stats.prefix_queries));
+              static_cast<long long>(r.stats.prefix_hits), static_cast<long long>(r.stats.prefix_queries),
+              r.stats.steps > 0 ? 1e6 * host / r.stats.steps : 0.0,
+              r.stats.step_seconds > 0 ? 100 * host / r.stats.step_seconds : 0.0);
 }
 
 int Main() {

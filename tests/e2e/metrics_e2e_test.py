@@ -134,6 +134,12 @@ try:
     check(by_outcome == {"landed": 80.0, "failed": 0.0, "timed_out": 0.0, "cancelled": 0.0},
           f"decode side: KV reservations by outcome {by_outcome}, expected 80 landed and no others")
 
+    # Every worker's engine thread spent time in forward passes and around them (the host's share).
+    for family in ("tandem_engine_forward_seconds_total", "tandem_engine_host_seconds_total"):
+        by_role = {dict(k).get("role"): v for k, v in total(f"sum by (role) ({family})").items()}
+        check(set(by_role) == {"prefill", "decode"} and all(v > 0 for v in by_role.values()),
+              f"{family} by role: {by_role}, expected time on the prefill and the decode workers")
+
     dashboard = json.load(open(os.path.join(SRC, "deploy", "grafana", "dashboards", "tandem.json")))
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     check(len(exprs) >= 20, f"only {len(exprs)} dashboard queries")

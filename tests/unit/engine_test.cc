@@ -726,6 +726,27 @@ TEST_P(EngineTest, SeededSamplingContinuesAcrossTheHandOff) {
   EXPECT_EQ(got, expected);
 }
 
+// A device that takes 20 ms a forward pass (its embedding waits): the stats split each step's wall
+// time into the forward pass and the host's share around it.
+class SlowForwardBackend final : public ForwardingBackend {
+ public:
+  void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override {
+    absl::SleepFor(absl::Milliseconds(20));
+    cpu_->Embedding(table, ids, n, out);
+  }
+};
+
+TEST_P(EngineTest, StatsSplitEachStepIntoTheForwardPassAndTheHostsShare) {
+  SlowForwardBackend slow;
+  EngineStats stats;
+  RunOn(&slow, {Request("a", 9, 1, 4), Request("b", 5, 2, 6)}, 0, 0, nullptr, &stats);
+  ASSERT_GT(stats.steps, 0);
+  EXPECT_GE(stats.forward_seconds, 0.020 * stats.steps);
+  EXPECT_GE(stats.step_seconds, stats.forward_seconds);
+  // The host's share of a step of two tiny sequences is a small fraction of the 20 ms pass.
+  EXPECT_LT(stats.step_seconds - stats.forward_seconds, 0.010 * stats.steps);
+}
+
 INSTANTIATE_TEST_SUITE_P(TinyPresets, EngineTest, testing_util::TinyPresets(),
                          testing_util::PresetName);
 
