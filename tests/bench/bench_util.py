@@ -1,9 +1,14 @@
-"""What the benchmark scripts share: a `tandem up` cluster started, waited for and stopped."""
+"""What the benchmark scripts share: a `tandem up` cluster started, waited for and stopped, and its
+processes' Prometheus counters read."""
 import os
+import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 
 def start_up(cmd, ready, what, timeout_s=960):
@@ -26,3 +31,49 @@ def stop_up(up, timeout_s=120):
         up.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         up.kill()
+
+
+def free_port_run(n):
+    """The first of n consecutive TCP ports free on 127.0.0.1 now (`tandem up --metrics-port` takes the
+    router's port and the ones after it for the workers)."""
+    for _ in range(200):
+        first = random.randrange(20000, 60000 - n)
+        socks = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    sys.exit(f"no {n} consecutive free ports")
+
+
+def scrape_counters(address, names):
+    """The sum over every series of each counter in `names` in the /metrics exposition at `address`
+    (host:port); {} when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {n: 0.0 for n in names}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_:][a-z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+|NaN|[+-]Inf)$", line)
+        if m and m.group(1) in out:
+            out[m.group(1)] += float(m.group(3))
+    return out
+
+
+def host_share(before, after):
+    """The engine host share between two scrapes of tandem_engine_{host,forward}_seconds_total: the
+    engine thread's time outside the forward pass over its busy time; None without both."""
+    h, f = "tandem_engine_host_seconds_total", "tandem_engine_forward_seconds_total"
+    if not all(k in d for d in (before, after) for k in (h, f)):
+        return None
+    dh, df = after[h] - before[h], after[f] - before[f]
+    return dh / (dh + df) if dh + df > 0 else None

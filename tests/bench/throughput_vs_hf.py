@@ -4,7 +4,9 @@ llama-server on one model.
 
 Tandem: `tandem up --combined 1` on the chosen device, loaded by `tandem bench` in closed loop at each
 concurrency (random prompts of --input-len tokens, exactly --output-len output tokens each, EOS
-ignored, 2×concurrency requests, at least 8). Transformers: the same model in BF16 on the same device,
+ignored, 2×concurrency requests, at least 8); beside each level, the worker's engine host share (its
+engine thread's time outside the forward pass over its busy time, from its Prometheus counters: the
+share of the level's steps its device waited for the host). Transformers: the same model in BF16 on the same device,
 generate() over static batches of `concurrency` prompts (greedy, min_new_tokens = max_new_tokens =
 --output-len), one warm-up batch of 2 first; tokens/s = batch × output-len ÷ wall time. The two
 share nothing but the model directory. llama.cpp (with --llama-server and --llama-gguf, the same
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from bench_util import start_up, stop_up
+from bench_util import free_port_run, host_share, scrape_counters, start_up, stop_up
 
 ap = argparse.ArgumentParser()
 ap.add_argument("tandem")
@@ -58,17 +60,25 @@ levels = [int(c) for c in args.concurrency.split(",")]
 hf_levels = [int(c) for c in (args.hf_concurrency or args.concurrency).split(",")]
 
 
+host_shares = {}  # concurrency → the worker's engine host share over that level
+
+
 def tandem_throughput():
     work = tempfile.mkdtemp(prefix="tandem-vs-hf-")
     ready = os.path.join(work, "ready")
+    metrics_port = free_port_run(2)  # the router's, then the combined worker's
     cmd = [args.tandem, "up", "--model", args.model, "--prefill", "0", "--decode", "0", "--combined", "1", "--port",
            str(args.port), "--ready-file", ready, "--log-dir", work, "--start-timeout-s=900", f"--device={args.device}",
-           f"--max-num-seqs={max(levels)}", f"--max-queued-requests={4 * max(levels) + 64}"]
+           f"--max-num-seqs={max(levels)}", f"--max-queued-requests={4 * max(levels) + 64}",
+           f"--metrics-port={metrics_port}"]
     cmd += [a for a in args.up_args.split(",") if a]
     up = start_up(cmd, ready, f"tandem up (logs in {work})")
+    counters = ("tandem_engine_host_seconds_total", "tandem_engine_forward_seconds_total")
+    worker_metrics = f"127.0.0.1:{metrics_port + 1}"
     out = {}
     try:
         for c in levels:
+            before = scrape_counters(worker_metrics, counters)
             result = os.path.join(work, f"bench-{c}.json")
             p = subprocess.run([args.tandem, "bench", "--server", f"127.0.0.1:{args.port}", "--concurrency", str(c),
                                 "--num-requests", str(max(8, 2 * c)), "--workload", "random", "--input-len",
@@ -81,7 +91,11 @@ def tandem_throughput():
             if r["failed"]:
                 sys.exit(f"tandem bench at concurrency {c}: {r['failed']} requests failed: {r['errors']}")
             out[c] = r["output_token_throughput"]
-            print(f"tandem      concurrency {c:4d}: {out[c]:10.1f} output tok/s", file=sys.stderr)
+            time.sleep(1.0)  # the worker's counters follow its engine every 0.5 s
+            host_shares[c] = host_share(before, scrape_counters(worker_metrics, counters))
+            share = "?" if host_shares[c] is None else f"{100 * host_shares[c]:.1f}%"
+            print(f"tandem      concurrency {c:4d}: {out[c]:10.1f} output tok/s, engine host share {share}",
+                  file=sys.stderr)
     finally:
         stop_up(up)
     return out
@@ -218,14 +232,15 @@ llama, llama_note = llama_throughput()
 decoding = f"temperature {args.temperature}, top_p {args.top_p}" if sampled else "greedy"
 print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {decoding}; "
       f"{hf_note}; {llama_note}" + (f"; tandem up {args.up_args}" if args.up_args else ""))
-print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10} {'llama.cpp':>10} {'Tandem/llama':>13}")
+print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10} {'llama.cpp':>10} {'Tandem/llama':>13}"
+      f" {'host share':>11}")
 for c in levels:
-    h, l = hf.get(c), llama.get(c)
+    h, l, s = hf.get(c), llama.get(c), host_shares.get(c)
     print(f"{c:11d} {tandem[c]:13.1f} {h if h is None else round(h, 1)!s:>10} "
           f"{'' if not h else f'{tandem[c] / h:.2f}x':>10} {l if l is None else round(l, 1)!s:>10} "
-          f"{'' if not l else f'{tandem[c] / l:.2f}x':>13}")
+          f"{'' if not l else f'{tandem[c] / l:.2f}x':>13} {'?' if s is None else f'{100 * s:.1f}%':>11}")
 if args.json_out:
     json.dump({"model": args.model, "device": args.device, "input_len": args.input_len, "output_len": args.output_len,
                "temperature": args.temperature, "top_p": args.top_p,
-               "tandem": tandem, "hf": hf, "hf_note": hf_note, "llama_cpp": llama, "llama_note": llama_note},
+               "tandem": tandem, "tandem_host_share": host_shares, "hf": hf, "hf_note": hf_note, "llama_cpp": llama, "llama_note": llama_note},
               open(args.json_out, "w"), indent=1)
