@@ -183,6 +183,7 @@ void DecodeService::EndCall(const std::string& id, const grpc::Status& status, c
 
 void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
   const absl::Time now = absl::Now();
+  rpc::WriteThread::Hold hold(&write_thread_);  // one wake-up for the step's streams
   for (RequestOutput& o : outputs) {
     auto it = calls_.find(o.id);
     if (it == calls_.end()) continue;  // an abort we already answered

@@ -19,12 +19,24 @@ void WriteThread::Post(std::function<void()> task) {
   if (!stopping_) tasks_.push_back(std::move(task));
 }
 
+WriteThread::Hold::Hold(WriteThread* thread) : thread_(thread) {
+  absl::MutexLock lock(&thread_->mu_);
+  ++thread_->holds_;
+}
+
+WriteThread::Hold::~Hold() {
+  absl::MutexLock lock(&thread_->mu_);
+  --thread_->holds_;
+}
+
 void WriteThread::Run() {
   while (true) {
     std::deque<std::function<void()>> tasks;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tasks_.empty() || stopping_; };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (!tasks_.empty() && holds_ == 0) || stopping_;
+      };
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;  // stopping, and nothing left
       tasks.swap(tasks_);

@@ -6,7 +6,8 @@
 // StartWrite to this one, which runs while the next step computes.
 //
 // Tasks run one at a time, in the order posted. The destructor runs the tasks already posted, then
-// joins; Post after that is dropped.
+// joins; Post after that is dropped. An owner that posts many at once (a step's streams) holds the
+// thread meanwhile (Hold), so that it is woken once for all of them, not once a post.
 #pragma once
 
 #include <deque>
@@ -27,12 +28,25 @@ class WriteThread {
 
   void Post(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // While a Hold lives, posted tasks wait (from any thread); they run from its end on. Holds nest.
+  class Hold {
+   public:
+    explicit Hold(WriteThread* thread);
+    ~Hold();
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    WriteThread* thread_;
+  };
+
  private:
   void Run();
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

@@ -91,6 +91,20 @@ TEST(WriteThreadTest, RunsTasksInOrderAndThoseLeftWhenDestroyed) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(ran[i], i);
 }
 
+TEST(WriteThreadTest, TasksPostedDuringAHoldRunWhenItEnds) {
+  WriteThread thread;
+  absl::Notification ran;
+  {
+    WriteThread::Hold hold(&thread);
+    {
+      WriteThread::Hold nested(&thread);
+      thread.Post([&] { ran.Notify(); });
+    }
+    EXPECT_FALSE(ran.WaitForNotificationWithTimeout(absl::Milliseconds(200))) << "ran inside the outer hold";
+  }
+  EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
 // A Decode service whose stream is written by a thread of its own through a WriteThread: 200
 // events, then a Finish with a status of its own.
 class WriteThreadDecode final : public v1::Decode::CallbackService {
