@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def run(layerwise):
             rows.append(json.loads(out.stdout)["timings"])
     finally:
         stop_up(up, timeout_s=60)
+    shutil.rmtree(work, ignore_errors=True)  # the logs stay only when something failed
     return rows
 
 

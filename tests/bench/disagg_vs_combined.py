@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -125,3 +126,4 @@ if args.json_out:
                "num_requests": args.num_requests, "long_len": args.long_len, "short_len": args.short_len,
                "long_share": args.long_share, "output_len": args.output_len, **results},
               open(args.json_out, "w"), indent=1)
+shutil.rmtree(work, ignore_errors=True)  # the logs and the dataset stay only when something failed

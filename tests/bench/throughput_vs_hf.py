@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def tandem_throughput():
                   file=sys.stderr)
     finally:
         stop_up(up)
+    shutil.rmtree(work, ignore_errors=True)  # the logs stay only when something failed
     return out
 
 

@@ -60,6 +60,10 @@ LocalCluster::~LocalCluster() {
   generation_.reset();
   registration_.reset();
   if (router_) router_->Stop(absl::Seconds(5));
+  if (!::testing::Test::HasFailure()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
 }
 
 absl::Status LocalCluster::Start() {

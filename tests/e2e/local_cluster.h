@@ -44,7 +44,9 @@ absl::StatusOr<std::unique_ptr<Backend>> E2eBackend();
 class LocalCluster {
  public:
   explicit LocalCluster(ClusterOptions options);
-  ~LocalCluster();  // stops every process
+  // Stops every process; removes the processes' logs unless the running test has failed (they are
+  // under the test temp dir, in cluster_<pid>_<n>/, then).
+  ~LocalCluster();
 
   // Starts the router and workers; returns once the router lists every worker as live.
   absl::Status Start();
