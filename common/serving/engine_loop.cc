@@ -55,15 +55,13 @@ void EngineLoop::Run() {
     stalled = false;
     if (engine_->HasWork()) {
       const EngineStats before = engine_->stats();
-      const int64_t steps_before = before.steps;
-      const absl::Time step_start = absl::Now();
       absl::StatusOr<std::vector<RequestOutput>> outputs = engine_->Step();
       const EngineStats after = engine_->stats();
-      host_seconds += (after.step_seconds - before.step_seconds) - (after.forward_seconds - before.forward_seconds);
+      const double step_seconds = after.step_seconds - before.step_seconds;
+      host_seconds += step_seconds - (after.forward_seconds - before.forward_seconds);
       peak_used_since_publish = std::max(peak_used_since_publish, after.num_blocks - after.free_blocks);
-      if (handlers_.metrics != nullptr && after.steps > steps_before) {
-        handlers_.metrics->ObserveStep(after.last_step_tokens, after.last_step_sequences,
-                                       absl::ToDoubleSeconds(absl::Now() - step_start));
+      if (handlers_.metrics != nullptr && after.steps > before.steps) {
+        handlers_.metrics->ObserveStep(after.last_step_tokens, after.last_step_sequences, step_seconds);
       }
       if (!outputs.ok()) {
         TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
@@ -72,7 +70,7 @@ void EngineLoop::Run() {
         handlers_.on_outputs(*outputs);
         host_seconds += absl::ToDoubleSeconds(absl::Now() - handled);
       }
-      stalled = outputs.ok() && outputs->empty() && engine_->stats().steps == steps_before;
+      stalled = outputs.ok() && outputs->empty() && after.steps == before.steps;
     }
     const absl::Time now = absl::Now();
     if (now >= next_tick) {

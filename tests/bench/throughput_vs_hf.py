@@ -6,8 +6,8 @@ Tandem: `tandem up --combined 1` on the chosen device, loaded by `tandem bench` 
 concurrency (random prompts of --input-len tokens, exactly --output-len output tokens each, EOS
 ignored, 2×concurrency requests, at least 8); beside each level, the worker's engine host share (its
 engine thread's time outside the forward pass over its busy time, from its Prometheus counters: the
-share of the level's steps its device waited for the host). Transformers: the same model in BF16 on the same device,
-generate() over static batches of `concurrency` prompts (greedy, min_new_tokens = max_new_tokens =
+share of the level's steps its device waited for the host). Transformers: the same model in BF16 on
+the same device, generate() over static batches of `concurrency` prompts (greedy, min_new_tokens = max_new_tokens =
 --output-len), one warm-up batch of 2 first; tokens/s = batch × output-len ÷ wall time. The two
 share nothing but the model directory. llama.cpp (with --llama-server and --llama-gguf, the same
 model as GGUF, e.g. F16 from llama.cpp's convert_hf_to_gguf.py): one llama-server with a slot per

@@ -361,9 +361,6 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
             cudaErrorInvalidValue);
 }
 
-// The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
-// more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
-// an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
 // Split GEMM inputs (hi + lo) against the exact product over the same BF16 weights, in both shapes:
 // one GEMM of 2n columns (few rows) and two GEMMs (more than kSplitPairRows rows).
 TEST_F(CudaBackendTest, SplitGemmInputsGiveAboutTheF32ProductInEitherShape) {
@@ -453,6 +450,9 @@ TEST_F(CudaBackendTest, AMarkWaitsForTheWorkBeforeItAlone) {
   EXPECT_TRUE(gpu_->CheckErrors().ok());
 }
 
+// The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
+// more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
+// an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
 TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
   const int64_t n = 40, d = 256, m = 96;
   const std::vector<float> wv = Random(m * d, 71, 0.05f), norm = Random(d, 72), xv = Random(n * d, 73),
