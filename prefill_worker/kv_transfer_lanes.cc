@@ -1,6 +1,9 @@
 #include "prefill_worker/kv_transfer_lanes.h"
 
+#include <signal.h>
+
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 
 namespace tandem {
@@ -12,6 +15,12 @@ KvTransferLanes::~KvTransferLanes() {
     changed_.SignalAll();
   }
   for (auto& [address, lane] : lanes_) lane->thread.join();
+  for (auto& lane : retired_) lane->thread.join();
+}
+
+size_t KvTransferLanes::lanes() {
+  absl::MutexLock lock(&mu_);
+  return lanes_.size();
 }
 
 void KvTransferLanes::Begin(const std::string& address, const std::string& id, int64_t num_tokens) {
@@ -53,6 +62,8 @@ void KvTransferLanes::Enqueue(const std::string& address, Job job) {
     if (job.done) job.done(absl::UnavailableError("worker shutting down"), 0);
     return;
   }
+  for (auto& retired : retired_) retired->thread.join();  // (each has left Run, or is about to)
+  retired_.clear();
   std::unique_ptr<Lane>& lane = lanes_[address];
   if (!lane) {
     lane = std::make_unique<Lane>();
@@ -85,13 +96,26 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
 }
 
 void KvTransferLanes::Run(Lane* lane) {
+  absl::Time idle_since = absl::Now();
   while (true) {
     Job job;
     bool cancelled;
+    bool idle = false;
     {
       absl::MutexLock lock(&mu_);
-      while (lane->jobs.empty() && !stopping_) changed_.Wait(&mu_);
-      if (lane->jobs.empty()) return;
+      while (lane->jobs.empty() && !stopping_ && !idle) idle = changed_.WaitWithTimeout(&mu_, options_.idle_check);
+      if (lane->jobs.empty() && !stopping_) {
+        // Idle (the connection's state only changes on this thread; the lock guards the queue).
+        if (lane->sender == nullptr && absl::Now() - idle_since >= options_.retire_idle_lane) {
+          auto it = lanes_.find(lane->address);
+          retired_.push_back(std::move(it->second));  // joined by the next Enqueue or the destructor
+          lanes_.erase(it);
+          return;
+        }
+      } else {
+        idle = false;
+      }
+      if (!idle && lane->jobs.empty()) return;
       if (stopping_) {  // fail what is left without sending
         for (Job& j : lane->jobs) {
           if (j.done) j.done(absl::UnavailableError("worker shutting down"), 0);
@@ -99,10 +123,16 @@ void KvTransferLanes::Run(Lane* lane) {
         lane->jobs.clear();
         return;
       }
-      job = std::move(lane->jobs.front());
-      lane->jobs.pop_front();
-      cancelled = cancelled_.contains(job.id);
-      if (cancelled && job.kind == Job::kEnd) cancelled_.erase(job.id);
+      if (!idle) {
+        job = std::move(lane->jobs.front());
+        lane->jobs.pop_front();
+        cancelled = cancelled_.contains(job.id);
+        if (cancelled && job.kind == Job::kEnd) cancelled_.erase(job.id);
+      }
+    }
+    if (idle) {
+      DropIfDisconnected(lane, absl::UnavailableError("the decode worker closed the connection"));
+      continue;
     }
     if (job.kind == Job::kBegin) lane->started[job.id] = absl::Now();
     absl::Status status;
@@ -118,6 +148,12 @@ void KvTransferLanes::Run(Lane* lane) {
       }
     } else {
       status = Execute(lane, job);
+      if (status.ok() && job.kind == Job::kLayer && job.layer == options_.fault_stop_after_layer &&
+          !fault_fired_.exchange(true)) {
+        TANDEM_LOG(WARNING) << "--fault-stop-after-kv-layer: layer " << job.layer << " of " << job.id
+                            << " sent; stopping this process (SIGSTOP) mid-transfer";
+        ::raise(SIGSTOP);
+      }
       if (!status.ok()) {
         const absl::Status cause = status;
         status = absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address, " failed: ", cause.message()));
@@ -135,6 +171,7 @@ void KvTransferLanes::Run(Lane* lane) {
       lane->failed.erase(job.id);
       job.done(status, seconds);
     }
+    idle_since = absl::Now();
   }
 }
 

@@ -6,8 +6,13 @@
 // goes on over a new connection, where the receiver would drain its layers only to refuse it) and
 // the lane reconnects on next use. A transfer the receiver refused leaves the others alone. End
 // reports the outcome of the whole transfer through its callback, on the lane's thread.
+// An idle lane looks at its connection every `idle_check`: one the decode worker closed (it died or
+// restarted) is dropped then, with its side link (an NCCL communicator and its staging memory), not
+// at the next transfer, which may never come; a lane with no connection left idle for
+// `retire_idle_lane` ends its thread and is forgotten (a decode worker that comes back gets a new one).
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -33,6 +38,12 @@ class KvTransferLanes {
     // Side data path for the layers (NCCL), asked of every decode worker; nullptr: inline TCP. Each
     // lane's connection joins its own link, kept until the connection fails.
     KvLinkFactory* link_factory = nullptr;
+    // Fault drill (--fault-stop-after-kv-layer): once this layer of a transfer has been sent, the
+    // whole process stops itself (SIGSTOP), once: a peer hung mid-transfer, its sockets open, for
+    // the decode side's timeouts to deal with (or a SIGKILL, for a dead one). -1: never.
+    int32_t fault_stop_after_layer = -1;
+    absl::Duration idle_check = absl::Seconds(1);
+    absl::Duration retire_idle_lane = absl::Minutes(5);
   };
   using Done = std::function<void(const absl::Status& status, double send_seconds)>;
 
@@ -48,6 +59,8 @@ class KvTransferLanes {
   void End(const std::string& address, const std::string& id, int32_t first_token, Done done);
   // Skips the request's remaining jobs; its End callback then gets CANCELLED.
   void Cancel(const std::string& id);
+  // Lanes with a thread (for tests).
+  size_t lanes();
 
  private:
   struct Job {
@@ -81,7 +94,9 @@ class KvTransferLanes {
   absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Lane>> retired_ ABSL_GUARDED_BY(mu_);  // threads ended or ending: to join
   absl::flat_hash_set<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> fault_fired_{false};
 };
 
 }  // namespace tandem

@@ -10,6 +10,9 @@
 ABSL_FLAG(bool, layerwise_transfer, true,
           "send each layer's KV while the next layer computes (false: after the whole prompt, for comparison)");
 ABSL_FLAG(double, kv_io_timeout_s, 10, "seconds a KV send or acknowledgement may take before the transfer fails");
+ABSL_FLAG(int32_t, fault_stop_after_kv_layer, -1,
+          "fault drill: once layer N of a KV transfer has been sent, the process stops itself (SIGSTOP), once: a "
+          "peer hung mid-transfer (then SIGCONT or SIGKILL it); -1 (default): never");
 
 int main(int argc, char** argv) {
   tandem::MaybeReexecWithFasterOpenBlasCore(argv);
@@ -20,6 +23,7 @@ int main(int argc, char** argv) {
   tandem::PrefillService::Options o;
   o.layerwise_transfer = absl::GetFlag(FLAGS_layerwise_transfer);
   o.kv_io_timeout = absl::Seconds(absl::GetFlag(FLAGS_kv_io_timeout_s));
+  o.fault_stop_after_kv_layer = absl::GetFlag(FLAGS_fault_stop_after_kv_layer);
   tandem::PrefillService service(o);
   return tandem::RunWorker("prefill-worker", tandem::v1::WORKER_ROLE_PREFILL, &service);
 }

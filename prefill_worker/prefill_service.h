@@ -30,6 +30,7 @@ class PrefillService final : public v1::Prefill::CallbackService, public EngineS
   struct Options {
     bool layerwise_transfer = true;
     absl::Duration kv_io_timeout = absl::Seconds(10);
+    int32_t fault_stop_after_kv_layer = -1;  // KvTransferLanes::Options::fault_stop_after_layer
   };
   static constexpr char kKvFailureKey[] = "tandem-kv-failure";
 

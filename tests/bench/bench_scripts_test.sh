@@ -3,10 +3,12 @@
 # that stage gives them (device and KV transport aside): throughput_vs_hf.py (plain, with the larger
 # step budget, sampled), disagg_bench.py, disagg_vs_combined.py and kv_transfer_bench; each must finish
 # with its figures, and scripts/gpu_summary.py must read their outputs. Figures are not checked (2
-# shared cores), only that every level and every side came back.
-#   bench_scripts_test.sh TANDEM KV_TRANSFER_BENCH SOURCE_DIR
+# shared cores), only that every level and every side came back. With the CUDA emulator's plugin as a
+# fourth argument, kv_transfer_bench also runs as that stage runs it (--device cuda: two processes,
+# TCP staging and NCCL side by side) on the emulator, whose NCCL is emulated over loopback TCP.
+#   bench_scripts_test.sh TANDEM KV_TRANSFER_BENCH SOURCE_DIR [CUDA_EMU_PLUGIN]
 set -euo pipefail
-tandem=$1 kvb=$2 src=$3
+tandem=$1 kvb=$2 src=$3 emu_plugin=${4:-}
 out=$(mktemp -d /tmp/tandem-bench-scripts.XXXX)
 trap '[[ -n ${KEEP_OUT:-} ]] || rm -rf "$out"' EXIT
 model="$src/models/kjv-target"
@@ -30,6 +32,11 @@ python3 tests/bench/disagg_vs_combined.py "$tandem" "$model" --request-rate 20 -
   >> "$out/mixed.txt" 2>&1 || fail "disagg_vs_combined.py ($(tail -3 "$out/mixed.txt"))"
 "$kvb" --device cpu --presets qwen2.5-0.5b --tokens 64 --iterations 1 --transports tcp --two-processes >> "$out/kv_transfer.txt" 2>&1 ||
   fail "kv_transfer_bench ($(tail -3 "$out/kv_transfer.txt"))"
+if [[ -n $emu_plugin ]]; then
+  TANDEM_CUDA_PLUGIN=$emu_plugin TANDEM_CUDA_EMU_MEMORY_MB=512 "$kvb" --device cuda --presets qwen2.5-0.5b --tokens 64 \
+    --iterations 1 --kv-dtype bf16 > "$out/kv_transfer_cuda.txt" 2>&1 ||
+    fail "kv_transfer_bench --device cuda on the emulator ($(tail -3 "$out/kv_transfer_cuda.txt"))"
+fi
 python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
 python3 - "$out" <<'PY'
 import json, sys
@@ -57,6 +64,15 @@ for words in ("layer-wise", "TTFT"):
         bad.append(f"disagg_bench.py printed no '{words}'")
 if "GB/s" not in open(f"{out}/kv_transfer.txt").read():
     bad.append("kv_transfer_bench printed no GB/s")
+try:
+    cuda = open(f"{out}/kv_transfer_cuda.txt").read()
+except FileNotFoundError:
+    cuda = None  # built without CUDA: no emulator
+if cuda is not None:
+    # geometry, tokens, MiB, then a GB/s figure for each of TCP staging and NCCL
+    rows = [l.split() for l in cuda.splitlines() if l.startswith("qwen2.5-0.5b")]
+    if "nccl GB/s" not in cuda or len(rows) != 1 or len(rows[0]) != 5 or not all(float(x) > 0 for x in rows[0][3:]):
+        bad.append(f"kv_transfer_bench --device cuda on the emulator: no TCP and NCCL figures:\n{cuda[-600:]}")
 summary = open(f"{out}/summary.txt").read()
 for title in ("== throughput", "== TTFT with layer-wise overlap", "== disaggregated vs combined", "== KV transfer"):
     if title not in summary:

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -112,14 +113,28 @@ absl::Status LocalCluster::Start() {
   return WaitLive(workers_.size(), absl::Seconds(60));
 }
 
-absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role) {
-  auto address = SpawnWorker(role);
+absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role,
+                                                    const std::vector<std::string>& extra_args) {
+  auto address = SpawnWorker(role, extra_args);
   if (!address.ok()) return address.status();
-  if (absl::Status s = WaitLive(Live().size() + 1, absl::Seconds(30)); !s.ok()) return s;
-  return address;
+  // Until the router lists this one (others may come and go meanwhile).
+  const Proc& w = workers_.back();
+  for (const absl::Time end = absl::Now() + absl::Seconds(30);;) {
+    const std::vector<std::string> live = Live();
+    if (std::find(live.begin(), live.end(), *address) != live.end()) return address;
+    if (!w.process->running()) {
+      return absl::InternalError(absl::StrCat(role, " worker exited during start-up:\n", ReadFileFrom(w.log)));
+    }
+    if (absl::Now() > end) {
+      return absl::DeadlineExceededError(absl::StrCat(role, " worker ", *address, " not live in time; router log:\n",
+                                                      ReadFileFrom(dir_ + "/router.log")));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
 }
 
-absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
+absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role,
+                                                      const std::vector<std::string>& extra_args) {
   const int port = FreePort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
   std::vector<std::string> argv = {role == "prefill" ? Binary("tandem-prefill-worker", TANDEM_PREFILL_WORKER_BIN)
@@ -149,6 +164,7 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role) {
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
   if (role != "prefill") argv.insert(argv.end(), options_.decode_args.begin(), options_.decode_args.end());
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   const std::string log = absl::StrCat(dir_, "/", role, "-", next_++, ".log");
   auto p = Subprocess::Spawn(argv, log);
   if (!p.ok()) return p.status();

@@ -50,8 +50,9 @@ class LocalCluster {
 
   // Starts the router and workers; returns once the router lists every worker as live.
   absl::Status Start();
-  // Starts one more worker ("prefill", "decode" or "combined") and waits until it is live.
-  absl::StatusOr<std::string> AddWorker(const std::string& role);
+  // Starts one more worker ("prefill", "decode" or "combined"), with `extra_args` after the role's
+  // usual flags, and waits until it is live.
+  absl::StatusOr<std::string> AddWorker(const std::string& role, const std::vector<std::string>& extra_args = {});
 
   std::string router_address() const { return router_address_; }
   v1::Generation::Stub* generation() { return generation_.get(); }
@@ -72,7 +73,7 @@ class LocalCluster {
     std::string role, address, log;
     std::unique_ptr<Subprocess> process;
   };
-  absl::StatusOr<std::string> SpawnWorker(const std::string& role);
+  absl::StatusOr<std::string> SpawnWorker(const std::string& role, const std::vector<std::string>& extra_args = {});
   absl::Status WaitLive(size_t n, absl::Duration timeout);
 
   ClusterOptions options_;

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/backend/cpu/cpu_backend.h"
@@ -575,6 +577,105 @@ TEST_F(ServiceTest, KilledPrefillWorkerIsRetriedElsewhere) {
   for (const StreamResult& r : results) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   std::string why;
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+// Whether process `pid` is stopped (state T in /proc/PID/stat).
+bool Stopped(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  const size_t close = line.rfind(')');  // the state follows the parenthesised command name
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T';
+}
+
+// A prefill worker that stops in the middle of a KV transfer (--fault-stop-after-kv-layer: layer 0
+// sent, then SIGSTOP, its connections open) holds the decode worker's reservation only until the
+// transfer timeout; killed there instead, its transfer fails at once. Either way only its request
+// fails, the decode worker's blocks all come back, and it goes on serving (no thread of it hangs on
+// the peer). Over TCP; over NCCL with TANDEM_E2E_KV_TRANSPORT=nccl (gpu_check.sh), where the hung
+// case is a receive the link's deadline aborts and the dead one NCCL's remote error.
+TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
+  constexpr int kTransferTimeoutS = 4;
+  for (const bool kill : {false, true}) {
+    SCOPED_TRACE(kill ? "killed mid-transfer" : "hung mid-transfer");
+    auto c = StartCluster({.prefill = 0,
+                           .decode = 1,
+                           .decode_args = {absl::StrCat("--kv-transfer-timeout-s=", kTransferTimeoutS)}});
+    const std::string decode = c->workers("decode")[0];
+    auto faulty = c->AddWorker("prefill", {"--fault-stop-after-kv-layer=0"});
+    ASSERT_TRUE(faulty.ok()) << faulty.status();
+    Subprocess* victim = c->process(*faulty);
+    struct Reaper {  // a stopped process would not see the cluster's SIGTERM
+      Subprocess* p;
+      ~Reaper() {
+        p->Signal(SIGKILL);
+        (void)p->Wait(absl::Seconds(10));
+      }
+    } reaper{victim};
+    std::mt19937 rng(kill ? 12 : 11);
+    StreamResult hit;
+    std::thread request([&] {
+      hit = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 64, vocab_), 8), absl::Now() + absl::Seconds(60));
+    });
+    struct Joiner {
+      std::thread& t;
+      ~Joiner() {
+        if (t.joinable()) t.join();  // (after a failed ASSERT too)
+      }
+    } joiner{request};
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (!Stopped(victim->pid()) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_TRUE(Stopped(victim->pid())) << "the prefill worker never stopped mid-transfer:\n" << c->Log(*faulty);
+    const absl::Time stopped = absl::Now();
+    if (kill) victim->Signal(SIGKILL);
+    // The decode worker's pool comes back whole: at once for a dead peer, at the transfer timeout for a
+    // hung one.
+    std::string why;
+    bool idle = false;
+    while (!idle && absl::Now() < stopped + absl::Seconds(kTransferTimeoutS + 3)) {
+      auto info = c->Status(decode);
+      if (info.ok()) {
+        const v1::WorkerLoad& l = info->load();
+        idle = l.free_blocks() == l.total_blocks() && l.running() == 0 && l.waiting() == 0 &&
+               l.pending_transfers() == 0;
+        why = absl::StrCat("free ", l.free_blocks(), "/", l.total_blocks(), " running ", l.running(), " transfers ",
+                           l.pending_transfers());
+      } else {
+        why = std::string(info.status().message());
+      }
+      if (!idle) absl::SleepFor(absl::Milliseconds(20));
+    }
+    const absl::Duration freed_after = absl::Now() - stopped;
+    EXPECT_TRUE(idle) << "the decode worker still holds the transfer's blocks: " << why;
+    if (kill) EXPECT_LT(freed_after, absl::Seconds(kTransferTimeoutS)) << "a dead peer waited for the timeout";
+    // The request fails (or, once a healthy prefill worker is there, may be retried there); nothing else does.
+    auto healthy = c->AddWorker("prefill");
+    ASSERT_TRUE(healthy.ok()) << healthy.status();
+    request.join();
+    if (!hit.status.ok()) {
+      EXPECT_THAT(hit.status.error_code(), ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE,
+                                                            grpc::StatusCode::DEADLINE_EXCEEDED))
+          << hit.status.error_message();
+    }
+    // The router stops routing to the stopped worker (missed heartbeats); then the decode worker
+    // serves requests from the healthy one.
+    for (const absl::Time end = absl::Now() + absl::Seconds(15);
+         absl::c_linear_search(c->Live(), *faulty) && absl::Now() < end;) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(*faulty)));
+    std::vector<StreamResult> after(4);
+    ParallelFor(4, 4, [&](int i) {
+      after[i] = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, vocab_), 8), absl::Now() + absl::Seconds(30));
+    });
+    for (const StreamResult& r : after) {
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.ids.size(), 8u);
+    }
+    std::printf("%s: the decode worker's blocks were back %s after the stop; the request %s\n",
+                kill ? "killed" : "hung", absl::FormatDuration(freed_after).c_str(),
+                hit.status.ok() ? "was retried and completed" : hit.status.error_message().c_str());
+  }
 }
 
 // A hung worker (SIGSTOP: its sockets stay open) is detected by missed heartbeats, its calls are

@@ -4,10 +4,15 @@
 #include "common/backend/cuda/emu/cuda_emu.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <set>
+#include <thread>
 #include <vector>
+
+#include "common/backend/cuda/emu/async_work.h"
 
 #include "common/backend/cuda/launch.cuh"
 #include "gtest/gtest.h"
@@ -324,6 +329,77 @@ TEST(CudaEmulatorTest, MemoryIsAccountedAndBounded) {
   EXPECT_EQ(cudaFree(p), cudaSuccess);
   EXPECT_EQ(cudaFree(p), cudaErrorInvalidValue) << "a double free is refused";
   cudaGetLastError();
+}
+
+// Async work (emu/async_work.h, what the emulated NCCL's sends and receives are): the stream is held
+// until the op completes, its later work waits behind it, events recorded after it are not ready, and
+// the host's waits block; the enqueuing thread itself is never blocked. In both stream modes.
+TEST(CudaEmulatorTest, AsyncWorkHoldsItsStreamUntilItCompletes) {
+  for (const char* mode : {"eager", "deferred"}) {
+    SCOPED_TRACE(mode);
+    ASSERT_TRUE(tandem_emu::SetStreams(mode));
+    int* d = Device(std::vector<int>(32, 0));
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    cudaEvent_t before = nullptr, after = nullptr;
+    ASSERT_EQ(cudaEventCreate(&before), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&after), cudaSuccess);
+    ASSERT_EQ(Launch(AddOne, 1, 32, 0, s, d), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(before, s), cudaSuccess);
+    auto op = std::make_shared<tandem_emu::AsyncOp>();
+    std::vector<int> seen_at_start;
+    ASSERT_EQ(tandem_emu::EnqueueAsync(s, [&] {
+                seen_at_start.assign(d, d + 32);  // (device memory is host memory here)
+                return op;
+              }),
+              cudaSuccess);
+    EXPECT_EQ(seen_at_start, std::vector<int>(32, 1)) << "the op starts after the work queued before it";
+    ASSERT_EQ(Launch(AddOne, 1, 32, 0, s, d), cudaSuccess);  // behind the op
+    ASSERT_EQ(cudaEventRecord(after, s), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(before), cudaSuccess);
+    EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady);
+    EXPECT_EQ(Host(d, 32), std::vector<int>(32, 1)) << "work behind an op in flight ran";
+    // A host wait blocks until the op completes (here, from another thread 50 ms later).
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread completer([op] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      op->Complete();
+    });
+    EXPECT_EQ(cudaEventSynchronize(after), cudaSuccess);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(45));
+    completer.join();
+    EXPECT_EQ(cudaEventQuery(after), cudaSuccess);
+    EXPECT_EQ(Host(d, 32), std::vector<int>(32, 2));
+    // Completed before anything waits: the work behind it runs at the next look at the stream.
+    auto quick = std::make_shared<tandem_emu::AsyncOp>();
+    ASSERT_EQ(tandem_emu::EnqueueAsync(s, [quick] { return quick; }), cudaSuccess);
+    void* scratch = nullptr;
+    ASSERT_EQ(cudaMallocAsync(&scratch, 64, s), cudaSuccess);
+    size_t free_held = 0, total = 0, free_now = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_held, &total), cudaSuccess);
+    ASSERT_EQ(cudaFreeAsync(scratch, s), cudaSuccess);  // behind the op
+    ASSERT_EQ(cudaMemGetInfo(&free_now, &total), cudaSuccess);
+    EXPECT_EQ(free_now, free_held) << "a stream-ordered free ran before the op it follows completed";
+    quick->Complete();
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(cudaMemGetInfo(&free_now, &total), cudaSuccess);
+    EXPECT_EQ(free_now, free_held + 256);
+    // Never inside a capture.
+    cudaStream_t capturing = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(tandem_emu::EnqueueAsync(capturing, [] { return std::make_shared<tandem_emu::AsyncOp>(); }),
+              cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(capturing, &graph), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    EXPECT_EQ(cudaStreamDestroy(capturing), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(before), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(after), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    EXPECT_EQ(cudaFree(d), cudaSuccess);
+  }
+  ASSERT_TRUE(tandem_emu::SetStreams("eager"));
 }
 
 }  // namespace

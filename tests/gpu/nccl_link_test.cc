@@ -3,8 +3,9 @@
 // --sender), each with its own NCCL_HOSTID. Checks every moved value exactly (more blocks than one
 // NCCL group holds, shuffled on both ends), that a cancelled transfer's layers are drained without
 // desynchronising the pair, that a cancel mid-transfer keeps what landed before it and nothing after,
-// that a killed sender fails only its transfer within the I/O timeout, and that a join nobody
-// answers times out. Exit code 77 (ctest: skipped, label "gpu") without a device.
+// that a killed sender fails only its transfer within the I/O timeout, that a receive from a peer
+// that joined but never sends (alive: no error to see) ends at its deadline with the link aborted,
+// and that a join nobody answers times out. Exit code 77 (ctest: skipped, label "gpu") without a device.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -121,10 +124,22 @@ void Touch(const std::string& path) {
 // mode "transfer": r1 (600 blocks), r2 (cancelled by the receiver beforehand), r3. mode "pause": layer
 // 0 of r1, then `dir`/layer0, then waits for `dir`/go (or to be killed), then the rest of r1, whose
 // End the receiver must refuse (it cancelled r1 meanwhile).
+// mode "silent": joins the link whose rendezvous the receiver wrote to `dir`/rendezvous as rank 0,
+// writes `dir`/joined, sends nothing, and exits once `dir`/go appears.
 int RunSender(const std::string& mode, int port, const std::string& dir) {
   ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-sender", 1);  // before any NCCL call
   auto device = MakeDevice(/*fill=*/true);
   if (!device.ok()) return Fail("device", device.status());
+  if (mode == "silent") {
+    if (!WaitForFile(dir + "/rendezvous", absl::Seconds(60))) return Fail("rendezvous", absl::DeadlineExceededError("none"));
+    std::ifstream in(dir + "/rendezvous", std::ios::binary);
+    const std::string rendezvous((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto link = device->links->Join(rendezvous, 0, absl::Seconds(30));
+    if (!link.ok()) return Fail("join", link.status());
+    Touch(dir + "/joined");
+    if (!WaitForFile(dir + "/go", absl::Seconds(120))) return Fail("go", absl::DeadlineExceededError("no go"));
+    return 0;
+  }
   auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), kInfo, absl::Seconds(20), device->links.get());
   if (!sender.ok()) return Fail("connect", sender.status());
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
@@ -291,6 +306,46 @@ TEST_F(NcclLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
   EXPECT_EQ(w.status().code(), absl::StatusCode::kUnavailable) << w.status();
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5 + 2));
   (void)child.Wait(absl::Seconds(10));
+}
+
+// The peer joined and lives, but never sends: nothing fails on its own, so the receive's deadline
+// must end it, abort the communicator (a later call fails at once) and leave no thread waiting.
+TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
+  auto rendezvous = device_->links->NewRendezvous();
+  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+  {
+    std::ofstream out(dir_ + "/rendezvous.tmp", std::ios::binary);
+    out << *rendezvous;
+  }
+  std::filesystem::rename(dir_ + "/rendezvous.tmp", dir_ + "/rendezvous");
+  Subprocess child = SpawnSender("silent", 0);
+  auto link = device_->links->Join(*rendezvous, 1, absl::Seconds(60));
+  ASSERT_TRUE(link.ok()) << link.status();
+  ASSERT_TRUE(WaitForFile(dir_ + "/joined", absl::Seconds(30)));
+  const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, 300, 6);
+  bool landed = false;
+  const KvLink::Landing land = [&](const std::function<void()>& write) {
+    landed = true;
+    write();
+  };
+  absl::Time t0 = absl::Now();
+  const absl::Status s = (*link)->RecvLayer(0, dst, land, absl::Seconds(1));
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("aborted"));
+  EXPECT_GE(took, absl::Milliseconds(900));
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_FALSE(landed);
+  t0 = absl::Now();
+  const absl::Status again = (*link)->RecvLayer(1, dst, land, absl::Seconds(5));
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
+  EXPECT_LT(absl::Now() - t0, absl::Milliseconds(100)) << "a call on an aborted link waited";
+  link->reset();  // tears the aborted link down without waiting for the peer
+  for (int32_t b : dst) ASSERT_TRUE(IsZero(b)) << "block " << b;
+  Touch(dir_ + "/go");
+  auto status = child.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the silent peer failed: see its stderr above";
 }
 
 TEST_F(NcclLinkTest, AJoinNobodyAnswersTimesOut) {

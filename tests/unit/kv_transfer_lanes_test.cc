@@ -9,6 +9,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 #include "gtest/gtest.h"
+#include "tests/unit/loopback_kv_link.h"
 
 namespace tandem {
 namespace {
@@ -69,6 +70,45 @@ TEST_F(KvTransferLanesTest, DeliversInOrderAndReportsTheAcknowledgement) {
     EXPECT_TRUE(std::equal(static_cast<float*>(src_->k_data()) + base + 1 * e, static_cast<float*>(src_->k_data()) + base + 2 * e, static_cast<float*>(dst_->k_data()) + base + 6 * e));
     EXPECT_TRUE(std::equal(static_cast<float*>(src_->v_data()) + base + 1 * e, static_cast<float*>(src_->v_data()) + base + 2 * e, static_cast<float*>(dst_->v_data()) + base + 6 * e));
   }
+}
+
+// A decode worker that goes away while its lane is idle: the lane drops the connection and its side
+// link (on a GPU an NCCL communicator and its staging memory) at its next idle check, not at a next
+// transfer that may never come; left with no connection, the lane then retires its thread.
+TEST_F(KvTransferLanesTest, AnIdleLaneDropsADeadReceiversLinkAndThenRetires) {
+  LoopbackKvHub hub;
+  LoopbackKvLinkFactory src_link(src_.get(), &hub), dst_link(dst_.get(), &hub);
+  TcpKvReceiver::Options ro{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  ro.link_factory = &dst_link;
+  auto receiver = TcpKvReceiver::Create(ro).value();
+  const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
+  KvTransferLanes::Options lo{info_, src_.get(), absl::Seconds(2), &src_link};
+  lo.idle_check = absl::Milliseconds(50);
+  lo.retire_idle_lane = absl::Milliseconds(400);
+  KvTransferLanes lanes(lo);
+  ASSERT_TRUE(receiver->Expect("a", {6}).ok());
+  lanes.Begin(address, "a", 4);
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes.SendLayer(address, "a", l, {1});
+  EXPECT_TRUE(Ended(&lanes, address, "a").ok());
+  EXPECT_EQ(hub.live_links.load(), 2);  // one link, both ends, kept for the next transfer
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(hub.live_links.load(), 2) << "a healthy idle connection was dropped";
+  EXPECT_EQ(lanes.lanes(), 1u) << "a lane with a live connection retired";
+  receiver.reset();  // the decode worker dies
+  const absl::Time gone = absl::Now();
+  while (hub.live_links.load() > 0 && absl::Now() - gone < absl::Seconds(3)) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(hub.live_links.load(), 0) << "the lane kept a dead receiver's link";
+  EXPECT_LT(absl::Now() - gone, absl::Milliseconds(500));
+  while (lanes.lanes() > 0 && absl::Now() - gone < absl::Seconds(3)) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(lanes.lanes(), 0u) << "an idle lane with no connection kept its thread";
+  // A new lane for the next decode worker (the retired thread is joined on the way).
+  auto again = TcpKvReceiver::Create(ro).value();
+  const std::string address2 = absl::StrCat("127.0.0.1:", again->port());
+  ASSERT_TRUE(again->Expect("b", {3}).ok());
+  lanes.Begin(address2, "b", 4);
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes.SendLayer(address2, "b", l, {2});
+  EXPECT_TRUE(Ended(&lanes, address2, "b").ok());
+  EXPECT_EQ(again->Wait("b", absl::Seconds(1)).value(), 5);
 }
 
 TEST_F(KvTransferLanesTest, ARefusedTransferFailsItsEndAndTheLaneRecovers) {

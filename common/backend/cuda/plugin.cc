@@ -5,9 +5,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/transport/kv_link.h"
-#ifndef TANDEM_CUDA_EMU_PLUGIN
 #include "common/transport/nccl/nccl_kv_link_impl.h"
-#endif
 
 namespace {
 
@@ -40,11 +38,6 @@ extern "C" __attribute__((visibility("default"))) tandem::Backend* TandemCreateC
 
 extern "C" __attribute__((visibility("default"))) tandem::KvLinkFactory* TandemCreateNcclKvLinkFactory(
     tandem::KvCacheStorage* storage, char* error, size_t error_size) {
-#ifdef TANDEM_CUDA_EMU_PLUGIN  // the CUDA emulator's plugin (emu/): a backend, no NCCL
-  (void)storage;
-  std::snprintf(error, error_size, "this is the CUDA emulator's plugin, which has no NCCL: use --kv-transport tcp");
-  return nullptr;
-#else
+  // (The CUDA emulator's plugin, emu/, links the emulated NCCL in place of libnccl.)
   return Release<tandem::KvLinkFactory>(tandem::NcclKvLinkFactory::Create(storage), error, error_size);
-#endif
 }

@@ -18,7 +18,7 @@
 // order, so a kernel that assumes which block runs last (or first) shows too.
 //
 // Not emulated: timing, concurrency between streams (work runs when enqueued; a stream being captured
-// records it instead), the memory model (every write is visible at once), and device math's last-bit
+// records it instead; async work, async_work.h, holds its stream until another thread completes it), the memory model (every write is visible at once), and device math's last-bit
 // differences (expf here is the host's). Misaligned accesses, which fault on the device, are caught by
 // UBSan's alignment check in the builds that have it (emu/CMakeLists.txt: tandem_cuda_emu_checked).
 #pragma once

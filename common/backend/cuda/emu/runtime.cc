@@ -24,10 +24,12 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/backend/cuda/emu/async_work.h"
 #include "common/backend/cuda/emu/cuda_emu.h"
 #include "common/backend/cuda/emu/counters.h"
 
@@ -43,11 +45,17 @@ struct CUstream_st {
   bool capture_invalidated = false;
   std::thread::id capturer;
   std::vector<std::function<cudaError_t()>> recorded;
+  // Async work (async_work.h), under async_mu: the op holding the stream, the work waiting behind
+  // it, and whether a thread is running that work now.
+  std::shared_ptr<tandem_emu::AsyncOp> in_flight;
+  std::deque<std::function<cudaError_t()>> behind;
+  bool draining = false;
 };
 struct CUevent_st {
   cudaStream_t stream = nullptr;  // where it was last recorded
   bool recorded = false;
   std::chrono::steady_clock::time_point at;
+  std::atomic<int> unrun{0};  // records enqueued (outside captures) whose work has not run yet
 };
 struct CUgraph_st {
   std::vector<std::function<cudaError_t()>> work;
@@ -520,13 +528,111 @@ cudaError_t Flush(cudaStream_t target, bool all) {
   return first;
 }
 
-// Work for `stream`: recorded when it is being captured, else run now or queued (Deferred()).
+// Async work (async_work.h). A stream whose op is in flight keeps the work it gets meanwhile in
+// `behind`; whichever thread next looks at the stream after the op completed runs that work, in order,
+// up to the next op. (A stream's work is enqueued by one thread at a time in this project; two
+// threads enqueueing on one stream at once could reorder work that was not behind an op.)
+std::mutex async_mu;
+std::set<cudaStream_t> async_streams;  // streams that have had async work (device-wide waits)
+
+// Runs the work behind `stream`'s completed op, up to the next op in flight.
+void Drain(cudaStream_t stream) {
+  if (stream == nullptr) return;
+  while (true) {
+    std::function<cudaError_t()> item;
+    {
+      std::lock_guard<std::mutex> lock(async_mu);
+      if (stream->draining) return;  // another thread is running it
+      if (stream->in_flight != nullptr) {
+        if (!stream->in_flight->done()) return;
+        stream->in_flight.reset();
+      }
+      if (stream->behind.empty()) return;
+      item = std::move(stream->behind.front());
+      stream->behind.pop_front();
+      stream->draining = true;
+    }
+    const cudaError_t e = item();  // an async op's start sets in_flight again
+    {
+      std::lock_guard<std::mutex> lock(async_mu);
+      stream->draining = false;
+    }
+    if (e != cudaSuccess) last_error = e;
+  }
+}
+
+// Queues `work` behind `stream`'s op in flight (or the work already waiting there), if any: true.
+bool QueuedBehind(cudaStream_t stream, std::function<cudaError_t()>& work) {
+  if (stream == nullptr) return false;
+  Drain(stream);
+  std::lock_guard<std::mutex> lock(async_mu);
+  if (stream->in_flight == nullptr && stream->behind.empty() && !stream->draining) return false;
+  stream->behind.push_back(std::move(work));
+  return true;
+}
+
+// Runs `work` now, or queues it behind `stream`'s async work.
+cudaError_t RunOrQueueBehind(cudaStream_t stream, std::function<cudaError_t()> work) {
+  return QueuedBehind(stream, work) ? cudaSuccess : work();
+}
+
+// Blocks until `stream` holds no async work and nothing waits behind it.
+void WaitAsync(cudaStream_t stream) {
+  if (stream == nullptr) return;
+  while (true) {
+    Drain(stream);
+    std::shared_ptr<AsyncOp> op;
+    {
+      std::lock_guard<std::mutex> lock(async_mu);
+      if (stream->in_flight == nullptr && stream->behind.empty() && !stream->draining) return;
+      op = stream->in_flight;
+    }
+    if (op != nullptr) {
+      op->Wait();
+    } else {
+      std::this_thread::yield();  // another thread runs the work behind it
+    }
+  }
+}
+
+// Blocks until every stream that had async work holds none.
+void WaitAllAsync() {
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(async_mu);
+    streams.assign(async_streams.begin(), async_streams.end());
+  }
+  for (cudaStream_t s : streams) WaitAsync(s);
+}
+
+// Blocks until `event`'s records have run (the deferred queues already flushed up to them).
+void WaitEvent(cudaEvent_t event) {
+  while (event->unrun.load() > 0) {
+    const cudaStream_t stream = event->stream;
+    Drain(stream);
+    if (event->unrun.load() == 0) return;
+    std::shared_ptr<AsyncOp> op;
+    if (stream != nullptr) {
+      std::lock_guard<std::mutex> lock(async_mu);
+      op = stream->in_flight;
+    }
+    if (op != nullptr) {
+      op->Wait();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+// Work for `stream`: recorded when it is being captured, else run now or queued (Deferred()); behind
+// an async op in flight on it, queued there.
 cudaError_t Enqueue(cudaStream_t stream, std::function<cudaError_t()> work) {
   if (stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id()) {
     stream->recorded.push_back(std::move(work));
     return cudaSuccess;
   }
-  if (!Deferred()) return work();
+  if (!Deferred()) return RunOrQueueBehind(stream, std::move(work));
+  if (QueuedBehind(stream, work)) return cudaSuccess;
   std::lock_guard<std::mutex> lock(queue_mu);
   queues[stream].push_back({next_seq++, std::move(work)});
   return cudaSuccess;
@@ -594,6 +700,27 @@ bool SetStreams(const char* name) {
 }
 
 uint64_t KernelsRun() { return kernels_run.load(std::memory_order_relaxed); }
+
+cudaError_t EnqueueAsync(cudaStream_t stream, std::function<std::shared_ptr<AsyncOp>()> start) {
+  if (stream == nullptr) return SetLast(cudaErrorInvalidResourceHandle);
+  if (stream->capturing) {
+    stream->capture_invalidated = true;
+    return SetLast(cudaErrorStreamCaptureUnsupported);
+  }
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  // Deferred: what the stream has queued runs first (the op reads or writes what it left).
+  if (const cudaError_t e = Flush(stream, false); e != cudaSuccess) return SetLast(e);
+  {
+    std::lock_guard<std::mutex> lock(async_mu);
+    async_streams.insert(stream);
+  }
+  return SetLast(RunOrQueueBehind(stream, [stream, start = std::move(start)]() -> cudaError_t {
+    std::shared_ptr<AsyncOp> op = start();
+    std::lock_guard<std::mutex> lock(async_mu);
+    stream->in_flight = std::move(op);  // (null: it completed at once)
+    return cudaSuccess;
+  }));
+}
 
 unsigned char* DynamicShared() { return block.dynamic_shared.get(); }
 
@@ -753,20 +880,41 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   tandem_emu::allocations[*p] = rounded;
   return cudaSuccess;
 }
-cudaError_t cudaFree(void* p) {
-  if (p == nullptr) return cudaSuccess;
-  tandem_emu::Flush(nullptr, /*all=*/true);  // as on the device, freeing waits for the work before it
-  std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
-  const auto it = tandem_emu::allocations.find(p);
-  if (it == tandem_emu::allocations.end()) return SetLast(cudaErrorInvalidValue);
-  tandem_emu::allocated_bytes -= it->second;
+}  // extern "C"
+
+namespace tandem_emu {
+namespace {
+
+cudaError_t Release(void* p) {
+  std::lock_guard<std::mutex> lock(state_mu);
+  const auto it = allocations.find(p);
+  if (it == allocations.end()) return cudaErrorInvalidValue;
+  allocated_bytes -= it->second;
   [[maybe_unused]] const size_t rounded_size = it->second;
-  tandem_emu::allocations.erase(it);
+  allocations.erase(it);
 #if defined(__SANITIZE_ADDRESS__)
   __asan_unpoison_memory_region(p, rounded_size);
 #endif
   std::free(p);
   return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace tandem_emu
+
+extern "C" {
+
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  // As on the device, freeing waits for the work before it, async work included.
+  tandem_emu::Flush(nullptr, /*all=*/true);
+  tandem_emu::WaitAllAsync();
+  return SetLast(tandem_emu::Release(p));
+}
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (p == nullptr) return cudaSuccess;
+  return SetLast(Enqueue(stream, [p] { return tandem_emu::Release(p); }));
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
@@ -819,9 +967,14 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   const cudaError_t e = tandem_emu::Flush(stream, false);  // its work still completes
+  tandem_emu::WaitAsync(stream);
   {
     std::lock_guard<std::mutex> lock(tandem_emu::queue_mu);
     tandem_emu::queues.erase(stream);
+  }
+  {
+    std::lock_guard<std::mutex> lock(tandem_emu::async_mu);
+    tandem_emu::async_streams.erase(stream);
   }
   delete stream;
   return SetLast(e);
@@ -832,11 +985,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return SetLast(cudaErrorStreamCaptureUnsupported);
   }
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  return SetLast(tandem_emu::Flush(stream, false));
+  const cudaError_t e = tandem_emu::Flush(stream, false);
+  tandem_emu::WaitAsync(stream);
+  return SetLast(e);
 }
 cudaError_t cudaDeviceSynchronize() {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  return SetLast(tandem_emu::Flush(nullptr, /*all=*/true));
+  const cudaError_t e = tandem_emu::Flush(nullptr, /*all=*/true);
+  tandem_emu::WaitAllAsync();
+  return SetLast(e);
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (stream == nullptr || stream->capturing) return SetLast(cudaErrorIllegalState);
@@ -894,34 +1051,51 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int /*flags: t
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  delete event;
+  if (event->unrun.load() > 0) tandem_emu::Drain(event->stream);
+  // A record still queued (deferred, or behind async work) refers to the event: as on the device, it
+  // is destroyed once that work has run, here never (a leak of a few bytes, in tests).
+  if (event->unrun.load() == 0) delete event;
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->stream = stream;
-  return SetLast(Enqueue(stream, [event] {
+  // A record captured into a graph runs at each replay, counted by none.
+  const bool counted = !(stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id());
+  if (counted) event->unrun.fetch_add(1);
+  return SetLast(Enqueue(stream, [event, counted] {
     event->recorded = true;
     event->at = std::chrono::steady_clock::now();
+    if (counted) event->unrun.fetch_sub(1);
     return cudaSuccess;
   }));
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  // Eager: recorded work has run (and an event never recorded has nothing to wait for). Deferred: the
-  // event's stream is run to its end (a little more than up to the event).
-  return SetLast(tandem_emu::Flush(event->stream, false));
+  // Eager: recorded work has run (and an event never recorded has nothing to wait for), unless it
+  // waits behind async work. Deferred: the event's stream is run to its end (a little more than up to
+  // the event).
+  const cudaError_t e = tandem_emu::Flush(event->stream, false);
+  tandem_emu::WaitEvent(event);
+  return SetLast(e);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
   (void)stream;
   if (tandem_emu::thread_capture != nullptr) return cudaSuccess;  // (captured work runs at replay, in order)
-  // Eager: the event's work has run. Deferred: the event's stream runs to its end now, before anything
-  // `stream` queues after this (more than the wait asks for, never less).
-  return SetLast(tandem_emu::Flush(event->stream, false));
+  // Eager: the event's work has run, or this waits on the host for the async work it is behind.
+  // Deferred: the event's stream runs to its end now, before anything `stream` queues after this (more
+  // than the wait asks for, never less).
+  const cudaError_t e = tandem_emu::Flush(event->stream, false);
+  tandem_emu::WaitEvent(event);
+  return SetLast(e);
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  // Complete once run: eager work has; deferred work up to the event runs now (as a synchronisation).
-  return SetLast(tandem_emu::Flush(event->stream, false));
+  // Complete once run: eager work has, unless it waits behind async work in flight; deferred work up
+  // to the event runs now (as a synchronisation).
+  const cudaError_t e = tandem_emu::Flush(event->stream, false);
+  if (e != cudaSuccess) return SetLast(e);
+  if (event->unrun.load() > 0) tandem_emu::Drain(event->stream);
+  return event->unrun.load() > 0 ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start->recorded || !end->recorded) return SetLast(cudaErrorInvalidResourceHandle);
