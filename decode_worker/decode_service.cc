@@ -64,6 +64,7 @@ void DecodeService::Stop() {
 EngineSnapshot DecodeService::snapshot() const {
   EngineSnapshot s = EngineService::snapshot();
   s.pending_transfers = pending_transfers_.load();
+  s.kv_links = link_factory_ ? link_factory_->live_links() : 0;
   s.kv_full = s.total_blocks > 0 &&
               static_cast<double>(s.total_blocks - s.free_blocks) > options_.kv_high_water * s.total_blocks;
   return s;

@@ -47,6 +47,12 @@ void PrefillService::Stop() {
   loop_.reset();
 }
 
+EngineSnapshot PrefillService::snapshot() const {
+  EngineSnapshot s = EngineService::snapshot();
+  s.kv_links = link_factory_ ? link_factory_->live_links() : 0;
+  return s;
+}
+
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const v1::PrefillRequest* request, v1::PrefillResponse* response) {
   const std::string id = request->request_id();

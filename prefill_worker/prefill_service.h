@@ -45,6 +45,7 @@ class PrefillService final : public v1::Prefill::CallbackService, public EngineS
   absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint, WorkerMetrics* metrics,
                      v1::WorkerDescription* description) override;
   void Stop() override;
+  EngineSnapshot snapshot() const override;
 
  private:
   using Call = rpc::UnaryCall<v1::PrefillResponse>;

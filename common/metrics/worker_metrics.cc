@@ -16,6 +16,9 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
       usage_(m->Gauge("tandem_kv_usage_ratio", "Share of the KV cache blocks in use.")),
       usage_peak_(m->Gauge("tandem_kv_usage_peak_ratio", "Highest KV usage ratio since the process started.")),
       pending_transfers_(m->Gauge("tandem_kv_transfers_pending", "Reservations waiting for their KV transfer.")),
+      kv_links_(m->Gauge("tandem_kv_links",
+                         "Side links for KV layers up in this worker (--kv-transport nccl: an NCCL communicator and "
+                         "its staging memory each, one per prefill-decode connection).")),
       prefix_queries_(m->Counter("tandem_prefix_cache_queries_tokens_total", "Prompt tokens looked up in the prefix cache.")),
       prefix_hits_(m->Counter("tandem_prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.")),
       preemptions_(m->Counter("tandem_preemptions_total", "Requests preempted (blocks freed, recomputed later).")),
@@ -67,6 +70,7 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
   usage_.Set(usage);
   usage_peak_.Set(s.total_blocks > 0 ? static_cast<double>(s.peak_used_blocks) / s.total_blocks : 0.0);
   pending_transfers_.Set(static_cast<double>(s.pending_transfers));
+  kv_links_.Set(static_cast<double>(s.kv_links));
   prefix_queries_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_queries - last_.prefix_queries)));
   prefix_hits_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_hits - last_.prefix_hits)));
   preemptions_.Increment(static_cast<double>(std::max<int64_t>(0, s.preemptions - last_.preemptions)));

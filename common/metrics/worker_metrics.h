@@ -19,6 +19,7 @@ struct EngineSnapshot {
   int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;  // cumulative
   int64_t sampled_on_device = 0, sampled_on_host = 0, sampling_row_copies = 0;  // cumulative
   int64_t pending_transfers = 0;
+  int64_t kv_links = 0;  // side links (NCCL communicators) for KV layers up in this process
   int64_t peak_used_blocks = 0;  // highest blocks in use seen after any step since start
   // Engine-thread seconds (cumulative) in the model's forward pass, and in steps outside it plus the
   // handling of their outputs (EngineLoop).
@@ -58,6 +59,7 @@ class WorkerMetrics {
   prometheus::Gauge& usage_;
   prometheus::Gauge& usage_peak_;
   prometheus::Gauge& pending_transfers_;
+  prometheus::Gauge& kv_links_;
   prometheus::Counter& prefix_queries_;
   prometheus::Counter& prefix_hits_;
   prometheus::Counter& preemptions_;

@@ -66,6 +66,9 @@ class KvLinkFactory {
   // rank with no timeout of its own, so the NCCL factory stands in for the missing ranks and aborts.
   // Blocks for at most a few seconds.
   virtual void Abandon(const std::string& /*rendezvous*/, const std::vector<int>& /*ranks*/) {}
+  // Links this factory made that are still up (not yet destroyed): this process's ends of its pairs,
+  // each an NCCL communicator with its staging memory (the tandem_kv_links gauge). Thread-safe.
+  virtual int64_t live_links() const { return 0; }
 };
 
 }  // namespace tandem

@@ -319,8 +319,10 @@ TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   }
   std::filesystem::rename(dir_ + "/rendezvous.tmp", dir_ + "/rendezvous");
   Subprocess child = SpawnSender("silent", 0);
+  const int64_t links_before = device_->links->live_links();
   auto link = device_->links->Join(*rendezvous, 1, absl::Seconds(60));
   ASSERT_TRUE(link.ok()) << link.status();
+  EXPECT_EQ(device_->links->live_links(), links_before + 1);  // (the tandem_kv_links gauge)
   ASSERT_TRUE(WaitForFile(dir_ + "/joined", absl::Seconds(30)));
   const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, 300, 6);
   bool landed = false;
@@ -341,6 +343,7 @@ TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(100)) << "a call on an aborted link waited";
   link->reset();  // tears the aborted link down without waiting for the peer
+  EXPECT_EQ(device_->links->live_links(), links_before);
   for (int32_t b : dst) ASSERT_TRUE(IsZero(b)) << "block " << b;
   Touch(dir_ + "/go");
   auto status = child.Wait(absl::Seconds(60));

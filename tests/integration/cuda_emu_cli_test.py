@@ -10,7 +10,7 @@ On models/kjv-target (a trained model: greedy choices have clear margins):
   same logits (--device-sampling=false), logprobs within 1e-5;
 - a combined `tandem up --device cuda` worker streams what in-process generation gives;
 - a prefill and a decode worker moving KV over the emulated NCCL (emu/nccl.cc) stream the same greedy
-  tokens as in-process generation.
+  tokens as in-process generation, and each then counts one link in tandem_kv_links.
 
 Usage: cuda_emu_cli_test.py PATH_TO_TANDEM PATH_TO_EMU_PLUGIN MODEL_DIR WORK_DIR
 """
@@ -24,6 +24,8 @@ import sys
 import time
 
 TANDEM, PLUGIN, MODEL, WORK = sys.argv[1:5]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from bench_util import free_port_run, scrape_counters  # noqa: E402
 failures = []
 # The emulated device's memory is host memory: keep the KV pool small.
 ENV = dict(os.environ, TANDEM_CUDA_PLUGIN=PLUGIN, TANDEM_CUDA_EMU_MEMORY_MB="768", TANDEM_NUM_THREADS="1")
@@ -90,13 +92,15 @@ if device and host:
           f" host   {host['token_ids']}")
     check(lp_close(device["logprobs"], host["logprobs"], 1e-5), "logprobs of device-sampled tokens differ")
 
-def serve(name, topology, request, expected, what):
+def serve(name, topology, request, expected, what, links=None):
     """Starts `tandem up --device cuda` with `topology`, sends `request` through the router and checks
-    the streamed tokens against `expected` (in-process generation's)."""
+    the streamed tokens against `expected` (in-process generation's). With `links`, the workers'
+    tandem_kv_links gauges (metrics ports after the router's, in start order) must then read that."""
     port = free_port()
+    metrics = free_port_run(3)
     ready, logs = os.path.join(WORK, name + "-ready"), os.path.join(WORK, name + "-logs")
     up = subprocess.Popen([TANDEM, "up", "--model", MODEL, "--port", str(port), *topology, "--device", "cuda",
-                           "--ready-file", ready, "--log-dir", logs],
+                           "--ready-file", ready, "--log-dir", logs, f"--metrics-port={metrics}"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.time() + 300
     while not os.path.exists(ready) and time.time() < deadline and up.poll() is None:
@@ -117,6 +121,14 @@ def serve(name, topology, request, expected, what):
         check(remote["token_ids"] == expected["token_ids"],
               f"{what} streamed other tokens than in-process generation:\n server  {remote['token_ids']}\n"
               f" in-proc {expected['token_ids']}")
+    for i, want in enumerate(links or []):
+        got = None
+        for _ in range(50):  # gauges refresh every half second
+            got = scrape_counters(f"127.0.0.1:{metrics + 1 + i}", ["tandem_kv_links"]).get("tandem_kv_links")
+            if got == want:
+                break
+            time.sleep(0.1)
+        check(got == want, f"{name}: worker {i} (metrics port {metrics + 1 + i}) has tandem_kv_links {got}, want {want}")
     up.send_signal(signal.SIGINT)
     try:
         up.communicate(timeout=60)
@@ -129,9 +141,11 @@ def serve(name, topology, request, expected, what):
 # A combined CUDA worker behind the router streams what in-process generation gives.
 serve("combined", ["--prefill", "0", "--decode", "0", "--combined", "1"], sampled, device, "the CUDA worker")
 # So do a prefill and a decode worker moving the KV cache over NCCL (the emulated NCCL, emu/nccl.cc:
-# loopback TCP between the two processes). The emulated steps are slow: the KV timeouts are widened.
+# loopback TCP between the two processes), each counting the link in tandem_kv_links. The emulated
+# steps are slow: the KV timeouts are widened.
 serve("nccl", ["--prefill", "1", "--decode", "1", "--kv-transport", "nccl", "--prefill-worker-args=--kv-io-timeout-s=120",
-               "--decode-worker-args=--kv-transfer-timeout-s=120"], greedy, gpu, "a prefill and a decode worker over NCCL")
+               "--decode-worker-args=--kv-transfer-timeout-s=120"], greedy, gpu, "a prefill and a decode worker over NCCL",
+      links=[1, 1])  # the pair's communicator, kept at both ends for the next transfer
 
 print(f"cuda_emu_cli_test: {time.time() - started:.0f} s")
 if failures:

@@ -31,6 +31,7 @@ NcclKvLink::~NcclKvLink() {
   if (ready_ != nullptr) cudaEventDestroy(ready_);
   if (done_ != nullptr) cudaEventDestroy(done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  --*live_;
 }
 
 void NcclKvLink::Abort() {
@@ -218,7 +219,7 @@ absl::StatusOr<std::unique_ptr<KvLink>> NcclKvLinkFactory::Join(const std::strin
   std::memcpy(&id, rendezvous.data(), sizeof(id));
   const absl::Time deadline = absl::Now() + timeout;
   if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return absl::InternalError(CudaError(e));
-  std::unique_ptr<NcclKvLink> link(new NcclKvLink(storage_, device_, rank));
+  std::unique_ptr<NcclKvLink> link(new NcclKvLink(storage_, device_, rank, live_));
   if (cudaError_t e = cudaStreamCreateWithFlags(&link->stream_, cudaStreamNonBlocking); e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaStreamCreate: ", CudaError(e)));
   }

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +45,10 @@ class NcclKvLink final : public KvLink {
 
  private:
   friend class NcclKvLinkFactory;
-  NcclKvLink(KvCacheStorage* storage, int device, int rank) : storage_(storage), device_(device), rank_(rank) {}
+  NcclKvLink(KvCacheStorage* storage, int device, int rank, std::shared_ptr<std::atomic<int64_t>> live)
+      : storage_(storage), device_(device), rank_(rank), live_(std::move(live)) {
+    ++*live_;
+  }
   // Moves layer `layer` of `num_blocks` blocks, chunk by chunk: sends from `blocks`, or receives into
   // staging and lands each chunk into `blocks` through `land` (nullptr: dropped).
   // `ready`: on a send, the work the layer's KV writes are before (null: all enqueued work).
@@ -76,6 +80,7 @@ class NcclKvLink final : public KvLink {
   int32_t* index_ = nullptr;        // [kChunkBlocks] block ids of a gather or scatter (device)
   bool aborted_ = false;
   std::string abort_reason_;
+  std::shared_ptr<std::atomic<int64_t>> live_;  // the factory's count of links up (this one included)
 };
 
 class NcclKvLinkFactory final : public KvLinkFactory {
@@ -91,11 +96,14 @@ class NcclKvLinkFactory final : public KvLinkFactory {
   // bootstrap root has heard from every rank and let go, then aborts them; kStandInTimeout at most.
   void Abandon(const std::string& rendezvous, const std::vector<int>& ranks) override;
   static constexpr absl::Duration kStandInTimeout = absl::Seconds(5);
+  int64_t live_links() const override { return live_->load(); }
 
  private:
   NcclKvLinkFactory(KvCacheStorage* storage, int device) : storage_(storage), device_(device) {}
   KvCacheStorage* storage_;
   int device_;
+  // Shared with the links, which may outlive the factory (a link being torn down at exit).
+  std::shared_ptr<std::atomic<int64_t>> live_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 }  // namespace tandem
