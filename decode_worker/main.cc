@@ -12,6 +12,9 @@
 ABSL_FLAG(bool, combined, false, "combined role: compute prompts here too (no KV transfer), the baseline");
 ABSL_FLAG(int32_t, kv_port, 0, "TCP port of the KV receiver (0 = any free port; registered with the router)");
 ABSL_FLAG(double, kv_transfer_timeout_s, 30, "seconds a reservation waits for its KV transfer");
+ABSL_FLAG(double, kv_io_timeout_s, 10,
+          "seconds a KV connection's handshake, a frame begun, or a layer's NCCL receive may take before that "
+          "connection (and its NCCL communicator) is dropped");
 ABSL_FLAG(double, kv_high_water, 0.95,
           "share of the KV pool in use above which the worker reports itself full and the router sends it "
           "nothing new (1 = never)");
@@ -28,6 +31,11 @@ int main(int argc, char** argv) {
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.kv_port = absl::GetFlag(FLAGS_kv_port);
   o.kv_transfer_timeout = absl::Seconds(absl::GetFlag(FLAGS_kv_transfer_timeout_s));
+  o.kv_io_timeout = absl::Seconds(absl::GetFlag(FLAGS_kv_io_timeout_s));
+  if (!(o.kv_transfer_timeout > absl::ZeroDuration() && o.kv_io_timeout > absl::ZeroDuration())) {
+    std::fprintf(stderr, "tandem-decode-worker: --kv-transfer-timeout-s and --kv-io-timeout-s must be positive\n");
+    return 2;
+  }
   o.kv_high_water = absl::GetFlag(FLAGS_kv_high_water);
   if (!(o.kv_high_water > 0 && o.kv_high_water <= 1)) {
     std::fprintf(stderr, "tandem-decode-worker: --kv-high-water must be in (0, 1]\n");

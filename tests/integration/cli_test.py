@@ -225,6 +225,11 @@ check("tiny-llama" in p.stderr, "unknown preset lists the known ones")
 # The workers are told the router's port before it binds: 0 (any port) is refused at once.
 p = run("up", "--model", model, "--port", "0", "--log-dir", os.path.join(WORK, "up-port-0"), expect_rc=2)
 check("--port must be a port number" in p.stderr, f"tandem up --port 0: {p.stderr!r}")
+# A decode worker refuses a KV timeout that is not positive before it loads anything.
+decode_worker = os.path.join(os.path.dirname(TANDEM), "..", "decode_worker", "tandem-decode-worker")
+for flag in ("--kv-io-timeout-s=0", "--kv-transfer-timeout-s=-1"):
+    p = subprocess.run([decode_worker, "--model", model, flag], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "must be positive" in p.stderr, f"tandem-decode-worker {flag}: exit {p.returncode}, {p.stderr!r}")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))
