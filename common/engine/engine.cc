@@ -291,10 +291,12 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<bool> logprobs_after;
   // Each chunk's sequence, looked up once a step (the per-row work below is the host's share of a step).
   std::vector<Sequence*> chunk_seq(step.chunks.size());
+  bool computes_prompt = false;  // any chunk of prompt tokens (for EngineStats::prompt_forward_seconds)
   for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
     const ScheduledChunk& ch = step.chunks[ci];
     const SchedRequest* r = ch.request;
     const int64_t begin = r->num_computed_tokens, end = begin + ch.num_new_tokens;
+    computes_prompt |= begin < r->prompt_len;
     const int64_t row0 = static_cast<int64_t>(in.token_ids.size());
     in.token_ids.insert(in.token_ids.end(), r->token_ids.begin() + begin, r->token_ids.begin() + end);
     in.seqs.push_back({ch.num_new_tokens, begin, scheduler_->kv()->BlockTable(r->id)});
@@ -362,7 +364,9 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   DeviceSamples samples;
   const absl::Time forward_start = absl::Now();
   const absl::Status forwarded = model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &samples);
-  forward_seconds_ += absl::ToDoubleSeconds(absl::Now() - forward_start);
+  const double forward_seconds = absl::ToDoubleSeconds(absl::Now() - forward_start);
+  forward_seconds_ += forward_seconds;
+  if (computes_prompt) prompt_forward_seconds_ += forward_seconds;
   RETURN_IF_ERROR(forwarded);
   // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
   auto from_device = [&](size_t k, int32_t top_k) {
@@ -526,6 +530,7 @@ EngineStats Engine::stats() const {
   s.steps = steps_;
   s.step_seconds = step_seconds_;
   s.forward_seconds = forward_seconds_;
+  s.prompt_forward_seconds = prompt_forward_seconds_;
   s.computed_tokens = computed_tokens_;
   s.max_model_len = options_.scheduler.max_model_len;
   s.last_step_tokens = last_step_tokens_;

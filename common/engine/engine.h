@@ -81,6 +81,9 @@ struct EngineStats {
   // host's share (scheduling, batch assembly, sampling and stop bookkeeping). Cumulative seconds.
   double step_seconds = 0;
   double forward_seconds = 0;
+  // The part of forward_seconds in steps that computed prompt tokens (prefill chunks, alone or mixed
+  // with decode rows); the rest was in decode-only steps.
+  double prompt_forward_seconds = 0;
   int64_t max_model_len = 0;
   int64_t last_step_tokens = 0;     // tokens computed by the last step
   int64_t last_step_sequences = 0;  // sequences in the last step
@@ -158,7 +161,7 @@ class Engine {
   LayerListener layer_listener_;
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;
-  double step_seconds_ = 0, forward_seconds_ = 0;
+  double step_seconds_ = 0, forward_seconds_ = 0, prompt_forward_seconds_ = 0;
   int64_t last_step_tokens_ = 0;
   int64_t last_step_sequences_ = 0;
 };

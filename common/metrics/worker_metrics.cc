@@ -3,6 +3,14 @@
 #include <algorithm>
 
 namespace tandem {
+namespace {
+
+constexpr char kForwardHelp[] =
+    "Engine-thread seconds in the model's forward pass (on a GPU: launching each step and waiting for its "
+    "results), by step: steps that computed prompt tokens (prefill chunks, alone or beside decode rows) and "
+    "decode-only steps.";
+
+}  // namespace
 
 WorkerMetrics::WorkerMetrics(Metrics* m)
     : m_(m),
@@ -29,9 +37,8 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
       sampling_row_copies_(m->Counter("tandem_sampling_row_copies_total",
                                       "Top-p rows sampled on the device whose nucleus outgrew the candidates, so "
                                       "that their logits came to the host after all.")),
-      forward_seconds_(m->Counter("tandem_engine_forward_seconds_total",
-                                  "Engine-thread seconds in the model's forward pass (on a GPU: launching each step "
-                                  "and waiting for its results).")),
+      prompt_forward_seconds_(m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "prompt"}})),
+      decode_forward_seconds_(m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "decode"}})),
       host_seconds_(m->Counter("tandem_engine_host_seconds_total",
                                "Engine-thread seconds in steps outside the forward pass: scheduling, batch assembly, "
                                "sampling and stop bookkeeping, queuing the outputs. Over it plus the forward seconds: "
@@ -78,7 +85,9 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
   sampled_host_.Increment(static_cast<double>(std::max<int64_t>(0, s.sampled_on_host - last_.sampled_on_host)));
   sampling_row_copies_.Increment(
       static_cast<double>(std::max<int64_t>(0, s.sampling_row_copies - last_.sampling_row_copies)));
-  forward_seconds_.Increment(std::max(0.0, s.forward_seconds - last_.forward_seconds));
+  const double prompt = std::max(0.0, s.prompt_forward_seconds - last_.prompt_forward_seconds);
+  prompt_forward_seconds_.Increment(prompt);
+  decode_forward_seconds_.Increment(std::max(0.0, s.forward_seconds - last_.forward_seconds - prompt));
   host_seconds_.Increment(std::max(0.0, s.host_seconds - last_.host_seconds));
   last_ = s;
 }

@@ -24,6 +24,7 @@ struct EngineSnapshot {
   // Engine-thread seconds (cumulative) in the model's forward pass, and in steps outside it plus the
   // handling of their outputs (EngineLoop).
   double forward_seconds = 0, host_seconds = 0;
+  double prompt_forward_seconds = 0;  // the part of forward_seconds in steps with prompt tokens
   bool kv_full = false;          // above the worker's KV high-water mark
 };
 
@@ -66,7 +67,8 @@ class WorkerMetrics {
   prometheus::Counter& sampled_device_;
   prometheus::Counter& sampled_host_;
   prometheus::Counter& sampling_row_copies_;
-  prometheus::Counter& forward_seconds_;
+  prometheus::Counter& prompt_forward_seconds_;  // tandem_engine_forward_seconds_total{step="prompt"}
+  prometheus::Counter& decode_forward_seconds_;  // {step="decode"}
   prometheus::Counter& host_seconds_;
   prometheus::Counter& transfer_bytes_;
   prometheus::Counter& transfer_failures_;

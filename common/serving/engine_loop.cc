@@ -90,6 +90,7 @@ void EngineLoop::Run() {
     snapshot_.sampled_on_host = s.sampled_on_host;
     snapshot_.sampling_row_copies = s.sampling_row_copies;
     snapshot_.forward_seconds = s.forward_seconds;
+    snapshot_.prompt_forward_seconds = s.prompt_forward_seconds;
     snapshot_.host_seconds = host_seconds;
     snapshot_.peak_used_blocks =
         std::max({snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});

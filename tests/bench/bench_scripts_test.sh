@@ -47,9 +47,11 @@ for name, levels in (("throughput", ["1", "4"]), ("budget", ["4"]), ("sampled", 
     got = {k: v for k, v in r["tandem"].items() if isinstance(v, (int, float)) and v > 0}
     if sorted(got) != levels:
         bad.append(f"{name}: Tandem figures for levels {sorted(r['tandem'])}, want {levels} all > 0")
-    shares = r.get("tandem_host_share", {})
-    if sorted(shares) != levels or not all(isinstance(v, float) and 0 < v < 1 for v in shares.values()):
-        bad.append(f"{name}: engine host shares {shares}, want one in (0, 1) for each of {levels}")
+    for key, what in (("tandem_host_share", "engine host shares"),
+                      ("tandem_prompt_forward_share", "shares of forward time in steps with prompt tokens")):
+        shares = r.get(key, {})
+        if sorted(shares) != levels or not all(isinstance(v, float) and 0 < v < 1 for v in shares.values()):
+            bad.append(f"{name}: {what} {shares}, want one in (0, 1) for each of {levels}")
     if "skipped" not in r.get("hf_note", ""):
         bad.append(f"{name}: transformers column says {r.get('hf_note')!r}")
 mixed = json.load(open(f"{out}/mixed.json"))

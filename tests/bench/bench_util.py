@@ -55,18 +55,41 @@ def free_port_run(n):
 
 def scrape_counters(address, names):
     """The sum over every series of each counter in `names` in the /metrics exposition at `address`
-    (host:port); {} when it does not answer."""
+    (host:port); {} when it does not answer. A name may select series by labels, as in PromQL:
+    'tandem_engine_forward_seconds_total{step="prompt"}' sums only the series with that label."""
     try:
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
             text = r.read().decode()
     except OSError:
         return {}
+    label = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    wanted = {}
+    for n in names:
+        base, _, selector = n.partition("{")
+        wanted[n] = (base, dict(label.findall(selector)))
     out = {n: 0.0 for n in names}
     for line in text.splitlines():
         m = re.match(r"^([a-z_:][a-z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+|NaN|[+-]Inf)$", line)
-        if m and m.group(1) in out:
-            out[m.group(1)] += float(m.group(3))
+        if not m:
+            continue
+        labels = dict(label.findall(m.group(2) or ""))
+        for n, (base, selector) in wanted.items():
+            if m.group(1) == base and all(labels.get(k) == v for k, v in selector.items()):
+                out[n] += float(m.group(3))
     return out
+
+
+PROMPT_FORWARD = 'tandem_engine_forward_seconds_total{step="prompt"}'
+
+
+def prompt_share(before, after):
+    """The share of the forward pass's time in steps that computed prompt tokens, between two scrapes of
+    tandem_engine_forward_seconds_total and its step="prompt" series; None without both."""
+    f = "tandem_engine_forward_seconds_total"
+    if not all(k in d for d in (before, after) for k in (f, PROMPT_FORWARD)):
+        return None
+    dp, df = after[PROMPT_FORWARD] - before[PROMPT_FORWARD], after[f] - before[f]
+    return dp / df if df > 0 else None
 
 
 def host_share(before, after):

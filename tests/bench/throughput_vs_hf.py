@@ -6,7 +6,8 @@ Tandem: `tandem up --combined 1` on the chosen device, loaded by `tandem bench` 
 concurrency (random prompts of --input-len tokens, exactly --output-len output tokens each, EOS
 ignored, 2×concurrency requests, at least 8); beside each level, the worker's engine host share (its
 engine thread's time outside the forward pass over its busy time, from its Prometheus counters: the
-share of the level's steps its device waited for the host). Transformers: the same model in BF16 on
+share of the level's steps its device waited for the host) and the share of its forward-pass time
+in steps that computed prompt tokens (the rest in decode-only steps). Transformers: the same model in BF16 on
 the same device, generate() over static batches of `concurrency` prompts (greedy, min_new_tokens = max_new_tokens =
 --output-len), one warm-up batch of 2 first; tokens/s = batch × output-len ÷ wall time. The two
 share nothing but the model directory. llama.cpp (with --llama-server and --llama-gguf, the same
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from bench_util import free_port_run, host_share, scrape_counters, start_up, stop_up
+from bench_util import PROMPT_FORWARD, free_port_run, host_share, prompt_share, scrape_counters, start_up, stop_up
 
 ap = argparse.ArgumentParser()
 ap.add_argument("tandem")
@@ -62,6 +63,7 @@ hf_levels = [int(c) for c in (args.hf_concurrency or args.concurrency).split(","
 
 
 host_shares = {}  # concurrency → the worker's engine host share over that level
+prompt_shares = {}  # concurrency → the share of its forward time in steps with prompt tokens
 
 
 def tandem_throughput():
@@ -74,7 +76,7 @@ def tandem_throughput():
            f"--metrics-port={metrics_port}"]
     cmd += [a for a in args.up_args.split(",") if a]
     up = start_up(cmd, ready, f"tandem up (logs in {work})")
-    counters = ("tandem_engine_host_seconds_total", "tandem_engine_forward_seconds_total")
+    counters = ("tandem_engine_host_seconds_total", "tandem_engine_forward_seconds_total", PROMPT_FORWARD)
     worker_metrics = f"127.0.0.1:{metrics_port + 1}"
     out = {}
     try:
@@ -93,10 +95,12 @@ def tandem_throughput():
                 sys.exit(f"tandem bench at concurrency {c}: {r['failed']} requests failed: {r['errors']}")
             out[c] = r["output_token_throughput"]
             time.sleep(1.0)  # the worker's counters follow its engine every 0.5 s
-            host_shares[c] = host_share(before, scrape_counters(worker_metrics, counters))
+            after = scrape_counters(worker_metrics, counters)
+            host_shares[c], prompt_shares[c] = host_share(before, after), prompt_share(before, after)
             share = "?" if host_shares[c] is None else f"{100 * host_shares[c]:.1f}%"
-            print(f"tandem      concurrency {c:4d}: {out[c]:10.1f} output tok/s, engine host share {share}",
-                  file=sys.stderr)
+            prompt = "?" if prompt_shares[c] is None else f"{100 * prompt_shares[c]:.1f}%"
+            print(f"tandem      concurrency {c:4d}: {out[c]:10.1f} output tok/s, engine host share {share}, "
+                  f"forward time in steps with prompt tokens {prompt}", file=sys.stderr)
     finally:
         stop_up(up)
     shutil.rmtree(work, ignore_errors=True)  # the logs stay only when something failed
@@ -235,14 +239,16 @@ decoding = f"temperature {args.temperature}, top_p {args.top_p}" if sampled else
 print(f"model {args.model} on {args.device}; input {args.input_len}, output {args.output_len} tokens; {decoding}; "
       f"{hf_note}; {llama_note}" + (f"; tandem up {args.up_args}" if args.up_args else ""))
 print(f"{'concurrency':>11} {'Tandem tok/s':>13} {'HF tok/s':>10} {'Tandem/HF':>10} {'llama.cpp':>10} {'Tandem/llama':>13}"
-      f" {'host share':>11}")
+      f" {'host share':>11} {'prompt steps':>13}")
 for c in levels:
-    h, l, s = hf.get(c), llama.get(c), host_shares.get(c)
+    h, l, s, p = hf.get(c), llama.get(c), host_shares.get(c), prompt_shares.get(c)
     print(f"{c:11d} {tandem[c]:13.1f} {h if h is None else round(h, 1)!s:>10} "
           f"{'' if not h else f'{tandem[c] / h:.2f}x':>10} {l if l is None else round(l, 1)!s:>10} "
-          f"{'' if not l else f'{tandem[c] / l:.2f}x':>13} {'?' if s is None else f'{100 * s:.1f}%':>11}")
+          f"{'' if not l else f'{tandem[c] / l:.2f}x':>13} {'?' if s is None else f'{100 * s:.1f}%':>11}"
+          f" {'?' if p is None else f'{100 * p:.1f}%':>13}")
 if args.json_out:
     json.dump({"model": args.model, "device": args.device, "input_len": args.input_len, "output_len": args.output_len,
                "temperature": args.temperature, "top_p": args.top_p,
-               "tandem": tandem, "tandem_host_share": host_shares, "hf": hf, "hf_note": hf_note, "llama_cpp": llama, "llama_note": llama_note},
+               "tandem": tandem, "tandem_host_share": host_shares, "tandem_prompt_forward_share": prompt_shares,
+               "hf": hf, "hf_note": hf_note, "llama_cpp": llama, "llama_note": llama_note},
               open(args.json_out, "w"), indent=1)

@@ -139,6 +139,13 @@ try:
         by_role = {dict(k).get("role"): v for k, v in total(f"sum by (role) ({family})").items()}
         check(set(by_role) == {"prefill", "decode"} and all(v > 0 for v in by_role.values()),
               f"{family} by role: {by_role}, expected time on the prefill and the decode workers")
+    # By step: a prefill worker's steps all compute prompt tokens, a decode worker's (the KV comes
+    # over the transfer) none.
+    by_step = {(dict(k).get("role"), dict(k).get("step")): v
+               for k, v in total("sum by (role, step) (tandem_engine_forward_seconds_total)").items()}
+    check(by_step.get(("prefill", "prompt"), 0) > 0 and by_step.get(("prefill", "decode"), -1) == 0 and
+          by_step.get(("decode", "decode"), 0) > 0 and by_step.get(("decode", "prompt"), -1) == 0,
+          f"forward seconds by role and step: {by_step}, expected prefill workers all prompt, decode workers all decode")
 
     dashboard = json.load(open(os.path.join(SRC, "deploy", "grafana", "dashboards", "tandem.json")))
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]

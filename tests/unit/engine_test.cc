@@ -745,6 +745,9 @@ TEST_P(EngineTest, StatsSplitEachStepIntoTheForwardPassAndTheHostsShare) {
   EXPECT_GE(stats.step_seconds, stats.forward_seconds);
   // The host's share of a step of two tiny sequences is a small fraction of the 20 ms pass.
   EXPECT_LT(stats.step_seconds - stats.forward_seconds, 0.010 * stats.steps);
+  // The prompts' steps come first, then decode-only ones: each kind at least one 20 ms pass.
+  EXPECT_GE(stats.prompt_forward_seconds, 0.020);
+  EXPECT_GE(stats.forward_seconds - stats.prompt_forward_seconds, 0.020);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, EngineTest, testing_util::TinyPresets(),
