@@ -100,27 +100,26 @@ void KvTransferLanes::Run(Lane* lane) {
   while (true) {
     Job job;
     bool cancelled;
-    bool idle = false;
+    bool idle;
     {
       absl::MutexLock lock(&mu_);
-      while (lane->jobs.empty() && !stopping_ && !idle) idle = changed_.WaitWithTimeout(&mu_, options_.idle_check);
-      if (lane->jobs.empty() && !stopping_) {
-        // Idle (the connection's state only changes on this thread; the lock guards the queue).
-        if (lane->sender == nullptr && absl::Now() - idle_since >= options_.retire_idle_lane) {
-          auto it = lanes_.find(lane->address);
-          retired_.push_back(std::move(it->second));  // joined by the next Enqueue or the destructor
-          lanes_.erase(it);
-          return;
-        }
-      } else {
-        idle = false;
+      bool timed_out = false;
+      while (lane->jobs.empty() && !stopping_ && !timed_out) {
+        timed_out = changed_.WaitWithTimeout(&mu_, options_.idle_check);
       }
-      if (!idle && lane->jobs.empty()) return;
       if (stopping_) {  // fail what is left without sending
         for (Job& j : lane->jobs) {
           if (j.done) j.done(absl::UnavailableError("worker shutting down"), 0);
         }
         lane->jobs.clear();
+        return;
+      }
+      idle = lane->jobs.empty();
+      // (The connection's state only changes on this thread; the lock guards the queue.)
+      if (idle && lane->sender == nullptr && absl::Now() - idle_since >= options_.retire_idle_lane) {
+        auto it = lanes_.find(lane->address);
+        retired_.push_back(std::move(it->second));  // joined by the next Enqueue or the destructor
+        lanes_.erase(it);
         return;
       }
       if (!idle) {

@@ -18,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/socket_io.h"
 #include "common/base/status_macros.h"
 #include "common/model/dtype_proto.h"
 #include "tandem/v1/kv_transfer.pb.h"
@@ -44,17 +45,7 @@ absl::Status IoError(const char* what) {
 }
 
 absl::Status WriteAll(int fd, const void* data, size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError("send");
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
+  return SendAll(fd, data, n) ? absl::OkStatus() : IoError("send");
 }
 
 // Writes every buffer of `iov` (consumed as it goes), IOV_MAX at a time.
@@ -81,18 +72,9 @@ absl::Status WriteVector(int fd, std::vector<iovec>& iov) {
 }
 
 absl::Status ReadAll(int fd, void* data, size_t n) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
-    if (r == 0) return absl::UnavailableError("KV transfer: peer closed the connection");
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return IoError("recv");
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return absl::OkStatus();
+  if (RecvAll(fd, data, n)) return absl::OkStatus();
+  if (errno == 0) return absl::UnavailableError("KV transfer: peer closed the connection");
+  return IoError("recv");
 }
 
 absl::Status SendFrame(int fd, FrameType type, const void* data, size_t n) {

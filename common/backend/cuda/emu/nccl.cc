@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "common/backend/cuda/emu/async_work.h"
+#include "common/base/socket_io.h"
 
 namespace {
 
@@ -61,33 +62,10 @@ struct Hello {
   uint64_t nonce;
 };
 
+using tandem::RecvAll;
+using tandem::SendAll;
+
 thread_local std::string last_error;  // ncclGetLastError(nullptr), and a copy for a communicator's
-
-bool SendAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-// Exactly `n` bytes; false on an error (errno) or the end of the stream (errno 0).
-bool RecvAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) errno = 0;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
 
 bool Readable(int fd, int timeout_ms) {
   pollfd p{fd, POLLIN, 0};

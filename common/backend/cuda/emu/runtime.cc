@@ -576,16 +576,16 @@ cudaError_t RunOrQueueBehind(cudaStream_t stream, std::function<cudaError_t()> w
   return QueuedBehind(stream, work) ? cudaSuccess : work();
 }
 
-// Blocks until `stream` holds no async work and nothing waits behind it.
-void WaitAsync(cudaStream_t stream) {
-  if (stream == nullptr) return;
+// Blocks until `done()` (asked under async_mu), running the work behind `stream`'s async ops as they
+// complete.
+void WaitUntil(cudaStream_t stream, const std::function<bool()>& done) {
   while (true) {
     Drain(stream);
     std::shared_ptr<AsyncOp> op;
     {
       std::lock_guard<std::mutex> lock(async_mu);
-      if (stream->in_flight == nullptr && stream->behind.empty() && !stream->draining) return;
-      op = stream->in_flight;
+      if (done()) return;
+      if (stream != nullptr) op = stream->in_flight;
     }
     if (op != nullptr) {
       op->Wait();
@@ -593,6 +593,12 @@ void WaitAsync(cudaStream_t stream) {
       std::this_thread::yield();  // another thread runs the work behind it
     }
   }
+}
+
+// Blocks until `stream` holds no async work and nothing waits behind it.
+void WaitAsync(cudaStream_t stream) {
+  if (stream == nullptr) return;
+  WaitUntil(stream, [stream] { return stream->in_flight == nullptr && stream->behind.empty() && !stream->draining; });
 }
 
 // Blocks until every stream that had async work holds none.
@@ -607,21 +613,8 @@ void WaitAllAsync() {
 
 // Blocks until `event`'s records have run (the deferred queues already flushed up to them).
 void WaitEvent(cudaEvent_t event) {
-  while (event->unrun.load() > 0) {
-    const cudaStream_t stream = event->stream;
-    Drain(stream);
-    if (event->unrun.load() == 0) return;
-    std::shared_ptr<AsyncOp> op;
-    if (stream != nullptr) {
-      std::lock_guard<std::mutex> lock(async_mu);
-      op = stream->in_flight;
-    }
-    if (op != nullptr) {
-      op->Wait();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  if (event->unrun.load() == 0) return;
+  WaitUntil(event->stream, [event] { return event->unrun.load() == 0; });
 }
 
 // Work for `stream`: recorded when it is being captured, else run now or queued (Deferred()); behind
