@@ -17,10 +17,10 @@ struct BackendOptions {
   std::string device = "cpu";
   // Linear results independent of the batch (see CpuBackend / CudaBackend Options). Unset: the
   // backend's default (on for the CPU, where it is cheap; off for CUDA, where it costs throughput).
-  std::optional<bool> batch_invariant;
+  std::optional<bool> batch_invariant = std::nullopt;
   // The 16-bit type of a GPU's weights and GEMMs (CudaBackend::Options::compute_dtype); unset: the
   // weights' own. Not for the CPU, which computes in f32.
-  std::optional<DType> compute_dtype;
+  std::optional<DType> compute_dtype = std::nullopt;
   // GEMM inputs as two 16-bit terms (CudaBackend::Options::split_gemm_inputs). Not for the CPU.
   bool split_gemm_inputs = false;
 };

@@ -90,7 +90,7 @@ struct GpuEnd {
 
 absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& transport, bool fill) {
   GpuEnd e;
-  auto backend = CreateBackend({absl::GetFlag(FLAGS_device), {}});
+  auto backend = CreateBackend({.device = absl::GetFlag(FLAGS_device)});
   if (!backend.ok()) return backend.status();
   e.backend = *std::move(backend);
   auto storage = KvCacheStorage::Create(e.backend.get(), g);

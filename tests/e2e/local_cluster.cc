@@ -45,8 +45,8 @@ std::string Binary(const char* name, const char* built) {
 
 absl::StatusOr<std::unique_ptr<Backend>> E2eBackend() {
   const std::string device = Env("TANDEM_E2E_DEVICE");
-  if (device.empty() || device == "cpu") return CreateBackend({"cpu", {}});
-  return CreateBackend({device, true});
+  if (device.empty() || device == "cpu") return CreateBackend({.device = "cpu"});
+  return CreateBackend({.device = device, .batch_invariant = true});
 }
 
 LocalCluster::LocalCluster(ClusterOptions options) : options_(std::move(options)) {

@@ -505,7 +505,9 @@ TEST_F(CudaBackendTest, ComputeDTypeCastsSixteenBitWeightsAndRefusesWhatF16Canno
   for (size_t i = 0; i < values.size(); ++i) {
     const float bf16 = Bf16ToF32(F32ToBf16(values[i]));
     EXPECT_EQ(F16ToF32(back[i]), Bf16ToF32(F32ToBf16(F16ToF32(F32ToF16(bf16))))) << i;
-    if (std::fabs(bf16) >= 6.103515625e-5f) EXPECT_EQ(F16ToF32(back[i]), bf16) << i;  // exact in F16's normal range
+    if (std::fabs(bf16) >= 6.103515625e-5f) {
+      EXPECT_EQ(F16ToF32(back[i]), bf16) << i;  // exact in F16's normal range
+    }
   }
   // Every BF16 value F16 can hold, through the upload's vector path: the bits of the scalar conversion.
   std::vector<float> every;
@@ -583,6 +585,28 @@ TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
   EXPECT_EQ(after.find("add "), std::string::npos) << after;
   gpu_->SetOpProfiling(false);
   EXPECT_EQ(gpu_->OpProfileReport(), "");
+}
+
+// Buffers come from the stream-ordered pool and go back in the stream's order: once freed, the memory
+// counts as free again (the plan that sizes the KV pool reads it), and none is taken inside a capture.
+TEST_F(CudaBackendTest, FreedBuffersCountAsFreeAgainAndNoneIsAllocatedInACapture) {
+  const DeviceMemory before = gpu_->Memory().value();
+  constexpr size_t kBytes = size_t{64} << 20;
+  {
+    auto buffer = gpu_->Allocate(kBytes);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    const DeviceMemory held = gpu_->Memory().value();
+    EXPECT_EQ(held.own_bytes - before.own_bytes, static_cast<int64_t>(kBytes));
+    EXPECT_LE(held.free_bytes, before.free_bytes - static_cast<int64_t>(kBytes));
+  }
+  const DeviceMemory after = gpu_->Memory().value();
+  EXPECT_EQ(after.own_bytes, before.own_bytes);
+  EXPECT_GE(after.free_bytes, before.free_bytes - (int64_t{2} << 20)) << "the freed buffer stayed in the pool";
+  ASSERT_TRUE(gpu_->BeginCapture().ok());
+  auto refused = gpu_->Allocate(4096);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(gpu_->EndCapture().ok());
+  EXPECT_TRUE(gpu_->CheckErrors().ok());
 }
 
 TEST_F(CudaBackendTest, BatchInvariantLinearGivesEveryRowTheSameBitsAloneOrBatched) {

@@ -4,8 +4,9 @@
 // NCCL group holds, shuffled on both ends), that a cancelled transfer's layers are drained without
 // desynchronising the pair, that a cancel mid-transfer keeps what landed before it and nothing after,
 // that a killed sender fails only its transfer within the I/O timeout, that a receive from a peer
-// that joined but never sends (alive: no error to see) ends at its deadline with the link aborted,
-// and that a join nobody answers times out. Exit code 77 (ctest: skipped, label "gpu") without a device.
+// that joined but never sends (alive: no error to see) ends at its deadline with the link aborted
+// and holds up no other work of the device meanwhile, and that a join nobody answers times out.
+// Exit code 77 (ctest: skipped, label "gpu") without a device.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -66,7 +68,7 @@ struct Device {
 
 absl::StatusOr<Device> MakeDevice(bool fill) {
   Device d;
-  auto backend = CreateBackend({"cuda", {}});
+  auto backend = CreateBackend({.device = "cuda"});
   if (!backend.ok()) return backend.status();
   d.backend = *std::move(backend);
   auto storage = KvCacheStorage::Create(d.backend.get(), kGeometry);
@@ -309,7 +311,8 @@ TEST_F(NcclLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
 }
 
 // The peer joined and lives, but never sends: nothing fails on its own, so the receive's deadline
-// must end it, abort the communicator (a later call fails at once) and leave no thread waiting.
+// must end it, abort the communicator (a later call fails at once) and leave no thread waiting. While
+// it waits, the device's other work (here: memory allocated and freed) must not wait for it.
 TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   auto rendezvous = device_->links->NewRendezvous();
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
@@ -331,12 +334,28 @@ TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
     write();
   };
   absl::Time t0 = absl::Now();
-  const absl::Status s = (*link)->RecvLayer(0, dst, land, absl::Seconds(1));
-  const absl::Duration took = absl::Now() - t0;
+  absl::Status s;
+  absl::Duration took;
+  std::thread receive([&] {
+    s = (*link)->RecvLayer(0, dst, land, absl::Seconds(2));
+    took = absl::Now() - t0;
+  });
+  // Meanwhile the same device's engine thread grows and frees memory (scratch for a longer batch):
+  // a free that synchronised the whole device would wait for the receive's deadline.
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time alloc0 = absl::Now();
+  for (int round = 0; round < 3; ++round) {
+    auto buffer = device_->backend->Allocate(size_t{4} << 20);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+  }
+  EXPECT_TRUE(device_->backend->CheckErrors().ok());
+  const absl::Duration alloc_took = absl::Now() - alloc0;
+  receive.join();
+  EXPECT_LT(alloc_took, absl::Milliseconds(500)) << "freeing device memory waited for another stream's receive";
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("aborted"));
-  EXPECT_GE(took, absl::Milliseconds(900));
-  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_GE(took, absl::Milliseconds(1900));
+  EXPECT_LT(took, absl::Seconds(4));
   EXPECT_FALSE(landed);
   t0 = absl::Now();
   const absl::Status again = (*link)->RecvLayer(1, dst, land, absl::Seconds(5));
@@ -414,7 +433,7 @@ int main(int argc, char** argv) {
   ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-receiver", 1);
   ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the pair talks over loopback (the sender inherits it)
   ::testing::InitGoogleTest(&argc, argv);
-  if (auto b = tandem::CreateBackend({"cuda", {}}); !b.ok()) {
+  if (auto b = tandem::CreateBackend({.device = "cuda"}); !b.ok()) {
     const std::string why(b.status().message());
     std::printf("%s: %s\n", why.find("no CUDA device") != std::string::npos ? "SKIPPED" : "FAILED", why.c_str());
     return why.find("no CUDA device") != std::string::npos ? 77 : 1;

@@ -22,7 +22,7 @@ TEST(CudaPluginTest, LoadsAndTheMetricsServerStillStartsAfterwards) {
   ASSERT_TRUE(CudaPluginSymbol("TandemCreateCudaBackend").ok()) << CudaPluginSymbol("TandemCreateCudaBackend").status();
   ASSERT_TRUE(CudaPluginSymbol("TandemCreateNcclKvLinkFactory").ok());
   // Touch the backend factory too, so the CUDA runtime initialises (it fails without a device).
-  (void)CreateBackend({"cuda", {}});
+  (void)CreateBackend({.device = "cuda"});
   Metrics::Options o;
   o.model = "m";
   o.role = "decode";

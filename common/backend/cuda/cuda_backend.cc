@@ -45,13 +45,17 @@ absl::Status EnvChoice(const char* name, std::initializer_list<int> choices, int
                                                  " or ", all.back(), ", not '", p, "'"));
 }
 
+// Memory from the backend's stream's pool (cudaMallocAsync), given back in that stream's order: a
+// plain cudaFree would wait for the whole device, a transfer stream's NCCL receive from a stalled peer
+// included. The buffer keeps the stream alive until its free is enqueued.
 class CudaBuffer final : public DeviceBuffer {
  public:
-  CudaBuffer(void* data, size_t bytes, LiveBytes live) : data_(data), bytes_(bytes), live_(std::move(live)) {
+  CudaBuffer(void* data, size_t bytes, LiveBytes live, std::shared_ptr<CUstream_st> stream)
+      : data_(data), bytes_(bytes), live_(std::move(live)), stream_(std::move(stream)) {
     *live_ += static_cast<int64_t>(bytes_);
   }
   ~CudaBuffer() override {
-    cudaFree(data_);
+    cudaFreeAsync(data_, stream_.get());
     *live_ -= static_cast<int64_t>(bytes_);
   }
   void* data() override { return data_; }
@@ -61,6 +65,7 @@ class CudaBuffer final : public DeviceBuffer {
   void* data_;
   size_t bytes_;
   LiveBytes live_;
+  std::shared_ptr<CUstream_st> stream_;
 };
 
 absl::Status CudaStatus(cudaError_t e, const char* what) {
@@ -161,7 +166,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
       new CudaBackend(options.device, options.batch_invariant,
                       absl::StrCat("cuda:", options.device, " ", *description,
                                    options.batch_invariant ? ", batch-invariant Linear" : ""),
-                      stream, cublas));
+                      std::shared_ptr<CUstream_st>(stream, [](cudaStream_t s) { cudaStreamDestroy(s); }), cublas));
   backend->compute_dtype_ = options.compute_dtype;
   backend->split_gemm_inputs_ = options.split_gemm_inputs;
   // cuBLAS's workspace, fixed up front: a GEMM inside a graph capture must not allocate.
@@ -227,15 +232,15 @@ CudaBackend::~CudaBackend() {
   Bind();
   cudaStreamSynchronize(stream_);
   DropGraphs();
-  for (void* p : scratch_) cudaFree(p);
+  for (void* p : scratch_) cudaFreeAsync(p, stream_);
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(head_counters_);
   if (copy_stream_ != nullptr) cudaStreamSynchronize(copy_stream_);
-  cudaFree(copy_staging_);
+  if (copy_staging_ != nullptr) cudaFreeAsync(copy_staging_, copy_stream_);
   if (copy_after_ != nullptr) cudaEventDestroy(copy_after_);
   if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
-  cudaStreamDestroy(stream_);
+  // (the compute stream goes with the last buffer allocated on it: stream_owner_)
 }
 
 void CudaBackend::Check(cudaError_t e, const char* what) {
@@ -278,6 +283,14 @@ std::string CudaBackend::OpProfileReport() {
 
 absl::StatusOr<DeviceMemory> CudaBackend::Memory() {
   Bind();
+  // Memory freed in this stream's order (scratch, buffers) is the pool's until its frees have run and
+  // the pool has given it back: then it counts as free.
+  Check(cudaStreamSynchronize(stream_), "synchronising the stream");
+  cudaMemPool_t pool = nullptr;
+  if (cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, device_); e != cudaSuccess) {
+    return CudaStatus(e, "cudaDeviceGetDefaultMemPool");
+  }
+  if (cudaError_t e = cudaMemPoolTrimTo(pool, 0); e != cudaSuccess) return CudaStatus(e, "cudaMemPoolTrimTo");
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
   return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes), live_bytes_->load()};
@@ -287,14 +300,19 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes
   Bind();
   void* dev = nullptr;
   bytes = std::max<size_t>(bytes, 256);
-  if (cudaError_t e = cudaMalloc(&dev, bytes); e != cudaSuccess) {
+  // (Inside a capture the allocation would become the graph's own, and the wait below would end it.)
+  if (capturing_) return absl::FailedPreconditionError("allocating GPU memory while capturing a graph");
+  if (cudaError_t e = cudaMallocAsync(&dev, bytes, stream_); e != cudaSuccess) {
     cudaGetLastError();  // out-of-memory is not sticky; clear it
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory: ", cudaGetErrorString(e)));
   }
-  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns.
+  auto buffer = std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes, live_bytes_, stream_owner_));
+  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns. Then
+  // waited for, so that other streams (KV copies and transfers) may use the memory at once.
   Check(cudaMemsetAsync(dev, 0, bytes, stream_), "cudaMemset");
-  return std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes, live_bytes_));
+  Check(cudaStreamSynchronize(stream_), "allocating GPU memory");
+  return buffer;
 }
 
 void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
@@ -329,12 +347,12 @@ CudaBackend::CopyStaging CudaBackend::StageCopy(const std::vector<int32_t>& inde
   const size_t n = index.size(), want = (n * sizeof(int32_t) + 15) / 16 * 16 + total;
   if (want > copy_staging_bytes_) {
     if (copy_staging_ != nullptr) {
-      cudaFree(copy_staging_);  // (the copy stream is idle: each use ends waiting for it)
+      cudaFreeAsync(copy_staging_, copy_stream_);  // (its only stream)
       *live_bytes_ -= static_cast<int64_t>(copy_staging_bytes_);
       copy_staging_ = nullptr;
       copy_staging_bytes_ = 0;
     }
-    if (cudaError_t e = cudaMalloc(&copy_staging_, want); e != cudaSuccess) {
+    if (cudaError_t e = cudaMallocAsync(&copy_staging_, want, copy_stream_); e != cudaSuccess) {
       copy_staging_ = nullptr;
       Check(e, "allocating KV copy staging");
       return {};
@@ -576,14 +594,15 @@ void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
   if (optional && scratch_refused_[slot] != 0 && bytes >= scratch_refused_[slot]) return nullptr;
   if (scratch_[slot]) {
     DropGraphs();  // they point at the memory about to be freed
-    Check(cudaStreamSynchronize(stream_), "synchronising the stream");  // no enqueued work still uses it
-    cudaFree(scratch_[slot]);
+    // In stream order: after the work already enqueued, without waiting for it (or, as cudaFree
+    // would, for every other stream of the device). Scratch is used on this stream alone.
+    cudaFreeAsync(scratch_[slot], stream_);
     *live_bytes_ -= static_cast<int64_t>(scratch_bytes_[slot]);
   }
   scratch_[slot] = nullptr;
   scratch_bytes_[slot] = 0;
   const size_t want = bytes + bytes / 4;
-  if (cudaError_t e = cudaMalloc(&scratch_[slot], want); e != cudaSuccess) {
+  if (cudaError_t e = cudaMallocAsync(&scratch_[slot], want, stream_); e != cudaSuccess) {
     cudaGetLastError();  // not sticky: keep it from being reported again by the next launch
     scratch_[slot] = nullptr;
     if (optional) {

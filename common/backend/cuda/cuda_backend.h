@@ -43,7 +43,7 @@ class CudaBackend final : public Backend {
     // rounds activations 8× finer than BF16 at the same speed: BF16 keeps 8 significant bits, F16 11.
     // But F16 ends at 65504: a weight beyond it is refused at upload, and an activation beyond it
     // becomes infinite (models with such activations need BF16).
-    std::optional<DType> compute_dtype;
+    std::optional<DType> compute_dtype = std::nullopt;
     // Each GEMM input over 16-bit weights is split into two 16-bit terms, hi = round(x) and
     // lo = round(x - hi), and the GEMM runs on both, accumulating in f32: activations keep about 16
     // significant bits (as f32 does to the tiny presets' logprobs: max |Δp| 1.5e-5 against the CPU,
@@ -147,9 +147,10 @@ class CudaBackend final : public Backend {
   void DropGraphs() override;
 
  private:
-  CudaBackend(int device, bool batch_invariant, std::string description, cudaStream_t stream, cublasHandle_t cublas)
-      : device_(device), batch_invariant_(batch_invariant), description_(std::move(description)), stream_(stream),
-        cublas_(cublas) {}
+  CudaBackend(int device, bool batch_invariant, std::string description, std::shared_ptr<CUstream_st> stream,
+              cublasHandle_t cublas)
+      : device_(device), batch_invariant_(batch_invariant), description_(std::move(description)),
+        stream_owner_(std::move(stream)), stream_(stream_owner_.get()), cublas_(cublas) {}
   // Makes this backend's device current on the calling thread.
   void Bind();
   // Keeps the first failure; later ops still enqueue (their results are discarded by the caller).
@@ -218,14 +219,19 @@ class CudaBackend final : public Backend {
     uint64_t op = 0;
   } rounded_;
   std::string description_;
+  // The compute stream, destroyed with the last of this backend and the buffers allocated on it (each
+  // is freed in its order: CudaBuffer). Its memory (buffers, scratch; the copy staging on the copy
+  // stream) comes from the stream-ordered pool, so that growing or freeing it never waits for other
+  // streams of the device; weights are cudaMalloc'd once.
+  std::shared_ptr<CUstream_st> stream_owner_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
-  // Bytes this backend holds in cudaMalloc'd memory (buffers and weights decrement it when freed,
-  // which may be after the backend is gone: hence shared).
+  // Bytes this backend holds in device memory (buffers and weights decrement it when freed, which may
+  // be after the backend is gone: hence shared).
   std::shared_ptr<std::atomic<int64_t>> live_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   void* scratch_[kNumScratch] = {};
   size_t scratch_bytes_[kNumScratch] = {};
-  size_t scratch_refused_[kNumScratch] = {};  // optional sizes cudaMalloc refused
+  size_t scratch_refused_[kNumScratch] = {};  // optional sizes the allocator refused
   void* cublas_workspace_ = nullptr;  // set once, so cuBLAS never allocates inside a capture
   bool capturing_ = false;
   // Held from BeginCapture to EndCapture (one thread); copies from other threads take it.

@@ -909,6 +909,13 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (p == nullptr) return cudaSuccess;
   return SetLast(Enqueue(stream, [p] { return tandem_emu::Release(p); }));
 }
+// The stream-ordered allocator's pool is not modelled: a free releases its memory when it runs.
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int) {
+  static int the_pool;
+  *pool = reinterpret_cast<cudaMemPool_t>(&the_pool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaSuccess; }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
   *total = tandem_emu::DeviceMemoryBytes();
