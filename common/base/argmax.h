@@ -16,16 +16,16 @@ inline int32_t ArgmaxRow(const float* logits, int64_t n) {
   constexpr int kLanes = 8;
   float lanes[kLanes];
   std::fill(lanes, lanes + kLanes, kNegInf);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
+  const int64_t full = n - n % kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
     for (int j = 0; j < kLanes; ++j) lanes[j] = logits[i + j] > lanes[j] ? logits[i + j] : lanes[j];
   }
-  for (; i < n; ++i) lanes[0] = logits[i] > lanes[0] ? logits[i] : lanes[0];
+  for (int64_t i = full; i < n; ++i) lanes[0] = logits[i] > lanes[0] ? logits[i] : lanes[0];
   const float max_logit = *std::max_element(lanes, lanes + kLanes);
   if (max_logit == kNegInf) return 0;
-  for (i = 0; logits[i] != max_logit; ++i) {
-  }
-  return static_cast<int32_t>(i);
+  int64_t first = 0;
+  while (logits[first] != max_logit) ++first;
+  return static_cast<int32_t>(first);
 }
 
 }  // namespace tandem

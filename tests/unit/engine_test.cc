@@ -457,7 +457,9 @@ TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
         const auto& a = (*host[s].prompt_logprobs)[p];
         const auto& b = (*dev[s].prompt_logprobs)[p];
         ASSERT_EQ(a.has_value(), b.has_value());
-        if (a) EXPECT_TRUE(same(*a, *b)) << id << " prompt position " << p;
+        if (a) {
+          EXPECT_TRUE(same(*a, *b)) << id << " prompt position " << p;
+        }
       }
     }
   }

@@ -1,5 +1,5 @@
 // The CUDA backend's own kernels: f32 activations, accumulation in f32, results within rounding of the
-// CPU backend (tests/gpu/cuda_backend_test.cc states the tolerances).
+// CPU backend (tests/gpu/cuda_test_util.h states the tolerances).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
