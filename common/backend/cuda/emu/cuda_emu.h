@@ -1,8 +1,8 @@
 // The CUDA emulator: this project's .cu files compiled by the host C++ compiler and run on the CPU, so
 // that every kernel's logic (indexing, barriers, warp shuffles, the WMMA tiles, graph capture) is
 // tested on machines without a GPU, CI included. Each .cu file is compiled with this header included
-// first (CMake generates one wrapper .cc a file); runtime.cc implements the CUDA runtime and cuBLAS
-// calls the backend makes, over host memory.
+// first (CMake generates one wrapper .cc a file); runtime.cc, launch.cc and cublas.cc implement the
+// CUDA runtime and cuBLAS calls the backend makes, over host memory.
 //
 // How a launch runs: blocks one after another (in the threads' schedule's order, below); each of a block's threads is a fiber (its own stack),
 // run until it reaches a barrier (__syncthreads, or a warp op with its mask), so every thread of a
