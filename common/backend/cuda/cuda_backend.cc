@@ -219,7 +219,9 @@ CudaBackend::~CudaBackend() {
   Bind();
   cudaStreamSynchronize(stream_);
   DropGraphs();
-  for (void* p : scratch_) cudaFreeAsync(p, stream_);
+  for (void* p : scratch_) {
+    if (p != nullptr) cudaFreeAsync(p, stream_);  // (not documented to take null, unlike cudaFree)
+  }
   cublasDestroy(cublas_);
   cudaFree(cublas_workspace_);
   cudaFree(head_counters_);

@@ -411,7 +411,9 @@ cudaError_t cudaFree(void* p) {
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
-  if (p == nullptr) return cudaSuccess;
+  // Unlike cudaFree's, its documentation makes no null pointer a no-op: refused here, the stricter
+  // reading, so that a caller's missing check shows.
+  if (p == nullptr) return SetLast(cudaErrorInvalidValue);
   return SetLast(Enqueue(stream, [p] { return tandem_emu::Release(p); }));
 }
 // The stream-ordered allocator's pool is not modelled: a free releases its memory when it runs.
