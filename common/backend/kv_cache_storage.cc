@@ -17,8 +17,9 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(Backend* 
   const int64_t bytes = g.num_layers * g.bytes_per_layer();
   ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(bytes)));
   ASSIGN_OR_RETURN(auto v, backend->Allocate(static_cast<size_t>(bytes)));
-  // Zeroed before it is returned: KV transfers write blocks off the backend's stream of ops
-  // (Backend::ScatterFromHost, the NCCL link), unordered with the zeroing that Allocate enqueued.
+  // Allocated and zeroed before it is returned: KV transfers write blocks off the backend's stream of
+  // ops (Backend::ScatterFromHost, the NCCL link), unordered with what Allocate enqueued there (on a
+  // GPU the allocation itself is stream-ordered, and the zeroing).
   RETURN_IF_ERROR(backend->CheckErrors());
   return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(backend, g, std::move(k), std::move(v)));
 }

@@ -297,10 +297,10 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes
         absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory: ", cudaGetErrorString(e)));
   }
   auto buffer = std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes, live_bytes_, stream_owner_));
-  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns. Then
-  // waited for, so that other streams (KV copies and transfers) may use the memory at once.
+  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns. Both the
+  // allocation and the zeroing are in this stream's order: work on other streams must wait for them
+  // (KvCacheStorage::Create does, before KV copies and transfers touch the cache).
   Check(cudaMemsetAsync(dev, 0, bytes, stream_), "cudaMemset");
-  Check(cudaStreamSynchronize(stream_), "allocating GPU memory");
   return buffer;
 }
 
