@@ -24,6 +24,7 @@
 #endif
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"

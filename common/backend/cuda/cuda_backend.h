@@ -5,7 +5,8 @@
 // multiply on the tensor cores with f32 accumulation; F32 weights use SGEMM (no TF32). A decode step's
 // few rows (up to cuda::kGemvMaxRows) over 16-bit weights go through this backend's GEMV instead
 // (gemv.h: one pass over the weights, f32 activations), except in the batch-invariant mode. The other ops
-// are this backend's own kernels (kernels.cu). Every op is enqueued on one stream; CopyToHost waits
+// are this backend's own kernels (kernels.cu; attention: paged_attention.cu and the prompt kernels of
+// prefill_attention.h). Every op is enqueued on one stream; CopyToHost waits
 // for it. A failed launch or cuBLAS call is kept as the backend's sticky error (Backend::CheckErrors).
 //
 // Thread-compatible: one thread drives a backend at a time (the engine loop).
@@ -25,6 +26,7 @@
 #include "common/backend/backend.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/op_profiler.h"
 
 namespace tandem {
@@ -102,7 +104,7 @@ class CudaBackend final : public Backend {
                                                 void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                                                 const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                                                 float* out);
-  // The split, the q/k norms, RoPE and the cache write in one kernel (kernels.h: LaunchQkvPrologue).
+  // The split, the q/k norms, RoPE and the cache write in one kernel (paged_attention.h: LaunchQkvPrologue).
   void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& geometry,
                     int64_t layer, const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                     float* out) override;

@@ -11,6 +11,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/sampling.h"
 
 namespace tandem {

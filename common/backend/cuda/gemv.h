@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 #include "common/model/dtype.h"
 
 namespace tandem::cuda {

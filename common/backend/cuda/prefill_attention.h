@@ -12,7 +12,7 @@
 
 #include <cuda_runtime.h>
 
-#include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 
 namespace tandem::cuda {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/launch.cuh"
 
 namespace tandem::cuda {

@@ -1,4 +1,4 @@
-// The q|k|v prologue's work on one head (kernels.h: LaunchQkvPrologue), shared by its own kernel and by
+// The q|k|v prologue's work on one head (paged_attention.h: LaunchQkvPrologue), shared by its own kernel and by
 // the q|k|v GEMV that runs it as an epilogue (gemv.h: GemvEpilogue::heads), so that both give the same
 // bits. Device code only (included by .cu files).
 #pragma once
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "common/backend/cuda/block_reduce.cuh"
-#include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/kv_types.cuh"
 
 namespace tandem::cuda {
