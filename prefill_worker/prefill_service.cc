@@ -23,7 +23,9 @@ absl::Status PrefillService::Start(LlamaModel* model, Engine* engine, const std:
                                                                       engine->kv_storage(), options_.kv_io_timeout,
                                                                       link_factory_.get(),
                                                                       options_.fault_stop_after_kv_layer});
-  if (link_factory_) TANDEM_LOG(INFO) << "KV layers go over " << link_factory_->name() << " links";
+  if (link_factory_) {
+    TANDEM_LOG(INFO) << "KV layers go over " << link_factory_->name() << " links";
+  }
   if (options_.layerwise_transfer) {
     engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) { OnLayer(layer, completed); });
   }

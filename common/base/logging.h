@@ -22,6 +22,10 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 // Messages below this level are dropped (TANDEM_LOG_LEVEL=info|warning|error; default info).
 LogLevel MinLogLevel();
 
@@ -30,7 +34,9 @@ LogLevel MinLogLevel();
 #define TANDEM_LOG_LEVEL_INFO ::tandem::LogLevel::kInfo
 #define TANDEM_LOG_LEVEL_WARNING ::tandem::LogLevel::kWarning
 #define TANDEM_LOG_LEVEL_ERROR ::tandem::LogLevel::kError
-#define TANDEM_LOG(level)                                          \
-  if (TANDEM_LOG_LEVEL_##level < ::tandem::MinLogLevel()) {        \
-  } else                                                           \
-    ::tandem::LogMessage(TANDEM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+// A conditional expression, not an if: `if (c) TANDEM_LOG(INFO) << ...; else ...` binds the else to
+// the caller's if. The message's << bind tighter than LogVoidify's &, which makes the whole void.
+#define TANDEM_LOG(level)                                                                  \
+  (TANDEM_LOG_LEVEL_##level < ::tandem::MinLogLevel())                                     \
+      ? (void)0                                                                            \
+      : ::tandem::LogVoidify() & ::tandem::LogMessage(TANDEM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()

@@ -460,7 +460,9 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
 
   // Rows flagged argmax-only come back as one id each; the logits are copied only when some row
   // needs them (then all the real rows: one copy).
-  const bool want_argmax = argmax != nullptr && !input.argmax_only.empty();
+  // (Only when some row is argmax-only: a step of sampled rows reads back nothing more.)
+  const bool want_argmax =
+      argmax != nullptr && std::any_of(input.argmax_only.begin(), input.argmax_only.end(), [](uint8_t f) { return f != 0; });
   const bool want_logprobs = logprobs != nullptr && !input.logprob_tokens.empty() && backend_->SupportsLogprobs();
   const bool want_sampling = samples != nullptr && backend_->SupportsSampling();
   bool want_logits = false;  // some row needs its logits on the host

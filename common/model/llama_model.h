@@ -129,8 +129,8 @@ class LlamaModel {
   DType KvCacheDType(std::optional<DType> requested) const;
 
   // Runs one step. On success writes logits [logits_rows.size()][vocab_size] to `logits` (host).
-  // With `argmax` and input.argmax_only set: argmax[i] = the argmax of logits row i (ArgmaxRows,
-  // computed on the device), and `logits` is left empty when every row is argmax-only (nothing but
+  // With `argmax` and some row of input.argmax_only set: argmax[i] = the argmax of logits row i
+  // (ArgmaxRows, computed on the device; empty when no row is argmax-only), and `logits` is left empty when every row is argmax-only (nothing but
   // the ids leaves the device). Validates ids, positions and block tables first; INVALID_ARGUMENT
   // leaves the cache untouched.
   // With `logprobs` and input.logprob_tokens on a backend that supports it: (*logprobs)[i] for every

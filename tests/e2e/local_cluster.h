@@ -27,12 +27,13 @@
 namespace tandem::e2e {
 
 struct ClusterOptions {
-  std::string model_dir;
+  // (Every field has an initializer, so that designated initializers may leave any out.)
+  std::string model_dir = {};
   int prefill = 1, decode = 1, combined = 0;
-  std::vector<std::string> router_args;  // e.g. --max-queued-requests=2
-  std::vector<std::string> worker_args;  // engine flags for every worker
-  std::vector<std::string> prefill_args;  // for prefill workers only
-  std::vector<std::string> decode_args;   // for decode and combined workers only
+  std::vector<std::string> router_args = {};   // e.g. --max-queued-requests=2
+  std::vector<std::string> worker_args = {};   // engine flags for every worker
+  std::vector<std::string> prefill_args = {};  // for prefill workers only
+  std::vector<std::string> decode_args = {};   // for decode and combined workers only
   // Workers start without --router and the router lists them with --workers (polled, no heartbeats).
   bool static_workers = false;
 };

@@ -314,7 +314,7 @@ TEST_F(ServiceTest, ASlowReaderDoesNotStallOtherStreams) {
 TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
   std::vector<std::string> addresses = {c->router_address()};
-  for (const std::string& role : {"prefill", "decode"}) {
+  for (const char* role : {"prefill", "decode"}) {
     for (const std::string& a : c->workers(role)) addresses.push_back(a);
   }
   for (const std::string& a : addresses) {
@@ -647,7 +647,9 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
     }
     const absl::Duration freed_after = absl::Now() - stopped;
     EXPECT_TRUE(idle) << "the decode worker still holds the transfer's blocks: " << why;
-    if (kill) EXPECT_LT(freed_after, absl::Seconds(kTransferTimeoutS)) << "a dead peer waited for the timeout";
+    if (kill) {
+      EXPECT_LT(freed_after, absl::Seconds(kTransferTimeoutS)) << "a dead peer waited for the timeout";
+    }
     // The request fails (or, once a healthy prefill worker is there, may be retried there); nothing else does.
     auto healthy = c->AddWorker("prefill");
     ASSERT_TRUE(healthy.ok()) << healthy.status();

@@ -293,5 +293,96 @@ TEST_P(CudaForwardTest, SplitGemmInputsOverBF16WeightsMatchTheCpuAsF32Does) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest, testing_util::TinyPresets(), testing_util::PresetName);
 
+#ifdef TANDEM_CUDA_EMULATED
+// A step's host calls as a line, for failure messages: U upload, L launch, R read, W wait.
+std::string Pattern(const std::vector<tandem_emu::HostCallEntry>& log) {
+  std::string out;
+  for (const auto& e : log) {
+    out += e.kind == tandem_emu::HostCall::kUpload ? 'U' : e.kind == tandem_emu::HostCall::kLaunch ? 'L'
+           : e.kind == tandem_emu::HostCall::kRead ? 'R' : 'W';
+  }
+  for (const auto& e : log) {
+    if (e.kind == tandem_emu::HostCall::kWait) out += std::string(" ") + e.what;
+  }
+  return out;
+}
+
+// The "no host synchronisation inside a step beyond reading sampled tokens": once a decode
+// step's first kernel is enqueued, the host neither waits for the device nor uploads anything until
+// it reads the step's results, and then enqueues nothing more; `reads` copies come back (one for
+// greedy rows' tokens, one for sampled rows' candidates). The step's inputs go up before its first
+// launch, while the device is idle.
+void ExpectWaitsOnlyToRead(const std::vector<tandem_emu::HostCallEntry>& log, int reads, const std::string& step) {
+  using tandem_emu::HostCall;
+  const std::string pattern = Pattern(log);
+  const auto first_launch = std::find_if(log.begin(), log.end(), [](const auto& e) { return e.kind == HostCall::kLaunch; });
+  ASSERT_NE(first_launch, log.end()) << step << ": " << pattern;
+  const auto first_read = std::find_if(first_launch, log.end(), [](const auto& e) { return e.kind == HostCall::kRead; });
+  ASSERT_NE(first_read, log.end()) << step << ": " << pattern;
+  for (auto e = first_launch; e != first_read; ++e) {
+    EXPECT_EQ(e->kind, HostCall::kLaunch) << step << ": a host " << (e->kind == HostCall::kWait ? "wait" : "upload")
+                                          << " (" << e->what << ") inside the step: " << pattern;
+  }
+  for (auto e = first_read; e != log.end(); ++e) {
+    EXPECT_NE(e->kind, HostCall::kLaunch) << step << ": " << e->what << " enqueued after the step's results were read: "
+                                          << pattern;
+  }
+  EXPECT_EQ(std::count_if(log.begin(), log.end(), [](const auto& e) { return e.kind == HostCall::kRead; }), reads)
+      << step << ": " << pattern;
+}
+
+TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
+  auto backend = CudaBackend::Create({}).value();
+  auto model = LlamaModel::Load(testing_util::TinyModel("tiny-qwen3", 7, DType::kBF16), backend.get()).value();
+  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 16, model->KvCacheDType(std::nullopt))).value();
+  const int64_t vocab = model->config().vocab_size;
+  std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3}, {4, 5, 6, 7}};
+  std::vector<int64_t> len = {16, 24};
+  std::mt19937 rng(4);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    ForwardInput in;
+    for (int64_t t = 0; t < len[i]; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+    in.seqs.push_back({len[i], 0, tables[i]});
+    in.logits_rows.push_back(static_cast<int32_t>(len[i] - 1));
+    in.argmax_only.push_back(1);
+    std::vector<float> logits;
+    std::vector<int32_t> argmax;
+    ASSERT_TRUE(model->Forward(in, kv.get(), &logits, &argmax).ok());
+  }
+  // Decode steps of both sequences: `sampled` rows want top-8 candidates, the others their argmax.
+  auto step = [&](bool graphs, std::vector<bool> sampled, const std::string& name, int reads, bool log) {
+    model->set_use_graphs(graphs);
+    ForwardInput in;
+    in.allow_graph = true;
+    for (size_t i = 0; i < tables.size(); ++i) {
+      in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+      in.seqs.push_back({1, len[i]++, tables[i]});
+      in.logits_rows.push_back(static_cast<int32_t>(i));
+      in.argmax_only.push_back(sampled[i] ? 0 : 1);
+      in.sample_top_k.push_back(sampled[i] ? 8 : 0);
+    }
+    std::vector<float> logits;
+    std::vector<int32_t> argmax;
+    DeviceSamples samples;
+    if (log) tandem_emu::StartHostLog();
+    const absl::Status s = model->Forward(in, kv.get(), &logits, &argmax, nullptr, &samples);
+    const std::vector<tandem_emu::HostCallEntry> calls = tandem_emu::TakeHostLog();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(logits.empty()) << name << ": no row needs its logits on the host";
+    if (log) ExpectWaitsOnlyToRead(calls, reads, name);
+  };
+  step(true, {false, false}, "greedy, captured", 1, false);
+  step(true, {false, false}, "greedy, a graph replayed", 1, true);
+  step(false, {false, false}, "greedy, op by op", 1, true);
+  step(true, {true, true}, "top-k, captured", 1, false);
+  step(true, {true, true}, "top-k, a graph replayed", 1, true);
+  step(true, {true, false}, "top-k and greedy, a graph replayed", 2, true);
+  step(false, {true, true}, "top-k, op by op", 1, true);
+  EXPECT_EQ(model->graph_replays(), 4) << "one graph, captured by the first step";
+  EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
+  EXPECT_TRUE(backend->CheckErrors().ok());
+}
+#endif
+
 }  // namespace
 }  // namespace tandem::cuda_test

@@ -143,7 +143,9 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
   std::vector<int64_t> layers_sent;
   prefill->set_layer_listener([&](int64_t layer, const std::vector<std::string>& ids) {
     for (const std::string& id : ids) {
-      if (layer == 0) ASSERT_TRUE(sender->Begin(id, 29).ok());
+      if (layer == 0) {
+        ASSERT_TRUE(sender->Begin(id, 29).ok());
+      }
       ASSERT_TRUE(sender->SendLayer(id, static_cast<int32_t>(layer), prefill->block_table(id), prefill->kv_storage()).ok());
       layers_sent.push_back(layer);
     }

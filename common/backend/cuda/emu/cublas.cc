@@ -61,6 +61,7 @@ cublasStatus_t Gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation
       (tb == CUBLAS_OP_N ? ldb < std::max(1, k) : ldb < std::max(1, n)) || ldc < std::max(1, m)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kLaunch, "cublasGemmEx");
   const cudaError_t e = Enqueue(handle->stream, [=] {
     // A's rows: with op T, A's stored columns; B's columns: with op N, its stored columns.
     const std::vector<float> rows = Vectors(a, at, lda, m, k, ta != CUBLAS_OP_N);

@@ -452,6 +452,7 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
       return SetLast(cudaErrorInvalidValue);
     }
   }
+  NoteHostCall(HostCall::kLaunch, name);
   return SetLast(Enqueue(stream, [name, grid, threads, shared_bytes, body = std::move(body), per_block]() -> cudaError_t {
     std::lock_guard<std::mutex> lock(launch_mu);
     kernels_run.fetch_add(1, std::memory_order_relaxed);

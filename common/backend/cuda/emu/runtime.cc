@@ -271,6 +271,30 @@ bool RefusedInCapture() {
   return true;
 }
 
+namespace {
+std::atomic<bool> host_log_on{false};
+std::mutex host_log_mu;
+std::vector<HostCallEntry> host_log;  // (host_log_mu)
+}  // namespace
+
+void NoteHostCall(HostCall kind, const char* what) {
+  if (!host_log_on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(host_log_mu);
+  if (host_log_on.load(std::memory_order_relaxed)) host_log.push_back({kind, what});
+}
+
+void StartHostLog() {
+  std::lock_guard<std::mutex> lock(host_log_mu);
+  host_log.clear();
+  host_log_on = true;
+}
+
+std::vector<HostCallEntry> TakeHostLog() {
+  std::lock_guard<std::mutex> lock(host_log_mu);
+  host_log_on = false;
+  return std::move(host_log);
+}
+
 bool SetStreams(const char* name) {
   const std::string v = name;
   if (v != "eager" && v != "deferred") return false;
@@ -404,6 +428,7 @@ extern "C" {
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaFree");
   // As on the device, freeing waits for the work before it, async work included.
   tandem_emu::Flush(nullptr, /*all=*/true);
   tandem_emu::WaitAllAsync();
@@ -430,6 +455,11 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  using tandem_emu::HostCall;
+  tandem_emu::NoteHostCall(kind == cudaMemcpyHostToDevice   ? HostCall::kUpload
+                           : kind == cudaMemcpyDeviceToHost ? HostCall::kRead
+                                                            : HostCall::kLaunch,
+                           "cudaMemcpyAsync");
   if (kind == cudaMemcpyHostToDevice && tandem_emu::Deferred() && !(stream != nullptr && stream->capturing)) {
     // From (pageable) host memory the device stages the bytes before the call returns: the caller may
     // reuse its buffer at once.
@@ -447,11 +477,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaMemcpy");
   if (const cudaError_t e = tandem_emu::Flush(nullptr, false); e != cudaSuccess) return SetLast(e);
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kLaunch, "cudaMemsetAsync");
   return SetLast(Enqueue(stream, [p, value, bytes] {
     std::memset(p, value, bytes);
     return cudaSuccess;
@@ -459,6 +491,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaMemset");
   if (const cudaError_t e = tandem_emu::Flush(nullptr, false); e != cudaSuccess) return SetLast(e);
   std::memset(p, value, bytes);
   return cudaSuccess;
@@ -492,12 +525,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return SetLast(cudaErrorStreamCaptureUnsupported);
   }
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaStreamSynchronize");
   const cudaError_t e = tandem_emu::Flush(stream, false);
   tandem_emu::WaitAsync(stream);
   return SetLast(e);
 }
 cudaError_t cudaDeviceSynchronize() {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaDeviceSynchronize");
   const cudaError_t e = tandem_emu::Flush(nullptr, /*all=*/true);
   tandem_emu::WaitAllAsync();
   return SetLast(e);
@@ -534,6 +569,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsig
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   if (exec == nullptr) return SetLast(cudaErrorInvalidResourceHandle);
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kLaunch, "cudaGraphLaunch");
   return SetLast(Enqueue(stream, [exec] {
     for (const auto& w : exec->work) {
       if (const cudaError_t e = w(); e != cudaSuccess) return e;
@@ -578,6 +614,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaEventSynchronize");
   // Eager: recorded work has run (and an event never recorded has nothing to wait for), unless it
   // waits behind async work. Deferred: the event's stream is run to its end (a little more than up to
   // the event).

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/backend/cuda/emu/async_work.h"
+#include "common/backend/cuda/emu/counters.h"
 
 // The opaque handles of the runtime and cuBLAS.
 struct CUstream_st {
@@ -67,5 +68,7 @@ cudaError_t Enqueue(cudaStream_t stream, std::function<cudaError_t()> work);
 // A call that the device refuses while this thread captures a graph (allocation, synchronisation):
 // invalidates the capture, as the device does; true if so.
 bool RefusedInCapture();
+// Adds the call to the host log when one is being kept (counters.h: StartHostLog). (runtime.cc)
+void NoteHostCall(HostCall kind, const char* what);
 
 }  // namespace tandem_emu
