@@ -490,14 +490,16 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   last_logits_ = buf.logits;
   last_rows_ = real_rows;
   // The host copy and the logprobs see the raw logits; the sampling edits them, then the argmax is read.
+  // Everything the step computes on the device is enqueued before the first of its results is read
+  // (each read waits for the device), except after the host copy of whole rows, which already waits.
   logits->assign(want_logits ? static_cast<size_t>(real_rows * c.vocab_size) : 0, 0.f);
   if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
+  if (want_logprobs && real_rows > 0) EnqueueLogprobs(input, buf.logits, logprob_region);
+  if (want_sampling && real_rows > 0) EnqueueSampling(input, sampling, buf.logits, want_argmax ? buf.argmax : nullptr);
   if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
-  if (want_logprobs && real_rows > 0) RETURN_IF_ERROR(DeviceLogprobs(input, buf.logits, logprob_region, logprobs));
+  if (want_logprobs && real_rows > 0) ReadLogprobs(input, logprob_region, logprobs);
   if (samples != nullptr) *samples = DeviceSamples{};
-  if (want_sampling && real_rows > 0) {
-    RETURN_IF_ERROR(DeviceSampling(input, sampling, buf.logits, want_argmax ? buf.argmax : nullptr, samples));
-  }
+  if (want_sampling && real_rows > 0) ReadSampling(input, sampling, samples);
   if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(real_rows) : 0, -1);
   if (want_argmax && real_rows > 0) {
     backend_->CopyToHost(argmax->data(), buf.argmax, static_cast<size_t>(real_rows) * sizeof(int32_t));
@@ -546,8 +548,8 @@ absl::StatusOr<LlamaModel::SamplingUpload> LlamaModel::UploadSampling(const Forw
   return up;
 }
 
-absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUpload& up, float* logits_dev,
-                                        int32_t* argmax_dev, DeviceSamples* out) {
+void LlamaModel::EnqueueSampling(const ForwardInput& in, const SamplingUpload& up, float* logits_dev,
+                                 int32_t* argmax_dev) {
   const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
   const int64_t vocab = config_.vocab_size;
   if (up.edits != nullptr) {
@@ -559,7 +561,7 @@ absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUp
                                            [&](const LogitEdit& e) { return in.argmax_only[e.row] != 0; });
     if (edited_argmax) backend_->ArgmaxRows(logits_dev, rows, vocab, argmax_dev);
   }
-  if (up.region == nullptr) return absl::OkStatus();
+  if (up.region == nullptr) return;
   const SamplingLayout at(rows, up.width);
   int32_t* region = up.region;
   if (up.width > 0) {
@@ -570,6 +572,13 @@ absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUp
     backend_->SampleRows(logits_dev, rows, vocab, reinterpret_cast<const RowDraw*>(region), region + at.tokens,
                          reinterpret_cast<double*>(region + at.totals));
   }
+}
+
+void LlamaModel::ReadSampling(const ForwardInput& in, const SamplingUpload& up, DeviceSamples* out) {
+  if (up.region == nullptr) return;
+  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
+  const SamplingLayout at(rows, up.width);
+  const int32_t* region = up.region;
   std::vector<int32_t> host(static_cast<size_t>(at.end - at.ids));
   backend_->CopyToHost(host.data(), region + at.ids, host.size() * sizeof(int32_t));
   auto word = [&](int64_t offset) { return host.begin() + (offset - at.ids); };
@@ -584,7 +593,6 @@ absl::Status LlamaModel::DeviceSampling(const ForwardInput& in, const SamplingUp
     out->totals.resize(static_cast<size_t>(rows));
     std::memcpy(out->totals.data(), &*word(at.totals), out->totals.size() * sizeof(double));
   }
-  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::ValidateLogprobTokens(const std::vector<int32_t>& tokens, int32_t top_k) const {
@@ -612,7 +620,8 @@ absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, in
   in.logprob_top_k = top_k;
   ASSIGN_OR_RETURN(int32_t* region, UploadLogprobTokens(in));
   out->assign(tokens.size(), std::nullopt);
-  RETURN_IF_ERROR(DeviceLogprobs(in, last_logits_, region, out));
+  EnqueueLogprobs(in, last_logits_, region);
+  ReadLogprobs(in, region, out);
   return backend_->CheckErrors();
 }
 
@@ -635,11 +644,9 @@ absl::StatusOr<int32_t*> LlamaModel::UploadLogprobTokens(const ForwardInput& in)
   return region;
 }
 
-absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
-                                        std::vector<std::optional<RowLogprobs>>* out) {
+void LlamaModel::EnqueueLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region) {
   const int64_t rows = static_cast<int64_t>(in.logprob_tokens.size());
   const int64_t k = in.logprob_top_k;
-  const int64_t words = 4 * rows + 2 * rows * k;
   int32_t* token_out = region + rows;
   auto* logprob = reinterpret_cast<float*>(region + 2 * rows);
   int32_t* rank = region + 3 * rows;
@@ -647,7 +654,13 @@ absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* log
   auto* top_logprobs = reinterpret_cast<float*>(region + 4 * rows + rows * k);
   backend_->Logprobs(logits_dev, rows, config_.vocab_size, region, static_cast<int32_t>(k), token_out, logprob, rank,
                      top_ids, top_logprobs);
-  std::vector<int32_t> host(static_cast<size_t>(words));
+}
+
+void LlamaModel::ReadLogprobs(const ForwardInput& in, const int32_t* region,
+                              std::vector<std::optional<RowLogprobs>>* out) {
+  const int64_t rows = static_cast<int64_t>(in.logprob_tokens.size());
+  const int64_t k = in.logprob_top_k;
+  std::vector<int32_t> host(static_cast<size_t>(4 * rows + 2 * rows * k));
   backend_->CopyToHost(host.data(), region, host.size() * sizeof(int32_t));
   for (int64_t i = 0; i < rows; ++i) {
     if (in.logprob_tokens[i] == ForwardInput::kNoLogprobs) continue;
@@ -660,7 +673,6 @@ absl::Status LlamaModel::DeviceLogprobs(const ForwardInput& in, const float* log
     std::memcpy(r.top_logprobs.data(), &host[4 * rows + rows * k + i * k], static_cast<size_t>(k) * sizeof(float));
     (*out)[i] = std::move(r);
   }
-  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv) {

@@ -199,15 +199,16 @@ class LlamaModel {
     if (!graphs_.empty()) backend_->DropGraphs();
     graphs_.clear();
   }
-  // Backend::Logprobs over the step's real rows into `out`: the tokens first (into a scratch region
-  // that is also where the results land), then the computation after the step.
+  // Backend::Logprobs over the step's real rows into `out`, in three parts: the tokens go up before
+  // the step (into a scratch region that is also where the results land), the computation is
+  // enqueued after it, and the results are read once everything else the step computes is enqueued.
   absl::StatusOr<int32_t*> UploadLogprobTokens(const ForwardInput& in);
-  absl::Status DeviceLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region,
-                              std::vector<std::optional<RowLogprobs>>* out);
-  // Device sampling in two halves around the step, as the logprobs: the edits, draws and per-row k go
-  // up first, while the stream is idle (a copy to the device waits for it); after the step, the edits
-  // are applied to its logits (and the argmax taken again, when `argmax_dev`), then the rows'
-  // candidates and draws come back into `out`.
+  void EnqueueLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region);
+  void ReadLogprobs(const ForwardInput& in, const int32_t* region, std::vector<std::optional<RowLogprobs>>* out);
+  // Device sampling in the same three parts: the edits, draws and per-row k go up first, while the
+  // stream is idle (a copy to the device waits for it); after the step, the edits are applied to its
+  // logits (and the argmax taken again, when `argmax_dev`), the candidates and draws computed; then
+  // the rows' candidates and draws come back into `out`.
   struct SamplingUpload {
     const LogitEdit* edits = nullptr;  // [logit_edits.size()]
     int32_t* region = nullptr;         // see UploadSampling
@@ -215,8 +216,8 @@ class LlamaModel {
     bool draws = false;                // some row has a RowDraw
   };
   absl::StatusOr<SamplingUpload> UploadSampling(const ForwardInput& input);
-  absl::Status DeviceSampling(const ForwardInput& input, const SamplingUpload& up, float* logits_dev,
-                              int32_t* argmax_dev, DeviceSamples* out);
+  void EnqueueSampling(const ForwardInput& input, const SamplingUpload& up, float* logits_dev, int32_t* argmax_dev);
+  void ReadSampling(const ForwardInput& input, const SamplingUpload& up, DeviceSamples* out);
 
   ModelConfig config_;
   Backend* backend_ = nullptr;

@@ -336,49 +336,89 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
   auto model = LlamaModel::Load(testing_util::TinyModel("tiny-qwen3", 7, DType::kBF16), backend.get()).value();
   auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 16, model->KvCacheDType(std::nullopt))).value();
   const int64_t vocab = model->config().vocab_size;
-  std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3}, {4, 5, 6, 7}};
-  std::vector<int64_t> len = {16, 24};
+  std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+  std::vector<int64_t> len = {0, 0, 0};
   std::mt19937 rng(4);
-  for (size_t i = 0; i < tables.size(); ++i) {
-    ForwardInput in;
-    for (int64_t t = 0; t < len[i]; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
-    in.seqs.push_back({len[i], 0, tables[i]});
-    in.logits_rows.push_back(static_cast<int32_t>(len[i] - 1));
-    in.argmax_only.push_back(1);
-    std::vector<float> logits;
-    std::vector<int32_t> argmax;
-    ASSERT_TRUE(model->Forward(in, kv.get(), &logits, &argmax).ok());
-  }
-  // Decode steps of both sequences: `sampled` rows want top-8 candidates, the others their argmax.
-  auto step = [&](bool graphs, std::vector<bool> sampled, const std::string& name, int reads, bool log) {
-    model->set_use_graphs(graphs);
+  struct Step {
+    std::string name;
+    bool graphs = true;
+    std::vector<size_t> seqs = {0, 1};    // which sequences, one new token each
+    int64_t prompt = 0;                   // and a prompt chunk of this many tokens first
+    size_t prompt_seq = 2;                // of this sequence
+    std::vector<bool> sampled = {};       // rows that want top-8 candidates (the others their argmax)
+    std::vector<bool> logprobs = {};      // greedy rows that want their token's logprobs (top 2)
+    bool layer_listener = false;          // the prefill role's per-layer callback
+    int reads = 1;                        // copies back expected
+    bool log = true;
+  };
+  auto run = [&](const Step& st) {
+    model->set_use_graphs(st.graphs);
     ForwardInput in;
     in.allow_graph = true;
-    for (size_t i = 0; i < tables.size(); ++i) {
+    if (st.prompt > 0) {
+      for (int64_t t = 0; t < st.prompt; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+      in.seqs.push_back({st.prompt, len[st.prompt_seq], tables[st.prompt_seq]});
+      len[st.prompt_seq] += st.prompt;
+      in.logits_rows.push_back(static_cast<int32_t>(st.prompt - 1));
+      in.argmax_only.push_back(1);
+      in.sample_top_k.push_back(0);
+      in.logprob_tokens.push_back(ForwardInput::kNoLogprobs);
+    }
+    for (size_t k = 0; k < st.seqs.size(); ++k) {
+      const size_t i = st.seqs[k];
       in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
       in.seqs.push_back({1, len[i]++, tables[i]});
-      in.logits_rows.push_back(static_cast<int32_t>(i));
-      in.argmax_only.push_back(sampled[i] ? 0 : 1);
-      in.sample_top_k.push_back(sampled[i] ? 8 : 0);
+      in.logits_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+      const bool sampled = k < st.sampled.size() && st.sampled[k];
+      in.argmax_only.push_back(sampled ? 0 : 1);
+      in.sample_top_k.push_back(sampled ? 8 : 0);
+      in.logprob_tokens.push_back(k < st.logprobs.size() && st.logprobs[k] ? -1 : ForwardInput::kNoLogprobs);
     }
+    if (st.sampled.empty()) in.sample_top_k.clear();
+    if (st.logprobs.empty()) in.logprob_tokens.clear();
+    in.logprob_top_k = st.logprobs.empty() ? 0 : 2;
+    int64_t layers_done = 0;
+    if (st.layer_listener) in.on_layer_done = [&](int64_t) { ++layers_done; };
     std::vector<float> logits;
     std::vector<int32_t> argmax;
+    std::vector<std::optional<RowLogprobs>> lp;
     DeviceSamples samples;
-    if (log) tandem_emu::StartHostLog();
-    const absl::Status s = model->Forward(in, kv.get(), &logits, &argmax, nullptr, &samples);
+    if (st.log) tandem_emu::StartHostLog();
+    const absl::Status s = model->Forward(in, kv.get(), &logits, &argmax, &lp, &samples);
     const std::vector<tandem_emu::HostCallEntry> calls = tandem_emu::TakeHostLog();
-    ASSERT_TRUE(s.ok()) << s;
-    EXPECT_TRUE(logits.empty()) << name << ": no row needs its logits on the host";
-    if (log) ExpectWaitsOnlyToRead(calls, reads, name);
+    ASSERT_TRUE(s.ok()) << st.name << ": " << s;
+    EXPECT_TRUE(logits.empty()) << st.name << ": no row needs its logits on the host";
+    if (st.layer_listener) {
+      EXPECT_EQ(layers_done, model->config().num_hidden_layers) << st.name;
+    }
+    if (!in.logprob_tokens.empty()) {
+      ASSERT_EQ(lp.size(), in.logits_rows.size()) << st.name;
+      for (size_t r = 0; r < lp.size(); ++r) {
+        EXPECT_EQ(lp[r].has_value(), in.logprob_tokens[r] != ForwardInput::kNoLogprobs) << st.name << " row " << r;
+        if (lp[r].has_value()) {
+          EXPECT_EQ(lp[r]->token, argmax[r]) << st.name << " row " << r;
+        }
+      }
+    }
+    if (st.log) ExpectWaitsOnlyToRead(calls, st.reads, st.name);
   };
-  step(true, {false, false}, "greedy, captured", 1, false);
-  step(true, {false, false}, "greedy, a graph replayed", 1, true);
-  step(false, {false, false}, "greedy, op by op", 1, true);
-  step(true, {true, true}, "top-k, captured", 1, false);
-  step(true, {true, true}, "top-k, a graph replayed", 1, true);
-  step(true, {true, false}, "top-k and greedy, a graph replayed", 2, true);
-  step(false, {true, true}, "top-k, op by op", 1, true);
-  EXPECT_EQ(model->graph_replays(), 4) << "one graph, captured by the first step";
+  run({.name = "prompt of sequence 0", .graphs = false, .seqs = {}, .prompt = 16, .prompt_seq = 0, .log = false});
+  run({.name = "prompt of sequence 1", .graphs = false, .seqs = {}, .prompt = 24, .prompt_seq = 1, .log = false});
+  run({.name = "greedy, captured", .log = false});
+  run({.name = "greedy, a graph replayed"});
+  run({.name = "greedy, op by op", .graphs = false});
+  // The first step of a kind allocates its buffers (and zeroes them: a memset enqueued before the step).
+  run({.name = "top-k, the sampling buffer's first use", .sampled = {true, true}, .log = false});
+  run({.name = "top-k, a graph replayed", .sampled = {true, true}});
+  run({.name = "top-k and greedy, a graph replayed", .sampled = {true, false}, .reads = 2});
+  run({.name = "top-k, op by op", .graphs = false, .sampled = {true, true}});
+  run({.name = "greedy with logprobs, the logprobs buffer's first use", .logprobs = {true, true}, .log = false});
+  run({.name = "greedy with logprobs, a graph replayed", .logprobs = {true, true}, .reads = 2});
+  run({.name = "top-k and greedy with logprobs, a graph replayed", .sampled = {true, false}, .logprobs = {false, true},
+       .reads = 3});
+  run({.name = "a prompt chunk beside a decode row", .seqs = {0}, .prompt = 8});
+  run({.name = "a prompt chunk, the prefill role's layer callbacks", .seqs = {}, .prompt = 8, .layer_listener = true});
+  EXPECT_EQ(model->graph_replays(), 7) << "one graph, captured by the first decode step, replayed by the others";
   EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
   EXPECT_TRUE(backend->CheckErrors().ok());
 }
