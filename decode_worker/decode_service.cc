@@ -21,6 +21,7 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
     ro.storage = engine->kv_storage();
     ro.info = {fingerprint, engine->kv_storage()->geometry()};
     ro.io_timeout = options_.kv_io_timeout;
+    ro.idle_timeout = options_.kv_idle_connection;
     ro.keep_reservation_on_sender_loss = true;  // the router may retry the prefill elsewhere
     auto link_factory = KvLinkFactoryFromFlags(engine->kv_storage());
     if (!link_factory.ok()) return link_factory.status();

@@ -39,6 +39,9 @@ class DecodeService final : public v1::Decode::CallbackService, public EngineSer
     int kv_port = 0;
     absl::Duration kv_transfer_timeout = absl::Seconds(30);
     absl::Duration kv_io_timeout = absl::Seconds(10);
+    // A KV connection idle this long with no transfer of its own waiting is closed (TcpKvReceiver's
+    // idle_timeout).
+    absl::Duration kv_idle_connection = absl::Seconds(600);
     // Above this share of the KV pool in use the worker reports itself full in its heartbeats and
     // the router sends it no new work; preemption stays the last resort.
     double kv_high_water = 0.95;

@@ -15,6 +15,10 @@ ABSL_FLAG(double, kv_transfer_timeout_s, 30, "seconds a reservation waits for it
 ABSL_FLAG(double, kv_io_timeout_s, 10,
           "seconds a KV connection's handshake, a frame begun, or a layer's NCCL receive may take before that "
           "connection (and its NCCL communicator) is dropped");
+ABSL_FLAG(double, kv_idle_connection_s, 600,
+          "seconds a KV connection may bring nothing, while no transfer begun on it still waits, before it is "
+          "closed with its NCCL communicator (a stopped or wedged prefill worker's; an idle one reconnects before "
+          "its next transfer); 0 = never");
 ABSL_FLAG(double, kv_high_water, 0.95,
           "share of the KV pool in use above which the worker reports itself full and the router sends it "
           "nothing new (1 = never)");
@@ -36,6 +40,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem-decode-worker: --kv-transfer-timeout-s and --kv-io-timeout-s must be positive\n");
     return 2;
   }
+  const double idle_s = absl::GetFlag(FLAGS_kv_idle_connection_s);
+  if (!(idle_s >= 0)) {
+    std::fprintf(stderr, "tandem-decode-worker: --kv-idle-connection-s must be >= 0 (0 = never)\n");
+    return 2;
+  }
+  o.kv_idle_connection = idle_s > 0 ? absl::Seconds(idle_s) : absl::InfiniteDuration();
   o.kv_high_water = absl::GetFlag(FLAGS_kv_high_water);
   if (!(o.kv_high_water > 0 && o.kv_high_water <= 1)) {
     std::fprintf(stderr, "tandem-decode-worker: --kv-high-water must be in (0, 1]\n");

@@ -28,13 +28,13 @@ class Cluster {
   struct Options {
     std::string model_fingerprint;  // workers serving another model are refused
     absl::Duration heartbeat_timeout = absl::Seconds(3);
-    std::vector<std::string> static_workers;  // host:port, polled through WorkerStatus
+    std::vector<std::string> static_workers = {};  // host:port, polled through WorkerStatus
     absl::Duration poll_interval = absl::Milliseconds(500);
     // HTTP/2 keepalive pings on the router's connections to workers (a peer that does not answer
     // within the same time again is dropped, failing its calls with UNAVAILABLE).
     absl::Duration keepalive = absl::Seconds(2);
     absl::Duration keepalive_timeout = absl::Seconds(2);
-    PrefillPolicy::Options prefill_policy;
+    PrefillPolicy::Options prefill_policy = {};
   };
   explicit Cluster(const Options& options);
   ~Cluster();

@@ -680,6 +680,43 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
   }
 }
 
+// A KV connection that brings nothing for --kv-idle-connection-s, with no transfer of its own
+// waiting, is closed by the decode worker (over NCCL, with its communicator); the prefill worker
+// notices before its next transfer and opens another, so no request fails for it.
+TEST_F(ServiceTest, AnIdleKvConnectionIsClosedAndTheNextTransferOpensAnother) {
+  auto c = StartCluster({.prefill = 1, .decode = 1, .decode_args = {"--kv-idle-connection-s=1"}});
+  const std::string decode = c->workers("decode")[0];
+  std::mt19937 rng(21);
+  const v1::GenerateRequest req = TokenRequest(RandomPrompt(rng, 48, vocab_), 8);
+  auto closes = [&] {
+    const std::string log = c->Log(decode);
+    int n = 0;
+    for (size_t at = log.find("closing KV connection"); at != std::string::npos;
+         at = log.find("closing KV connection", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  auto closed = [&](int n) {  // waits for the n-th close
+    const absl::Time end = absl::Now() + absl::Seconds(15);
+    while (closes() < n && absl::Now() < end) absl::SleepFor(absl::Milliseconds(50));
+    return closes() == n;
+  };
+  const StreamResult first = Stream(c->generation(), req, absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_EQ(first.ids.size(), 8u);
+  ASSERT_TRUE(closed(1)) << "the idle connection was kept:\n" << c->Log(decode);
+  for (int round = 1; round <= 2; ++round) {
+    const StreamResult again = Stream(c->generation(), req, absl::Now() + absl::Seconds(60));
+    ASSERT_TRUE(again.status.ok()) << "round " << round << ": " << again.status.error_message();
+    EXPECT_EQ(again.ids, first.ids) << "round " << round;
+    // It came over a new connection, which is closed in its turn.
+    EXPECT_TRUE(closed(round + 1)) << "round " << round << ":\n" << c->Log(decode);
+  }
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
 // A hung worker (SIGSTOP: its sockets stay open) is detected by missed heartbeats, its calls are
 // cancelled and retried elsewhere, and no request outlives its deadline.
 void HungWorkerTest(LocalCluster* c, const std::string& victim) {

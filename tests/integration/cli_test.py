@@ -230,6 +230,9 @@ decode_worker = os.path.join(os.path.dirname(TANDEM), "..", "decode_worker", "ta
 for flag in ("--kv-io-timeout-s=0", "--kv-transfer-timeout-s=-1"):
     p = subprocess.run([decode_worker, "--model", model, flag], capture_output=True, text=True, timeout=60)
     check(p.returncode == 2 and "must be positive" in p.stderr, f"tandem-decode-worker {flag}: exit {p.returncode}, {p.stderr!r}")
+p = subprocess.run([decode_worker, "--model", model, "--kv-idle-connection-s=-1"], capture_output=True, text=True, timeout=60)
+check(p.returncode == 2 and "--kv-idle-connection-s must be >= 0" in p.stderr,
+      f"tandem-decode-worker --kv-idle-connection-s=-1: exit {p.returncode}, {p.stderr!r}")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

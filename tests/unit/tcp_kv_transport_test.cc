@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -229,6 +230,70 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionOutlivesTheIoTimeout) {
   EXPECT_TRUE(gone) << "a sender whose receiver closed the connection still says it is connected";
 }
 
+// Polls `done` for up to `limit`; true once it holds.
+bool Eventually(const std::function<bool()>& done, absl::Duration limit = absl::Seconds(3)) {
+  for (const absl::Time end = absl::Now() + limit; absl::Now() < end; absl::SleepFor(absl::Milliseconds(10))) {
+    if (done()) return true;
+  }
+  return done();
+}
+
+// With an idle timeout the receiver closes a connection that brings nothing for that long, but never
+// one on which a transfer it began still waits (a long prompt computing between frames), and the link
+// goes with it. A sender that went silent mid-transfer (stopped) loses its connection once the
+// reservation has timed out. Either way the sender sees it closed, and a new connection works.
+TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWaits) {
+  TcpKvReceiver::Options o = ReceiverOptions();
+  o.idle_timeout = absl::Milliseconds(300);
+  auto receiver = TcpKvReceiver::Create(o).value();
+  const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
+  const int links_before = hub_.live_links.load();
+  auto sender = Connect(address).value();
+  ASSERT_TRUE(receiver->Expect("r1", {1}).ok());
+  ASSERT_TRUE(sender->Begin("r1", 4).ok());
+  absl::SleepFor(absl::Milliseconds(800));  // a prompt computing: idle, but r1 waits
+  ASSERT_TRUE(sender->Connected()) << "closed while a transfer begun on it still waited";
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r1", l, {2}, src_.get()).ok());
+  ASSERT_TRUE(sender->End("r1", 9).ok());
+  EXPECT_EQ(receiver->Wait("r1", absl::Seconds(2)).value(), 9);
+  EXPECT_TRUE(SameBlock(2, 1));
+  if (mode() == Mode::kLink) {
+    EXPECT_EQ(hub_.live_links.load(), links_before + 2);
+  }
+  const absl::Time idle_from = absl::Now();
+  EXPECT_TRUE(Eventually([&] { return !sender->Connected(); })) << "an idle connection was kept";
+  EXPECT_GE(absl::Now() - idle_from, absl::Milliseconds(250)) << "closed before its idle timeout";
+  if (mode() == Mode::kLink) {
+    EXPECT_TRUE(Eventually([&] { return hub_.live_links.load() == links_before + 1; }))
+        << "the receiver's end of the link outlived its connection";
+  }
+  sender.reset();
+
+  // A sender stopped mid-transfer: its connection outlives the reservation's deadline, not more.
+  sender = Connect(address).value();
+  ASSERT_TRUE(receiver->Expect("r2", {3}).ok());
+  ASSERT_TRUE(sender->Begin("r2", 4).ok());
+  ASSERT_TRUE(sender->SendLayer("r2", 0, {4}, src_.get()).ok());
+  absl::SleepFor(absl::Milliseconds(600));
+  ASSERT_TRUE(sender->Connected()) << "closed while the reservation still waited";
+  EXPECT_EQ(receiver->Wait("r2", absl::Milliseconds(200)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Eventually([&] { return !sender->Connected(); }, absl::Seconds(1)))
+      << "the stopped sender's connection outlived its reservation";
+  sender.reset();
+  if (mode() == Mode::kLink) {
+    EXPECT_TRUE(Eventually([&] { return hub_.live_links.load() == links_before; }));
+  }
+
+  // And a new connection serves the next transfer.
+  sender = Connect(address).value();
+  ASSERT_TRUE(receiver->Expect("r3", {5}).ok());
+  ASSERT_TRUE(sender->Begin("r3", 4).ok());
+  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r3", l, {6}, src_.get()).ok());
+  ASSERT_TRUE(sender->End("r3", 7).ok());
+  EXPECT_EQ(receiver->Wait("r3", absl::Seconds(2)).value(), 7);
+  EXPECT_TRUE(SameBlock(6, 5));
+}
+
 TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
   ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
   auto sender = Connect(address_).value();
@@ -257,7 +322,9 @@ void RawFrame(int fd, uint8_t type, const std::string& payload, uint32_t claimed
   std::memcpy(header, &claimed_len, 4);
   header[4] = type;
   ASSERT_EQ(::send(fd, header, 5, MSG_NOSIGNAL), 5);
-  if (!payload.empty()) ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), static_cast<ssize_t>(payload.size()));
+  if (!payload.empty()) {
+    ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), static_cast<ssize_t>(payload.size()));
+  }
 }
 
 TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations) {

@@ -18,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/socket_io.h"
 #include "common/base/status_macros.h"
 #include "common/model/dtype_proto.h"
@@ -182,13 +183,13 @@ TcpKvReceiver::~TcpKvReceiver() {
   ::shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   ::close(listen_fd_);
-  std::vector<std::thread> threads;
+  absl::flat_hash_map<int64_t, std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     for (int fd : connection_fds_) ::shutdown(fd, SHUT_RDWR);
     threads.swap(connection_threads_);
   }
-  for (auto& t : threads) t.join();
+  for (auto& [connection, t] : threads) t.join();
 }
 
 void TcpKvReceiver::AcceptLoop() {
@@ -198,10 +199,19 @@ void TcpKvReceiver::AcceptLoop() {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     SetTimeouts(fd, options_.io_timeout);
-    absl::MutexLock lock(&mu_);
-    connection_fds_.push_back(fd);
-    const int64_t connection = next_connection_++;
-    connection_threads_.emplace_back([this, fd, connection] { ServeConnection(fd, connection); });
+    std::vector<std::thread> ended;  // connections' threads that have returned or are about to
+    {
+      absl::MutexLock lock(&mu_);
+      for (int64_t c : ended_connections_) {
+        ended.push_back(std::move(connection_threads_[c]));
+        connection_threads_.erase(c);
+      }
+      ended_connections_.clear();
+      connection_fds_.push_back(fd);
+      const int64_t connection = next_connection_++;
+      connection_threads_[connection] = std::thread([this, fd, connection] { ServeConnection(fd, connection); });
+    }
+    for (auto& t : ended) t.join();
   }
 }
 
@@ -215,6 +225,15 @@ void TcpKvReceiver::Fail(const std::string& id, const std::string& error) {
     changed_.SignalAll();
   }
   if (on_complete_) on_complete_(id);
+}
+
+bool TcpKvReceiver::HoldsLiveTransfer(const std::vector<std::string>& open, int64_t connection) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : open) {
+    auto it = transfers_.find(id);
+    if (it != transfers_.end() && it->second.OwnedBy(connection)) return true;
+  }
+  return false;
 }
 
 void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
@@ -236,6 +255,7 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
     ::close(fd);
     absl::MutexLock lock(&mu_);
     std::erase(connection_fds_, fd);
+    ended_connections_.push_back(connection);
   };
   v1::KvHandshake hello;
   if (absl::Status s = ReadMessage(fd, kHandshake, &hello); !s.ok()) return finish(s);
@@ -285,17 +305,30 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   const KvCacheGeometry& g = options_.storage->geometry();
   const size_t block_bytes = static_cast<size_t>(g.bytes_per_block());
   std::vector<char> payload;
+  absl::Time last_frame = absl::Now();
   while (!stopping_) {
     // The next frame may be long in coming: a sender caches its connection between requests, and a
-    // long prompt computes between a transfer's frames. So the wait for it has no timeout (a
-    // reservation's own timeout bounds a transfer); io_timeout bounds the reading of a frame begun.
+    // long prompt computes between a transfer's frames. So the wait for it has no timeout while a
+    // transfer begun here waits for it (a reservation's own timeout bounds a transfer), and
+    // idle_timeout otherwise; io_timeout bounds the reading of a frame begun.
     pollfd p{fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, 100);
-    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready == 0 || (ready < 0 && errno == EINTR)) {
+      // A last look at the socket: a frame that arrived meanwhile keeps the connection. (A Begin still
+      // on its way may meet the close; that transfer then fails, and the router may retry its prefill.)
+      if (absl::Now() - last_frame >= options_.idle_timeout && !HoldsLiveTransfer(open, connection) &&
+          ::poll(&p, 1, 0) == 0) {
+        TANDEM_LOG(INFO) << "closing KV connection " << connection << ": nothing arrived for "
+                         << absl::FormatDuration(options_.idle_timeout) << (link != nullptr ? " (its link with it)" : "");
+        return finish(absl::UnavailableError("the connection was idle"));
+      }
+      continue;
+    }
     if (ready < 0) return finish(IoError("poll"));
     FrameType type;
     uint32_t len;
     if (absl::Status s = ReadHeader(fd, &type, &len); !s.ok()) return finish(s);
+    last_frame = absl::Now();
     if (type == kBegin || type == kEnd || type == kLayerHeader) {
       if (len > kMaxControlFrame) return finish(absl::DataLossError("oversized control frame"));
       std::string bytes(len, '\0');

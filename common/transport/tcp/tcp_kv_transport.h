@@ -37,6 +37,11 @@ class TcpKvReceiver final : public KvReceiver {
     // Offered to senders that ask for it by name (see KvLinkFactory), beside the inline path. Must
     // serve `storage`; not owned.
     KvLinkFactory* link_factory = nullptr;
+    // A connection on which no frame arrives for this long, while none of the transfers begun on it
+    // holds a reservation still waiting, is closed, with its side link (an NCCL communicator and its
+    // staging memory): what a sender that went silent (stopped, wedged) would otherwise hold for ever.
+    // A sender that is only idle reconnects before its next transfer. Infinite: never.
+    absl::Duration idle_timeout = absl::InfiniteDuration();
   };
   static absl::StatusOr<std::unique_ptr<TcpKvReceiver>> Create(const Options& options);
   ~TcpKvReceiver() override;
@@ -64,6 +69,8 @@ class TcpKvReceiver final : public KvReceiver {
   explicit TcpKvReceiver(const Options& options) : options_(options) {}
   void AcceptLoop();
   void ServeConnection(int fd, int64_t connection);
+  // Whether one of `open` (transfers begun on `connection`) still waits for its data from it.
+  bool HoldsLiveTransfer(const std::vector<std::string>& open, int64_t connection);
   void Fail(const std::string& request_id, const std::string& error);
   // Receives one layer over `link` for connection `connection`, landing it in the transfer's blocks
   // while the transfer is still wanted and owned by that connection, else dropping it. An error means
@@ -80,7 +87,9 @@ class TcpKvReceiver final : public KvReceiver {
   absl::Mutex mu_;
   absl::CondVar changed_;
   absl::flat_hash_map<std::string, Transfer> transfers_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> connection_threads_ ABSL_GUARDED_BY(mu_);
+  // By connection; a connection's thread that has ended is joined when the next one is accepted.
+  absl::flat_hash_map<int64_t, std::thread> connection_threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> ended_connections_ ABSL_GUARDED_BY(mu_);
   std::vector<int> connection_fds_ ABSL_GUARDED_BY(mu_);
   int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
 };
