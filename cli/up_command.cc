@@ -42,9 +42,10 @@ ABSL_FLAG(std::string, prometheus_targets, "",
           "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
 ABSL_FLAG(std::string, kv_transport, "tcp",
-          "up: how KV layers travel from prefill to decode workers: tcp or nccl (GPU workers). With nccl and "
-          "every worker on one device, each worker gets its own --nccl-host-id, which NCCL needs to pair two "
-          "processes on one GPU");
+          "up: how KV layers travel from prefill to decode workers: tcp, nccl or cuda-ipc (GPU workers; cuda-ipc "
+          "maps the prefill worker's GPU staging into the decode worker, at device bandwidth on one GPU). With "
+          "nccl and every worker on one device, each worker gets its own --nccl-host-id, which NCCL needs to "
+          "pair two processes on one GPU");
 ABSL_FLAG(std::vector<std::string>, worker_args, {},
           "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
 ABSL_FLAG(std::vector<std::string>, prefill_worker_args, {},
@@ -153,9 +154,10 @@ int UpCommand() {
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);
   const std::string kv_transport = absl::GetFlag(FLAGS_kv_transport);
-  if (kv_transport != "tcp" && kv_transport != "nccl") {
+  if (kv_transport != "tcp" && kv_transport != "nccl" && kv_transport != "cuda-ipc") {
     stop_all();
-    return fail(absl::InvalidArgumentError(absl::StrCat("--kv-transport must be tcp or nccl, not '", kv_transport, "'")));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--kv-transport must be tcp, nccl or cuda-ipc, not '", kv_transport, "'")));
   }
   common.push_back("--kv-transport=" + kv_transport);
   // Every worker shares the one --device: left at its default, the memory share is split between

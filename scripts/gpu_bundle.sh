@@ -10,7 +10,7 @@ BUILD="${1:-build}"
 OUT=.gpu_bundle
 # Only this script's own files: the llama.cpp tarballs beside them stay.
 rm -rf "$OUT/stage" "$OUT/run" "$OUT/bundle.tar.xz" && mkdir -p "$OUT/stage/bin" "$OUT/stage/lib"
-bins=("$BUILD/tests/gpu/cuda_smoke_test" "$BUILD/tests/gpu/cuda_backend_test" "$BUILD/tests/gpu/nccl_link_test"
+bins=("$BUILD/tests/gpu/cuda_smoke_test" "$BUILD/tests/gpu/cuda_backend_test" "$BUILD/tests/gpu/kv_link_test"
       "$BUILD/tests/e2e/service_e2e_test" "$BUILD/tests/bench/kv_transfer_bench" "$BUILD/cli/tandem"
       "$BUILD/tests/bench/forward_bench" "$BUILD/router/tandem-router" "$BUILD/prefill_worker/tandem-prefill-worker"
       "$BUILD/decode_worker/tandem-decode-worker" "$BUILD/common/backend/cuda/libtandem_cuda_plugin.so")

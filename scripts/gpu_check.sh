@@ -4,15 +4,17 @@
 # goes, so a run cut short still returns what it finished. Stages, in order (STAGES picks; default
 # all three):
 #   tests  the CUDA smoke test, the CUDA backend test (every op and every tiny preset vs the CPU), the
-#          NCCL link test (two processes on this GPU), every tiny preset in BF16 against transformers
+#          NCCL and CUDA IPC link tests (two processes on this GPU), every tiny preset in BF16 against transformers
 #          (tests/gpu/hf_forward_check.py, as is, with --compute-dtype f16 and with --split-gemm-inputs;
 #          with HF_TC=1 again over a
 #          BF16 cache with tensor-core prompt attention, reported only), and `tandem generate` on models/kjv-target with
 #          --device cuda vs --device cpu (greedy, 64 tokens);
 #   e2e    the end-to-end service suite with every worker on CUDA and KV over NCCL, one process per
-#          test (E2E_FILTER picks tests, default all);
-#   bench  kv_transfer_bench (TCP staging vs NCCL, two processes), disagg_bench.py (TTFT with
-#          layer-wise overlap on and off, over NCCL), forward_bench (prefill and batch-1 decode against
+#          test (E2E_FILTER picks tests, default all), then the disaggregated equivalence and
+#          mid-transfer fault tests with KV over CUDA IPC (E2E_IPC_FILTER);
+#   bench  kv_transfer_bench (TCP staging vs NCCL vs CUDA IPC, two processes), disagg_bench.py (TTFT
+#          with layer-wise overlap on and off, over each of DISAGG_TRANSPORTS, default "cuda-ipc nccl";
+#          the mixed workload over MIXED_TRANSPORT, default cuda-ipc), forward_bench (prefill and batch-1 decode against
 #          the device's measured ceilings; with --profile-ops, the time of every op) and
 #          throughput_vs_hf.py (a combined CUDA worker against transformers' generate()) over random
 #          BF16 weights of qwen2.5-0.5b and, with TANDEM_GPU_BIG=1, qwen2.5-7b and llama-3-8b (each
@@ -105,7 +107,8 @@ presets=(qwen2.5-0.5b)
 if stage tests; then
 lim 60 "$W/cuda_smoke_test" 2>&1 | tee "$OUT/cuda_smoke.log" || status=1
 lim 150 "$W/cuda_backend_test" 2>&1 | tee "$OUT/cuda_backend.log" || status=1
-lim 120 "$W/nccl_link_test" 2>&1 | tee "$OUT/nccl_link.log" || status=1
+lim 120 "$W/kv_link_test" --link=nccl 2>&1 | tee "$OUT/nccl_link.log" || status=1
+lim 120 "$W/kv_link_test" --link=cuda-ipc 2>&1 | tee "$OUT/cuda_ipc_link.log" || status=1
 gen() { local d="$1"; shift; lim 120 env ${GEN_ENV:-} "$W/tandem" generate --model models/kjv-target --prompt "And God said" --max-tokens 64 --temperature 0 --json --device "$d" "$@"; }
 gen cpu > "$OUT/generate-cpu.json" 2> "$OUT/generate-cpu.err" || status=1
 gen cuda > "$OUT/generate-cuda.json" 2> "$OUT/generate-cuda.err" || status=1
@@ -180,6 +183,14 @@ if stage e2e; then
       lim 120 "$W/service_e2e_test" --gtest_filter="$t" >> "$OUT/e2e-cuda-nccl.log" 2>&1 || { status=1; echo "[  FAILED  ] $t (exit)"; }
   done
   grep -E "^\[ +(OK|FAILED) " "$OUT/e2e-cuda-nccl.log"
+  ipc_tests=$("$W/service_e2e_test" --gtest_list_tests \
+    --gtest_filter="${E2E_IPC_FILTER:-*OnePrefillOneDecodeMatches*:*Bf16KvCacheDisaggregated*:*HungOrKilledMidTransfer*}" |
+    awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
+  for t in $ipc_tests; do
+    TANDEM_E2E_BIN_DIR="$PWD/$W" TANDEM_E2E_DEVICE=cuda TANDEM_E2E_KV_TRANSPORT=cuda-ipc \
+      lim 120 "$W/service_e2e_test" --gtest_filter="$t" >> "$OUT/e2e-cuda-ipc.log" 2>&1 || { status=1; echo "[  FAILED  ] $t (exit)"; }
+  done
+  grep -E "^\[ +(OK|FAILED) " "$OUT/e2e-cuda-ipc.log"
 fi
 if stage bench; then
 ! step kv || lim 180 "$W/kv_transfer_bench" --device cuda --presets qwen2.5-0.5b,llama-3-8b --tokens 512,4096 --iterations 5 \
@@ -210,11 +221,13 @@ for p in "${presets[@]}"; do
   ! step sampled || lim 600 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency 16,64 \
     --skip-hf --temperature 0.8 --top-p 0.95 --json-out "$OUT/throughput-sampled-$p.json" 2>&1 |
     tee -a "$OUT/throughput.txt" || status=1
-  ! step disagg || lim 600 python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" --prompt-len 2048 --up-arg=--device=cuda \
-    --up-arg=--kv-transport=nccl 2>&1 | tee -a "$OUT/disagg.txt" || status=1
+  for kv in ${DISAGG_TRANSPORTS:-cuda-ipc nccl}; do
+    ! step disagg || { echo "== disagg_bench over $kv"; lim 600 python3 tests/bench/disagg_bench.py "$W/tandem" "$dir" \
+      --prompt-len 2048 --up-arg=--device=cuda --up-arg=--kv-transport=$kv 2>&1; } | tee -a "$OUT/disagg.txt" || status=1
+  done
   # Disaggregated against combined on a mix of long and short prompts (open loop): TTFT and ITL.
   ! step mixed || lim 600 python3 tests/bench/disagg_vs_combined.py "$W/tandem" "$dir" --request-rate 16 --num-requests 128 \
-    --long-len 2048 --short-len 128 --output-len 128 --up-arg=--device=cuda --up-arg=--kv-transport=nccl \
+    --long-len 2048 --short-len 128 --output-len 128 --up-arg=--device=cuda --up-arg=--kv-transport=${MIXED_TRANSPORT:-cuda-ipc} \
     --json-out "$OUT/mixed-$p.json" 2>&1 | tee -a "$OUT/mixed.txt" || status=1
 done
 fi

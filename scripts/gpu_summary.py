@@ -28,7 +28,7 @@ if dev:
     lines.append(dev.strip().splitlines()[-1])
 
 section("tests")
-for log in ("cuda_smoke.log", "cuda_backend.log", "nccl_link.log"):
+for log in ("cuda_smoke.log", "cuda_backend.log", "nccl_link.log", "cuda_ipc_link.log"):
     text = read(log)
     if text is None:
         continue
@@ -45,11 +45,12 @@ for log in ("hf_forward_check.log", "hf_forward_check_f16.log", "hf_forward_chec
 checks = read("checks.txt")
 if checks:
     lines += [l for l in checks.strip().splitlines()]
-e2e = read("e2e-cuda-nccl.log")
-if e2e:
-    ok = re.findall(r"^\[       OK \] (\S+)", e2e, re.M)
-    bad = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)", e2e, re.M)))
-    lines.append(f"e2e on CUDA + NCCL: {len(ok)} passed, {len(bad)} failed{': ' + ', '.join(bad) if bad else ''}")
+for log, what in (("e2e-cuda-nccl.log", "NCCL"), ("e2e-cuda-ipc.log", "CUDA IPC")):
+    e2e = read(log)
+    if e2e:
+        ok = re.findall(r"^\[       OK \] (\S+)", e2e, re.M)
+        bad = sorted(set(re.findall(r"^\[  FAILED  \] (\S+)", e2e, re.M)))
+        lines.append(f"e2e on CUDA + {what}: {len(ok)} passed, {len(bad)} failed{': ' + ', '.join(bad) if bad else ''}")
 
 plan = [l for f in sorted(glob.glob(os.path.join(out, "generate-cuda*.err")))
         for l in open(f, errors="replace").read().splitlines() if "memory plan" in l]

@@ -18,6 +18,7 @@
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
+#include "common/transport/cuda_ipc/cuda_ipc_kv_link.h"
 #include "common/transport/kv_transport.h"
 #include "common/transport/nccl/nccl_kv_link.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -34,8 +35,9 @@ ABSL_FLAG(bool, kv_host_staging, false,
           "workers always do; for testing that path on the CPU)");
 ABSL_FLAG(std::string, kv_transport, "tcp",
           "how KV layers travel from prefill to decode workers: tcp (inline on the control connection, from host "
-          "memory or through host staging) or nccl (an NCCL communicator per prefill-decode pair; GPU workers, "
-          "both ends must say nccl)");
+          "memory or through host staging), nccl (an NCCL communicator per prefill-decode pair; GPU workers) or "
+          "cuda-ipc (the decode worker maps the prefill worker's GPU staging memory; GPU workers on one machine, "
+          "sharing a GPU or GPUs with peer access); both ends must name the same one");
 ABSL_FLAG(std::string, nccl_host_id, "",
           "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or NCCL refuses "
           "the pair (they then talk over NCCL's network transport); leave empty across GPUs");
@@ -47,7 +49,8 @@ absl::StatusOr<std::unique_ptr<KvLinkFactory>> KvLinkFactoryFromFlags(KvCacheSto
   const std::string transport = absl::GetFlag(FLAGS_kv_transport);
   if (transport == "tcp") return std::unique_ptr<KvLinkFactory>();
   if (transport == "nccl") return CreateNcclKvLinkFactory(storage);
-  return absl::InvalidArgumentError(absl::StrCat("--kv-transport: '", transport, "' is not tcp or nccl"));
+  if (transport == "cuda-ipc") return CreateCudaIpcKvLinkFactory(storage);
+  return absl::InvalidArgumentError(absl::StrCat("--kv-transport: '", transport, "' is not tcp, nccl or cuda-ipc"));
 }
 
 namespace {
@@ -150,8 +153,8 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
     std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(engine_options.status().message()).c_str());
     return 2;
   }
-  if (const std::string t = absl::GetFlag(FLAGS_kv_transport); t != "tcp" && t != "nccl") {
-    std::fprintf(stderr, "tandem-%s: --kv-transport must be tcp or nccl, not '%s'\n", name.c_str(), t.c_str());
+  if (const std::string t = absl::GetFlag(FLAGS_kv_transport); t != "tcp" && t != "nccl" && t != "cuda-ipc") {
+    std::fprintf(stderr, "tandem-%s: --kv-transport must be tcp, nccl or cuda-ipc, not '%s'\n", name.c_str(), t.c_str());
     return 2;
   }
   // Before any NCCL call: NCCL reads its environment once.

@@ -46,6 +46,18 @@ class KvLink {
   virtual absl::Status DiscardLayer(int32_t num_blocks, absl::Duration timeout) = 0;
 };
 
+// What a link checks of a layer move before it touches memory: the layer exists, `num_blocks` fit the
+// pool and every block id is in it. Empty when fine, else why.
+inline std::string LayerMoveProblem(const KvCacheGeometry& g, int32_t layer, const std::vector<int32_t>& blocks,
+                                    int64_t num_blocks) {
+  if (layer < 0 || layer >= g.num_layers) return "layer " + std::to_string(layer) + " out of range";
+  if (num_blocks < 0 || num_blocks > g.num_blocks) return std::to_string(num_blocks) + " blocks do not fit the pool";
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= g.num_blocks) return "block " + std::to_string(b) + " outside the pool";
+  }
+  return "";
+}
+
 // Makes links for one process's KV cache. Thread-safe.
 class KvLinkFactory {
  public:

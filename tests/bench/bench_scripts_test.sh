@@ -71,10 +71,11 @@ try:
 except FileNotFoundError:
     cuda = None  # built without CUDA: no emulator
 if cuda is not None:
-    # geometry, tokens, MiB, then a GB/s figure for each of TCP staging and NCCL
+    # geometry, tokens, MiB, then a GB/s figure for each of TCP staging, NCCL and CUDA IPC
     rows = [l.split() for l in cuda.splitlines() if l.startswith("qwen2.5-0.5b")]
-    if "nccl GB/s" not in cuda or len(rows) != 1 or len(rows[0]) != 5 or not all(float(x) > 0 for x in rows[0][3:]):
-        bad.append(f"kv_transfer_bench --device cuda on the emulator: no TCP and NCCL figures:\n{cuda[-600:]}")
+    if ("nccl GB/s" not in cuda or "cuda-ipc GB/s" not in cuda or len(rows) != 1 or len(rows[0]) != 6
+            or not all(float(x) > 0 for x in rows[0][3:])):
+        bad.append(f"kv_transfer_bench --device cuda on the emulator: no TCP, NCCL and CUDA IPC figures:\n{cuda[-600:]}")
 summary = open(f"{out}/summary.txt").read()
 for title in ("== throughput", "== TTFT with layer-wise overlap", "== disaggregated vs combined", "== KV transfer"):
     if title not in summary:

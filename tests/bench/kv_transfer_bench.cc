@@ -5,10 +5,11 @@
 //     bytes side by side (the ceiling of a copy through host memory on this machine).
 //   --device cuda: the receiver is a second process on the same GPU (this program again, with its own
 //     NCCL_HOSTID, as two workers sharing a GPU run), and each --transports entry is measured side by
-//     side: tcp (layers staged through host memory) and nccl (the NCCL link).
+//     side: tcp (layers staged through host memory), nccl (the NCCL link: its socket transport, between
+//     two processes on one GPU) and cuda-ipc (the receiver maps the sender's staging).
 //
 //   kv_transfer_bench [--presets qwen2.5-0.5b,llama-3-8b] [--tokens 512,2048] [--iterations 5]
-//                     [--device cuda [--transports tcp,nccl]] [--two-processes]
+//                     [--device cuda [--transports tcp,nccl,cuda-ipc]] [--two-processes]
 #include <sys/wait.h>
 
 #include <chrono>
@@ -29,6 +30,7 @@
 #include "common/base/command_line.h"
 #include "common/base/subprocess.h"
 #include "common/model/presets.h"
+#include "common/transport/cuda_ipc/cuda_ipc_kv_link.h"
 #include "common/transport/nccl/nccl_kv_link.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 
@@ -38,7 +40,7 @@ ABSL_FLAG(std::vector<std::string>, tokens, std::vector<std::string>({"512", "20
 ABSL_FLAG(int, iterations, 5, "transfers per measurement (the best is reported)");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
 ABSL_FLAG(std::string, device, "cpu", "cpu (one process, loopback TCP) or cuda (two processes on one GPU)");
-ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "nccl"}),
+ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "nccl", "cuda-ipc"}),
           "with --device cuda: the data paths measured side by side");
 ABSL_FLAG(bool, two_processes, false,
           "the --device cuda layout (receiver in a second process) on any device; --device cpu with "
@@ -84,7 +86,7 @@ std::vector<char> LayerBytes(const KvCacheGeometry& g, int64_t layer, bool v, bo
 struct GpuEnd {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<KvCacheStorage> storage;
-  std::unique_ptr<KvLinkFactory> links;  // when the transport is nccl
+  std::unique_ptr<KvLinkFactory> links;  // when the transport is nccl or cuda-ipc
   std::vector<int32_t> table;            // every block, in order
 };
 
@@ -100,8 +102,8 @@ absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& t
   for (int64_t l = 0; l < g.num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) e.storage->WriteBlocks(kv == 1, l, e.table, LayerBytes(g, l, kv == 1, fill).data());
   }
-  if (transport == "nccl") {
-    auto links = CreateNcclKvLinkFactory(e.storage.get());
+  if (transport == "nccl" || transport == "cuda-ipc") {
+    auto links = transport == "nccl" ? CreateNcclKvLinkFactory(e.storage.get()) : CreateCudaIpcKvLinkFactory(e.storage.get());
     if (!links.ok()) return links.status();
     e.links = *std::move(links);
   }

@@ -5,7 +5,8 @@
 // The environment points the whole suite at a GPU (scripts/gpu_check.sh does):
 //   TANDEM_E2E_DEVICE=cuda        every worker runs --device cuda --batch-invariant (and the tests'
 //                                 reference engine the same, see E2eBackend);
-//   TANDEM_E2E_KV_TRANSPORT=nccl  every worker moves KV over NCCL, each with its own --nccl-host-id;
+//   TANDEM_E2E_KV_TRANSPORT=nccl  every worker moves KV over NCCL, each with its own --nccl-host-id
+//                                 (=cuda-ipc: over CUDA IPC; =tcp: the default);
 //   TANDEM_E2E_BIN_DIR=DIR        the router and workers from DIR instead of the build tree;
 //   TANDEM_E2E_PREFILL_ARGS, TANDEM_E2E_DECODE_ARGS   space-separated flags added to every prefill,
 //                                 and every decode or combined, worker (the run on the CUDA emulator,

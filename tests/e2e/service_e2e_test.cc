@@ -593,7 +593,8 @@ bool Stopped(pid_t pid) {
 // transfer timeout; killed there instead, its transfer fails at once. Either way only its request
 // fails, the decode worker's blocks all come back, and it goes on serving (no thread of it hangs on
 // the peer). Over TCP; over NCCL with TANDEM_E2E_KV_TRANSPORT=nccl (gpu_check.sh), where the hung
-// case is a receive the link's deadline aborts and the dead one NCCL's remote error.
+// case is a receive the link's deadline aborts and the dead one NCCL's remote error; over CUDA IPC
+// (=cuda-ipc), where the dead one is the link's socket closing.
 TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
   constexpr int kTransferTimeoutS = 4;
   for (const bool kill : {false, true}) {

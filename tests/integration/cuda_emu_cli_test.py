@@ -10,7 +10,8 @@ On models/kjv-target (a trained model: greedy choices have clear margins):
   same logits (--device-sampling=false), logprobs within 1e-5;
 - a combined `tandem up --device cuda` worker streams what in-process generation gives;
 - a prefill and a decode worker moving KV over the emulated NCCL (emu/nccl.cc) stream the same greedy
-  tokens as in-process generation, and each then counts one link in tandem_kv_links.
+  tokens as in-process generation, and each then counts one link in tandem_kv_links; so do a pair
+  moving it over CUDA IPC (the emulator's IPC: the exporter's memfd mapped through /proc).
 
 Usage: cuda_emu_cli_test.py PATH_TO_TANDEM PATH_TO_EMU_PLUGIN MODEL_DIR WORK_DIR
 """
@@ -146,6 +147,9 @@ serve("combined", ["--prefill", "0", "--decode", "0", "--combined", "1"], sample
 serve("nccl", ["--prefill", "1", "--decode", "1", "--kv-transport", "nccl", "--prefill-worker-args=--kv-io-timeout-s=120",
                "--decode-worker-args=--kv-transfer-timeout-s=120"], greedy, gpu, "a prefill and a decode worker over NCCL",
       links=[1, 1])  # the pair's communicator, kept at both ends for the next transfer
+serve("cuda-ipc", ["--prefill", "1", "--decode", "1", "--kv-transport", "cuda-ipc",
+                   "--prefill-worker-args=--kv-io-timeout-s=120", "--decode-worker-args=--kv-transfer-timeout-s=120"],
+      greedy, gpu, "a prefill and a decode worker over CUDA IPC", links=[1, 1])
 
 print(f"cuda_emu_cli_test: {time.time() - started:.0f} s")
 if failures:

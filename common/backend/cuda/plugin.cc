@@ -5,6 +5,7 @@
 #include "common/backend/cuda/cuda_backend.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/transport/kv_link.h"
+#include "common/transport/cuda_ipc/cuda_ipc_kv_link_impl.h"
 #include "common/transport/nccl/nccl_kv_link_impl.h"
 
 namespace {
@@ -40,4 +41,9 @@ extern "C" __attribute__((visibility("default"))) tandem::KvLinkFactory* TandemC
     tandem::KvCacheStorage* storage, char* error, size_t error_size) {
   // (The CUDA emulator's plugin, emu/, links the emulated NCCL in place of libnccl.)
   return Release<tandem::KvLinkFactory>(tandem::NcclKvLinkFactory::Create(storage), error, error_size);
+}
+
+extern "C" __attribute__((visibility("default"))) tandem::KvLinkFactory* TandemCreateCudaIpcKvLinkFactory(
+    tandem::KvCacheStorage* storage, char* error, size_t error_size) {
+  return Release<tandem::KvLinkFactory>(tandem::CudaIpcKvLinkFactory::Create(storage), error, error_size);
 }

@@ -124,11 +124,8 @@ absl::Status NcclKvLink::Gather(int32_t layer, const std::vector<int32_t>& block
 absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
                               const Landing* land, absl::Duration timeout, WorkMark* ready) {
   if (aborted_) return absl::UnavailableError(abort_reason_.empty() ? "NCCL KV link: aborted" : abort_reason_);
-  const KvCacheGeometry& g = storage_->geometry();
-  if (layer < 0 || layer >= g.num_layers) return Failed(absl::StrCat("layer ", layer, " out of range"));
-  if (num_blocks < 0 || num_blocks > g.num_blocks) return Failed(absl::StrCat(num_blocks, " blocks do not fit the pool"));
-  for (int32_t b : blocks) {
-    if (b < 0 || b >= g.num_blocks) return Failed(absl::StrCat("block ", b, " outside the pool"));
+  if (const std::string why = LayerMoveProblem(storage_->geometry(), layer, blocks, num_blocks); !why.empty()) {
+    return Failed(why);
   }
   if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return Failed(CudaError(e));
   if (send && ready != nullptr) {

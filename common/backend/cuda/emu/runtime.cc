@@ -3,6 +3,10 @@
 // device's rules where breaking them is a bug of ours (allocation or a synchronisation inside a graph
 // capture, an event timed before it was recorded), and its stream order: work runs when enqueued, or
 // (deferred) when a synchronisation needs it; async work holds its stream (async_work.h).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,7 +37,16 @@ std::mutex state_mu;
 namespace {
 
 size_t allocated_bytes = 0;
-std::map<void*, size_t> allocations;
+// One device allocation. cudaMalloc's are mappings of their own (page-granular), so that one can be
+// exported to another process (cudaIpcGetMemHandle) by turning it into a shared mapping of a memfd at
+// the same address; the stream-ordered allocator's, like the device's default pool, cannot be.
+struct Allocation {
+  size_t rounded = 0;       // what the device would take (256-byte granules): the accounting
+  size_t mapped = 0;        // > 0: an mmap of this many bytes (cudaMalloc), else aligned_alloc
+  int memfd = -1;           // once exported: the memfd behind the mapping, opened by importers
+};
+std::map<void*, Allocation> allocations;
+std::map<void*, size_t> imported;  // cudaIpcOpenMemHandle's mappings (state_mu)
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local CUstream_st* thread_capture = nullptr;  // the stream this thread is capturing (thread-local mode)
 
@@ -65,6 +78,8 @@ const ErrorText& Describe(cudaError_t e) {
        "operation failed due to a previous error during capture"},
       {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
       {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+      {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
+      {cudaErrorMapBufferObjectFailed, "cudaErrorMapBufferObjectFailed", "mapping of buffer object failed"},
   };
   static const ErrorText kUnknown = {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"};
   for (const ErrorText& t : kTexts) {
@@ -386,45 +401,144 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 
 // --- Memory ---
 
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = nullptr;
-  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  if (tandem_emu::allocated_bytes + rounded > tandem_emu::DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
-  *p = std::aligned_alloc(256, rounded);
-  if (*p == nullptr) return SetLast(cudaErrorMemoryAllocation);
-#if defined(__SANITIZE_ADDRESS__)
-  // The device's allocations are 256-byte aligned; past the bytes asked for is still out of bounds.
-  __asan_poison_memory_region(static_cast<char*>(*p) + bytes, rounded - bytes);
-#endif
-  tandem_emu::allocated_bytes += rounded;
-  tandem_emu::allocations[*p] = rounded;
-  return cudaSuccess;
-}
 }  // extern "C"
 
 namespace tandem_emu {
 namespace {
 
+size_t PageBytes() {
+  static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// `shareable`: a mapping of its own (cudaMalloc), which cudaIpcGetMemHandle can export.
+cudaError_t Allocate(void** p, size_t bytes, bool shareable) {
+  *p = nullptr;
+  if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
+  std::lock_guard<std::mutex> lock(state_mu);
+  Allocation a;
+  a.rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  if (allocated_bytes + a.rounded > DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
+  if (shareable) {
+    a.mapped = (a.rounded + PageBytes() - 1) / PageBytes() * PageBytes();
+    void* m = ::mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return SetLast(cudaErrorMemoryAllocation);
+    *p = m;
+  } else {
+    *p = std::aligned_alloc(256, a.rounded);
+    if (*p == nullptr) return SetLast(cudaErrorMemoryAllocation);
+  }
+#if defined(__SANITIZE_ADDRESS__)
+  // The device's allocations are 256-byte aligned; past the bytes asked for is still out of bounds.
+  __asan_poison_memory_region(static_cast<char*>(*p) + bytes, (a.mapped > 0 ? a.mapped : a.rounded) - bytes);
+#endif
+  allocated_bytes += a.rounded;
+  allocations[*p] = a;
+  return cudaSuccess;
+}
+
 cudaError_t Release(void* p) {
   std::lock_guard<std::mutex> lock(state_mu);
   const auto it = allocations.find(p);
   if (it == allocations.end()) return cudaErrorInvalidValue;
-  allocated_bytes -= it->second;
-  [[maybe_unused]] const size_t rounded_size = it->second;
+  const Allocation a = it->second;
+  allocated_bytes -= a.rounded;
   allocations.erase(it);
 #if defined(__SANITIZE_ADDRESS__)
-  __asan_unpoison_memory_region(p, rounded_size);
+  __asan_unpoison_memory_region(p, a.mapped > 0 ? a.mapped : a.rounded);
 #endif
-  std::free(p);
+  if (a.mapped > 0) {
+    ::munmap(p, a.mapped);
+    // An importer's mapping keeps the memfd's pages (the device leaves that undefined: importers
+    // must close first).
+    if (a.memfd >= 0) ::close(a.memfd);
+  } else {
+    std::free(p);
+  }
   return cudaSuccess;
 }
+
+// What an emulated cudaIpcMemHandle_t holds: the exporter's memfd, reached as /proc/PID/fd/FD.
+struct IpcHandle {
+  char magic[8];  // "tandemIP"
+  int32_t pid;
+  int32_t fd;
+  uint64_t bytes;
+};
+static_assert(sizeof(IpcHandle) <= sizeof(cudaIpcMemHandle_t));
+constexpr char kIpcMagic[8] = {'t', 'a', 'n', 'd', 'e', 'm', 'I', 'P'};
 
 }  // namespace
 }  // namespace tandem_emu
 
 extern "C" {
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return SetLast(tandem_emu::Allocate(p, bytes, /*shareable=*/true)); }
+
+// Exporting turns the allocation into a shared mapping of a memfd holding its bytes, at the same
+// address (MAP_FIXED replaces the private pages), which importers map through /proc. Not while
+// kernels write it: export before use, as the link does.
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
+  using namespace tandem_emu;
+  std::lock_guard<std::mutex> lock(state_mu);
+  const auto it = allocations.find(dev_ptr);
+  // The base of a cudaMalloc allocation only (the device's rule; the pool's memory is not exportable).
+  if (it == allocations.end() || it->second.mapped == 0) return SetLast(cudaErrorInvalidValue);
+  Allocation& a = it->second;
+  if (a.memfd < 0) {
+    const int fd = ::memfd_create("tandem-cuda-emu-ipc", MFD_CLOEXEC);
+    if (fd < 0) return SetLast(cudaErrorMemoryAllocation);
+    bool ok = ::ftruncate(fd, static_cast<off_t>(a.mapped)) == 0;
+    for (size_t done = 0; ok && done < a.mapped;) {
+      const ssize_t n = ::pwrite(fd, static_cast<char*>(dev_ptr) + done, a.mapped - done, static_cast<off_t>(done));
+      ok = n > 0;
+      done += ok ? static_cast<size_t>(n) : 0;
+    }
+    if (!ok || ::mmap(dev_ptr, a.mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+      ::close(fd);
+      return SetLast(cudaErrorMemoryAllocation);
+    }
+    a.memfd = fd;
+  }
+  IpcHandle h{};
+  std::memcpy(h.magic, kIpcMagic, sizeof(kIpcMagic));
+  h.pid = static_cast<int32_t>(::getpid());
+  h.fd = a.memfd;
+  h.bytes = a.mapped;
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle, &h, sizeof(h));
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle, unsigned int /*flags*/) {
+  using namespace tandem_emu;
+  *dev_ptr = nullptr;
+  IpcHandle h;
+  std::memcpy(&h, &handle, sizeof(h));
+  if (std::memcmp(h.magic, kIpcMagic, sizeof(kIpcMagic)) != 0) return SetLast(cudaErrorInvalidResourceHandle);
+  // The device opens handles of other processes only.
+  if (h.pid == static_cast<int32_t>(::getpid())) return SetLast(cudaErrorDeviceUninitialized);
+  const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return SetLast(cudaErrorMapBufferObjectFailed);  // the exporter is gone, or freed it
+  void* m = ::mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return SetLast(cudaErrorMapBufferObjectFailed);
+  std::lock_guard<std::mutex> lock(state_mu);
+  imported[m] = h.bytes;
+  *dev_ptr = m;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* dev_ptr) {
+  using namespace tandem_emu;
+  std::lock_guard<std::mutex> lock(state_mu);
+  const auto it = imported.find(dev_ptr);
+  if (it == imported.end()) return SetLast(cudaErrorInvalidValue);
+  ::munmap(it->first, it->second);
+  imported.erase(it);
+  return cudaSuccess;
+}
 
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
@@ -434,7 +548,9 @@ cudaError_t cudaFree(void* p) {
   tandem_emu::WaitAllAsync();
   return SetLast(tandem_emu::Release(p));
 }
-cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  return SetLast(tandem_emu::Allocate(p, bytes, /*shareable=*/false));
+}
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   // Unlike cudaFree's, its documentation makes no null pointer a no-op: refused here, the stricter
   // reading, so that a caller's missing check shows.

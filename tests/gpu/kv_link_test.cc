@@ -1,12 +1,13 @@
-// The NCCL KV data path between two processes on one GPU, as a prefill and a decode worker use it:
-// TcpKvReceiver with the NCCL link factory here, TcpKvSender in a child process (this binary run with
-// --sender), each with its own NCCL_HOSTID. Checks every moved value exactly (more blocks than one
-// NCCL group holds, shuffled on both ends), that a cancelled transfer's layers are drained without
-// desynchronising the pair, that a cancel mid-transfer keeps what landed before it and nothing after,
-// that a killed sender fails only its transfer within the I/O timeout, that a receive from a peer
-// that joined but never sends (alive: no error to see) ends at its deadline with the link aborted
-// and holds up no other work of the device meanwhile, and that a join nobody answers times out.
-// Exit code 77 (ctest: skipped, label "gpu") without a device.
+// A GPU KV data path (KvLink) between two processes on one GPU, as a prefill and a decode worker use
+// it: --link=nccl (NCCL, each process with its own NCCL_HOSTID) or --link=cuda-ipc (the receiver maps
+// the sender's staging). TcpKvReceiver with the link factory here, TcpKvSender in a child process (this
+// binary run with --sender). Checks every moved value exactly (more blocks than one chunk holds,
+// shuffled on both ends), that a cancelled transfer's layers are drained without desynchronising the
+// pair, that a cancel mid-transfer keeps what landed before it and nothing after, that a killed sender
+// fails only its transfer within the I/O timeout, that a receive from a peer that joined but never
+// sends (alive: no error to see) ends at its deadline with the link aborted and holds up no other work
+// of the device meanwhile, that a join nobody answers times out, and that rendezvous given up leave
+// no threads or descriptors. Exit code 77 (ctest: skipped, label "gpu") without a device.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "common/backend/create_backend.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/base/subprocess.h"
+#include "common/transport/cuda_ipc/cuda_ipc_kv_link.h"
 #include "common/transport/nccl/nccl_kv_link.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 #include "gmock/gmock.h"
@@ -38,7 +40,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// 700 blocks of 16 tokens × 2 heads × 64: a 600-block layer is 1200 operations, two NCCL groups.
+// The link under test: "nccl" or "cuda-ipc" (--link; the sender is told the same).
+std::string link_kind = "nccl";
+
+// 700 blocks of 16 tokens × 2 heads × 64: a 600-block layer moves in three chunks (at most 256 blocks
+// each, on both links).
 const KvCacheGeometry kGeometry = {/*num_layers=*/3, /*num_blocks=*/700, /*block_size=*/16, /*num_kv_heads=*/2,
                                    /*head_dim=*/64};
 constexpr int32_t kReserved = 600;
@@ -86,13 +92,13 @@ absl::StatusOr<Device> MakeDevice(bool fill) {
       d.storage->WriteBlocks(kv == 1, l, all, host.data());
     }
   }
-  auto links = CreateNcclKvLinkFactory(d.storage.get());
+  auto links = link_kind == "cuda-ipc" ? CreateCudaIpcKvLinkFactory(d.storage.get()) : CreateNcclKvLinkFactory(d.storage.get());
   if (!links.ok()) return links.status();
   d.links = *std::move(links);
   return d;
 }
 
-const KvEndpointInfo kInfo = {"nccl-test-model", kGeometry};
+const KvEndpointInfo kInfo = {"kv-link-test-model", kGeometry};
 
 // --------------------------------------------------------------- the sender process
 
@@ -142,6 +148,8 @@ int RunSender(const std::string& mode, int port, const std::string& dir) {
     if (!WaitForFile(dir + "/go", absl::Seconds(120))) return Fail("go", absl::DeadlineExceededError("no go"));
     return 0;
   }
+  const absl::StatusOr<DeviceMemory> memory_before = device->backend->Memory();
+  if (!memory_before.ok()) return Fail("memory", memory_before.status());
   auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), kInfo, absl::Seconds(20), device->links.get());
   if (!sender.ok()) return Fail("connect", sender.status());
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
@@ -165,12 +173,26 @@ int RunSender(const std::string& mode, int port, const std::string& dir) {
     return Fail("r2 should have been refused for want of a reservation", s);
   }
   if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r3", {5, 6, 7}, 13); !s.ok()) return Fail("r3", s);
+  if (link_kind == "cuda-ipc") {
+    // The staging the receiver mapped (4 MiB here) is freed once the receiver has closed its end, which
+    // it does when the control connection closes: promptly, not after the sender's release wait (2 s).
+    const absl::Time t0 = absl::Now();
+    sender->reset();
+    const absl::Duration took = absl::Now() - t0;
+    const absl::StatusOr<DeviceMemory> after = device->backend->Memory();
+    if (!after.ok()) return Fail("memory", after.status());
+    const int64_t kept = memory_before->free_bytes - after->free_bytes;
+    std::fprintf(stderr, "sender: closing the link took %s; %lld bytes of device memory not back\n",
+                 absl::FormatDuration(took).c_str(), static_cast<long long>(kept));
+    if (took > absl::Milliseconds(1500)) return Fail("teardown", absl::DeadlineExceededError("waited for the release"));
+    if (kept > (int64_t{1} << 20)) return Fail("teardown", absl::InternalError("the staging was not freed"));
+  }
   return 0;
 }
 
 // --------------------------------------------------------------- the receiver (tests)
 
-class NcclLinkTest : public ::testing::Test {
+class KvLinkTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     auto d = MakeDevice(/*fill=*/false);
@@ -197,11 +219,12 @@ class NcclLinkTest : public ::testing::Test {
       device_->storage->WriteBlocks(false, l, all, zeros.data());
       device_->storage->WriteBlocks(true, l, all, zeros.data());
     }
-    dir_ = absl::StrCat(::testing::TempDir(), "/nccl_link_test_", ::getpid(), "_", ++runs_);
+    dir_ = absl::StrCat(::testing::TempDir(), "/kv_link_test_", ::getpid(), "_", ++runs_);
     std::filesystem::create_directories(dir_);
   }
   Subprocess SpawnSender(const std::string& mode, int port) {
-    return Subprocess::Spawn({ExecutableDir() + "/nccl_link_test", "--sender", mode, absl::StrCat(port), dir_}, "")
+    return Subprocess::Spawn(
+               {ExecutableDir() + "/kv_link_test", "--sender", mode, absl::StrCat(port), dir_, "--link=" + link_kind}, "")
         .value();
   }
   // Block `dst` of layers [first, last) (default: every layer) holds the sender's block `src`, K and V.
@@ -233,10 +256,10 @@ class NcclLinkTest : public ::testing::Test {
   static int runs_;
   std::string dir_;
 };
-Device* NcclLinkTest::device_ = nullptr;
-int NcclLinkTest::runs_ = 0;
+Device* KvLinkTest::device_ = nullptr;
+int KvLinkTest::runs_ = 0;
 
-TEST_F(NcclLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrained) {
+TEST_F(KvLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrained) {
   auto receiver = Receiver(absl::Seconds(20));
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
   const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, kReserved, 3);
@@ -265,7 +288,7 @@ TEST_F(NcclLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrain
   for (size_t i = 4; i < spare.size(); ++i) EXPECT_TRUE(IsZero(spare[i])) << spare[i];
 }
 
-TEST_F(NcclLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
+TEST_F(KvLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   auto receiver = Receiver(absl::Seconds(20));
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
   const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, kReserved, 5);
@@ -297,7 +320,7 @@ TEST_F(NcclLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   }
 }
 
-TEST_F(NcclLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
+TEST_F(KvLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
   auto receiver = Receiver(absl::Seconds(5));
   ASSERT_TRUE(receiver->Expect("r1", Shuffled(kGeometry.num_blocks, kReserved, 4)).ok());
   Subprocess child = SpawnSender("pause", receiver->port());
@@ -313,7 +336,7 @@ TEST_F(NcclLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
 // The peer joined and lives, but never sends: nothing fails on its own, so the receive's deadline
 // must end it, abort the communicator (a later call fails at once) and leave no thread waiting. While
 // it waits, the device's other work (here: memory allocated and freed) must not wait for it.
-TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
+TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   auto rendezvous = device_->links->NewRendezvous();
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
   {
@@ -371,7 +394,7 @@ TEST_F(NcclLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the silent peer failed: see its stderr above";
 }
 
-TEST_F(NcclLinkTest, AJoinNobodyAnswersTimesOut) {
+TEST_F(KvLinkTest, AJoinNobodyAnswersTimesOut) {
   auto rendezvous = device_->links->NewRendezvous();
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
   const absl::Time t0 = absl::Now();
@@ -388,11 +411,12 @@ int CountEntries(const char* dir) {
   return n;
 }
 
-// NCCL's bootstrap root, started by NewRendezvous, waits for every rank with no timeout of its own. A
-// rendezvous nobody joins, or that only this end joins, is given up (Abandon) without leaving the
-// root's thread and socket behind: after a first round (NCCL's one-time threads), three more leave at
-// most one thread and two descriptors. Then, for the record, the same rounds without Abandon.
-TEST_F(NcclLinkTest, AbandonedRendezvousLeaveNoThreadsOrSockets) {
+// What NewRendezvous starts waits for the ranks: NCCL's bootstrap root (a thread and a socket, with no
+// timeout of its own), the CUDA IPC link's listening socket. A rendezvous nobody joins, or that only
+// this end joins, is given up (Abandon) without leaving them behind: after a first round (NCCL's
+// one-time threads), three more leave at most one thread and two descriptors. Then, for the record,
+// the same rounds without Abandon.
+TEST_F(KvLinkTest, AbandonedRendezvousLeaveNoThreadsOrSockets) {
   auto round = [&](bool abandon) {
     auto nobody = device_->links->NewRendezvous();
     ASSERT_TRUE(nobody.ok()) << nobody.status();
@@ -426,6 +450,21 @@ TEST_F(NcclLinkTest, AbandonedRendezvousLeaveNoThreadsOrSockets) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  // --link=nccl|cuda-ipc, anywhere (taken out before gtest sees the rest).
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--link=", 0) == 0) {
+      tandem::link_kind = a.substr(7);
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  if (tandem::link_kind != "nccl" && tandem::link_kind != "cuda-ipc") {
+    std::fprintf(stderr, "kv_link_test: --link must be nccl or cuda-ipc\n");
+    return 2;
+  }
   if (argc == 5 && std::string(argv[1]) == "--sender") {
     int port = 0;
     if (!absl::SimpleAtoi(argv[3], &port)) return 2;
