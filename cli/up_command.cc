@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "common/model/random_model.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
+#include "common/transport/kv_data_paths.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -41,11 +43,12 @@ ABSL_FLAG(std::string, prometheus_targets, "",
           "up: with --metrics-port, write every process's /metrics address to this file in Prometheus "
           "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
-ABSL_FLAG(std::string, kv_transport, "tcp",
-          "up: how KV layers travel from prefill to decode workers: tcp, nccl or cuda-ipc (GPU workers; cuda-ipc "
-          "maps the prefill worker's GPU staging into the decode worker, at device bandwidth on one GPU). With "
-          "nccl and every worker on one device, each worker gets its own --nccl-host-id, which NCCL needs to "
-          "pair two processes on one GPU");
+ABSL_FLAG(std::string, kv_transport, "",
+          "up: how KV layers travel from prefill to decode workers: tcp, nccl or cuda-ipc, or a comma-separated "
+          "list tried in order (the workers' flag). Default: cuda-ipc,tcp with a GPU --device (the decode worker "
+          "maps the prefill worker's GPU staging, at device bandwidth on one GPU; inline TCP where that fails), "
+          "tcp otherwise. With nccl and every worker on one device, each worker gets its own --nccl-host-id, "
+          "which NCCL needs to pair two processes on one GPU (through its socket transport)");
 ABSL_FLAG(std::vector<std::string>, worker_args, {},
           "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
 ABSL_FLAG(std::vector<std::string>, prefill_worker_args, {},
@@ -119,6 +122,12 @@ int UpCommand() {
     return fail(absl::InvalidArgumentError(absl::StrCat("--port must be a port number from 1 to 65535, not ", port)));
   }
   const std::string router_address = absl::StrCat("127.0.0.1:", port);
+  // Every worker here shares one machine: on a GPU, CUDA IPC is the fast path between them.
+  const std::string kv_transport = !absl::GetFlag(FLAGS_kv_transport).empty() ? absl::GetFlag(FLAGS_kv_transport)
+                                   : absl::GetFlag(FLAGS_device) == "cpu"     ? "tcp"
+                                                                               : "cuda-ipc,tcp";
+  const absl::StatusOr<std::vector<std::string>> kv_paths = ParseKvTransports(kv_transport);
+  if (!kv_paths.ok()) return fail(kv_paths.status());
 
   struct Child {
     std::string name, log;
@@ -153,12 +162,6 @@ int UpCommand() {
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);
-  const std::string kv_transport = absl::GetFlag(FLAGS_kv_transport);
-  if (kv_transport != "tcp" && kv_transport != "nccl" && kv_transport != "cuda-ipc") {
-    stop_all();
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("--kv-transport must be tcp, nccl or cuda-ipc, not '", kv_transport, "'")));
-  }
   common.push_back("--kv-transport=" + kv_transport);
   // Every worker shares the one --device: left at its default, the memory share is split between
   // them (each worker plans its KV pool from its own share).
@@ -168,7 +171,8 @@ int UpCommand() {
   }
   // Every worker here runs on the one --device: NCCL pairs two processes on one GPU only when they
   // claim different hosts (common/transport/nccl/nccl_kv_link.h).
-  const bool distinct_nccl_hosts = kv_transport == "nccl" && std::getenv("NCCL_HOSTID") == nullptr;
+  const bool distinct_nccl_hosts = std::find(kv_paths->begin(), kv_paths->end(), "nccl") != kv_paths->end() &&
+                                   std::getenv("NCCL_HOSTID") == nullptr;
   // Pairs that claim different hosts talk through NCCL's socket transport: here, over loopback (NCCL
   // skips `lo` unless told, and a machine may have no other interface up). The workers inherit it.
   if (distinct_nccl_hosts) ::setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);

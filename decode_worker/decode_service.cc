@@ -7,6 +7,16 @@
 #include "common/serving/worker_host.h"
 
 namespace tandem {
+namespace {
+
+// "cuda-ipc or nccl-chunks": the side links a receiver offers.
+std::string OfferedLinks(const TcpKvReceiver::Options& o) {
+  std::string names;
+  for (const KvLinkFactory* f : o.link_factories) absl::StrAppend(&names, names.empty() ? "" : " or ", f->name());
+  return names;
+}
+
+}  // namespace
 
 DecodeService::~DecodeService() { Stop(); }
 
@@ -23,17 +33,17 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
     ro.io_timeout = options_.kv_io_timeout;
     ro.idle_timeout = options_.kv_idle_connection;
     ro.keep_reservation_on_sender_loss = true;  // the router may retry the prefill elsewhere
-    auto link_factory = KvLinkFactoryFromFlags(engine->kv_storage());
-    if (!link_factory.ok()) return link_factory.status();
-    link_factory_ = *std::move(link_factory);
-    ro.link_factory = link_factory_.get();
+    absl::StatusOr<KvDataPaths> paths = KvDataPathsFromFlags(engine->kv_storage());
+    if (!paths.ok()) return paths.status();
+    data_paths_ = *std::move(paths);
+    ro.link_factories = data_paths_.links();
     auto receiver = TcpKvReceiver::Create(ro);
     if (!receiver.ok()) return receiver.status();
     receiver_ = *std::move(receiver);
     kv_address_ = absl::StrCat(options_.advertise_host, ":", receiver_->port());
     description->set_kv_address(kv_address_);
     TANDEM_LOG(INFO) << "KV receiver on " << kv_address_
-                     << (link_factory_ ? absl::StrCat(" (layers inline or over ", link_factory_->name(), " links)") : "");
+                     << (ro.link_factories.empty() ? "" : absl::StrCat(" (layers inline or over ", OfferedLinks(ro), ")"));
   }
   EngineLoop::Handlers handlers;
   handlers.metrics = metrics;
@@ -65,7 +75,7 @@ void DecodeService::Stop() {
 EngineSnapshot DecodeService::snapshot() const {
   EngineSnapshot s = EngineService::snapshot();
   s.pending_transfers = pending_transfers_.load();
-  s.kv_links = link_factory_ ? link_factory_->live_links() : 0;
+  s.kv_links = data_paths_.live_links();
   s.kv_full = s.total_blocks > 0 &&
               static_cast<double>(s.total_blocks - s.free_blocks) > options_.kv_high_water * s.total_blocks;
   return s;

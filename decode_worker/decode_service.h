@@ -81,7 +81,7 @@ class DecodeService final : public v1::Decode::CallbackService, public EngineSer
   void EndReservation(Engine& engine, const std::string& id, Call& call, KvReservationOutcome outcome);
 
   Options options_;
-  std::unique_ptr<KvLinkFactory> link_factory_;  // --kv-transport nccl; outlives what uses it
+  KvDataPaths data_paths_;  // --kv-transport; outlives what uses it
   std::unique_ptr<TcpKvReceiver> receiver_;
   // Starts the streams' writes. Lives as long as the service, so that gRPC threads may read it at any
   // time and the loop's last tasks' writes go out after Stop().

@@ -81,8 +81,14 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
     DropIfDisconnected(lane, absl::UnavailableError("the decode worker closed the connection"));
   }
   if (lane->sender == nullptr) {
-    auto sender = TcpKvSender::Connect(lane->address, options_.info, options_.io_timeout, options_.link_factory);
+    std::string refused;
+    auto sender = TcpKvSender::ConnectFirst(lane->address, options_.info, options_.io_timeout, options_.data_paths,
+                                            &refused);
     if (!sender.ok()) return sender.status();
+    if (!refused.empty()) {
+      TANDEM_LOG(WARNING) << "KV connection to " << lane->address << ": layers go over " << (*sender)->data_path()
+                          << " (" << refused << ")";
+    }
     lane->sender = *std::move(sender);
   }
   switch (job.kind) {

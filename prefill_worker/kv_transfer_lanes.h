@@ -35,9 +35,10 @@ class KvTransferLanes {
     KvEndpointInfo info;      // this worker's model and geometry, checked at each handshake
     KvCacheStorage* storage;  // the engine's KV cache (blocks of handed-out requests are stable)
     absl::Duration io_timeout = absl::Seconds(10);
-    // Side data path for the layers (NCCL), asked of every decode worker; nullptr: inline TCP. Each
-    // lane's connection joins its own link, kept until the connection fails.
-    KvLinkFactory* link_factory = nullptr;
+    // Data paths for the layers, tried in this order with each decode worker (TcpKvSender::
+    // ConnectFirst); nullptr: inline TCP. Each lane's connection joins its own link, kept until the
+    // connection fails; a new connection tries them all again.
+    std::vector<KvLinkFactory*> data_paths = {nullptr};
     // Fault drill (--fault-stop-after-kv-layer): once this layer of a transfer has been sent, the
     // whole process stops itself (SIGSTOP), once: a peer hung mid-transfer, its sockets open, for
     // the decode side's timeouts to deal with (or a SIGKILL, for a dead one). -1: never.

@@ -16,16 +16,15 @@ absl::Status PrefillService::Start(LlamaModel* model, Engine* engine, const std:
   (void)description;
   engine_ = engine;
   metrics_ = metrics;
-  auto link_factory = KvLinkFactoryFromFlags(engine->kv_storage());
-  if (!link_factory.ok()) return link_factory.status();
-  link_factory_ = *std::move(link_factory);
+  absl::StatusOr<KvDataPaths> paths = KvDataPathsFromFlags(engine->kv_storage());
+  if (!paths.ok()) return paths.status();
+  data_paths_ = *std::move(paths);
   lanes_ = std::make_unique<KvTransferLanes>(KvTransferLanes::Options{{fingerprint, engine->kv_storage()->geometry()},
                                                                       engine->kv_storage(), options_.kv_io_timeout,
-                                                                      link_factory_.get(),
+                                                                      data_paths_.order(),
                                                                       options_.fault_stop_after_kv_layer});
-  if (link_factory_) {
-    TANDEM_LOG(INFO) << "KV layers go over " << link_factory_->name() << " links";
-  }
+  TANDEM_LOG(INFO) << "KV layers go " << (data_paths_.links().empty() ? "inline on the TCP connection"
+                                                                       : "over " + data_paths_.Describe());
   if (options_.layerwise_transfer) {
     engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) { OnLayer(layer, completed); });
   }
@@ -51,7 +50,7 @@ void PrefillService::Stop() {
 
 EngineSnapshot PrefillService::snapshot() const {
   EngineSnapshot s = EngineService::snapshot();
-  s.kv_links = link_factory_ ? link_factory_->live_links() : 0;
+  s.kv_links = data_paths_.live_links();
   return s;
 }
 

@@ -71,7 +71,7 @@ class PrefillService final : public v1::Prefill::CallbackService, public EngineS
   Options options_;
   Engine* engine_ = nullptr;
   WorkerMetrics* metrics_ = nullptr;
-  std::unique_ptr<KvLinkFactory> link_factory_;  // --kv-transport nccl; outlives what uses it
+  KvDataPaths data_paths_;  // --kv-transport; outlives what uses it
   std::unique_ptr<KvTransferLanes> lanes_;
   absl::flat_hash_map<std::string, Request> requests_;  // loop thread only
 };

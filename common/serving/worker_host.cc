@@ -12,15 +12,15 @@
 #include "absl/synchronization/notification.h"
 #include "common/base/logging.h"
 #include "common/base/signals.h"
+#include "common/base/status_macros.h"
 #include "common/metrics/metrics.h"
 #include "common/model/dtype_proto.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
-#include "common/transport/cuda_ipc/cuda_ipc_kv_link.h"
+#include "common/transport/kv_data_paths.h"
 #include "common/transport/kv_transport.h"
-#include "common/transport/nccl/nccl_kv_link.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
@@ -34,10 +34,11 @@ ABSL_FLAG(bool, kv_host_staging, false,
           "copy KV layers for transfer through host staging buffers even when the cache is host memory (what GPU "
           "workers always do; for testing that path on the CPU)");
 ABSL_FLAG(std::string, kv_transport, "tcp",
-          "how KV layers travel from prefill to decode workers: tcp (inline on the control connection, from host "
-          "memory or through host staging), nccl (an NCCL communicator per prefill-decode pair; GPU workers) or "
-          "cuda-ipc (the decode worker maps the prefill worker's GPU staging memory; GPU workers on one machine, "
-          "sharing a GPU or GPUs with peer access); both ends must name the same one");
+          "how KV layers travel from prefill to decode workers, a comma-separated list: tcp (inline on the control "
+          "connection, from host memory or through host staging), nccl (an NCCL communicator per prefill-decode "
+          "pair; GPU workers), cuda-ipc (the decode worker maps the prefill worker's GPU staging memory; GPU workers "
+          "on one machine, sharing a GPU or GPUs with peer access). A prefill worker tries them in order with each "
+          "decode worker and keeps the first that works; a decode worker offers every one it names, and tcp always");
 ABSL_FLAG(std::string, nccl_host_id, "",
           "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or NCCL refuses "
           "the pair (they then talk over NCCL's network transport); leave empty across GPUs");
@@ -45,12 +46,9 @@ ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any
 
 namespace tandem {
 
-absl::StatusOr<std::unique_ptr<KvLinkFactory>> KvLinkFactoryFromFlags(KvCacheStorage* storage) {
-  const std::string transport = absl::GetFlag(FLAGS_kv_transport);
-  if (transport == "tcp") return std::unique_ptr<KvLinkFactory>();
-  if (transport == "nccl") return CreateNcclKvLinkFactory(storage);
-  if (transport == "cuda-ipc") return CreateCudaIpcKvLinkFactory(storage);
-  return absl::InvalidArgumentError(absl::StrCat("--kv-transport: '", transport, "' is not tcp, nccl or cuda-ipc"));
+absl::StatusOr<KvDataPaths> KvDataPathsFromFlags(KvCacheStorage* storage) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> names, ParseKvTransports(absl::GetFlag(FLAGS_kv_transport)));
+  return KvDataPaths::Create(names, storage);
 }
 
 namespace {
@@ -153,8 +151,8 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
     std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(engine_options.status().message()).c_str());
     return 2;
   }
-  if (const std::string t = absl::GetFlag(FLAGS_kv_transport); t != "tcp" && t != "nccl" && t != "cuda-ipc") {
-    std::fprintf(stderr, "tandem-%s: --kv-transport must be tcp, nccl or cuda-ipc, not '%s'\n", name.c_str(), t.c_str());
+  if (absl::StatusOr<std::vector<std::string>> t = ParseKvTransports(absl::GetFlag(FLAGS_kv_transport)); !t.ok()) {
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(t.status().message()).c_str());
     return 2;
   }
   // Before any NCCL call: NCCL reads its environment once.

@@ -16,6 +16,7 @@
 #include "common/engine/engine.h"
 #include "common/metrics/worker_metrics.h"
 #include "common/model/llama_model.h"
+#include "common/transport/kv_data_paths.h"
 #include "common/transport/kv_link.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/worker.pb.h"
@@ -51,9 +52,8 @@ class WorkerService {
 // ("prefill-worker").
 int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* service);
 
-// The side data path --kv-transport asks for, serving `storage`: nullptr for "tcp" (layers inline on
-// the control connection); the NCCL link factory for "nccl" (FAILED_PRECONDITION unless the cache is
-// in CUDA memory and NCCL loads).
-absl::StatusOr<std::unique_ptr<KvLinkFactory>> KvLinkFactoryFromFlags(KvCacheStorage* storage);
+// The data paths --kv-transport names (kv_data_paths.h), serving `storage`: FAILED_PRECONDITION when a
+// side link cannot be made (the cache is not in CUDA memory, the plugin or NCCL does not load).
+absl::StatusOr<KvDataPaths> KvDataPathsFromFlags(KvCacheStorage* storage);
 
 }  // namespace tandem

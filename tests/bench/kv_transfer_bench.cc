@@ -124,7 +124,7 @@ int RunReceiver() {
     return 1;
   }
   TcpKvReceiver::Options o{"127.0.0.1", 0, end->storage.get(), {"bench", *g}, absl::Seconds(60)};
-  o.link_factory = end->links.get();
+  if (end->links != nullptr) o.link_factories = {end->links.get()};
   auto receiver = TcpKvReceiver::Create(o);
   if (!receiver.ok()) return 1;
   const int transfers = absl::GetFlag(FLAGS_iterations) + 1;

@@ -206,7 +206,7 @@ class KvLinkTest : public ::testing::Test {
     o.storage = device_->storage.get();
     o.info = kInfo;
     o.io_timeout = io_timeout;
-    o.link_factory = device_->links.get();
+    o.link_factories = {device_->links.get()};
     return TcpKvReceiver::Create(o).value();
   }
   void SetUp() override {

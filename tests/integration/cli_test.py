@@ -233,6 +233,14 @@ for flag in ("--kv-io-timeout-s=0", "--kv-transfer-timeout-s=-1"):
 p = subprocess.run([decode_worker, "--model", model, "--kv-idle-connection-s=-1"], capture_output=True, text=True, timeout=60)
 check(p.returncode == 2 and "--kv-idle-connection-s must be >= 0" in p.stderr,
       f"tandem-decode-worker --kv-idle-connection-s=-1: exit {p.returncode}, {p.stderr!r}")
+# --kv-transport lists: unknown names, repeats and names after tcp are refused before anything loads.
+for flag, why in (("--kv-transport=ipc", "'ipc' is not tcp, nccl or cuda-ipc"),
+                  ("--kv-transport=nccl,nccl", "names 'nccl' twice"),
+                  ("--kv-transport=tcp,cuda-ipc", "'cuda-ipc' comes after tcp")):
+    p = subprocess.run([decode_worker, "--model", model, flag], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and why in p.stderr, f"tandem-decode-worker {flag}: exit {p.returncode}, {p.stderr!r}")
+p = subprocess.run([TANDEM, "up", "--model", model, "--kv-transport=tcp,nccl"], capture_output=True, text=True, timeout=60)
+check(p.returncode != 0 and "'nccl' comes after tcp" in p.stderr, f"tandem up --kv-transport=tcp,nccl: exit {p.returncode}, {p.stderr!r}")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

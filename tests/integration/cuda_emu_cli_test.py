@@ -11,7 +11,9 @@ On models/kjv-target (a trained model: greedy choices have clear margins):
 - a combined `tandem up --device cuda` worker streams what in-process generation gives;
 - a prefill and a decode worker moving KV over the emulated NCCL (emu/nccl.cc) stream the same greedy
   tokens as in-process generation, and each then counts one link in tandem_kv_links; so do a pair
-  moving it over CUDA IPC (the emulator's IPC: the exporter's memfd mapped through /proc).
+  moving it over CUDA IPC (the emulator's IPC: the exporter's memfd mapped through /proc), `tandem up
+  --device cuda`'s default, and a pair whose decode worker offers NCCL alone, where the prefill worker
+  asking for `cuda-ipc,nccl` passes CUDA IPC over (and logs why) for NCCL.
 
 Usage: cuda_emu_cli_test.py PATH_TO_TANDEM PATH_TO_EMU_PLUGIN MODEL_DIR WORK_DIR
 """
@@ -93,10 +95,11 @@ if device and host:
           f" host   {host['token_ids']}")
     check(lp_close(device["logprobs"], host["logprobs"], 1e-5), "logprobs of device-sampled tokens differ")
 
-def serve(name, topology, request, expected, what, links=None):
+def serve(name, topology, request, expected, what, links=None, log_has=None):
     """Starts `tandem up --device cuda` with `topology`, sends `request` through the router and checks
     the streamed tokens against `expected` (in-process generation's). With `links`, the workers'
-    tandem_kv_links gauges (metrics ports after the router's, in start order) must then read that."""
+    tandem_kv_links gauges (metrics ports after the router's, in start order) must then read that;
+    with `log_has` ({process: text}), each process's log must then hold its text."""
     port = free_port()
     metrics = free_port_run(3)
     ready, logs = os.path.join(WORK, name + "-ready"), os.path.join(WORK, name + "-logs")
@@ -130,6 +133,10 @@ def serve(name, topology, request, expected, what, links=None):
                 break
             time.sleep(0.1)
         check(got == want, f"{name}: worker {i} (metrics port {metrics + 1 + i}) has tandem_kv_links {got}, want {want}")
+    for process, text in (log_has or {}).items():
+        path = os.path.join(logs, process + ".log")
+        log = open(path, errors="replace").read() if os.path.exists(path) else ""
+        check(text in log, f"{name}: the {process} log lacks {text!r}:\n{log[-1500:]}")
     up.send_signal(signal.SIGINT)
     try:
         up.communicate(timeout=60)
@@ -147,9 +154,19 @@ serve("combined", ["--prefill", "0", "--decode", "0", "--combined", "1"], sample
 serve("nccl", ["--prefill", "1", "--decode", "1", "--kv-transport", "nccl", "--prefill-worker-args=--kv-io-timeout-s=120",
                "--decode-worker-args=--kv-transfer-timeout-s=120"], greedy, gpu, "a prefill and a decode worker over NCCL",
       links=[1, 1])  # the pair's communicator, kept at both ends for the next transfer
-serve("cuda-ipc", ["--prefill", "1", "--decode", "1", "--kv-transport", "cuda-ipc",
+# `tandem up --device cuda` without --kv-transport: CUDA IPC, then inline TCP.
+serve("cuda-ipc", ["--prefill", "1", "--decode", "1",
                    "--prefill-worker-args=--kv-io-timeout-s=120", "--decode-worker-args=--kv-transfer-timeout-s=120"],
-      greedy, gpu, "a prefill and a decode worker over CUDA IPC", links=[1, 1])
+      greedy, gpu, "a prefill and a decode worker over CUDA IPC", links=[1, 1],
+      log_has={"prefill-0": "KV layers go over cuda-ipc, then inline", "decode-0": "layers inline or over cuda-ipc)"})
+# A decode worker that offers NCCL alone (its own flag comes last): the prefill worker's cuda-ipc is
+# refused for its data path and it takes NCCL, the next on its list, saying why.
+serve("fallback", ["--prefill", "1", "--decode", "1", "--kv-transport", "cuda-ipc,nccl",
+                   "--prefill-worker-args=--kv-io-timeout-s=120",
+                   "--decode-worker-args=--kv-transfer-timeout-s=120,--kv-transport=nccl"],
+      greedy, gpu, "a prefill worker falling back from CUDA IPC to NCCL", links=[1, 1],
+      log_has={"prefill-0": "layers go over nccl-chunks (cuda-ipc: KV receiver at",
+               "decode-0": "layers inline or over nccl-chunks"})
 
 print(f"cuda_emu_cli_test: {time.time() - started:.0f} s")
 if failures:

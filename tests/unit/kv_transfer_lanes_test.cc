@@ -79,10 +79,10 @@ TEST_F(KvTransferLanesTest, AnIdleLaneDropsADeadReceiversLinkAndThenRetires) {
   LoopbackKvHub hub;
   LoopbackKvLinkFactory src_link(src_.get(), &hub), dst_link(dst_.get(), &hub);
   TcpKvReceiver::Options ro{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
-  ro.link_factory = &dst_link;
+  ro.link_factories = {&dst_link};
   auto receiver = TcpKvReceiver::Create(ro).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
-  KvTransferLanes::Options lo{info_, src_.get(), absl::Seconds(2), &src_link};
+  KvTransferLanes::Options lo{info_, src_.get(), absl::Seconds(2), {&src_link}};
   lo.idle_check = absl::Milliseconds(50);
   lo.retire_idle_lane = absl::Milliseconds(400);
   KvTransferLanes lanes(lo);

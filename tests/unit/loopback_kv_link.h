@@ -153,8 +153,10 @@ class LoopbackKvLink final : public KvLink {
 
 class LoopbackKvLinkFactory final : public KvLinkFactory {
  public:
-  LoopbackKvLinkFactory(KvCacheStorage* storage, LoopbackKvHub* hub) : storage_(storage), hub_(hub) {}
-  std::string name() const override { return "loopback"; }
+  // `name`: the data path's name in handshakes (two factories of other names are two data paths).
+  LoopbackKvLinkFactory(KvCacheStorage* storage, LoopbackKvHub* hub, std::string name = "loopback")
+      : storage_(storage), hub_(hub), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   absl::StatusOr<std::string> NewRendezvous() override { return hub_->NewToken(); }
   absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& token, int rank, absl::Duration timeout) override {
     if (rank != 0 && rank != 1) return absl::InvalidArgumentError("rank must be 0 or 1");
@@ -179,6 +181,7 @@ class LoopbackKvLinkFactory final : public KvLinkFactory {
  private:
   KvCacheStorage* storage_;
   LoopbackKvHub* hub_;
+  std::string name_;
 };
 
 }  // namespace tandem

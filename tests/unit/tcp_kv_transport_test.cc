@@ -29,6 +29,7 @@ namespace tandem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // kStaged: the caches pretend to be device memory, so layers go through the staged copies
 // (ReadBlocks / WriteBlocks) the CUDA backend needs instead of direct host access. kLink: senders ask
@@ -66,7 +67,7 @@ class TransportFixture : public ::testing::Test {
 
   TcpKvReceiver::Options ReceiverOptions() {
     TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
-    if (mode() == Mode::kLink) o.link_factory = dst_link_.get();
+    if (mode() == Mode::kLink) o.link_factories = {dst_link_.get()};
     return o;
   }
   absl::StatusOr<std::unique_ptr<TcpKvSender>> Connect(const std::string& address) {
@@ -514,6 +515,76 @@ TEST_F(TcpKvLinkTest, AReceiverRefusesADataPathItDoesNotOffer) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.status().message(), HasSubstr("does not offer the 'loopback' KV data path"));
   EXPECT_EQ(hub_.joins.load(), 0);
+}
+
+// ConnectFirst (a prefill worker's --kv-transport list) takes the first data path the receiver
+// offers and whose link forms, in the list's order, and says why it passed the others over.
+TEST_F(TcpKvLinkTest, ASenderTakesTheFirstDataPathThatWorks) {
+  LoopbackKvLinkFactory other_src(src_.get(), &hub_, "other"), other_dst(dst_.get(), &hub_, "other");
+  auto transfer = [&](TcpKvSender* sender, const std::string& id, int32_t src, int32_t dst) {
+    ASSERT_TRUE(receiver_->Expect(id, {dst}).ok());
+    ASSERT_TRUE(sender->Begin(id, 4).ok());
+    for (int32_t l = 0; l < geometry_.num_layers; ++l) ASSERT_TRUE(sender->SendLayer(id, l, {src}, src_.get()).ok());
+    ASSERT_TRUE(sender->End(id, 3).ok());
+    EXPECT_EQ(receiver_->Wait(id, absl::Seconds(2)).value(), 3);
+    EXPECT_TRUE(SameBlock(src, dst)) << id;
+  };
+  // The receiver offers "loopback" only: "other" is refused for its data path alone, and the next is taken.
+  std::string refused;
+  auto s = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src, src_link_.get(), nullptr}, &refused);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->data_path(), "loopback");
+  EXPECT_THAT(refused, HasSubstr("other: KV receiver at"));
+  EXPECT_THAT(refused, HasSubstr("does not offer the 'other' KV data path (it offers 'loopback', inline TCP)"));
+  transfer(s->get(), "a", 1, 2);
+  EXPECT_EQ(hub_.live_links.load(), 2);
+  s->reset();
+
+  // A receiver offering both: the sender's first choice.
+  TcpKvReceiver::Options o = ReceiverOptions();
+  o.link_factories = {dst_link_.get(), &other_dst};
+  auto both = TcpKvReceiver::Create(o).value();
+  s = TcpKvSender::ConnectFirst(absl::StrCat("127.0.0.1:", both->port()), info_, absl::Seconds(2),
+                                {&other_src, src_link_.get()}, &refused);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->data_path(), "other");
+  EXPECT_EQ(refused, "");
+  s->reset();
+
+  // A link that does not form (its join times out) gives way to inline TCP, and the receiver gives up
+  // the rendezvous.
+  src_link_->never_join_ = true;
+  s = TcpKvSender::ConnectFirst(address_, info_, absl::Milliseconds(300), {src_link_.get(), nullptr}, &refused);
+  src_link_->never_join_ = false;
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->data_path(), "inline");
+  EXPECT_THAT(refused, HasSubstr("loopback: KV transfer to"));
+  EXPECT_THAT(refused, HasSubstr("joining the loopback link"));
+  transfer(s->get(), "b", 4, 5);
+  for (int i = 0; i < 200 && hub_.abandoned().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(hub_.abandoned().size(), 1u);
+
+  // Without inline TCP in the list, nothing works: the error names every path's reason.
+  auto none = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("does not offer the 'other'"));
+  auto neither = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src, &other_src});
+  EXPECT_THAT(neither.status().message(), HasSubstr("no KV data path worked (other: "));
+}
+
+// A receiver that refuses the sender's model, or cannot be reached, is not asked again by path.
+TEST_F(TcpKvLinkTest, ARefusedModelOrAnUnreachableReceiverEndsTheSearch) {
+  const int joins = hub_.joins.load();
+  KvEndpointInfo other_model = info_;
+  other_model.model_fingerprint = "model-B";
+  auto s = TcpKvSender::ConnectFirst(address_, other_model, absl::Seconds(2), {src_link_.get(), nullptr});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), Not(HasSubstr("inline:")));
+  EXPECT_EQ(hub_.joins.load(), joins);
+  receiver_.reset();  // nobody listens on that port now
+  s = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {src_link_.get(), nullptr});
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_THAT(s.status().message(), Not(HasSubstr("inline:")));
 }
 
 TEST_F(TcpKvLinkTest, APeerThatNeverJoinsFailsTheConnectWithinTheTimeout) {

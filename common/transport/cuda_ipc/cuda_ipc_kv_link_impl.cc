@@ -150,6 +150,7 @@ CudaIpcKvLink::~CudaIpcKvLink() {
 
 void CudaIpcKvLink::Unmap() {
   if (rank_ != 1 || staging_ == nullptr) return;
+  cudaSetDevice(device_);  // (a failure may come before Move set it on this thread)
   // No scatter of ours may still read it (each was waited for, but a wait can time out).
   cudaStreamSynchronize(stream_);
   cudaIpcCloseMemHandle(staging_);

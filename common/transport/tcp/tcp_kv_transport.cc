@@ -274,30 +274,36 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
     why = KvIncompatibility(sender, options_.info);
   }
   std::string rendezvous;  // set when the layers travel over a side link
+  KvLinkFactory* factory = nullptr;
   if (why.empty() && !hello.data_path().empty()) {
-    KvLinkFactory* factory = options_.link_factory;
-    if (factory == nullptr || factory->name() != hello.data_path()) {
+    std::string offered;
+    for (KvLinkFactory* f : options_.link_factories) {
+      if (f->name() == hello.data_path()) factory = f;
+      absl::StrAppend(&offered, "'", f->name(), "', ");
+    }
+    if (factory == nullptr) {
       why = absl::StrCat("this decode worker does not offer the '", hello.data_path(), "' KV data path (it offers ",
-                         factory ? absl::StrCat("'", factory->name(), "' and ") : "", "inline TCP)");
+                         offered, "inline TCP)");
     } else if (absl::StatusOr<std::string> r = factory->NewRendezvous(); !r.ok()) {
       why = absl::StrCat("cannot set up the ", hello.data_path(), " KV data path: ", r.status().message());
     } else {
       rendezvous = *std::move(r);
     }
+    reply.set_data_path_refused(!why.empty());
   }
   reply.set_accepted(why.empty());
   reply.set_reason(why);
   reply.set_link_rendezvous(rendezvous);
   if (absl::Status s = SendMessage(fd, kHandshakeReply, reply); !s.ok() || !why.empty()) {
     // A rendezvous the sender never heard of: nobody will join it.
-    if (!rendezvous.empty()) options_.link_factory->Abandon(rendezvous, {0, 1});
+    if (!rendezvous.empty()) factory->Abandon(rendezvous, {0, 1});
     return finish(s.ok() ? absl::FailedPreconditionError(why) : s);
   }
   std::unique_ptr<KvLink> link;
   if (!rendezvous.empty()) {
-    absl::StatusOr<std::unique_ptr<KvLink>> joined = options_.link_factory->Join(rendezvous, 1, options_.io_timeout);
+    absl::StatusOr<std::unique_ptr<KvLink>> joined = factory->Join(rendezvous, 1, options_.io_timeout);
     if (!joined.ok()) {
-      options_.link_factory->Abandon(rendezvous, {0});  // this end joined (and left); the sender did not
+      factory->Abandon(rendezvous, {0});  // this end joined (and left); the sender did not
       return finish(joined.status());
     }
     link = *std::move(joined);
@@ -525,6 +531,38 @@ void TcpKvReceiver::Cancel(const std::string& request_id) {
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::string& address, const KvEndpointInfo& info,
                                                                   absl::Duration io_timeout,
                                                                   KvLinkFactory* link_factory) {
+  int stage = 0;
+  return Open(address, info, io_timeout, link_factory, &stage);
+}
+
+absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::ConnectFirst(const std::string& address,
+                                                                       const KvEndpointInfo& info,
+                                                                       absl::Duration io_timeout,
+                                                                       const std::vector<KvLinkFactory*>& paths,
+                                                                       std::string* refused) {
+  if (paths.empty()) return absl::InvalidArgumentError("no KV data path to try");
+  std::string reasons;
+  absl::Status last;
+  for (KvLinkFactory* path : paths) {
+    int stage = 0;
+    absl::StatusOr<std::unique_ptr<TcpKvSender>> sender = Open(address, info, io_timeout, path, &stage);
+    if (sender.ok()) {
+      if (refused != nullptr) *refused = reasons;
+      return sender;
+    }
+    last = sender.status();
+    absl::StrAppend(&reasons, reasons.empty() ? "" : "; ", path != nullptr ? path->name() : "inline", ": ",
+                    last.message());
+    if (stage < 2) break;  // unreachable, or this sender's model or geometry refused: no path helps
+  }
+  return absl::Status(last.code(), paths.size() > 1 ? absl::StrCat("no KV data path worked (", reasons, ")")
+                                                    : std::string(last.message()));
+}
+
+absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string& address, const KvEndpointInfo& info,
+                                                               absl::Duration io_timeout, KvLinkFactory* link_factory,
+                                                               int* stage) {
+  *stage = 0;
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
@@ -546,6 +584,7 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::str
     return s;
   }
   std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info, io_timeout));
+  *stage = 1;
   v1::KvHandshake hello;
   hello.set_model_fingerprint(info.model_fingerprint);
   KvGeometryToProto(info.geometry, hello.mutable_geometry());
@@ -553,9 +592,11 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::str
   RETURN_IF_ERROR(SendMessage(fd, kHandshake, hello));
   v1::KvHandshakeReply reply;
   RETURN_IF_ERROR(ReadMessage(fd, kHandshakeReply, &reply));
+  if (reply.data_path_refused()) *stage = 2;
   if (!reply.accepted()) {
     return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " refused: ", reply.reason()));
   }
+  *stage = 2;
   if (link_factory != nullptr) {
     if (reply.link_rendezvous().empty()) {
       return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " did not set up the ",
@@ -567,7 +608,9 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::str
                                                              link_factory->name(), " link: ", link.status().message()));
     }
     sender->link_ = *std::move(link);
+    sender->data_path_ = link_factory->name();
   }
+  *stage = 3;
   return sender;
 }
 

@@ -1,7 +1,8 @@
 // The KV transport over a TCP control connection. Frames are [u32 length][u8 type][payload]; control
 // payloads are the protobuf messages of proto/tandem/v1/kv_transfer.proto. Layer bytes (raw K then V
 // blocks) follow each layer header on the same connection, or, when the sender asks for a side data
-// path the receiver offers (a KvLinkFactory: NCCL between GPUs), move over that link instead. Sockets
+// path the receiver offers (a KvLinkFactory: NCCL or CUDA IPC between GPUs), move over that link
+// instead. A receiver may offer several such paths; a sender may try several in turn. Sockets
 // carry send and receive timeouts and every link call a timeout, so a silent peer fails the transfer
 // instead of hanging a thread.
 #pragma once
@@ -34,9 +35,9 @@ class TcpKvReceiver final : public KvReceiver {
     // the reservation for another sender (the router retries the prefill elsewhere) until Wait's
     // timeout or Cancel. A new Begin for the request restarts it from layer 0 either way.
     bool keep_reservation_on_sender_loss = false;
-    // Offered to senders that ask for it by name (see KvLinkFactory), beside the inline path. Must
-    // serve `storage`; not owned.
-    KvLinkFactory* link_factory = nullptr;
+    // Side data paths offered to senders that ask for one of them by name (see KvLinkFactory), beside
+    // the inline path, which is always offered. Each must serve `storage`; not owned.
+    std::vector<KvLinkFactory*> link_factories = {};
     // A connection on which no frame arrives for this long, while none of the transfers begun on it
     // holds a reservation still waiting, is closed, with its side link (an NCCL communicator and its
     // staging memory): what a sender that went silent (stopped, wedged) would otherwise hold for ever.
@@ -104,6 +105,17 @@ class TcpKvSender final : public KvSender {
                                                               const KvEndpointInfo& info,
                                                               absl::Duration io_timeout,
                                                               KvLinkFactory* link_factory = nullptr);
+  // Connect with each of `paths` in turn (nullptr: inline TCP) until the receiver accepts one and its
+  // link, if any, is joined: the first that works. A receiver that cannot be reached, or that refuses
+  // this sender's model or geometry, is not asked again. The error, when none works, gives every
+  // path's reason; `refused`, when set, gets the reasons of the paths tried before the one taken.
+  static absl::StatusOr<std::unique_ptr<TcpKvSender>> ConnectFirst(const std::string& address,
+                                                                   const KvEndpointInfo& info,
+                                                                   absl::Duration io_timeout,
+                                                                   const std::vector<KvLinkFactory*>& paths,
+                                                                   std::string* refused = nullptr);
+  // The side data path in use ("nccl-chunks", "cuda-ipc"), or "inline".
+  std::string data_path() const { return data_path_; }
   ~TcpKvSender() override;
 
   absl::Status Begin(const std::string& request_id, int64_t num_tokens) override;
@@ -118,6 +130,11 @@ class TcpKvSender final : public KvSender {
  private:
   TcpKvSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
       : fd_(fd), info_(info), io_timeout_(io_timeout) {}
+  // Connect, saying in `stage` how far it got: 0 the receiver was not reached, 1 it refused the
+  // sender's model or geometry, 2 the data path failed (not offered, or its link not joined), 3 done.
+  static absl::StatusOr<std::unique_ptr<TcpKvSender>> Open(const std::string& address, const KvEndpointInfo& info,
+                                                           absl::Duration io_timeout, KvLinkFactory* link_factory,
+                                                           int* stage);
   // `s`, noting the connection as broken when it is an error.
   absl::Status Io(absl::Status s);
   int fd_;
@@ -125,6 +142,7 @@ class TcpKvSender final : public KvSender {
   KvEndpointInfo info_;
   absl::Duration io_timeout_;
   std::unique_ptr<KvLink> link_;  // the side data path, when the handshake set one up
+  std::string data_path_ = "inline";
   std::vector<iovec> iov_;  // frame header, then K blocks, then V blocks of one layer
   std::vector<char> staging_;  // [2][blocks][block bytes]: a layer copied out of device memory
 };
