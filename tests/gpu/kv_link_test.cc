@@ -9,6 +9,8 @@
 // of the device meanwhile, that a join nobody answers times out, and that rendezvous given up leave
 // no threads or descriptors. Exit code 77 (ctest: skipped, label "gpu") without a device.
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -392,6 +394,42 @@ TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   auto status = child.Wait(absl::Seconds(60));
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the silent peer failed: see its stderr above";
+}
+
+// Any process on the machine can see the CUDA IPC rendezvous' socket (/proc/net/unix) and connect to
+// it first. One that does not know the secret, which travels only in the KV handshake reply, is turned
+// away, and the sender joins after it.
+TEST_F(KvLinkTest, ACudaIpcRendezvousTurnsAwayConnectionsWithoutItsSecret) {
+  if (link_kind != "cuda-ipc") GTEST_SKIP() << "the CUDA IPC link's rendezvous only";
+  auto rendezvous = device_->links->NewRendezvous();
+  ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
+  const std::string name = rendezvous->substr(0, rendezvous->rfind('-'));  // the secret follows the last '-'
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const int stranger = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(stranger, reinterpret_cast<sockaddr*>(&addr),
+                      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
+            0);
+  const std::string garbage(512, 'x');  // a hello's worth and more, without the secret
+  ASSERT_EQ(::send(stranger, garbage.data(), garbage.size(), MSG_NOSIGNAL), static_cast<ssize_t>(garbage.size()));
+  {
+    std::ofstream out(dir_ + "/rendezvous.tmp", std::ios::binary);
+    out << *rendezvous;
+  }
+  std::filesystem::rename(dir_ + "/rendezvous.tmp", dir_ + "/rendezvous");
+  Subprocess child = SpawnSender("silent", 0);
+  auto link = device_->links->Join(*rendezvous, 1, absl::Seconds(60));
+  ASSERT_TRUE(link.ok()) << link.status();
+  char byte;
+  const ssize_t got = ::recv(stranger, &byte, 1, 0);  // closed (reset: the rest of its bytes unread)
+  EXPECT_TRUE(got == 0 || (got < 0 && errno == ECONNRESET)) << "the stranger's connection was not closed";
+  ::close(stranger);
+  link->reset();  // unmaps the sender's staging, which it may then free
+  Touch(dir_ + "/go");
+  auto status = child.Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
 }
 
 TEST_F(KvLinkTest, AJoinNobodyAnswersTimesOut) {

@@ -23,15 +23,26 @@
 namespace tandem {
 namespace {
 
+// A rendezvous is "tandem-kv-ipc-" NAME "-" SECRET, each 32 hex digits: the socket listens under
+// the name, which any local process can see (/proc/net/unix); the secret travels only in the KV
+// handshake reply, and the sender's hello must carry it, so no other process can pose as the
+// sender.
 constexpr char kRendezvousPrefix[] = "tandem-kv-ipc-";
 constexpr size_t kRendezvousHex = 32;
+constexpr size_t kSecretBytes = 16;
+constexpr size_t kRendezvousSize =
+    sizeof(kRendezvousPrefix) - 1 + kRendezvousHex + 1 + 2 * kSecretBytes;
+// How long one connection to the rendezvous may take to say its hello before the receiver turns
+// to the next (a process that connects and says nothing must not hold the sender off).
+constexpr absl::Duration kHelloWait = absl::Seconds(2);
 
 // The link's frames. The hello goes from the sender once; its answer back; then ready and done
 // alternate, one of each a chunk.
 constexpr char kHelloMagic[16] = "tandem-kv-ipc/1";
 struct Hello {
   char magic[16];
-  int64_t staging_blocks;  // the chunk size both ends split layers by
+  unsigned char secret[kSecretBytes];  // the rendezvous' secret
+  int64_t staging_blocks;              // the chunk size both ends split layers by
   int64_t block_bytes;
   int32_t pid;  // for the receiver's messages
   int32_t device;
@@ -62,13 +73,28 @@ socklen_t AddressOf(const std::string& name, sockaddr_un* addr) {
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
+bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+
 bool IsRendezvous(const std::string& r) {
-  if (r.size() != sizeof(kRendezvousPrefix) - 1 + kRendezvousHex ||
-      !absl::StartsWith(r, kRendezvousPrefix)) {
+  const size_t name_end = sizeof(kRendezvousPrefix) - 1 + kRendezvousHex;
+  if (r.size() != kRendezvousSize || !absl::StartsWith(r, kRendezvousPrefix) || r[name_end] != '-')
     return false;
-  }
-  return std::all_of(r.begin() + sizeof(kRendezvousPrefix) - 1, r.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return std::all_of(r.begin() + sizeof(kRendezvousPrefix) - 1, r.begin() + name_end, IsHex) &&
+         std::all_of(r.begin() + name_end + 1, r.end(), IsHex);
+}
+
+// The socket's name and the secret's bytes of a well-formed rendezvous.
+std::string SocketName(const std::string& r) {
+  return r.substr(0, sizeof(kRendezvousPrefix) - 1 + kRendezvousHex);
+}
+std::string Secret(const std::string& r) {
+  return absl::HexStringToBytes(r.substr(r.size() - 2 * kSecretBytes));
+}
+
+bool SameSecret(const unsigned char* a, const std::string& b) {
+  unsigned char diff = 0;  // the whole secret, whatever differs first
+  for (size_t i = 0; i < kSecretBytes; ++i) diff |= a[i] ^ static_cast<unsigned char>(b[i]);
+  return diff == 0;
 }
 
 // Waits until `fd` is readable (or hung up) or `deadline`; false on expiry.
@@ -370,21 +396,23 @@ CudaIpcKvLinkFactory::~CudaIpcKvLinkFactory() {
 
 absl::StatusOr<std::string> CudaIpcKvLinkFactory::NewRendezvous() {
   std::random_device rd;
-  std::string bytes(kRendezvousHex / 2, '\0');
-  for (char& c : bytes) c = static_cast<char>(rd());
-  const std::string name = absl::StrCat(kRendezvousPrefix, absl::BytesToHexString(bytes));
+  std::string name(kRendezvousHex / 2, '\0'), secret(kSecretBytes, '\0');
+  for (char& c : name) c = static_cast<char>(rd());
+  for (char& c : secret) c = static_cast<char>(rd());
+  const std::string rendezvous = absl::StrCat(kRendezvousPrefix, absl::BytesToHexString(name), "-",
+                                              absl::BytesToHexString(secret));
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket"));
   sockaddr_un addr;
-  const socklen_t len = AddressOf(name, &addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 1) != 0) {
+  const socklen_t len = AddressOf(SocketName(rendezvous), &addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0) {
     const std::string why = Errno("binding the CUDA IPC rendezvous socket");
     ::close(fd);
     return absl::UnavailableError(why);
   }
   absl::MutexLock lock(&mu_);
-  listeners_.emplace_back(name, fd);
-  return name;
+  listeners_.emplace_back(rendezvous, fd);
+  return rendezvous;
 }
 
 int CudaIpcKvLinkFactory::TakeListener(const std::string& rendezvous) {
@@ -408,9 +436,9 @@ absl::StatusOr<std::unique_ptr<KvLink>> CudaIpcKvLinkFactory::Join(const std::st
                                                                    int rank,
                                                                    absl::Duration timeout) {
   if (!IsRendezvous(rendezvous)) {
-    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC rendezvous is '", kRendezvousPrefix,
-                                                   "' and ", kRendezvousHex, " hex digits, not a ",
-                                                   rendezvous.size(), "-byte string"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a CUDA IPC rendezvous is '", kRendezvousPrefix, "', a name and a secret of ",
+        kRendezvousHex, " hex digits each, not a ", rendezvous.size(), "-byte string"));
   }
   if (rank != 0 && rank != 1)
     return absl::InvalidArgumentError("rank must be 0 (sender) or 1 (receiver)");
@@ -421,22 +449,36 @@ absl::StatusOr<std::unique_ptr<KvLink>> CudaIpcKvLinkFactory::Join(const std::st
     if (listener < 0)
       return absl::InvalidArgumentError(
           "no such CUDA IPC rendezvous here (already joined or abandoned)");
-    const bool came = WaitReadable(listener, deadline);
-    const int fd = came ? ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC) : -1;
-    const std::string accept_error = came && fd < 0 ? Errno("accepting the CUDA IPC sender") : "";
+    // Connections until one says the rendezvous' secret (anyone local can connect to the name).
+    const std::string secret = Secret(rendezvous);
+    int fd = -1;
+    Hello hello;
+    int strangers = 0;
+    while (fd < 0) {
+      if (!WaitReadable(listener, deadline)) {
+        ::close(listener);
+        return absl::DeadlineExceededError(absl::StrCat(
+            "CUDA IPC KV link: the sender did not connect in time",
+            strangers > 0 ? absl::StrCat(" (", strangers,
+                                         " other connections did not know the rendezvous' secret)")
+                          : ""));
+      }
+      const int c = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      SetSocketTimeouts(c);
+      if (ReadBefore(c, &hello, sizeof(hello), std::min(deadline, absl::Now() + kHelloWait),
+                     "hello")
+              .ok() &&
+          SameSecret(hello.secret, secret)) {
+        fd = c;
+      } else {
+        ::close(c);
+        ++strangers;
+      }
+    }
     ::close(listener);
-    if (!came)
-      return absl::DeadlineExceededError("CUDA IPC KV link: the sender did not connect in time");
-    if (fd < 0) return absl::UnavailableError(accept_error);
-    SetSocketTimeouts(fd);
     std::unique_ptr<CudaIpcKvLink> link(new CudaIpcKvLink(storage_, device_, 1, fd, live_));
     RETURN_IF_ERROR(link->Setup());
-    Hello hello;
-    if (absl::Status s =
-            ReadBefore(fd, &hello, sizeof(hello), deadline, "CUDA IPC KV link: the sender's hello");
-        !s.ok()) {
-      return s;
-    }
     std::string why;
     if (std::memcmp(hello.magic, kHelloMagic, sizeof(kHelloMagic)) != 0) {
       why = "not a CUDA IPC KV sender of this version";
@@ -474,7 +516,7 @@ absl::StatusOr<std::unique_ptr<KvLink>> CudaIpcKvLinkFactory::Join(const std::st
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(Errno("socket"));
   sockaddr_un addr;
-  const socklen_t len = AddressOf(rendezvous, &addr);
+  const socklen_t len = AddressOf(SocketName(rendezvous), &addr);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     const std::string why = Errno("connecting to the decode worker's CUDA IPC rendezvous");
     ::close(fd);
@@ -498,6 +540,8 @@ absl::StatusOr<std::unique_ptr<KvLink>> CudaIpcKvLinkFactory::Join(const std::st
   link->staging_blocks_ = staging_blocks;
   Hello hello{};
   std::memcpy(hello.magic, kHelloMagic, sizeof(kHelloMagic));
+  const std::string secret = Secret(rendezvous);
+  std::memcpy(hello.secret, secret.data(), kSecretBytes);
   hello.staging_blocks = staging_blocks;
   hello.block_bytes = g.bytes_per_block();
   hello.pid = static_cast<int32_t>(::getpid());
