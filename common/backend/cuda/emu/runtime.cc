@@ -41,6 +41,7 @@ size_t allocated_bytes = 0;
 // exported to another process (cudaIpcGetMemHandle) by turning it into a shared mapping of a memfd at
 // the same address; the stream-ordered allocator's, like the device's default pool, cannot be.
 struct Allocation {
+  size_t bytes = 0;         // asked for
   size_t rounded = 0;       // what the device would take (256-byte granules): the accounting
   size_t mapped = 0;        // > 0: an mmap of this many bytes (cudaMalloc), else aligned_alloc
   int memfd = -1;           // once exported: the memfd behind the mapping, opened by importers
@@ -417,6 +418,7 @@ cudaError_t Allocate(void** p, size_t bytes, bool shareable) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
   std::lock_guard<std::mutex> lock(state_mu);
   Allocation a;
+  a.bytes = bytes;
   a.rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   if (allocated_bytes + a.rounded > DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
   if (shareable) {
@@ -489,8 +491,9 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
     const int fd = ::memfd_create("tandem-cuda-emu-ipc", MFD_CLOEXEC);
     if (fd < 0) return SetLast(cudaErrorMemoryAllocation);
     bool ok = ::ftruncate(fd, static_cast<off_t>(a.mapped)) == 0;
-    for (size_t done = 0; ok && done < a.mapped;) {
-      const ssize_t n = ::pwrite(fd, static_cast<char*>(dev_ptr) + done, a.mapped - done, static_cast<off_t>(done));
+    // The bytes asked for (past them AddressSanitizer builds poison the pages; the memfd reads zeros).
+    for (size_t done = 0; ok && done < a.bytes;) {
+      const ssize_t n = ::pwrite(fd, static_cast<char*>(dev_ptr) + done, a.bytes - done, static_cast<off_t>(done));
       ok = n > 0;
       done += ok ? static_cast<size_t>(n) : 0;
     }
