@@ -32,6 +32,12 @@ absl::StatusOr<std::vector<std::string>> ParseKvTransports(const std::string& va
   return names;
 }
 
+absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateKvLinkFactory(const std::string& name, KvCacheStorage* storage) {
+  if (name == "nccl") return CreateNcclKvLinkFactory(storage);
+  if (name == "cuda-ipc") return CreateCudaIpcKvLinkFactory(storage);
+  return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a KV side link (nccl or cuda-ipc)"));
+}
+
 absl::StatusOr<KvDataPaths> KvDataPaths::Create(const std::vector<std::string>& names,
                                                 KvCacheStorage* storage) {
   KvDataPaths p;
@@ -40,8 +46,7 @@ absl::StatusOr<KvDataPaths> KvDataPaths::Create(const std::vector<std::string>& 
       p.order_.push_back(nullptr);
       continue;
     }
-    absl::StatusOr<std::unique_ptr<KvLinkFactory>> f =
-        name == "nccl" ? CreateNcclKvLinkFactory(storage) : CreateCudaIpcKvLinkFactory(storage);
+    absl::StatusOr<std::unique_ptr<KvLinkFactory>> f = CreateKvLinkFactory(name, storage);
     if (!f.ok()) return f.status();
     p.order_.push_back(f->get());
     p.owned_.push_back(*std::move(f));

@@ -20,6 +20,10 @@ namespace tandem {
 // tried).
 absl::StatusOr<std::vector<std::string>> ParseKvTransports(const std::string& value);
 
+// The side link factory of `name`, "nccl" or "cuda-ipc", serving `storage` (FAILED_PRECONDITION when it
+// cannot be made: not CUDA memory, the plugin or NCCL missing; INVALID_ARGUMENT for another name).
+absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateKvLinkFactory(const std::string& name, KvCacheStorage* storage);
+
 class KvDataPaths {
  public:
   // The paths `names` (ParseKvTransports) name, their side links' factories serving `storage`

@@ -30,8 +30,7 @@
 #include "common/base/command_line.h"
 #include "common/base/subprocess.h"
 #include "common/model/presets.h"
-#include "common/transport/cuda_ipc/cuda_ipc_kv_link.h"
-#include "common/transport/nccl/nccl_kv_link.h"
+#include "common/transport/kv_data_paths.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 
 ABSL_FLAG(std::vector<std::string>, presets, std::vector<std::string>({"qwen2.5-0.5b", "llama-3-8b"}),
@@ -102,8 +101,8 @@ absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& t
   for (int64_t l = 0; l < g.num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) e.storage->WriteBlocks(kv == 1, l, e.table, LayerBytes(g, l, kv == 1, fill).data());
   }
-  if (transport == "nccl" || transport == "cuda-ipc") {
-    auto links = transport == "nccl" ? CreateNcclKvLinkFactory(e.storage.get()) : CreateCudaIpcKvLinkFactory(e.storage.get());
+  if (transport != "tcp") {
+    auto links = CreateKvLinkFactory(transport, e.storage.get());
     if (!links.ok()) return links.status();
     e.links = *std::move(links);
   }

@@ -31,8 +31,7 @@
 #include "common/backend/create_backend.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/base/subprocess.h"
-#include "common/transport/cuda_ipc/cuda_ipc_kv_link.h"
-#include "common/transport/nccl/nccl_kv_link.h"
+#include "common/transport/kv_data_paths.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -94,7 +93,7 @@ absl::StatusOr<Device> MakeDevice(bool fill) {
       d.storage->WriteBlocks(kv == 1, l, all, host.data());
     }
   }
-  auto links = link_kind == "cuda-ipc" ? CreateCudaIpcKvLinkFactory(d.storage.get()) : CreateNcclKvLinkFactory(d.storage.get());
+  auto links = CreateKvLinkFactory(link_kind, d.storage.get());
   if (!links.ok()) return links.status();
   d.links = *std::move(links);
   return d;

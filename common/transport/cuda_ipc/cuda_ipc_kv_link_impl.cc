@@ -16,9 +16,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/kernels.h"
 #include "common/base/socket_io.h"
 #include "common/base/status_macros.h"
+#include "common/transport/staged_chunk.h"
 
 namespace tandem {
 namespace {
@@ -157,15 +157,12 @@ CudaIpcKvLink::~CudaIpcKvLink() {
     } else {
       // (stderr: the plugin does not link the processes' logging, which is not
       // position-independent.)
-      std::fprintf(
-          stderr,
-          "W CUDA IPC KV link: the decode worker kept the staging memory mapped for %s after the "
-          "link "
-          "closed (stopped or wedged); %lld bytes of device memory are left allocated until this "
-          "process "
-          "ends\n",
-          absl::FormatDuration(kReleaseWait).c_str(),
-          static_cast<long long>(2 * staging_blocks_ * storage_->geometry().bytes_per_block()));
+      std::fprintf(stderr,
+                   "W CUDA IPC KV link: the decode worker kept the staging memory mapped for %s after "
+                   "the link closed (stopped or wedged); %lld bytes of device memory are left "
+                   "allocated until this process ends\n",
+                   absl::FormatDuration(kReleaseWait).c_str(),
+                   static_cast<long long>(2 * staging_blocks_ * storage_->geometry().bytes_per_block()));
     }
   }
   if (index_ != nullptr) cudaFreeAsync(index_, stream_);
@@ -222,12 +219,6 @@ absl::Status CudaIpcKvLink::Setup() {
   return absl::OkStatus();
 }
 
-int64_t CudaIpcKvLink::BlockWords() const { return storage_->geometry().bytes_per_block() / 4; }
-
-float* CudaIpcKvLink::LayerWords(bool v, int32_t layer) const {
-  return reinterpret_cast<float*>(storage_->layer_data(v, layer));
-}
-
 absl::Status CudaIpcKvLink::WaitEvent(absl::Time deadline, const char* what) {
   int sleep_us = 5;
   while (true) {
@@ -262,42 +253,18 @@ absl::Status CudaIpcKvLink::RecvFrame(uint32_t type, int32_t* layer, int64_t* co
   return absl::OkStatus();
 }
 
-absl::Status CudaIpcKvLink::Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
-                                   int64_t count, absl::Time deadline) {
-  const int64_t e = BlockWords();
+absl::Status CudaIpcKvLink::CopyChunk(bool pack, int32_t layer, const std::vector<int32_t>& blocks,
+                                      int64_t first, int64_t count, absl::Time deadline) {
+  // Landing needs no wait on the backend's stream: the engine reserves blocks between steps, and
+  // every step ends by waiting for its work, so nothing queued still reads blocks a reservation
+  // handed out.
+  const char* what = pack ? "packing a layer" : "landing a layer";
   cudaError_t err =
-      cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
-                      cudaMemcpyHostToDevice, stream_);
-  if (err == cudaSuccess)
-    err = cuda::LaunchGatherRows(LayerWords(false, layer), index_, count, e, staging_, stream_);
-  if (err == cudaSuccess) {
-    err = cuda::LaunchGatherRows(LayerWords(true, layer), index_, count, e, staging_ + count * e,
-                                 stream_);
-  }
+      EnqueueChunkCopy(pack, storage_, layer, blocks, first, count, index_, staging_, stream_);
   if (err == cudaSuccess) err = cudaEventRecord(done_, stream_);
   if (err != cudaSuccess)
-    return Failed(absl::StatusCode::kInternal, absl::StrCat("packing a layer: ", CudaError(err)));
-  return WaitEvent(deadline, "packing a layer");
-}
-
-absl::Status CudaIpcKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks,
-                                    int64_t first, int64_t count, absl::Time deadline) {
-  const int64_t e = BlockWords();
-  // No wait on the backend's stream: the engine reserves blocks between steps, and every step ends
-  // by waiting for its work, so nothing queued still reads blocks a reservation handed out.
-  cudaError_t err =
-      cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
-                      cudaMemcpyHostToDevice, stream_);
-  if (err == cudaSuccess)
-    err = cuda::LaunchScatterBlocks(staging_, index_, count, e, LayerWords(false, layer), stream_);
-  if (err == cudaSuccess) {
-    err = cuda::LaunchScatterBlocks(staging_ + count * e, index_, count, e, LayerWords(true, layer),
-                                    stream_);
-  }
-  if (err == cudaSuccess) err = cudaEventRecord(done_, stream_);
-  if (err != cudaSuccess)
-    return Failed(absl::StatusCode::kInternal, absl::StrCat("landing a layer: ", CudaError(err)));
-  return WaitEvent(deadline, "landing a layer");
+    return Failed(absl::StatusCode::kInternal, absl::StrCat(what, ": ", CudaError(err)));
+  return WaitEvent(deadline, what);
 }
 
 absl::Status CudaIpcKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks,
@@ -325,13 +292,13 @@ absl::Status CudaIpcKvLink::Move(bool send, int32_t layer, const std::vector<int
     if (e != cudaSuccess) return Failed(absl::StatusCode::kInternal, CudaError(e));
   }
   const absl::Time deadline = absl::Now() + timeout;
-  const bool discard = !send && land == nullptr && blocks.empty();
+  const bool discard = !send && land == nullptr;  // DiscardLayer: any layer's chunks
   for (int64_t first = 0; first < num_blocks; first += staging_blocks_) {
     const int64_t count = std::min<int64_t>(staging_blocks_, num_blocks - first);
     int32_t got_layer = 0;
     int64_t got_count = 0;
     if (send) {
-      RETURN_IF_ERROR(Gather(layer, blocks, first, count, deadline));
+      RETURN_IF_ERROR(CopyChunk(/*pack=*/true, layer, blocks, first, count, deadline));
       RETURN_IF_ERROR(SendFrame(kReady, layer, count));
       RETURN_IF_ERROR(
           RecvFrame(kDone, &got_layer, &got_count, deadline, "waiting for the receiver"));
@@ -349,7 +316,7 @@ absl::Status CudaIpcKvLink::Move(bool send, int32_t layer, const std::vector<int
     }
     if (land != nullptr) {
       absl::Status landed;
-      (*land)([&] { landed = Scatter(layer, blocks, first, count, deadline); });
+      (*land)([&] { landed = CopyChunk(/*pack=*/false, layer, blocks, first, count, deadline); });
       RETURN_IF_ERROR(landed);
     }
     RETURN_IF_ERROR(SendFrame(kDone, got_layer, got_count));

@@ -79,15 +79,10 @@ class CudaIpcKvLink final : public KvLink {
   absl::Status Move(bool send, int32_t layer, const std::vector<int32_t>& blocks,
                     int64_t num_blocks, const Landing* land, absl::Duration timeout,
                     WorkMark* ready = nullptr);
-  // Sender: packs blocks[first, first + count) of `layer` into staging and waits for it.
-  absl::Status Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
-                      int64_t count, absl::Time deadline);
-  // Receiver: copies `count` blocks from the mapped staging into blocks[first, first + count) of
-  // `layer` and waits for it.
-  absl::Status Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
-                       int64_t count, absl::Time deadline);
-  int64_t BlockWords() const;
-  float* LayerWords(bool v, int32_t layer) const;
+  // Sender (`pack`): packs blocks[first, first + count) of `layer` into staging; receiver: copies
+  // `count` blocks from the mapped staging into them. Waits for the copy.
+  absl::Status CopyChunk(bool pack, int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
+                         int64_t count, absl::Time deadline);
   // Polls `event` until it completed, the peer closed the socket, or `deadline`.
   absl::Status WaitEvent(absl::Time deadline, const char* what);
   // One frame each way, bounded by `deadline`; a closed socket is UNAVAILABLE.

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cuda/kernels.h"
 #include "common/base/status_macros.h"
+#include "common/transport/staged_chunk.h"
 
 namespace tandem {
 namespace {
@@ -86,18 +86,10 @@ absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
 }
 
 absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
-  const int64_t e = BlockWords();
   // No wait on the backend's stream: the engine reserves blocks between steps, and every step ends by
   // waiting for its work, so nothing queued still reads blocks a reservation handed out. (Recording
   // on that stream from here could also land inside a graph capture of the engine thread.)
-  cudaError_t err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
-                          cudaMemcpyHostToDevice, stream_);
-  if (err == cudaSuccess) {
-    err = cuda::LaunchScatterBlocks(staging_, index_, count, e, LayerWords(false, layer), stream_);
-  }
-  if (err == cudaSuccess) {
-    err = cuda::LaunchScatterBlocks(staging_ + count * e, index_, count, e, LayerWords(true, layer), stream_);
-  }
+  cudaError_t err = EnqueueChunkCopy(/*pack=*/false, storage_, layer, blocks, first, count, index_, staging_, stream_);
   if (err == cudaSuccess) err = cudaEventRecord(done_, stream_);
   if (err == cudaSuccess) err = cudaEventSynchronize(done_);  // device-local copies: short
   return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("landing a layer: ", CudaError(err)));
@@ -105,19 +97,10 @@ absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& bloc
 
 int64_t NcclKvLink::BlockWords() const { return storage_->geometry().bytes_per_block() / 4; }
 
-float* NcclKvLink::LayerWords(bool v, int32_t layer) const { return reinterpret_cast<float*>(storage_->layer_data(v, layer)); }
-
 absl::Status NcclKvLink::Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
-  const int64_t e = BlockWords();
   // Stream-ordered on the link's stream, before the send that reads the staging memory.
-  cudaError_t err = cudaMemcpyAsync(index_, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, stream_);
-  if (err == cudaSuccess) {
-    err = cuda::LaunchGatherRows(LayerWords(false, layer), index_, count, e, staging_, stream_);
-  }
-  if (err == cudaSuccess) {
-    err = cuda::LaunchGatherRows(LayerWords(true, layer), index_, count, e, staging_ + count * e, stream_);
-  }
+  const cudaError_t err =
+      EnqueueChunkCopy(/*pack=*/true, storage_, layer, blocks, first, count, index_, staging_, stream_);
   return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("packing a layer: ", CudaError(err)));
 }
 

@@ -60,9 +60,8 @@ class NcclKvLink final : public KvLink {
   absl::Status Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count);
   absl::Status GrowStaging(int64_t blocks);
   // Blocks move as 4-byte words whatever the cache's dtype (a block of a 16-bit cache holds an even
-  // number of elements: head_dim is even): the words of one block, and layer `layer` of K or V.
+  // number of elements: head_dim is even): the words of one block.
   int64_t BlockWords() const;
-  float* LayerWords(bool v, int32_t layer) const;
   // Polls until the comm has no operation in progress and, when `event` is set, the event completed.
   absl::Status WaitIdle(cudaEvent_t event, absl::Time deadline, const char* what);
   absl::Status Failed(const std::string& why);  // aborts, returns UNAVAILABLE (or the given code)

@@ -531,8 +531,7 @@ void TcpKvReceiver::Cancel(const std::string& request_id) {
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::string& address, const KvEndpointInfo& info,
                                                                   absl::Duration io_timeout,
                                                                   KvLinkFactory* link_factory) {
-  int stage = 0;
-  return Open(address, info, io_timeout, link_factory, &stage);
+  return ConnectFirst(address, info, io_timeout, {link_factory});
 }
 
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::ConnectFirst(const std::string& address,
@@ -544,8 +543,8 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::ConnectFirst(const std
   std::string reasons;
   absl::Status last;
   for (KvLinkFactory* path : paths) {
-    int stage = 0;
-    absl::StatusOr<std::unique_ptr<TcpKvSender>> sender = Open(address, info, io_timeout, path, &stage);
+    bool path_failed = false;
+    absl::StatusOr<std::unique_ptr<TcpKvSender>> sender = Open(address, info, io_timeout, path, &path_failed);
     if (sender.ok()) {
       if (refused != nullptr) *refused = reasons;
       return sender;
@@ -553,7 +552,7 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::ConnectFirst(const std
     last = sender.status();
     absl::StrAppend(&reasons, reasons.empty() ? "" : "; ", path != nullptr ? path->name() : "inline", ": ",
                     last.message());
-    if (stage < 2) break;  // unreachable, or this sender's model or geometry refused: no path helps
+    if (!path_failed) break;  // unreachable, or this sender's model or geometry refused: no path helps
   }
   return absl::Status(last.code(), paths.size() > 1 ? absl::StrCat("no KV data path worked (", reasons, ")")
                                                     : std::string(last.message()));
@@ -561,8 +560,8 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::ConnectFirst(const std
 
 absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string& address, const KvEndpointInfo& info,
                                                                absl::Duration io_timeout, KvLinkFactory* link_factory,
-                                                               int* stage) {
-  *stage = 0;
+                                                               bool* path_failed) {
+  *path_failed = false;
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
@@ -584,7 +583,6 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string
     return s;
   }
   std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info, io_timeout));
-  *stage = 1;
   v1::KvHandshake hello;
   hello.set_model_fingerprint(info.model_fingerprint);
   KvGeometryToProto(info.geometry, hello.mutable_geometry());
@@ -592,11 +590,11 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string
   RETURN_IF_ERROR(SendMessage(fd, kHandshake, hello));
   v1::KvHandshakeReply reply;
   RETURN_IF_ERROR(ReadMessage(fd, kHandshakeReply, &reply));
-  if (reply.data_path_refused()) *stage = 2;
   if (!reply.accepted()) {
+    *path_failed = reply.data_path_refused();
     return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " refused: ", reply.reason()));
   }
-  *stage = 2;
+  *path_failed = true;  // from here on only the data path can fail
   if (link_factory != nullptr) {
     if (reply.link_rendezvous().empty()) {
       return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " did not set up the ",
@@ -610,7 +608,6 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string
     sender->link_ = *std::move(link);
     sender->data_path_ = link_factory->name();
   }
-  *stage = 3;
   return sender;
 }
 

@@ -130,11 +130,12 @@ class TcpKvSender final : public KvSender {
  private:
   TcpKvSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
       : fd_(fd), info_(info), io_timeout_(io_timeout) {}
-  // Connect, saying in `stage` how far it got: 0 the receiver was not reached, 1 it refused the
-  // sender's model or geometry, 2 the data path failed (not offered, or its link not joined), 3 done.
+  // One connection over one path. On failure `path_failed` says whether the data path alone failed
+  // (not offered, or its link not joined), where another path may work; not when the receiver was not
+  // reached or refused the sender's model or geometry.
   static absl::StatusOr<std::unique_ptr<TcpKvSender>> Open(const std::string& address, const KvEndpointInfo& info,
                                                            absl::Duration io_timeout, KvLinkFactory* link_factory,
-                                                           int* stage);
+                                                           bool* path_failed);
   // `s`, noting the connection as broken when it is an error.
   absl::Status Io(absl::Status s);
   int fd_;

@@ -475,7 +475,7 @@ constexpr char kIpcMagic[8] = {'t', 'a', 'n', 'd', 'e', 'm', 'I', 'P'};
 
 extern "C" {
 
-cudaError_t cudaMalloc(void** p, size_t bytes) { return SetLast(tandem_emu::Allocate(p, bytes, /*shareable=*/true)); }
+cudaError_t cudaMalloc(void** p, size_t bytes) { return tandem_emu::Allocate(p, bytes, /*shareable=*/true); }
 
 // Exporting turns the allocation into a shared mapping of a memfd holding its bytes, at the same
 // address (MAP_FIXED replaces the private pages), which importers map through /proc. Not while
@@ -552,7 +552,7 @@ cudaError_t cudaFree(void* p) {
   return SetLast(tandem_emu::Release(p));
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
-  return SetLast(tandem_emu::Allocate(p, bytes, /*shareable=*/false));
+  return tandem_emu::Allocate(p, bytes, /*shareable=*/false);
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   // Unlike cudaFree's, its documentation makes no null pointer a no-op: refused here, the stricter
