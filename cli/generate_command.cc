@@ -23,7 +23,7 @@
 #include "common/sampling/sampling_params.h"
 #include "common/serving/engine_flags.h"
 #include "common/base/status_macros.h"
-#include "common/tokenizer/incremental_detokenizer.h"
+#include "common/tokenizer/stop_strings.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -51,6 +51,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0,
 ABSL_FLAG(int32_t, min_tokens, 0,
           "generate: EOS and stop ids cannot end generation before N tokens");
 ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
+ABSL_FLAG(std::vector<std::string>, stop, {},
+          "generate: stop strings, comma-separated: generation ends at the first match, which the text leaves out "
+          "(in-process, and by the router with --server)");
 ABSL_FLAG(std::string, logit_bias, "",
           "generate: comma-separated id:bias pairs added to the logits, bias in [-100, 100]");
 ABSL_FLAG(int32_t, prompt_logprobs, -1, "generate: top-K logprobs for every prompt token (-1 = off)");
@@ -235,8 +238,8 @@ int GenerateCommand() {
   const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
 
   std::vector<std::pair<EngineRequest, std::string>> requests;
+  std::map<std::string, std::vector<std::string>> stops;  // by request id: --stop, or a batch line's "stop"
   if (!batch_file.empty()) {
-    std::map<std::string, std::vector<std::string>> stops;
     auto read = ReadBatchFile(batch_file, *defaults, tok, &stops);
     if (!read.ok()) return Fail(read.status());
     requests = *std::move(read);
@@ -269,10 +272,23 @@ int GenerateCommand() {
     if (results.contains(req.id)) return Fail(absl::InvalidArgumentError("duplicate request id \"" + req.id + "\""));
     Collected& c = results[req.id];
     c.prompt_token_ids = req.prompt_token_ids;
+    order.push_back(req.id);
+    const std::vector<std::string>& req_stops = stops.contains(req.id) ? stops[req.id] : absl::GetFlag(FLAGS_stop);
+    absl::Status valid = StopStringMatcher::Validate(req_stops);
+    if (valid.ok() && !req_stops.empty() && tok == nullptr) {
+      valid = absl::FailedPreconditionError("stop strings need the model's tokenizer: " +
+                                            std::string(tokenizer.status().message()));
+    }
+    if (!valid.ok()) {
+      if (single) return Fail(absl::Status(valid.code(), absl::StrCat("--stop: ", valid.message())));
+      std::fprintf(stderr, "tandem generate: request %s refused: \"stop\": %s\n", req.id.c_str(),
+                   std::string(valid.message()).c_str());
+      c.finish_reason = "refused";
+      continue;
+    }
     // Streamed text: the prompt ids give the first generated token its context (its leading
     // space); the JSON "text" is the same text, as vLLM's.
-    if (tok != nullptr) c.detokenizer.emplace(tok, /*skip_special_tokens=*/true, req.prompt_token_ids);
-    order.push_back(req.id);
+    if (tok != nullptr) c.text_stream.emplace(tok, /*skip_special_tokens=*/true, req.prompt_token_ids, req_stops);
     if (absl::Status s = (*engine)->AddRequest(req); !s.ok()) {
       if (single) return Fail(s);
       std::fprintf(stderr, "tandem generate: request %s refused: %s\n", req.id.c_str(), std::string(s.message()).c_str());
@@ -293,22 +309,29 @@ int GenerateCommand() {
     const double now = std::chrono::duration<double>(Clock::now() - start).count();
     for (RequestOutput& o : *outs) {
       Collected& c = results[o.id];
+      if (c.text_stream && c.text_stream->stopped()) continue;  // ended by a stop string: its abort's output
       if (c.token_ids.empty() && !o.new_token_ids.empty()) c.first_token_seconds = now;
       c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
       if (o.prompt_logprobs) c.prompt_logprobs = std::move(o.prompt_logprobs);
       c.num_cached_tokens = std::max(c.num_cached_tokens, o.num_cached_tokens);
-      for (int32_t id : o.new_token_ids) {
-        if (!c.detokenizer) break;
-        // An id the model has but the tokenizer lacks (a padded vocabulary) has no text.
-        absl::StatusOr<std::string> delta = c.detokenizer->Add(id);
-        if (delta.ok() && single && !as_json) {
-          std::fwrite(delta->data(), 1, delta->size(), stdout);
+      if (c.text_stream) {
+        const std::string delta = c.text_stream->Add(o.new_token_ids);
+        if (single && !as_json) {
+          std::fwrite(delta.data(), 1, delta.size(), stdout);
           std::fflush(stdout);
+        }
+        if (c.text_stream->stopped()) {  // as the router does: the request ends at the stop string
+          c.finish_reason = FinishReasonName(FinishReason::kStop);
+          c.finish_seconds = now;
+          if (!o.finished) {
+            if (absl::Status s = (*engine)->Abort(o.id); !s.ok()) return Fail(s);
+          }
+          continue;
         }
       }
       if (o.finished) {
-        c.finish_reason = o.finish_reason;
+        c.finish_reason = FinishReasonName(o.finish_reason);
         c.finish_seconds = now;
       }
     }
@@ -321,14 +344,15 @@ int GenerateCommand() {
     prompt_tokens += static_cast<int64_t>(c.prompt_token_ids.size());
     generated += static_cast<int64_t>(c.token_ids.size());
     bool streamed_ok = false;
-    if (c.detokenizer) {
-      absl::StatusOr<std::string> rest = c.detokenizer->Finish();
-      streamed_ok = rest.ok();
-      if (rest.ok() && single && !as_json) std::fwrite(rest->data(), 1, rest->size(), stdout);
-      if (!rest.ok()) {  // a detokenizer bug: say so rather than print wrong text
-        std::fprintf(stderr, "\ntandem generate: %s\n", std::string(rest.status().message()).c_str());
+    if (c.text_stream) {
+      absl::Status detokenized;
+      const std::string rest = c.text_stream->Finish(&detokenized);
+      streamed_ok = detokenized.ok() || c.text_stream->stopped();
+      if (single && !as_json) std::fwrite(rest.data(), 1, rest.size(), stdout);
+      if (!detokenized.ok()) {  // a detokenizer bug: say so rather than print wrong text
+        std::fprintf(stderr, "\ntandem generate: %s\n", std::string(detokenized.message()).c_str());
       }
-      if (streamed_ok) c.text = c.detokenizer->emitted_text();
+      if (streamed_ok) c.text = c.text_stream->text();
     }
     if (!streamed_ok && tok != nullptr) {
       auto decoded = tok->Decode(c.token_ids, /*skip_special_tokens=*/true);

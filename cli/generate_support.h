@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
 #include "common/sampling/sampler.h"
-#include "common/tokenizer/incremental_detokenizer.h"
+#include "common/tokenizer/text_stream.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -21,6 +21,7 @@ ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, token_ids);
 ABSL_DECLARE_FLAG(std::string, batch_file);
 ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
 
 namespace tandem::cli {
 
@@ -32,7 +33,7 @@ struct Collected {
   std::optional<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;
   std::string finish_reason;
   int64_t num_cached_tokens = 0;
-  std::optional<IncrementalDetokenizer> detokenizer;
+  std::optional<TextStream> text_stream;  // detokenizer and stop strings (with a tokenizer)
   std::string text;
   double first_token_seconds = 0;
   double finish_seconds = 0;

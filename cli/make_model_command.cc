@@ -6,8 +6,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "cli/commands.h"
-#include "common/model/presets.h"
-#include "common/model/random_model.h"
+#include "cli/presets.h"
+#include "cli/random_model.h"
 
 ABSL_FLAG(std::string, preset, "", "make-model: preset name (see --list-presets)");
 ABSL_FLAG(std::string, out, "", "make-model: output directory (created if absent)");

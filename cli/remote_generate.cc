@@ -15,8 +15,6 @@
 #include "tandem/v1/generation.grpc.pb.h"
 
 ABSL_FLAG(std::string, server, "", "generate: stream from a Tandem router at HOST:PORT instead of running in-process");
-ABSL_FLAG(std::vector<std::string>, stop, {},
-          "generate --server: stop strings, comma-separated (the router ends generation at the first match)");
 ABSL_FLAG(double, timeout_s, 0, "generate --server: deadline of each request in seconds (0 = the router's default)");
 ABSL_FLAG(int32_t, priority, 0, "generate --server: higher runs first among queued requests");
 

@@ -25,7 +25,7 @@ Commands:
                [--model DIR] [--prefill N] [--decode M] [--combined K] [--port 50051]
                [--log-dir DIR] [--ready-file F] [--worker-args=--flag,...] [engine flags]
                [--prefill-worker-args=--flag,...] [--decode-worker-args=--flag,...]
-               [--kv-transport tcp|nccl]
+               [--kv-transport cuda-ipc,nccl,tcp] (an ordered list; default tcp, cuda-ipc,tcp on a GPU)
                Waits until every worker serves, prints the endpoints; Ctrl-C drains and stops.
                Without --model: $TANDEM_DEFAULT_MODEL, else the embedded models/kjv-target, else a
                random tiny Llama (models-cache/tiny-llama, written on first use).
@@ -37,12 +37,12 @@ Commands:
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]
                [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]
                [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
-               [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--min-tokens N] [--ignore-eos]
+               [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--stop S1,S2] [--min-tokens N] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
                [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16]
                [engine flags]
                --server HOST:PORT streams from a Tandem router instead (no --model needed), with
-               [--stop S1,S2] [--timeout-s T] [--priority P] besides the flags above.
+               [--timeout-s T] [--priority P] besides the flags above.
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
                PATH is a model directory or a tokenizer.json file. --jsonl F: one JSON string per

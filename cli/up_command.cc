@@ -19,8 +19,8 @@
 #include "cli/commands.h"
 #include "common/base/signals.h"
 #include "common/base/subprocess.h"
-#include "common/model/presets.h"
-#include "common/model/random_model.h"
+#include "cli/presets.h"
+#include "cli/random_model.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
 #include "common/transport/kv_data_paths.h"
@@ -255,6 +255,8 @@ int UpCommand() {
   if (metrics_port >= 0) {
     std::printf("Metrics: GET /metrics on ports %d-%d\n", metrics_port, next_metrics_port - 1);
   }
+  // Whoever reads the log while the cluster runs (stdout redirected: fully buffered) sees the endpoints now.
+  std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_ready_file).empty()) {
     const std::string tmp = absl::GetFlag(FLAGS_ready_file) + ".tmp";
     if (FILE* f = std::fopen(tmp.c_str(), "w")) {

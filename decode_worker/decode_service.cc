@@ -213,7 +213,7 @@ void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
     if (o.finished) {
       v1::DecodeEvent event;
       v1::DecodeFinished* f = event.mutable_finished();
-      f->set_finish_reason(rpc::FinishReasonFromString(o.finish_reason));
+      f->set_finish_reason(rpc::ToProto(o.finish_reason));
       f->set_cached_prompt_tokens(static_cast<int32_t>(call.cached_tokens));
       if (options_.combined) {
         if (call.first_scheduled != absl::InfinitePast()) {
@@ -226,7 +226,7 @@ void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
         }
       }
       call.stream->Write(std::move(event));
-      EndCall(o.id, grpc::Status::OK, o.finish_reason);
+      EndCall(o.id, grpc::Status::OK, FinishReasonName(o.finish_reason));
     }
   }
   (void)now;

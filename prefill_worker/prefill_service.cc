@@ -128,7 +128,7 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
     resp.set_cached_prompt_tokens(static_cast<int32_t>(o.num_cached_tokens));
     if (o.prompt_logprobs) rpc::AppendPromptLogprobs(*o.prompt_logprobs, r.prompt, resp.mutable_prompt_logprobs());
     if (!o.finished) continue;
-    if (o.finish_reason == "prefill_done" && !o.new_token_ids.empty()) {
+    if (o.finish_reason == FinishReason::kPrefillDone && !o.new_token_ids.empty()) {
       const int32_t first = o.new_token_ids[0];
       resp.set_first_token(first);
       if (!o.new_logprobs.empty()) *resp.mutable_first_logprobs() = rpc::ToProto(o.new_logprobs[0]);
@@ -145,10 +145,11 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
       lanes_->End(r.decode_address, o.id, first, [this, id = o.id](const absl::Status& s, double seconds) {
         loop_->Post([this, id, s, seconds](Engine& e) { TransferDone(e, id, s, seconds); });
       });
-    } else if (o.finish_reason == "length") {  // max_tokens 0: prompt evaluated, nothing to send
+    } else if (o.finish_reason == FinishReason::kLength) {  // max_tokens 0: prompt evaluated, nothing to send
       Answer(o.id, grpc::Status::OK, "prompt evaluated");
-    } else if (o.finish_reason != "abort") {
-      Answer(o.id, grpc::Status(grpc::StatusCode::INTERNAL, "unexpected finish " + o.finish_reason), o.finish_reason);
+    } else if (o.finish_reason != FinishReason::kAbort) {
+      const std::string name = FinishReasonName(o.finish_reason);
+      Answer(o.id, grpc::Status(grpc::StatusCode::INTERNAL, "unexpected finish " + name), name);
     }
   }
 }

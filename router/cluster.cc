@@ -1,7 +1,7 @@
 #include "router/cluster.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/model/dtype_proto.h"
+#include "common/rpc/dtype_proto.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/status.h"

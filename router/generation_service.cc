@@ -10,7 +10,7 @@
 #include "common/rpc/convert.h"
 #include "common/rpc/reactors.h"
 #include "common/rpc/status.h"
-#include "router/stop_strings.h"
+#include "common/tokenizer/stop_strings.h"
 
 namespace tandem::router {
 namespace {

@@ -6,8 +6,7 @@
 #include "common/base/logging.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
-#include "common/tokenizer/incremental_detokenizer.h"
-#include "router/stop_strings.h"
+#include "common/tokenizer/text_stream.h"
 
 namespace tandem::router {
 
@@ -74,8 +73,7 @@ class Flow {
         req_(req),
         control_(control),
         sink_(sink),
-        detokenizer_(env.tokenizer, req.skip_special_tokens, req.prompt),
-        stops_(req.stop) {}
+        text_(env.tokenizer, req.skip_special_tokens, req.prompt, req.stop) {}
 
   void Run() {
     started_ = absl::Now();
@@ -278,11 +276,8 @@ class Flow {
 
   // Detokenizes `ids`, applies stop strings and sends a delta. False when a stop string matched.
   bool Emit(const std::vector<int32_t>& ids, const google::protobuf::RepeatedPtrField<v1::PositionLogprobs>& logprobs) {
-    if (stopped_) return false;
-    std::string text;
-    for (int32_t id : ids) {
-      if (auto piece = detokenizer_.Add(id); piece.ok()) text += *piece;
-    }
+    if (text_.stopped()) return false;
+    std::string text = text_.Add(ids);
     completion_tokens_ += static_cast<int32_t>(ids.size());
     v1::TextDelta delta;
     *delta.mutable_token_ids() = {ids.begin(), ids.end()};
@@ -291,11 +286,9 @@ class Flow {
       *q = p;
       for (v1::TokenLogprob& t : *q->mutable_top()) t.set_token(env_.tokenizer->IdToToken(t.token_id()));
     }
-    StopStringMatcher::Result m = stops_.Add(text);
-    delta.set_text(std::move(m.emit));
+    delta.set_text(std::move(text));
     sink_->Delta(std::move(delta));
-    if (m.stopped) {
-      stopped_ = true;
+    if (text_.stopped()) {
       finish_reason_ = v1::FINISH_REASON_STOP;
       return false;
     }
@@ -304,12 +297,9 @@ class Flow {
 
   // The detokenizer's and the stop matcher's held-back text.
   grpc::Status FinishText() {
-    if (stopped_) return grpc::Status::OK;
-    std::string rest;
-    if (auto r = detokenizer_.Finish(); r.ok()) rest = *r;
-    StopStringMatcher::Result m = stops_.Add(rest);
-    std::string tail = m.stopped ? m.emit : m.emit + stops_.Finish();
-    if (m.stopped) finish_reason_ = v1::FINISH_REASON_STOP;
+    if (text_.stopped()) return grpc::Status::OK;
+    std::string tail = text_.Finish();
+    if (text_.stopped()) finish_reason_ = v1::FINISH_REASON_STOP;
     if (!tail.empty()) {
       v1::TextDelta delta;
       delta.set_text(std::move(tail));
@@ -322,9 +312,7 @@ class Flow {
   const FlowRequest& req_;
   FlowControl* control_;
   FlowSink* sink_;
-  IncrementalDetokenizer detokenizer_;
-  StopStringMatcher stops_;
-  bool stopped_ = false;
+  TextStream text_;  // detokenizer and stop strings
   int32_t completion_tokens_ = 0;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
   absl::Time started_;

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/model/dtype.h"
-#include "common/model/safetensors.h"
+#include "common/tensor/dtype.h"
+#include "common/tensor/safetensors.h"
 #include "common/sampling/device_sampling.h"
 
 namespace tandem {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem {
 

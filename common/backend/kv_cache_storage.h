@@ -25,8 +25,9 @@ class KvCacheStorage {
   // Whether k() and v() may be read from host threads directly (the CPU backend's memory): then a
   // sender can write blocks to a socket without copying them out first (ReadBlocks).
   bool host_accessible() const { return backend_->host_memory() && !staging_forced_; }
-  // Makes host_accessible() false, so the staged path is exercised on the CPU backend too (tests).
-  void ForceStagingForTesting() { staging_forced_ = true; }
+  // Makes host_accessible() false: transfers copy blocks through host staging buffers even when the
+  // cache is host memory, as GPU workers always do (--kv-host-staging; the staged path on the CPU).
+  void ForceHostStaging() { staging_forced_ = true; }
   // host_out[i] = layer `layer` of block blocks[i] of K (v = false) or V (v = true), each
   // [block_size][kv_heads][head_dim] in the cache's dtype (bytes_per_block bytes); waits for work
   // enqueued on the backend before reading, unless the caller has waited for the layer's writes

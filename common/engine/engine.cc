@@ -207,13 +207,13 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   if (!req.params.greedy()) sampler->SkipDraw();  // the prefill worker drew for the first token
   sampler->Accept(first_token);
   // The first token may already end the request: it is reported by the next Step().
-  std::string reason;
+  FinishReason reason = FinishReason::kNone;
   if (sampler->IsStop(first_token, 1)) {
-    reason = "stop";
+    reason = FinishReason::kStop;
   } else if (req.params.max_tokens <= 1 || prompt_len + 1 >= options_.scheduler.max_model_len) {
-    reason = "length";
+    reason = FinishReason::kLength;
   }
-  if (!reason.empty()) {
+  if (reason != FinishReason::kNone) {
     if (!kv_->Has(req.id)) {
       return absl::FailedPreconditionError(absl::StrCat("request \"", req.id, "\" has no reserved blocks"));
     }
@@ -245,7 +245,7 @@ absl::Status Engine::Abort(const std::string& id) {
   RequestOutput o;
   o.id = id;
   o.finished = true;
-  o.finish_reason = "abort";
+  o.finish_reason = FinishReason::kAbort;
   pending_outputs_.push_back(std::move(o));
   return absl::OkStatus();
 }
@@ -466,7 +466,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
       if (seq.params.prompt_logprobs >= 0) o.prompt_logprobs = seq.prompt_logprobs;
       o.num_cached_tokens = r->num_cached_tokens;
       o.finished = true;
-      o.finish_reason = "length";
+      o.finish_reason = FinishReason::kLength;
       prompt_only.push_back(r->id);
     } else if (rows[k].sample) {
       const int32_t token = chosen[k];
@@ -494,20 +494,20 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     SchedRequest* r = step.chunks[ci].request;  // sampled: not among prompt_only, still the scheduler's
     Sequence& seq = *chunk_seq[ci];
     const int32_t generated = static_cast<int32_t>(r->num_output_tokens());
-    std::string reason;
+    FinishReason reason = FinishReason::kNone;
     if (options_.scheduler.role == SchedulerRole::kPrefill) {
-      reason = "prefill_done";
+      reason = FinishReason::kPrefillDone;
     } else if (seq.sampler->IsStop(token, generated)) {
-      reason = "stop";
+      reason = FinishReason::kStop;
     } else if (generated >= seq.params.max_tokens || r->num_tokens() >= options_.scheduler.max_model_len) {
-      reason = "length";
+      reason = FinishReason::kLength;
     }
-    if (!reason.empty()) {
+    if (reason != FinishReason::kNone) {
       RequestOutput& o = output_for(ci);
       o.finished = true;
       o.finish_reason = reason;
       const std::string id = r->id;  // r goes with the request
-      if (reason == "prefill_done") {
+      if (reason == FinishReason::kPrefillDone) {
         scheduler_->HandOut(id);  // blocks stay until Release()
         sequences_.erase(id);
       } else {

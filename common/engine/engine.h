@@ -18,6 +18,7 @@
 #include "common/backend/kv_cache_storage.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/llama_model.h"
+#include "common/sampling/finish_reason.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
 #include "common/sched/scheduler.h"
@@ -60,7 +61,7 @@ struct RequestOutput {
   // Sent once, with the request's first output, when params.prompt_logprobs >= 0.
   std::optional<std::vector<std::optional<LogprobEntry>>> prompt_logprobs;
   bool finished = false;
-  std::string finish_reason;  // "stop", "length", "abort"
+  FinishReason finish_reason = FinishReason::kNone;  // set when finished
   int64_t num_cached_tokens = 0;
   // With a request's first output: when its first prompt chunk was scheduled (queue time ends).
   absl::Time first_scheduled = absl::InfinitePast();
@@ -106,9 +107,9 @@ class Engine {
   // The checks of AddRequest without queueing (ids, lengths, sampling parameters).
   absl::Status Validate(const EngineRequest& request) const;
   // Ends a request wherever it is (waiting, mid-prefill, decoding); its blocks return to the pool.
-  // NOT_FOUND when unknown. The abort is reported by the next Step() as finish_reason "abort".
+  // NOT_FOUND when unknown. The abort is reported by the next Step() as FinishReason::kAbort.
   absl::Status Abort(const std::string& id);
-  // Prefill role: a request is handed out after its first token (finish_reason "prefill_done")
+  // Prefill role: a request is handed out after its first token (FinishReason::kPrefillDone)
   // with its KV blocks kept for the transfer; Release() returns them. Decode role: Reserve()
   // blocks for arriving KV, then AdmitPrefilled() the request (prompt + first token).
   // Release() also drops a reservation that was never admitted (failed or cancelled transfer).

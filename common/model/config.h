@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem {
 

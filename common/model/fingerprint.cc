@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
-#include "common/model/safetensors.h"
+#include "common/tensor/safetensors.h"
 
 namespace tandem {
 namespace {

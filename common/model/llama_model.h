@@ -19,7 +19,7 @@
 #include "common/backend/backend.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/model/config.h"
-#include "common/model/safetensors.h"
+#include "common/tensor/safetensors.h"
 
 namespace tandem {
 

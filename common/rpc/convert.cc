@@ -83,10 +83,14 @@ void AppendPromptLogprobs(const std::vector<std::optional<LogprobEntry>>& entrie
   }
 }
 
-v1::FinishReason FinishReasonFromString(const std::string& reason) {
-  if (reason == "stop") return v1::FINISH_REASON_STOP;
-  if (reason == "length") return v1::FINISH_REASON_LENGTH;
-  if (reason == "abort") return v1::FINISH_REASON_ABORT;
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kAbort: return v1::FINISH_REASON_ABORT;
+    case FinishReason::kNone:
+    case FinishReason::kPrefillDone: break;  // not a finish of the public API
+  }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sampling/finish_reason.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
 #include "tandem/v1/generation.pb.h"
@@ -30,8 +31,9 @@ void AppendPromptLogprobs(const std::vector<std::optional<LogprobEntry>>& entrie
                           const std::vector<int32_t>& prompt,
                           google::protobuf::RepeatedPtrField<v1::PositionLogprobs>* out);
 
-// "stop", "length", "abort" → the proto enum.
-v1::FinishReason FinishReasonFromString(const std::string& reason);
+// The public API's finish: stop, length, abort; UNSPECIFIED for kNone and kPrefillDone (no request of
+// the public API ends there).
+v1::FinishReason ToProto(FinishReason reason);
 std::string FinishReasonName(v1::FinishReason reason);
 
 }  // namespace tandem::rpc

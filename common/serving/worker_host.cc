@@ -14,7 +14,7 @@
 #include "common/base/signals.h"
 #include "common/base/status_macros.h"
 #include "common/metrics/metrics.h"
-#include "common/model/dtype_proto.h"
+#include "common/rpc/dtype_proto.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
@@ -223,7 +223,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   info->set_vocab_size(static_cast<int32_t>(config.vocab_size));
   info->set_max_position_embeddings(static_cast<int32_t>(config.max_position_embeddings));
   info->set_weight_dtype(ToProto(config.torch_dtype));
-  if (absl::GetFlag(FLAGS_kv_host_staging)) (*engine)->kv_storage()->ForceStagingForTesting();
+  if (absl::GetFlag(FLAGS_kv_host_staging)) (*engine)->kv_storage()->ForceHostStaging();
   const KvCacheGeometry g = (*engine)->kv_storage()->geometry();
   KvGeometryToProto(g, description.mutable_kv_geometry());
   description.set_total_blocks(g.num_blocks);

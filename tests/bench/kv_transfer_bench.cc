@@ -29,7 +29,7 @@
 #include "common/backend/create_backend.h"
 #include "common/base/command_line.h"
 #include "common/base/subprocess.h"
-#include "common/model/presets.h"
+#include "cli/presets.h"
 #include "common/transport/kv_data_paths.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 

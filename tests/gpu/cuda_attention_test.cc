@@ -20,7 +20,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/cuda/cuda_backend.h"
 #ifdef TANDEM_CUDA_EMULATED
-#include "common/backend/cuda/emu/counters.h"
+#include "tests/support/cuda_emu/counters.h"
 #endif
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"

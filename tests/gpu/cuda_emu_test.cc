@@ -1,7 +1,7 @@
-// The CUDA emulator itself (common/backend/cuda/emu): kernels written as for the device, held to what
+// The CUDA emulator itself (tests/support/cuda_emu): kernels written as for the device, held to what
 // the CUDA programming guide says they compute, and to the launches and captures the device refuses.
 // The backend's own kernels are tested on the emulator by cuda_backend_emu_test.
-#include "common/backend/cuda/emu/cuda_emu.h"
+#include "tests/support/cuda_emu/cuda_emu.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/backend/cuda/emu/async_work.h"
+#include "tests/support/cuda_emu/async_work.h"
 
 #include "common/backend/cuda/launch.cuh"
 #include "gtest/gtest.h"

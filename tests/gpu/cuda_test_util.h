@@ -27,7 +27,7 @@
 namespace tandem::cuda_test {
 
 
-// Built against the CUDA emulator (common/backend/cuda/emu, ctest emu.*): the same tests on the CPU,
+// Built against the CUDA emulator (tests/support/cuda_emu, ctest emu.*): the same tests on the CPU,
 // where the two costliest sweeps (prompt attention's configurations, the decode script's prompt
 // lengths) take a sample that still reaches every kernel and every key split.
 #ifdef TANDEM_CUDA_EMULATED

@@ -181,6 +181,50 @@ if p.returncode == 0:
         if alone:
             check(alone["token_ids"] == r["token_ids"], f"{r['id']}: batched {r['token_ids']} != alone {alone['token_ids']}")
             check(alone["text"] == r["text"], f"{r['id']}: text differs")
+# Stop strings in-process (--stop, a batch line's "stop"): the same matcher as the router's. The text
+# ends before the first match, finish_reason is "stop", and the ids are a prefix of the unstopped run's.
+# (On the trained model, whose greedy text is words, not one repeated byte.)
+kjv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "kjv-target")
+prompt = "And God said"
+
+
+def generate_kjv(*extra):
+    p = run("generate", "--model", kjv, "--json", "--prompt", prompt, "--temperature", "0", "--ignore-eos", *extra)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+full = generate_kjv("--max-tokens", "24")
+if full:
+    text = full["text"]
+    stop = next((text[p:p + 2] for p in range(len(text) // 3, len(text) - 2)
+                 if text.find(text[p:p + 2]) == p and text[p:p + 2].isprintable()
+                 and "," not in text[p:p + 2] and "\ufffd" not in text[p:p + 2]), None)
+    check(stop is not None, f"no usable stop string in {text!r}")
+    if stop:
+        cut = generate_kjv("--max-tokens", "24", "--stop", stop)
+        if cut:
+            check(cut["text"] == text[:text.find(stop)], f"--stop {stop!r}: text {cut['text']!r} of {text!r}")
+            check(cut["finish_reason"] == "stop", f"--stop: finish_reason {cut['finish_reason']}")
+            n = len(cut["token_ids"])
+            check(0 < n < len(full["token_ids"]) and cut["token_ids"] == full["token_ids"][:n],
+                  f"--stop: ids {cut['token_ids']} are not a shorter prefix of {full['token_ids']}")
+            stop_batch = os.path.join(WORK, "stop.jsonl")
+            with open(stop_batch, "w") as f:
+                f.write(json.dumps({"id": "s", "prompt": prompt, "max_tokens": 24, "stop": [stop]}) + "\n")
+                f.write(json.dumps({"id": "bad", "prompt": prompt, "max_tokens": 2, "stop": [""]}) + "\n")
+                f.write(json.dumps({"id": "plain", "prompt": prompt, "max_tokens": 24}) + "\n")
+            p = run("generate", "--model", kjv, "--batch-file", stop_batch, "--temperature", "0", "--ignore-eos")
+            if p.returncode == 0:
+                rs = {r["id"]: r for r in map(json.loads, p.stdout.splitlines())}
+                check(rs["s"]["text"] == cut["text"] and rs["s"]["token_ids"] == cut["token_ids"]
+                      and rs["s"]["finish_reason"] == "stop", f"batch line's stop: {rs['s']}")
+                check(rs["bad"]["finish_reason"] == "refused" and "stop[0] is empty" in p.stderr,
+                      f"a batch line with a bad stop is refused by itself: {rs['bad']}, {p.stderr!r}")
+                check(rs["plain"]["text"] == text and rs["plain"]["finish_reason"] == "length",
+                      f"a batch line without stop is not cut: {rs['plain']}")
+p = run("generate", "--model", model, "--prompt", "Hi", "--stop", ",".join(["x"] * 17), expect_rc=2)
+check("--stop" in p.stderr and "at most 16" in p.stderr, f"too many stop strings named: {p.stderr!r}")
+
 bad_batch = os.path.join(WORK, "bad.jsonl")
 with open(bad_batch, "w") as f:
     f.write('{"id": "x"}\n')

@@ -38,19 +38,25 @@ ready = os.path.join(WORK, "ready")
 logs = os.path.join(WORK, "logs")
 port = free_port()
 env = dict(os.environ, TANDEM_NUM_THREADS="1")
+# Its stdout goes to a file, as a script's would: what it prints must be there while it runs (flushed).
+up_out_path = os.path.join(WORK, "up.out")
+up_out = open(up_out_path, "w")
 up = subprocess.Popen([TANDEM, "up", "--model", model, "--port", str(port), "--prefill", "2", "--decode", "1",
-                       "--ready-file", ready, "--log-dir", logs], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True, env=env)
+                       "--ready-file", ready, "--log-dir", logs, "--metrics-port", str(free_port())],
+                      stdout=up_out, stderr=subprocess.PIPE, text=True, env=env)
 deadline = time.time() + 60
 while not os.path.exists(ready) and time.time() < deadline and up.poll() is None:
     time.sleep(0.05)
 if not os.path.exists(ready):
     up.kill()
-    out, err = up.communicate()
-    print(f"tandem up did not get ready:\n{out}\n{err}")
+    _, err = up.communicate()
+    print(f"tandem up did not get ready:\n{open(up_out_path).read()}\n{err}")
     sys.exit(1)
 address = open(ready).read().strip()
 check(address == f"127.0.0.1:{port}", f"ready file holds {address}")
+running_out = open(up_out_path).read()
+check("Tandem cluster serving" in running_out and "Metrics: GET /metrics on ports" in running_out,
+      f"tandem up's stdout, redirected to a file, lacks its endpoints while it runs: {running_out!r}")
 
 
 def generate(*args, server=True):
@@ -97,9 +103,8 @@ check(p.returncode == 2 and "top_p" in p.stderr, f"bad request: exit {p.returnco
 
 up.send_signal(signal.SIGINT)
 try:
-    out, err = up.communicate(timeout=30)
+    _, err = up.communicate(timeout=30)
     check(up.returncode == 0, f"tandem up exited with {up.returncode}: {err}")
-    check("Tandem cluster serving" in out, "tandem up did not print the endpoints")
 except subprocess.TimeoutExpired:
     up.kill()
     failures.append("tandem up did not stop within 30 s of Ctrl-C")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`tandem` with `--device cuda` on the CUDA emulator (common/backend/cuda/emu, loaded as the CUDA
+"""`tandem` with `--device cuda` on the CUDA emulator (tests/support/cuda_emu, loaded as the CUDA
 plugin through TANDEM_CUDA_PLUGIN): the CUDA backend's kernels, CUDA graphs, the memory plan and
 sampling on the device, run end to end on the CPU, against the CPU backend and against themselves.
 

@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine.h"
-#include "common/model/presets.h"
-#include "common/model/random_model.h"
+#include "cli/presets.h"
+#include "cli/random_model.h"
 #include "common/transport/tcp/tcp_kv_transport.h"
 #include "gtest/gtest.h"
 #include "tests/unit/tiny_models.h"
@@ -84,7 +84,7 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
   while (prefill->HasWork()) {
     const std::vector<RequestOutput> outs = prefill->Step().value();
     for (const auto& o : outs) {
-      if (o.finish_reason != "prefill_done") continue;
+      if (o.finish_reason != FinishReason::kPrefillDone) continue;
       const EngineRequest& r = *by_id.at(o.id);
       ASSERT_EQ(o.new_token_ids.size(), 1u);
       ASSERT_TRUE(sender->Begin(r.id, static_cast<int64_t>(r.prompt_token_ids.size())).ok());
@@ -155,7 +155,7 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
   while (prefill->HasWork()) {
     const std::vector<RequestOutput> outs = prefill->Step().value();
     for (const auto& o : outs) {
-      if (o.finish_reason != "prefill_done") continue;
+      if (o.finish_reason != FinishReason::kPrefillDone) continue;
       ASSERT_TRUE(sender->End(o.id, o.new_token_ids[0]).ok());
       ASSERT_TRUE(prefill->Release(o.id).ok());
       got.push_back(receiver->Wait(o.id, absl::Seconds(5)).value());

@@ -10,8 +10,8 @@
 #include <random>
 
 #include "common/backend/cpu/cpu_backend.h"
-#include "common/model/presets.h"
-#include "common/model/random_model.h"
+#include "cli/presets.h"
+#include "cli/random_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/base/argmax.h"
@@ -563,7 +563,7 @@ TEST_P(EngineTest, AbortInEveryPhaseReturnsEveryBlock) {
   EXPECT_EQ(e->Abort("decoding").code(), absl::StatusCode::kNotFound);
   auto outs = e->Step().value();
   int aborted = 0;
-  for (const auto& o : outs) aborted += o.finish_reason == "abort";
+  for (const auto& o : outs) aborted += o.finish_reason == FinishReason::kAbort;
   EXPECT_EQ(aborted, 3);
   EXPECT_EQ(e->stats().free_blocks, baseline);
   EXPECT_FALSE(e->HasWork());
@@ -637,7 +637,7 @@ TEST_P(EngineTest, PrefillAndDecodeRoles) {
   std::map<std::string, std::vector<RequestOutput>> outs;
   const auto first = RunAll(prefill.get(), &outs).at("r");
   ASSERT_EQ(first.size(), 1u);
-  EXPECT_EQ(outs["r"].back().finish_reason, "prefill_done");
+  EXPECT_EQ(outs["r"].back().finish_reason, FinishReason::kPrefillDone);
   EXPECT_EQ(prefill->stats().free_blocks, 64 - 6);  // 21 prompt tokens in 6 blocks, kept
   ASSERT_TRUE(prefill->Release("r").ok());
   EXPECT_EQ(prefill->stats().free_blocks, 64);
@@ -677,7 +677,7 @@ TEST_P(EngineTest, DecodeRoleReleasesReservationsAndEndsAtAFinalFirstToken) {
   std::vector<RequestOutput> outs = decode->Step().value();
   ASSERT_EQ(outs.size(), 1u);
   EXPECT_TRUE(outs[0].finished);
-  EXPECT_EQ(outs[0].finish_reason, "length");
+  EXPECT_EQ(outs[0].finish_reason, FinishReason::kLength);
   EXPECT_TRUE(outs[0].new_token_ids.empty());
   // A first token that is a stop token ends the request the same way.
   r.id = "stop";
@@ -687,7 +687,7 @@ TEST_P(EngineTest, DecodeRoleReleasesReservationsAndEndsAtAFinalFirstToken) {
   ASSERT_TRUE(decode->AdmitPrefilled(r, 3).ok());
   outs = decode->Step().value();
   ASSERT_EQ(outs.size(), 1u);
-  EXPECT_EQ(outs[0].finish_reason, "stop");
+  EXPECT_EQ(outs[0].finish_reason, FinishReason::kStop);
   EXPECT_EQ(decode->stats().free_blocks, 16);
 }
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/model/random_model.h"
+#include "cli/random_model.h"
 #include "common/tokenizer/byte_level.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"

@@ -13,8 +13,8 @@
 #include <random>
 
 #include "common/backend/cpu/cpu_backend.h"
-#include "common/model/presets.h"
-#include "common/model/random_model.h"
+#include "cli/presets.h"
+#include "cli/random_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/tiny_models.h"

@@ -63,10 +63,12 @@ TEST(RpcConvertTest, LogprobsAndFinishReasons) {
   EXPECT_EQ(r.rank, 2);
   ASSERT_EQ(r.top.size(), 2u);
   EXPECT_EQ(r.top[1].token_id, 1);
-  for (const std::string reason : {"stop", "length", "abort"}) {
-    EXPECT_EQ(FinishReasonName(FinishReasonFromString(reason)), reason);
+  for (const FinishReason reason : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
+    EXPECT_EQ(FinishReasonName(ToProto(reason)), tandem::FinishReasonName(reason));
   }
-  EXPECT_EQ(FinishReasonFromString("prefill_done"), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_EQ(FinishReasonName(ToProto(FinishReason::kStop)), "stop");
+  EXPECT_EQ(ToProto(FinishReason::kPrefillDone), v1::FINISH_REASON_UNSPECIFIED);
+  EXPECT_EQ(ToProto(FinishReason::kNone), v1::FINISH_REASON_UNSPECIFIED);
 }
 
 TEST(RpcStatusTest, CodesAndMessagesMapBothWays) {

@@ -1,4 +1,4 @@
-#include "common/model/safetensors.h"
+#include "common/tensor/safetensors.h"
 
 #include <unistd.h>
 

@@ -1,11 +1,11 @@
-#include "router/stop_strings.h"
+#include "common/tokenizer/stop_strings.h"
 
 #include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace tandem::router {
+namespace tandem {
 namespace {
 
 // Feeds `deltas` and returns (emitted text, matched stop or "").
@@ -77,4 +77,4 @@ TEST(StopStringsTest, Validation) {
 }
 
 }  // namespace
-}  // namespace tandem::router
+}  // namespace tandem

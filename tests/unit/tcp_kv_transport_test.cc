@@ -47,8 +47,8 @@ class TransportFixture : public ::testing::Test {
     src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     if (mode() == Mode::kStaged) {
-      src_->ForceStagingForTesting();
-      dst_->ForceStagingForTesting();
+      src_->ForceHostStaging();
+      dst_->ForceHostStaging();
     }
     // Random nonzero bytes in the source, zeros in the destination: blocks compare byte for byte.
     std::mt19937 rng(1);

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <string>
 
-#include "common/model/presets.h"
-#include "common/model/random_model.h"
+#include "cli/presets.h"
+#include "cli/random_model.h"
 #include "gtest/gtest.h"
 
 namespace tandem::testing_util {

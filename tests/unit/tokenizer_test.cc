@@ -2,7 +2,7 @@
 // with the reference implementation on real tokenizers is tests/conformance/tokenizer.
 #include "common/tokenizer/tokenizer.h"
 
-#include "common/model/random_model.h"
+#include "cli/random_model.h"
 
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/unicode.h"

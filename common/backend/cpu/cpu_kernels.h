@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem::cpu {
 

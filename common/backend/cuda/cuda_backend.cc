@@ -16,7 +16,7 @@
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/base/status_macros.h"
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem {
 namespace {

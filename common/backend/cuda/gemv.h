@@ -16,7 +16,7 @@
 
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/paged_attention.h"
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem::cuda {
 

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem::cuda {
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem::cuda {
 

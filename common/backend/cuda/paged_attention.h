@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "common/backend/cuda/kernels.h"
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem::cuda {
 

@@ -21,7 +21,7 @@
 #include "common/base/logging.h"
 #include "common/base/socket_io.h"
 #include "common/base/status_macros.h"
-#include "common/model/dtype_proto.h"
+#include "common/rpc/dtype_proto.h"
 #include "tandem/v1/kv_transfer.pb.h"
 
 namespace tandem {

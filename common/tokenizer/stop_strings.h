@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 
-namespace tandem::router {
+namespace tandem {
 
 class StopStringMatcher {
  public:
@@ -39,4 +39,4 @@ class StopStringMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace tandem::router
+}  // namespace tandem

@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "common/backend/cuda/emu/counters.h"
-#include "common/backend/cuda/emu/cuda_emu.h"
-#include "common/backend/cuda/emu/runtime_internal.h"
+#include "tests/support/cuda_emu/counters.h"
+#include "tests/support/cuda_emu/cuda_emu.h"
+#include "tests/support/cuda_emu/runtime_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

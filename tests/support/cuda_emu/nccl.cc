@@ -38,7 +38,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/backend/cuda/emu/async_work.h"
+#include "tests/support/cuda_emu/async_work.h"
 #include "common/base/socket_io.h"
 
 namespace {

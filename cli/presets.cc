@@ -1,4 +1,4 @@
-#include "common/model/presets.h"
+#include "cli/presets.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -22,9 +22,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/backend/cuda/emu/async_work.h"
-#include "common/backend/cuda/emu/cuda_emu.h"
-#include "common/backend/cuda/emu/runtime_internal.h"
+#include "tests/support/cuda_emu/async_work.h"
+#include "tests/support/cuda_emu/cuda_emu.h"
+#include "tests/support/cuda_emu/runtime_internal.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>

@@ -1,4 +1,4 @@
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 #include <cctype>
 #include <cmath>

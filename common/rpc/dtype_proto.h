@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 #include "tandem/v1/model.pb.h"
 
 namespace tandem {

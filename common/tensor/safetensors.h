@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/dtype.h"
+#include "common/tensor/dtype.h"
 
 namespace tandem {
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "common/backend/cuda/emu/cuda_emu.h"
-#include "common/backend/cuda/emu/runtime_internal.h"
+#include "tests/support/cuda_emu/cuda_emu.h"
+#include "tests/support/cuda_emu/runtime_internal.h"
 
 using tandem_emu::Enqueue;
 

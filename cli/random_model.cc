@@ -1,4 +1,4 @@
-#include "common/model/random_model.h"
+#include "cli/random_model.h"
 
 #include <cmath>
 #include <filesystem>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
-#include "common/model/safetensors.h"
+#include "common/tensor/safetensors.h"
 #include "common/tokenizer/byte_level.h"
 #include "nlohmann/json.hpp"
 

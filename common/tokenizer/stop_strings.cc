@@ -1,11 +1,11 @@
-#include "router/stop_strings.h"
+#include "common/tokenizer/stop_strings.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/unicode.h"
 
-namespace tandem::router {
+namespace tandem {
 
 absl::Status StopStringMatcher::Validate(const std::vector<std::string>& stops) {
   if (stops.size() > kMaxStopStrings) {
@@ -68,4 +68,4 @@ std::string StopStringMatcher::Finish() {
   return rest;
 }
 
-}  // namespace tandem::router
+}  // namespace tandem

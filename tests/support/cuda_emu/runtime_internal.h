@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/backend/cuda/emu/async_work.h"
-#include "common/backend/cuda/emu/counters.h"
+#include "tests/support/cuda_emu/async_work.h"
+#include "tests/support/cuda_emu/counters.h"
 
 // The opaque handles of the runtime and cuBLAS.
 struct CUstream_st {
