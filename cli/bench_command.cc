@@ -33,25 +33,36 @@
 #include "tandem/v1/generation.grpc.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, server);
-ABSL_FLAG(int32_t, concurrency, 0, "bench: requests in flight at once (closed loop); 0 with --request-rate = open loop");
-ABSL_FLAG(double, request_rate, 0, "bench: requests per second (open loop; 0 = closed loop at --concurrency)");
-ABSL_FLAG(double, burstiness, 1.0, "bench: gamma shape of inter-arrival times (1 = Poisson; < 1 burstier)");
+ABSL_FLAG(int32_t, concurrency, 0,
+          "bench: requests in flight at once (closed loop); 0 with --request-rate = open loop");
+ABSL_FLAG(double, request_rate, 0,
+          "bench: requests per second (open loop; 0 = closed loop at --concurrency)");
+ABSL_FLAG(double, burstiness, 1.0,
+          "bench: gamma shape of inter-arrival times (1 = Poisson; < 1 burstier)");
 ABSL_FLAG(int32_t, num_requests, 100, "bench: requests to send (ignored with --duration-s)");
 ABSL_FLAG(double, duration_s, 0, "bench: send requests for this long instead of --num-requests");
 ABSL_FLAG(std::string, workload, "random", "bench: random | shared-prefix | multi-turn | jsonl");
 ABSL_FLAG(int32_t, input_len, 128, "bench: prompt tokens (random, multi-turn first turn)");
 ABSL_FLAG(int32_t, output_len, 64, "bench: output tokens (EOS ignored, so the length is exact)");
-ABSL_FLAG(double, range_ratio, 0.0, "bench: lengths drawn uniformly from [len × (1 - r), len × (1 + r)]");
+ABSL_FLAG(double, range_ratio, 0.0,
+          "bench: lengths drawn uniformly from [len × (1 - r), len × (1 + r)]");
 ABSL_FLAG(int32_t, prefix_groups, 4, "bench shared-prefix: distinct shared prefixes");
 ABSL_FLAG(int32_t, prefix_len, 256, "bench shared-prefix: tokens of each shared prefix");
-ABSL_FLAG(int32_t, turns, 4, "bench multi-turn: turns per conversation (each turn adds the reply and --input-len tokens)");
-ABSL_FLAG(std::string, dataset, "", "bench jsonl: one {\"prompt\": ...} or {\"token_ids\": [...]} per line, optional \"max_tokens\"");
+ABSL_FLAG(
+    int32_t, turns, 4,
+    "bench multi-turn: turns per conversation (each turn adds the reply and --input-len tokens)");
+ABSL_FLAG(std::string, dataset, "",
+          "bench jsonl: one {\"prompt\": ...} or {\"token_ids\": [...]} per line, optional "
+          "\"max_tokens\"");
 ABSL_FLAG(double, slo_ttft_ms, 0, "bench: goodput SLO on TTFT (0 = none)");
 ABSL_FLAG(double, slo_tpot_ms, 0, "bench: goodput SLO on time per output token (0 = none)");
 ABSL_FLAG(double, slo_e2e_ms, 0, "bench: goodput SLO on end-to-end latency (0 = none)");
-ABSL_FLAG(std::string, json_out, "", "bench: write the full result (with every request) to this file");
-ABSL_FLAG(std::string, sweep_concurrency, "", "bench: closed-loop levels, e.g. 1,4,16,64 (one result each, and a chart)");
-ABSL_FLAG(std::string, chart, "", "bench --sweep-concurrency: the SVG chart's path (default: bench-sweep.svg)");
+ABSL_FLAG(std::string, json_out, "",
+          "bench: write the full result (with every request) to this file");
+ABSL_FLAG(std::string, sweep_concurrency, "",
+          "bench: closed-loop levels, e.g. 1,4,16,64 (one result each, and a chart)");
+ABSL_FLAG(std::string, chart, "",
+          "bench --sweep-concurrency: the SVG chart's path (default: bench-sweep.svg)");
 ABSL_FLAG(uint64_t, bench_seed, 0, "bench: seed of the workload and arrival times");
 ABSL_FLAG(double, bench_temperature, 0, "bench: every request's sampling temperature (0 = greedy)");
 ABSL_FLAG(double, bench_top_p, 1, "bench: every request's top_p in (0, 1] (1 = off)");
@@ -86,7 +97,8 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 json Stats(const std::vector<double>& v) {
-  const double mean = v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  const double mean =
+      v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
   return {{"mean_ms", mean * 1e3},
           {"p50_ms", Percentile(v, 50) * 1e3},
           {"p90_ms", Percentile(v, 90) * 1e3},
@@ -101,11 +113,13 @@ class Workload {
     const std::string kind = absl::GetFlag(FLAGS_workload);
     if (kind == "jsonl") return ReadJsonl(absl::GetFlag(FLAGS_dataset));
     if (kind == "random") {
-      for (int i = 0; i < n; ++i) prompts_.push_back({RandomIds(Len(absl::GetFlag(FLAGS_input_len))), "", OutLen()});
+      for (int i = 0; i < n; ++i)
+        prompts_.push_back({RandomIds(Len(absl::GetFlag(FLAGS_input_len))), "", OutLen()});
     } else if (kind == "shared-prefix") {
       const int groups = std::max(1, absl::GetFlag(FLAGS_prefix_groups));
       std::vector<std::vector<int32_t>> prefixes;
-      for (int g = 0; g < groups; ++g) prefixes.push_back(RandomIds(absl::GetFlag(FLAGS_prefix_len)));
+      for (int g = 0; g < groups; ++g)
+        prefixes.push_back(RandomIds(absl::GetFlag(FLAGS_prefix_len)));
       for (int i = 0; i < n; ++i) {
         Prompt p{prefixes[i % groups], "", OutLen()};
         const std::vector<int32_t> suffix = RandomIds(Len(absl::GetFlag(FLAGS_input_len)));
@@ -120,7 +134,8 @@ class Workload {
         prompts_.push_back(std::move(p));
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("--workload '", kind, "': random, shared-prefix, multi-turn or jsonl"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--workload '", kind, "': random, shared-prefix, multi-turn or jsonl"));
     }
     return absl::OkStatus();
   }
@@ -134,7 +149,8 @@ class Workload {
  private:
   int Len(int base) {
     const double r = std::clamp(absl::GetFlag(FLAGS_range_ratio), 0.0, 1.0);
-    std::uniform_int_distribution<int> d(std::max(1, static_cast<int>(base * (1 - r))), std::max(1, static_cast<int>(base * (1 + r))));
+    std::uniform_int_distribution<int> d(std::max(1, static_cast<int>(base * (1 - r))),
+                                         std::max(1, static_cast<int>(base * (1 + r))));
     return d(rng_);
   }
   int32_t OutLen() { return Len(absl::GetFlag(FLAGS_output_len)); }
@@ -145,7 +161,8 @@ class Workload {
     for (int n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       json j = json::parse(line, nullptr, false);
-      if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": not a JSON object"));
+      if (!j.is_object())
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": not a JSON object"));
       Prompt p;
       p.max_tokens = j.value("max_tokens", absl::GetFlag(FLAGS_output_len));
       if (j.contains("prompt") && j["prompt"].is_string()) {
@@ -154,10 +171,12 @@ class Workload {
         try {
           p.ids = j["token_ids"].get<std::vector<int32_t>>();
         } catch (const json::exception&) {
-          return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": token_ids must be integers"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ":", n, ": token_ids must be integers"));
         }
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": needs \"prompt\" or \"token_ids\""));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", n, ": needs \"prompt\" or \"token_ids\""));
       }
       prompts_.push_back(std::move(p));
     }
@@ -171,7 +190,8 @@ class Workload {
 };
 
 // Streams one request and measures it. `reply` (multi-turn) receives the generated ids.
-Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0, std::vector<int32_t>* reply) {
+Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
+              std::vector<int32_t>* reply) {
   Sample s;
   v1::GenerateRequest g;
   if (!p.ids.empty()) {
@@ -203,7 +223,8 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
       }
       s.output_tokens += n;
       last = now;
-      if (reply != nullptr) reply->insert(reply->end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
+      if (reply != nullptr)
+        reply->insert(reply->end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
     } else if (m.has_final()) {
       s.input_tokens = m.final().usage().prompt_tokens();
     }
@@ -211,7 +232,8 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
   const grpc::Status status = reader->Finish();
   s.e2e = std::chrono::duration<double>(Clock::now() - start).count();
   s.ok = status.ok();
-  if (!s.ok) s.error = absl::StrCat(static_cast<int>(status.error_code()), ": ", status.error_message());
+  if (!s.ok)
+    s.error = absl::StrCat(static_cast<int>(status.error_code()), ": ", status.error_message());
   return s;
 }
 
@@ -225,14 +247,16 @@ void ShowProgress(const Progress& p, double elapsed, bool final_line) {
   const int done = p.done.load();
   const int width = 30;
   const int filled = p.total > 0 ? std::min(width, done * width / std::max(1, p.total)) : 0;
-  std::fprintf(stderr, "%s[%s%s] %d/%d requests, %d failed, %.1f s, %.2f req/s%s", p.tty ? "\r" : "",
-               std::string(filled, '#').c_str(), std::string(width - filled, ' ').c_str(), done, p.total,
-               p.failed.load(), elapsed, done / std::max(elapsed, 1e-9), final_line || !p.tty ? "\n" : "");
+  std::fprintf(stderr, "%s[%s%s] %d/%d requests, %d failed, %.1f s, %.2f req/s%s",
+               p.tty ? "\r" : "", std::string(filled, '#').c_str(),
+               std::string(width - filled, ' ').c_str(), done, p.total, p.failed.load(), elapsed,
+               done / std::max(elapsed, 1e-9), final_line || !p.tty ? "\n" : "");
   std::fflush(stderr);
 }
 
 // Runs the workload once at `concurrency` (closed loop) or `rate` (open loop).
-json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concurrency, double rate) {
+json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concurrency,
+              double rate) {
   const double duration = absl::GetFlag(FLAGS_duration_s);
   const bool multi_turn = absl::GetFlag(FLAGS_workload) == "multi-turn";
   std::vector<Sample> samples;
@@ -251,13 +275,15 @@ json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concu
   std::thread ticker([&] {
     while (!stop) {
       ShowProgress(progress, elapsed(), false);
-      for (int i = 0; i < (progress.tty ? 2 : 20) && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < (progress.tty ? 2 : 20) && !stop; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });
   // Multi-turn: a conversation's turns run in order, each prompt extended by the history.
   std::vector<std::vector<size_t>> units;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    if (multi_turn && !units.empty() && prompts[units.back().front()].conversation == prompts[i].conversation) {
+    if (multi_turn && !units.empty() &&
+        prompts[units.back().front()].conversation == prompts[i].conversation) {
       units.back().push_back(i);
     } else {
       units.push_back({i});
@@ -293,7 +319,8 @@ json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concu
     double at = 0;
     for (const auto& unit : units) {
       if (duration > 0 && at > duration) break;
-      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)));
+      std::this_thread::sleep_until(
+          t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(at)));
       threads.emplace_back([&, unit] { run_unit(unit); });
       at += gap(rng);
     }
@@ -309,12 +336,18 @@ json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concu
   int completed = 0, failed = 0, good = 0;
   int64_t input = 0, output = 0;
   std::vector<std::string> errors;
-  const double slo_ttft = absl::GetFlag(FLAGS_slo_ttft_ms) / 1e3, slo_tpot = absl::GetFlag(FLAGS_slo_tpot_ms) / 1e3,
+  const double slo_ttft = absl::GetFlag(FLAGS_slo_ttft_ms) / 1e3,
+               slo_tpot = absl::GetFlag(FLAGS_slo_tpot_ms) / 1e3,
                slo_e2e = absl::GetFlag(FLAGS_slo_e2e_ms) / 1e3;
   json requests = json::array();
   for (const Sample& s : samples) {
-    requests.push_back({{"ok", s.ok}, {"error", s.error}, {"start_s", s.start}, {"input_tokens", s.input_tokens},
-                        {"output_tokens", s.output_tokens}, {"ttft_s", s.ttft}, {"e2e_s", s.e2e}});
+    requests.push_back({{"ok", s.ok},
+                        {"error", s.error},
+                        {"start_s", s.start},
+                        {"input_tokens", s.input_tokens},
+                        {"output_tokens", s.output_tokens},
+                        {"ttft_s", s.ttft},
+                        {"e2e_s", s.e2e}});
     if (!s.ok) {
       ++failed;
       if (errors.size() < 5) errors.push_back(s.error);
@@ -359,8 +392,8 @@ void PrintTable(const json& r) {
   std::printf("============ Tandem benchmark ============\n");
   std::printf("%-34s %s\n", "Workload:", r["workload"].get<std::string>().c_str());
   if (r["request_rate"].get<double>() > 0) {
-    std::printf("%-34s %.2f req/s (burstiness %.2f)\n", "Request rate:", r["request_rate"].get<double>(),
-                r["burstiness"].get<double>());
+    std::printf("%-34s %.2f req/s (burstiness %.2f)\n",
+                "Request rate:", r["request_rate"].get<double>(), r["burstiness"].get<double>());
   } else {
     std::printf("%-34s %d\n", "Concurrency:", r["concurrency"].get<int>());
   }
@@ -369,15 +402,19 @@ void PrintTable(const json& r) {
   std::printf("%-34s %.2f\n", "Benchmark duration (s):", r["duration_s"].get<double>());
   std::printf("%-34s %.2f\n", "Request throughput (req/s):", r["request_throughput"].get<double>());
   std::printf("%-34s %.2f\n", "Goodput (req/s):", r["goodput"].get<double>());
-  std::printf("%-34s %.2f\n", "Input token throughput (tok/s):", r["input_token_throughput"].get<double>());
-  std::printf("%-34s %.2f\n", "Output token throughput (tok/s):", r["output_token_throughput"].get<double>());
-  std::printf("%-34s %.2f\n", "Total token throughput (tok/s):", r["total_token_throughput"].get<double>());
+  std::printf("%-34s %.2f\n",
+              "Input token throughput (tok/s):", r["input_token_throughput"].get<double>());
+  std::printf("%-34s %.2f\n",
+              "Output token throughput (tok/s):", r["output_token_throughput"].get<double>());
+  std::printf("%-34s %.2f\n",
+              "Total token throughput (tok/s):", r["total_token_throughput"].get<double>());
   for (const char* k : {"ttft", "tpot", "itl", "e2e"}) {
     const json& s = r[k];
     std::string name = k;
     for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    std::printf("%-8s (ms)  mean %9.2f   P50 %9.2f   P90 %9.2f   P99 %9.2f\n", name.c_str(), s["mean_ms"].get<double>(),
-                s["p50_ms"].get<double>(), s["p90_ms"].get<double>(), s["p99_ms"].get<double>());
+    std::printf("%-8s (ms)  mean %9.2f   P50 %9.2f   P90 %9.2f   P99 %9.2f\n", name.c_str(),
+                s["mean_ms"].get<double>(), s["p50_ms"].get<double>(), s["p90_ms"].get<double>(),
+                s["p99_ms"].get<double>());
   }
   for (const auto& e : r["errors"]) std::printf("error: %s\n", e.get<std::string>().c_str());
   std::fflush(stdout);
@@ -396,24 +433,34 @@ std::string SweepChart(const std::vector<json>& levels) {
   auto X = [&](double v) { return left + v / max_x * (W - left - right); };
   auto Y = [&](double v) { return H - bottom - v / max_y * (H - top - bottom); };
   std::string svg = absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+      "font-family=\"sans-serif\" "
       "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Tandem: latency vs output throughput (labels: concurrency)</text>\n",
+      "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Tandem: latency vs output throughput (labels: "
+      "concurrency)</text>\n",
       W, H, left);
-  absl::StrAppendFormat(&svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", left, H - bottom,
-                        W - right, H - bottom);
-  absl::StrAppendFormat(&svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", left, top, left,
-                        H - bottom);
+  absl::StrAppendFormat(
+      &svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", left,
+      H - bottom, W - right, H - bottom);
+  absl::StrAppendFormat(
+      &svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", left, top,
+      left, H - bottom);
   for (int i = 0; i <= 5; ++i) {
     const double xv = max_x * i / 5, yv = max_y * i / 5;
-    absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", X(xv), H - bottom + 18, xv);
-    absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.0f</text>\n", left - 6, Y(yv) + 4, yv);
-    absl::StrAppendFormat(&svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#eee\"/>\n", left, Y(yv),
-                          W - right, Y(yv));
+    absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n",
+                          X(xv), H - bottom + 18, xv);
+    absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.0f</text>\n",
+                          left - 6, Y(yv) + 4, yv);
+    absl::StrAppendFormat(
+        &svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#eee\"/>\n", left,
+        Y(yv), W - right, Y(yv));
   }
-  absl::StrAppendFormat(&svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">output tokens/s</text>\n",
-                        (left + W - right) / 2, H - 20);
-  absl::StrAppendFormat(&svg, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">latency (ms)</text>\n",
+  absl::StrAppendFormat(
+      &svg, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">output tokens/s</text>\n",
+      (left + W - right) / 2, H - 20);
+  absl::StrAppendFormat(&svg,
+                        "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" "
+                        "text-anchor=\"middle\">latency (ms)</text>\n",
                         (top + H - bottom) / 2, (top + H - bottom) / 2);
   const struct {
     const char* metric;
@@ -428,25 +475,31 @@ std::string SweepChart(const std::vector<json>& levels) {
   for (const auto& s : series) {
     std::string points;
     for (const json& r : levels) {
-      absl::StrAppendFormat(&points, "%.1f,%.1f ", X(r["output_token_throughput"].get<double>()), Y(r[s.metric][s.pct].get<double>()));
+      absl::StrAppendFormat(&points, "%.1f,%.1f ", X(r["output_token_throughput"].get<double>()),
+                            Y(r[s.metric][s.pct].get<double>()));
     }
-    absl::StrAppendFormat(&svg, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" stroke-dasharray=\"%s\" points=\"%s\"/>\n",
+    absl::StrAppendFormat(&svg,
+                          "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
+                          "stroke-dasharray=\"%s\" points=\"%s\"/>\n",
                           s.color, s.dash, points);
     for (const json& r : levels) {
-      const double x = X(r["output_token_throughput"].get<double>()), y = Y(r[s.metric][s.pct].get<double>());
-      absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x, y, s.color);
+      const double x = X(r["output_token_throughput"].get<double>()),
+                   y = Y(r[s.metric][s.pct].get<double>());
+      absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", x, y,
+                            s.color);
       if (std::string(s.pct) == "p99_ms") {
-        absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%d</text>\n", x + 5, y - 5,
-                              r["concurrency"].get<int>());
+        absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%d</text>\n",
+                              x + 5, y - 5, r["concurrency"].get<int>());
       }
     }
     std::string label = absl::StrCat(s.metric, " ", std::string(s.pct).substr(0, 3));
     for (auto& c : label) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    absl::StrAppendFormat(&svg,
-                          "<line x1=\"%.0f\" y1=\"%d\" x2=\"%.0f\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\" "
-                          "stroke-dasharray=\"%s\"/><text x=\"%.0f\" y=\"%d\">%s</text>\n",
-                          left + 20, 55 + legend * 16, left + 50, 55 + legend * 16, s.color, s.dash, left + 56,
-                          59 + legend * 16, label);
+    absl::StrAppendFormat(
+        &svg,
+        "<line x1=\"%.0f\" y1=\"%d\" x2=\"%.0f\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\" "
+        "stroke-dasharray=\"%s\"/><text x=\"%.0f\" y=\"%d\">%s</text>\n",
+        left + 20, 55 + legend * 16, left + 50, 55 + legend * 16, s.color, s.dash, left + 56,
+        59 + legend * 16, label);
     ++legend;
   }
   svg += "</svg>\n";
@@ -462,28 +515,35 @@ int Fail(const absl::Status& s) {
 
 int BenchCommand() {
   const std::string server = absl::GetFlag(FLAGS_server);
-  if (server.empty()) return Fail(absl::InvalidArgumentError("--server HOST:PORT (a Tandem router) is required"));
+  if (server.empty())
+    return Fail(absl::InvalidArgumentError("--server HOST:PORT (a Tandem router) is required"));
   const double rate = absl::GetFlag(FLAGS_request_rate);
   std::vector<int> levels;
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep_concurrency), ',', absl::SkipWhitespace())) {
+  for (absl::string_view c :
+       absl::StrSplit(absl::GetFlag(FLAGS_sweep_concurrency), ',', absl::SkipWhitespace())) {
     int v;
     if (!absl::SimpleAtoi(c, &v) || v <= 0) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--sweep-concurrency: '", c, "' is not a positive integer")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--sweep-concurrency: '", c, "' is not a positive integer")));
     }
     levels.push_back(v);
   }
   if (!(absl::GetFlag(FLAGS_bench_temperature) >= 0) || !(absl::GetFlag(FLAGS_bench_top_p) > 0) ||
       !(absl::GetFlag(FLAGS_bench_top_p) <= 1)) {
-    return Fail(absl::InvalidArgumentError("--bench-temperature must be >= 0 and --bench-top-p in (0, 1]"));
+    return Fail(
+        absl::InvalidArgumentError("--bench-temperature must be >= 0 and --bench-top-p in (0, 1]"));
   }
   if (rate < 0 || absl::GetFlag(FLAGS_burstiness) <= 0) {
     return Fail(absl::InvalidArgumentError("--request-rate must be >= 0 and --burstiness > 0"));
   }
   if (levels.empty() && rate == 0 && absl::GetFlag(FLAGS_concurrency) <= 0) {
-    return Fail(absl::InvalidArgumentError("give --concurrency N, --request-rate R or --sweep-concurrency 1,4,16"));
+    return Fail(absl::InvalidArgumentError(
+        "give --concurrency N, --request-rate R or --sweep-concurrency 1,4,16"));
   }
-  if (absl::GetFlag(FLAGS_num_requests) <= 0 || absl::GetFlag(FLAGS_input_len) <= 0 || absl::GetFlag(FLAGS_output_len) <= 0) {
-    return Fail(absl::InvalidArgumentError("--num-requests, --input-len and --output-len must be positive"));
+  if (absl::GetFlag(FLAGS_num_requests) <= 0 || absl::GetFlag(FLAGS_input_len) <= 0 ||
+      absl::GetFlag(FLAGS_output_len) <= 0) {
+    return Fail(absl::InvalidArgumentError(
+        "--num-requests, --input-len and --output-len must be positive"));
   }
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
@@ -495,7 +555,8 @@ int BenchCommand() {
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(10));
     grpc::Status s = stub->ListModels(&ctx, v1::ListModelsRequest(), &models);
-    if (!s.ok() || models.models_size() == 0) return Fail(absl::UnavailableError("ListModels failed: " + s.error_message()));
+    if (!s.ok() || models.models_size() == 0)
+      return Fail(absl::UnavailableError("ListModels failed: " + s.error_message()));
   }
   const int64_t vocab = models.models(0).vocab_size();
   // Enough requests for --duration-s at a generous rate; the loop stops at the deadline.
@@ -503,13 +564,15 @@ int BenchCommand() {
   if (absl::GetFlag(FLAGS_duration_s) > 0) n = std::max(n, 100000);
   Workload workload(vocab, absl::GetFlag(FLAGS_bench_seed));
   if (absl::Status s = workload.Build(n); !s.ok()) return Fail(s);
-  std::fprintf(stderr, "tandem bench: %s, model %s (vocabulary %lld), %zu requests prepared\n", server.c_str(),
-               models.models(0).name().c_str(), static_cast<long long>(vocab), workload.prompts().size());
+  std::fprintf(stderr, "tandem bench: %s, model %s (vocabulary %lld), %zu requests prepared\n",
+               server.c_str(), models.models(0).name().c_str(), static_cast<long long>(vocab),
+               workload.prompts().size());
 
   if (levels.empty()) {
     json r = RunLevel(stub.get(), workload.prompts(), absl::GetFlag(FLAGS_concurrency), rate);
     PrintTable(r);
-    if (!absl::GetFlag(FLAGS_json_out).empty()) std::ofstream(absl::GetFlag(FLAGS_json_out)) << r.dump(2) << "\n";
+    if (!absl::GetFlag(FLAGS_json_out).empty())
+      std::ofstream(absl::GetFlag(FLAGS_json_out)) << r.dump(2) << "\n";
     return r["completed"].get<int>() > 0 ? 0 : 1;
   }
   std::vector<json> results;
@@ -518,19 +581,21 @@ int BenchCommand() {
     json r = RunLevel(stub.get(), workload.prompts(), c, 0);
     PrintTable(r);
     if (!absl::GetFlag(FLAGS_json_out).empty()) {
-      std::ofstream(absl::StrCat(absl::GetFlag(FLAGS_json_out), ".c", c, ".json")) << r.dump(2) << "\n";
+      std::ofstream(absl::StrCat(absl::GetFlag(FLAGS_json_out), ".c", c, ".json"))
+          << r.dump(2) << "\n";
     }
     results.push_back(std::move(r));
   }
-  std::printf("\n%-12s %10s %14s %10s %10s %10s %10s\n", "concurrency", "req/s", "output tok/s", "TTFT P50", "TTFT P99",
-              "ITL P50", "ITL P99");
+  std::printf("\n%-12s %10s %14s %10s %10s %10s %10s\n", "concurrency", "req/s", "output tok/s",
+              "TTFT P50", "TTFT P99", "ITL P50", "ITL P99");
   for (const json& r : results) {
     std::printf("%-12d %10.2f %14.1f %10.1f %10.1f %10.2f %10.2f\n", r["concurrency"].get<int>(),
                 r["request_throughput"].get<double>(), r["output_token_throughput"].get<double>(),
-                r["ttft"]["p50_ms"].get<double>(), r["ttft"]["p99_ms"].get<double>(), r["itl"]["p50_ms"].get<double>(),
-                r["itl"]["p99_ms"].get<double>());
+                r["ttft"]["p50_ms"].get<double>(), r["ttft"]["p99_ms"].get<double>(),
+                r["itl"]["p50_ms"].get<double>(), r["itl"]["p99_ms"].get<double>());
   }
-  const std::string chart = absl::GetFlag(FLAGS_chart).empty() ? "bench-sweep.svg" : absl::GetFlag(FLAGS_chart);
+  const std::string chart =
+      absl::GetFlag(FLAGS_chart).empty() ? "bench-sweep.svg" : absl::GetFlag(FLAGS_chart);
   std::ofstream(chart) << SweepChart(results);
   std::printf("chart: %s\n", chart.c_str());
   return 0;

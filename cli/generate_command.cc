@@ -1,9 +1,9 @@
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <map>
 #include <cstdio>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,11 +18,11 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/generate_support.h"
+#include "common/base/status_macros.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/sampling_params.h"
 #include "common/serving/engine_flags.h"
-#include "common/base/status_macros.h"
 #include "common/tokenizer/stop_strings.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -52,17 +52,20 @@ ABSL_FLAG(int32_t, min_tokens, 0,
           "generate: EOS and stop ids cannot end generation before N tokens");
 ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
 ABSL_FLAG(std::vector<std::string>, stop, {},
-          "generate: stop strings, comma-separated: generation ends at the first match, which the text leaves out "
+          "generate: stop strings, comma-separated: generation ends at the first match, which the "
+          "text leaves out "
           "(in-process, and by the router with --server)");
 ABSL_FLAG(std::string, logit_bias, "",
           "generate: comma-separated id:bias pairs added to the logits, bias in [-100, 100]");
-ABSL_FLAG(int32_t, prompt_logprobs, -1, "generate: top-K logprobs for every prompt token (-1 = off)");
+ABSL_FLAG(int32_t, prompt_logprobs, -1,
+          "generate: top-K logprobs for every prompt token (-1 = off)");
 ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated token (-1 = off)");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
-ABSL_FLAG(std::string, batch_file, "",
-          "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": [...]}, "
-          "optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"seed\", "
-          "\"ignore_eos\"; other sampling flags apply to all)");
+ABSL_FLAG(
+    std::string, batch_file, "",
+    "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": [...]}, "
+    "optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"seed\", "
+    "\"ignore_eos\"; other sampling flags apply to all)");
 ABSL_FLAG(bool, json, false, "generate, tokenize, detokenize: print JSON instead of text");
 
 namespace tandem::cli {
@@ -71,7 +74,8 @@ using nlohmann::json;
 
 json EntryToJson(const LogprobEntry& e) {
   json top = json::array();
-  for (const TokenLogprob& t : e.top) top.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
+  for (const TokenLogprob& t : e.top)
+    top.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
   return {{"token_id", e.token_id}, {"logprob", e.logprob}, {"rank", e.rank}, {"top", top}};
 }
 
@@ -130,7 +134,8 @@ namespace {
 absl::StatusOr<EngineOptions> EngineOptionsFromFlags(const ModelConfig& config) {
   ASSIGN_OR_RETURN(EngineOptions o, tandem::EngineOptionsFromFlags());
   // Whole distributions are allowed here: the conformance tests compare them against llama.cpp.
-  o.max_logprobs = static_cast<int32_t>(std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
+  o.max_logprobs = static_cast<int32_t>(
+      std::min<int64_t>(config.vocab_size, std::numeric_limits<int32_t>::max()));
   return o;
 }
 
@@ -171,20 +176,24 @@ absl::StatusOr<std::vector<std::pair<EngineRequest, std::string>>> ReadBatchFile
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", line_no, ": ");
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) return absl::InvalidArgumentError(where + "each line must be a JSON object");
+    if (!j.is_object())
+      return absl::InvalidArgumentError(where + "each line must be a JSON object");
     EngineRequest r;
     r.params = defaults;
-    r.id = j.contains("id") && j["id"].is_string() ? j["id"].get<std::string>() : absl::StrCat("line", line_no);
+    r.id = j.contains("id") && j["id"].is_string() ? j["id"].get<std::string>()
+                                                   : absl::StrCat("line", line_no);
     std::string prompt_text;
     try {
       if (j.contains("prompt") && j["prompt"].is_string()) {
         prompt_text = j["prompt"].get<std::string>();
         // Without a tokenizer (a remote server tokenizes), the text travels as it is.
-        if (tokenizer != nullptr) r.prompt_token_ids = tokenizer->Encode(prompt_text, /*add_special_tokens=*/true);
+        if (tokenizer != nullptr)
+          r.prompt_token_ids = tokenizer->Encode(prompt_text, /*add_special_tokens=*/true);
       } else if (j.contains("token_ids") && j["token_ids"].is_array()) {
         r.prompt_token_ids = j["token_ids"].get<std::vector<int32_t>>();
       } else {
-        return absl::InvalidArgumentError(where + "needs \"prompt\" (string) or \"token_ids\" (list)");
+        return absl::InvalidArgumentError(where +
+                                          "needs \"prompt\" (string) or \"token_ids\" (list)");
       }
       if (j.contains("max_tokens")) r.params.max_tokens = j["max_tokens"].get<int32_t>();
       if (j.contains("temperature")) r.params.temperature = j["temperature"].get<float>();
@@ -207,7 +216,8 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& flag, const std
   for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int32_t id;
     if (!absl::SimpleAtoi(piece, &id)) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": '", piece, "' is not an integer token id"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", piece, "' is not an integer token id"));
     }
     ids.push_back(id);
   }
@@ -223,7 +233,8 @@ int GenerateCommand() {
   const std::string batch_file = absl::GetFlag(FLAGS_batch_file);
   if (model_dir.empty()) return Fail(absl::InvalidArgumentError("--model DIR is required"));
   if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) != 1) {
-    return Fail(absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
+    return Fail(
+        absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
   }
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return Fail(defaults.status());
@@ -238,7 +249,8 @@ int GenerateCommand() {
   const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
 
   std::vector<std::pair<EngineRequest, std::string>> requests;
-  std::map<std::string, std::vector<std::string>> stops;  // by request id: --stop, or a batch line's "stop"
+  std::map<std::string, std::vector<std::string>>
+      stops;  // by request id: --stop, or a batch line's "stop"
   if (!batch_file.empty()) {
     auto read = ReadBatchFile(batch_file, *defaults, tok, &stops);
     if (!read.ok()) return Fail(read.status());
@@ -269,18 +281,21 @@ int GenerateCommand() {
   std::map<std::string, Collected> results;
   std::vector<std::string> order;
   for (auto& [req, text] : requests) {
-    if (results.contains(req.id)) return Fail(absl::InvalidArgumentError("duplicate request id \"" + req.id + "\""));
+    if (results.contains(req.id))
+      return Fail(absl::InvalidArgumentError("duplicate request id \"" + req.id + "\""));
     Collected& c = results[req.id];
     c.prompt_token_ids = req.prompt_token_ids;
     order.push_back(req.id);
-    const std::vector<std::string>& req_stops = stops.contains(req.id) ? stops[req.id] : absl::GetFlag(FLAGS_stop);
+    const std::vector<std::string>& req_stops =
+        stops.contains(req.id) ? stops[req.id] : absl::GetFlag(FLAGS_stop);
     absl::Status valid = StopStringMatcher::Validate(req_stops);
     if (valid.ok() && !req_stops.empty() && tok == nullptr) {
       valid = absl::FailedPreconditionError("stop strings need the model's tokenizer: " +
                                             std::string(tokenizer.status().message()));
     }
     if (!valid.ok()) {
-      if (single) return Fail(absl::Status(valid.code(), absl::StrCat("--stop: ", valid.message())));
+      if (single)
+        return Fail(absl::Status(valid.code(), absl::StrCat("--stop: ", valid.message())));
       std::fprintf(stderr, "tandem generate: request %s refused: \"stop\": %s\n", req.id.c_str(),
                    std::string(valid.message()).c_str());
       c.finish_reason = "refused";
@@ -288,10 +303,12 @@ int GenerateCommand() {
     }
     // Streamed text: the prompt ids give the first generated token its context (its leading
     // space); the JSON "text" is the same text, as vLLM's.
-    if (tok != nullptr) c.text_stream.emplace(tok, /*skip_special_tokens=*/true, req.prompt_token_ids, req_stops);
+    if (tok != nullptr)
+      c.text_stream.emplace(tok, /*skip_special_tokens=*/true, req.prompt_token_ids, req_stops);
     if (absl::Status s = (*engine)->AddRequest(req); !s.ok()) {
       if (single) return Fail(s);
-      std::fprintf(stderr, "tandem generate: request %s refused: %s\n", req.id.c_str(), std::string(s.message()).c_str());
+      std::fprintf(stderr, "tandem generate: request %s refused: %s\n", req.id.c_str(),
+                   std::string(s.message()).c_str());
       c.finish_reason = "refused";
     }
   }
@@ -309,7 +326,8 @@ int GenerateCommand() {
     const double now = std::chrono::duration<double>(Clock::now() - start).count();
     for (RequestOutput& o : *outs) {
       Collected& c = results[o.id];
-      if (c.text_stream && c.text_stream->stopped()) continue;  // ended by a stop string: its abort's output
+      if (c.text_stream && c.text_stream->stopped())
+        continue;  // ended by a stop string: its abort's output
       if (c.token_ids.empty() && !o.new_token_ids.empty()) c.first_token_seconds = now;
       c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
@@ -368,12 +386,13 @@ int GenerateCommand() {
       std::fputc('\n', stdout);
       std::fflush(stdout);  // the text before the summary on stderr, also when stdout is a pipe
       const double decode = c.finish_seconds - c.first_token_seconds;
-      std::fprintf(stderr,
-                   "finish_reason=%s prompt=%zu tokens (%zu cached), first token after %.3f s, "
-                   "generated=%zu tokens (%.1f tok/s)\n",
-                   c.finish_reason.c_str(), c.prompt_token_ids.size(), static_cast<size_t>(c.num_cached_tokens),
-                   c.first_token_seconds, c.token_ids.size(),
-                   c.token_ids.size() > 1 ? (c.token_ids.size() - 1) / std::max(decode, 1e-9) : 0.0);
+      std::fprintf(
+          stderr,
+          "finish_reason=%s prompt=%zu tokens (%zu cached), first token after %.3f s, "
+          "generated=%zu tokens (%.1f tok/s)\n",
+          c.finish_reason.c_str(), c.prompt_token_ids.size(),
+          static_cast<size_t>(c.num_cached_tokens), c.first_token_seconds, c.token_ids.size(),
+          c.token_ids.size() > 1 ? (c.token_ids.size() - 1) / std::max(decode, 1e-9) : 0.0);
     }
     return 0;
   }
@@ -388,12 +407,15 @@ int GenerateCommand() {
   }
   const EngineStats st = (*engine)->stats();
   std::fprintf(stderr,
-               "batch: %zu requests, %lld prompt tokens (%lld from the prefix cache), %lld generated in %.2f s: "
-               "%.2f requests/s, %.1f generated tokens/s, %.1f total tokens/s; %lld steps, %lld preemptions\n",
-               order.size(), static_cast<long long>(prompt_tokens), static_cast<long long>(st.prefix_hits),
-               static_cast<long long>(generated), wall, order.size() / std::max(wall, 1e-9),
-               generated / std::max(wall, 1e-9), (prompt_tokens + generated) / std::max(wall, 1e-9),
-               static_cast<long long>(st.steps), static_cast<long long>(st.preemptions));
+               "batch: %zu requests, %lld prompt tokens (%lld from the prefix cache), %lld "
+               "generated in %.2f s: "
+               "%.2f requests/s, %.1f generated tokens/s, %.1f total tokens/s; %lld steps, %lld "
+               "preemptions\n",
+               order.size(), static_cast<long long>(prompt_tokens),
+               static_cast<long long>(st.prefix_hits), static_cast<long long>(generated), wall,
+               order.size() / std::max(wall, 1e-9), generated / std::max(wall, 1e-9),
+               (prompt_tokens + generated) / std::max(wall, 1e-9), static_cast<long long>(st.steps),
+               static_cast<long long>(st.preemptions));
   return 0;
 }
 

@@ -26,11 +26,12 @@ int MakeModelCommand() {
   if (absl::GetFlag(FLAGS_list_presets)) {
     for (const ModelPreset& p : ModelPresets()) {
       const ModelConfig& c = p.config;
-      std::printf("%-14s %-20s layers=%-3lld hidden=%-5lld heads=%lld/%lld head_dim=%lld vocab=%lld  %s\n",
-                  p.name.c_str(), c.architecture.c_str(), static_cast<long long>(c.num_hidden_layers),
-                  static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
-                  static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
-                  static_cast<long long>(c.vocab_size), p.description.c_str());
+      std::printf(
+          "%-14s %-20s layers=%-3lld hidden=%-5lld heads=%lld/%lld head_dim=%lld vocab=%lld  %s\n",
+          p.name.c_str(), c.architecture.c_str(), static_cast<long long>(c.num_hidden_layers),
+          static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+          static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
+          static_cast<long long>(c.vocab_size), p.description.c_str());
     }
     return 0;
   }
@@ -59,7 +60,8 @@ int MakeModelCommand() {
   } else if (dtype == "f32") {
     options.dtype = DType::kF32;
   } else {
-    std::fprintf(stderr, "tandem make-model: --dtype must be bf16, f16 or f32, got '%s'\n", dtype.c_str());
+    std::fprintf(stderr, "tandem make-model: --dtype must be bf16, f16 or f32, got '%s'\n",
+                 dtype.c_str());
     return 2;
   }
   int last_percent = -1;

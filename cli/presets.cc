@@ -6,8 +6,8 @@
 namespace tandem {
 namespace {
 
-ModelConfig Base(const char* arch, ModelFamily family, int64_t vocab, int64_t hidden,
-                 int64_t inter, int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+ModelConfig Base(const char* arch, ModelFamily family, int64_t vocab, int64_t hidden, int64_t inter,
+                 int64_t layers, int64_t heads, int64_t kv_heads, int64_t head_dim) {
   ModelConfig c;
   c.architecture = arch;
   c.family = family;
@@ -32,33 +32,39 @@ std::vector<ModelPreset> MakePresets() {
   // Tiny vocabularies hold the 256 byte tokens, generated merges and the special tokens.
   constexpr int64_t kTinyVocab = 512;
   {
-    ModelConfig c = Base("LlamaForCausalLM", ModelFamily::kLlama, kTinyVocab, 256, 640, 2, 4, 1, 64);
+    ModelConfig c =
+        Base("LlamaForCausalLM", ModelFamily::kLlama, kTinyVocab, 256, 640, 2, 4, 1, 64);
     c.rope_theta = 500000.0;
     c.rope_scaling.type = RopeScaling::Type::kLlama3;
     c.rope_scaling.factor = 8.0;
     c.rope_scaling.low_freq_factor = 1.0;
     c.rope_scaling.high_freq_factor = 4.0;
     c.rope_scaling.original_max_position_embeddings = 64;  // small so all three bands are exercised
-    p.push_back({"tiny-llama", "Llama 3.1 layout: GQA group 4, head_dim 64, llama3 rope scaling, untied", c});
+    p.push_back({"tiny-llama",
+                 "Llama 3.1 layout: GQA group 4, head_dim 64, llama3 rope scaling, untied", c});
   }
   {
-    ModelConfig c = Base("MistralForCausalLM", ModelFamily::kMistral, kTinyVocab, 256, 512, 2, 2, 1, 128);
+    ModelConfig c =
+        Base("MistralForCausalLM", ModelFamily::kMistral, kTinyVocab, 256, 512, 2, 2, 1, 128);
     c.rope_theta = 1000000.0;
     p.push_back({"tiny-mistral", "Mistral layout: GQA group 2, head_dim 128, untied", c});
   }
   {
-    ModelConfig c = Base("Qwen2ForCausalLM", ModelFamily::kQwen2, kTinyVocab, 256, 704, 2, 4, 4, 64);
+    ModelConfig c =
+        Base("Qwen2ForCausalLM", ModelFamily::kQwen2, kTinyVocab, 256, 704, 2, 4, 4, 64);
     c.rms_norm_eps = 1e-6;
     c.rope_theta = 1000000.0;
     c.tie_word_embeddings = true;
     p.push_back({"tiny-qwen2", "Qwen2 layout: q/k/v bias, no GQA (group 1), head_dim 64, tied", c});
   }
   {
-    ModelConfig c = Base("Qwen3ForCausalLM", ModelFamily::kQwen3, kTinyVocab, 192, 512, 2, 4, 2, 128);
+    ModelConfig c =
+        Base("Qwen3ForCausalLM", ModelFamily::kQwen3, kTinyVocab, 192, 512, 2, 4, 2, 128);
     c.rms_norm_eps = 1e-6;
     c.rope_theta = 1000000.0;
     c.tie_word_embeddings = true;
-    p.push_back({"tiny-qwen3", "Qwen3 layout: q/k RMSNorm, head_dim 128 != hidden/heads, GQA group 2, tied", c});
+    p.push_back({"tiny-qwen3",
+                 "Qwen3 layout: q/k RMSNorm, head_dim 128 != hidden/heads, GQA group 2, tied", c});
   }
   {
     ModelConfig c = Base("Qwen2ForCausalLM", ModelFamily::kQwen2, 151936, 896, 4864, 24, 14, 2, 64);
@@ -71,7 +77,8 @@ std::vector<ModelPreset> MakePresets() {
     p.push_back({"qwen2.5-0.5b", "Qwen2.5-0.5B shape (494M parameters)", c});
   }
   {
-    ModelConfig c = Base("Qwen2ForCausalLM", ModelFamily::kQwen2, 152064, 3584, 18944, 28, 28, 4, 128);
+    ModelConfig c =
+        Base("Qwen2ForCausalLM", ModelFamily::kQwen2, 152064, 3584, 18944, 28, 28, 4, 128);
     c.rms_norm_eps = 1e-6;
     c.rope_theta = 1000000.0;
     c.max_position_embeddings = 32768;
@@ -80,7 +87,8 @@ std::vector<ModelPreset> MakePresets() {
     p.push_back({"qwen2.5-7b", "Qwen2.5-7B shape (7.6B parameters)", c});
   }
   {
-    ModelConfig c = Base("LlamaForCausalLM", ModelFamily::kLlama, 128256, 4096, 14336, 32, 32, 8, 128);
+    ModelConfig c =
+        Base("LlamaForCausalLM", ModelFamily::kLlama, 128256, 4096, 14336, 32, 32, 8, 128);
     c.rope_theta = 500000.0;
     c.max_position_embeddings = 8192;
     c.bos_token_id = 128000;

@@ -39,14 +39,19 @@ std::vector<TensorInit> TensorPlan(const ModelConfig& c) {
   std::vector<TensorInit> plan;
   const float inv_sqrt_hidden = 1.0f / std::sqrt(static_cast<float>(c.hidden_size));
   const float lm_std = 4.0f * inv_sqrt_hidden;  // logits with std ~4: peaked distributions
-  plan.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, 0.f,
+  plan.push_back({"model.embed_tokens.weight",
+                  {c.vocab_size, c.hidden_size},
+                  0.f,
                   c.tie_word_embeddings ? lm_std : 1.0f});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
     plan.push_back({p + "input_layernorm.weight", {c.hidden_size}, 1.f, 0.1f});
-    plan.push_back({p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}, 0.f, inv_sqrt_hidden});
-    plan.push_back({p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}, 0.f, inv_sqrt_hidden});
-    plan.push_back({p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}, 0.f, inv_sqrt_hidden});
+    plan.push_back(
+        {p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}, 0.f, inv_sqrt_hidden});
+    plan.push_back(
+        {p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}, 0.f, inv_sqrt_hidden});
+    plan.push_back(
+        {p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}, 0.f, inv_sqrt_hidden});
     if (c.attention_bias) {
       plan.push_back({p + "self_attn.q_proj.bias", {c.q_size()}, 0.f, 0.3f});
       plan.push_back({p + "self_attn.k_proj.bias", {c.kv_size()}, 0.f, 0.3f});
@@ -56,12 +61,18 @@ std::vector<TensorInit> TensorPlan(const ModelConfig& c) {
       plan.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, 1.f, 0.1f});
       plan.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, 1.f, 0.1f});
     }
-    plan.push_back({p + "self_attn.o_proj.weight", {c.hidden_size, c.q_size()}, 0.f,
+    plan.push_back({p + "self_attn.o_proj.weight",
+                    {c.hidden_size, c.q_size()},
+                    0.f,
                     1.0f / std::sqrt(static_cast<float>(c.q_size()))});
     plan.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}, 1.f, 0.1f});
-    plan.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, 0.f, inv_sqrt_hidden});
-    plan.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, 0.f, inv_sqrt_hidden});
-    plan.push_back({p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, 0.f,
+    plan.push_back(
+        {p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, 0.f, inv_sqrt_hidden});
+    plan.push_back(
+        {p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, 0.f, inv_sqrt_hidden});
+    plan.push_back({p + "mlp.down_proj.weight",
+                    {c.hidden_size, c.intermediate_size},
+                    0.f,
                     1.0f / std::sqrt(static_cast<float>(c.intermediate_size))});
   }
   plan.push_back({"model.norm.weight", {c.hidden_size}, 1.f, 0.1f});
@@ -71,23 +82,23 @@ std::vector<TensorInit> TensorPlan(const ModelConfig& c) {
   return plan;
 }
 
-// Fills `out` (n elements of dtype) deterministically from (seed, tensor index), in parallel chunks.
+// Fills `out` (n elements of dtype) deterministically from (seed, tensor index), in parallel
+// chunks.
 void FillTensor(const TensorInit& init, uint64_t seed, uint64_t tensor_index, DType dtype,
                 int64_t n, std::byte* out) {
   constexpr int64_t kChunk = 1 << 16;
   const float half_width = init.stddev * std::sqrt(3.0f);
   ThreadPool::Default().ParallelFor((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
     for (int64_t chunk = b; chunk < e; ++chunk) {
-      uint64_t state = seed * 0x100000001b3ull ^ (tensor_index << 32) ^ static_cast<uint64_t>(chunk);
+      uint64_t state =
+          seed * 0x100000001b3ull ^ (tensor_index << 32) ^ static_cast<uint64_t>(chunk);
       SplitMix64(state);
       const int64_t end = std::min(n, (chunk + 1) * kChunk);
       for (int64_t i = chunk * kChunk; i < end; ++i) {
         const double u = static_cast<double>(SplitMix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
         const float v = init.mean + static_cast<float>(2 * u - 1) * half_width;
         switch (dtype) {
-          case DType::kF32:
-            std::memcpy(out + 4 * i, &v, 4);
-            break;
+          case DType::kF32: std::memcpy(out + 4 * i, &v, 4); break;
           case DType::kBF16: {
             const uint16_t h = F32ToBf16(v);
             std::memcpy(out + 2 * i, &h, 2);
@@ -136,13 +147,14 @@ absl::Status CheckTokenizerFits(const std::string& path, int64_t vocab_size) {
   }
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const auto& t : j["added_tokens"]) {
-      if (t.contains("id") && t["id"].is_number_integer()) max_id = std::max(max_id, t["id"].get<int64_t>());
+      if (t.contains("id") && t["id"].is_number_integer())
+        max_id = std::max(max_id, t["id"].get<int64_t>());
     }
   }
   if (max_id < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no vocabulary found"));
   if (max_id >= vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": token id ", max_id,
-                                                   " does not fit the model's vocab_size ", vocab_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": token id ", max_id, " does not fit the model's vocab_size ", vocab_size));
   }
   return absl::OkStatus();
 }
@@ -227,8 +239,11 @@ absl::Status WriteRandomModel(const RandomModelOptions& options) {
     RETURN_IF_ERROR(WriteText(dir / "tokenizer.json", tok));
   } else {
     RETURN_IF_ERROR(CheckTokenizerFits(options.tokenizer_file, c.vocab_size));
-    fs::copy_file(options.tokenizer_file, dir / "tokenizer.json", fs::copy_options::overwrite_existing, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", options.tokenizer_file, ": ", ec.message()));
+    fs::copy_file(options.tokenizer_file, dir / "tokenizer.json",
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("cannot copy ", options.tokenizer_file, ": ", ec.message()));
   }
   json tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                      {"model_max_length", c.max_position_embeddings},
@@ -273,9 +288,9 @@ absl::Status WriteRandomModel(const RandomModelOptions& options) {
   json weight_map = json::object();
   uint64_t written = 0;
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file =
-        shards.size() == 1 ? "model.safetensors"
-                           : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards.size());
+    const std::string file = shards.size() == 1 ? "model.safetensors"
+                                                : absl::StrFormat("model-%05d-of-%05d.safetensors",
+                                                                  s + 1, shards.size());
     std::vector<TensorToWrite> tensors;
     for (size_t i : shards[s]) {
       const TensorInit& init = plan[i];

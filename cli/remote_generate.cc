@@ -14,8 +14,10 @@
 #include "common/rpc/status.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
-ABSL_FLAG(std::string, server, "", "generate: stream from a Tandem router at HOST:PORT instead of running in-process");
-ABSL_FLAG(double, timeout_s, 0, "generate --server: deadline of each request in seconds (0 = the router's default)");
+ABSL_FLAG(std::string, server, "",
+          "generate: stream from a Tandem router at HOST:PORT instead of running in-process");
+ABSL_FLAG(double, timeout_s, 0,
+          "generate --server: deadline of each request in seconds (0 = the router's default)");
 ABSL_FLAG(int32_t, priority, 0, "generate --server: higher runs first among queued requests");
 
 namespace tandem::cli {
@@ -33,11 +35,13 @@ struct RemoteResult {
 
 // Streams one request; `print` writes text deltas to stdout as they come.
 void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::string& text,
-               const std::vector<std::string>& stops, bool print, Clock::time_point start, RemoteResult* out) {
+               const std::vector<std::string>& stops, bool print, Clock::time_point start,
+               RemoteResult* out) {
   v1::GenerateRequest g;
   g.set_request_id(req.id);
   if (!req.prompt_token_ids.empty()) {
-    *g.mutable_prompt_token_ids()->mutable_ids() = {req.prompt_token_ids.begin(), req.prompt_token_ids.end()};
+    *g.mutable_prompt_token_ids()->mutable_ids() = {req.prompt_token_ids.begin(),
+                                                    req.prompt_token_ids.end()};
   } else {
     g.set_prompt(text);
     g.set_add_special_tokens(true);
@@ -86,9 +90,12 @@ void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::
 }
 
 json TimingsJson(const v1::Timings& t) {
-  return {{"router_queue", t.router_queue()},       {"prefill_queue", t.prefill_queue()},
-          {"prefill_compute", t.prefill_compute()}, {"kv_transfer", t.kv_transfer()},
-          {"decode_queue", t.decode_queue()},       {"time_to_first_token", t.time_to_first_token()},
+  return {{"router_queue", t.router_queue()},
+          {"prefill_queue", t.prefill_queue()},
+          {"prefill_compute", t.prefill_compute()},
+          {"kv_transfer", t.kv_transfer()},
+          {"decode_queue", t.decode_queue()},
+          {"time_to_first_token", t.time_to_first_token()},
           {"end_to_end", t.end_to_end()}};
 }
 
@@ -100,7 +107,8 @@ int RemoteGenerateCommand() {
   const std::string token_ids = absl::GetFlag(FLAGS_token_ids);
   const std::string batch_file = absl::GetFlag(FLAGS_batch_file);
   if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) != 1) {
-    return GenerateFail(absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
+    return GenerateFail(
+        absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
   }
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return GenerateFail(defaults.status());
@@ -110,7 +118,8 @@ int RemoteGenerateCommand() {
     auto read = ReadBatchFile(batch_file, *defaults, nullptr, &stops);
     if (!read.ok()) return GenerateFail(read.status());
     requests = *std::move(read);
-    if (requests.empty()) return GenerateFail(absl::InvalidArgumentError(batch_file + ": no requests"));
+    if (requests.empty())
+      return GenerateFail(absl::InvalidArgumentError(batch_file + ": no requests"));
   } else {
     EngineRequest r;
     r.params = *defaults;
@@ -123,7 +132,8 @@ int RemoteGenerateCommand() {
   }
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    return GenerateFail(absl::UnavailableError(absl::StrCat("cannot reach the router at ", server)));
+    return GenerateFail(
+        absl::UnavailableError(absl::StrCat("cannot reach the router at ", server)));
   }
   auto stub = v1::Generation::NewStub(channel);
   const bool as_json = absl::GetFlag(FLAGS_json);
@@ -137,10 +147,11 @@ int RemoteGenerateCommand() {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < requests.size(); ++i) {
     results[i].params = requests[i].first.params;
-    const std::vector<std::string>& s = stops.contains(requests[i].first.id) ? stops[requests[i].first.id]
-                                                                               : absl::GetFlag(FLAGS_stop);
-    threads.emplace_back(StreamOne, stub.get(), std::cref(requests[i].first), std::cref(requests[i].second), s,
-                         single && !as_json, start, &results[i]);
+    const std::vector<std::string>& s = stops.contains(requests[i].first.id)
+                                            ? stops[requests[i].first.id]
+                                            : absl::GetFlag(FLAGS_stop);
+    threads.emplace_back(StreamOne, stub.get(), std::cref(requests[i].first),
+                         std::cref(requests[i].second), s, single && !as_json, start, &results[i]);
   }
   for (auto& t : threads) t.join();
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
@@ -172,11 +183,13 @@ int RemoteGenerateCommand() {
       std::fflush(stdout);  // the text before the summary on stderr, also when stdout is a pipe
       const v1::Timings& t = r.final.timings();
       std::fprintf(stderr,
-                   "finish_reason=%s prompt=%d tokens (%d cached), first token after %.3f s (prefill queue %.3f, "
+                   "finish_reason=%s prompt=%d tokens (%d cached), first token after %.3f s "
+                   "(prefill queue %.3f, "
                    "compute %.3f, KV transfer %.3f), generated=%zu tokens in %.3f s\n",
-                   r.c.finish_reason.c_str(), r.final.usage().prompt_tokens(), r.final.usage().cached_prompt_tokens(),
-                   t.time_to_first_token(), t.prefill_queue(), t.prefill_compute(), t.kv_transfer(),
-                   r.c.token_ids.size(), t.end_to_end());
+                   r.c.finish_reason.c_str(), r.final.usage().prompt_tokens(),
+                   r.final.usage().cached_prompt_tokens(), t.time_to_first_token(),
+                   t.prefill_queue(), t.prefill_compute(), t.kv_transfer(), r.c.token_ids.size(),
+                   t.end_to_end());
     }
     return 0;
   }
@@ -193,7 +206,8 @@ int RemoteGenerateCommand() {
       out["timings"] = TimingsJson(r.final.timings());
     } else {
       ++failed;
-      out["error"] = {{"code", static_cast<int>(r.status.error_code())}, {"message", r.status.error_message()}};
+      out["error"] = {{"code", static_cast<int>(r.status.error_code())},
+                      {"message", r.status.error_message()}};
     }
     out["id"] = requests[i].first.id;
     std::puts(out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());

@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   const std::vector<std::string> positional =
       tandem::ParseCommandLine(static_cast<int>(sub_argv.size()), sub_argv.data());
   if (positional.size() > 1) {
-    std::fprintf(stderr, "tandem %s: unexpected argument '%s'\n", command.c_str(), positional[1].c_str());
+    std::fprintf(stderr, "tandem %s: unexpected argument '%s'\n", command.c_str(),
+                 positional[1].c_str());
     return 2;
   }
   if (command == "make-model") return tandem::cli::MakeModelCommand();

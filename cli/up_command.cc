@@ -17,10 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
-#include "common/base/signals.h"
-#include "common/base/subprocess.h"
 #include "cli/presets.h"
 #include "cli/random_model.h"
+#include "common/base/signals.h"
+#include "common/base/subprocess.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
 #include "common/transport/kv_data_paths.h"
@@ -35,26 +35,37 @@ ABSL_FLAG(int32_t, prefill, 1, "up: prefill workers to start");
 ABSL_FLAG(int32_t, decode, 1, "up: decode workers to start");
 ABSL_FLAG(int32_t, combined, 0, "up: combined (prefill + decode, no transfer) workers to start");
 ABSL_FLAG(int32_t, port, 50051, "up: the router's gRPC port");
-ABSL_FLAG(std::string, log_dir, "", "up: directory for the processes' logs (default: a new one under /tmp)");
-ABSL_FLAG(std::string, ready_file, "", "up: once every worker serves, write the router's address to this file");
+ABSL_FLAG(std::string, log_dir, "",
+          "up: directory for the processes' logs (default: a new one under /tmp)");
+ABSL_FLAG(std::string, ready_file, "",
+          "up: once every worker serves, write the router's address to this file");
 ABSL_FLAG(int32_t, metrics_port, -1,
-          "up: serve GET /metrics: the router on this port, the workers on the ports after it (-1 = off)");
-ABSL_FLAG(std::string, prometheus_targets, "",
-          "up: with --metrics-port, write every process's /metrics address to this file in Prometheus "
-          "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
+          "up: serve GET /metrics: the router on this port, the workers on the ports after it (-1 "
+          "= off)");
+ABSL_FLAG(
+    std::string, prometheus_targets, "",
+    "up: with --metrics-port, write every process's /metrics address to this file in Prometheus "
+    "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
 ABSL_FLAG(std::string, kv_transport, "",
-          "up: how KV layers travel from prefill to decode workers: tcp, nccl or cuda-ipc, or a comma-separated "
-          "list tried in order (the workers' flag). Default: cuda-ipc,tcp with a GPU --device (the decode worker "
-          "maps the prefill worker's GPU staging, at device bandwidth on one GPU; inline TCP where that fails), "
-          "tcp otherwise. With nccl and every worker on one device, each worker gets its own --nccl-host-id, "
+          "up: how KV layers travel from prefill to decode workers: tcp, nccl or cuda-ipc, or a "
+          "comma-separated "
+          "list tried in order (the workers' flag). Default: cuda-ipc,tcp with a GPU --device (the "
+          "decode worker "
+          "maps the prefill worker's GPU staging, at device bandwidth on one GPU; inline TCP where "
+          "that fails), "
+          "tcp otherwise. With nccl and every worker on one device, each worker gets its own "
+          "--nccl-host-id, "
           "which NCCL needs to pair two processes on one GPU (through its socket transport)");
-ABSL_FLAG(std::vector<std::string>, worker_args, {},
-          "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
-ABSL_FLAG(std::vector<std::string>, prefill_worker_args, {},
-          "up: extra flags for prefill workers (e.g. --prefill-worker-args=--layerwise-transfer=false)");
+ABSL_FLAG(
+    std::vector<std::string>, worker_args, {},
+    "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");
+ABSL_FLAG(
+    std::vector<std::string>, prefill_worker_args, {},
+    "up: extra flags for prefill workers (e.g. --prefill-worker-args=--layerwise-transfer=false)");
 ABSL_FLAG(std::vector<std::string>, decode_worker_args, {},
-          "up: extra flags for decode and combined workers (e.g. --decode-worker-args=--kv-transfer-timeout-s=10)");
+          "up: extra flags for decode and combined workers (e.g. "
+          "--decode-worker-args=--kv-transfer-timeout-s=10)");
 
 namespace tandem::cli {
 namespace {
@@ -72,7 +83,8 @@ std::string FindBinary(const std::string& name, const std::string& subdir) {
 // else a random tiny Llama written on first use.
 absl::StatusOr<std::string> DefaultModel() {
   if (const char* env = std::getenv("TANDEM_DEFAULT_MODEL")) return std::string(env);
-  for (const std::string& d : {std::string("models/kjv-target"), std::string(TANDEM_SOURCE_DIR) + "/models/kjv-target"}) {
+  for (const std::string& d :
+       {std::string("models/kjv-target"), std::string(TANDEM_SOURCE_DIR) + "/models/kjv-target"}) {
     if (std::filesystem::exists(d + "/config.json")) return d;
   }
   const std::string dir = "models-cache/tiny-llama";
@@ -97,11 +109,14 @@ int UpCommand() {
   };
   const int n_prefill = absl::GetFlag(FLAGS_prefill), n_decode = absl::GetFlag(FLAGS_decode),
             n_combined = absl::GetFlag(FLAGS_combined);
-  if (n_prefill < 0 || n_decode < 0 || n_combined < 0 || n_prefill > 64 || n_decode > 64 || n_combined > 64) {
-    return fail(absl::InvalidArgumentError("--prefill, --decode and --combined must be in [0, 64]"));
+  if (n_prefill < 0 || n_decode < 0 || n_combined < 0 || n_prefill > 64 || n_decode > 64 ||
+      n_combined > 64) {
+    return fail(
+        absl::InvalidArgumentError("--prefill, --decode and --combined must be in [0, 64]"));
   }
   if ((n_prefill > 0) != (n_decode > 0)) {
-    return fail(absl::InvalidArgumentError("prefill and decode workers come together (--prefill N --decode M, both > 0)"));
+    return fail(absl::InvalidArgumentError(
+        "prefill and decode workers come together (--prefill N --decode M, both > 0)"));
   }
   if (n_prefill + n_combined == 0) return fail(absl::InvalidArgumentError("no workers to start"));
   if (auto o = EngineOptionsFromFlags(); !o.ok()) return fail(o.status());
@@ -112,20 +127,24 @@ int UpCommand() {
     model = *m;
   }
   if (!std::filesystem::exists(model + "/config.json")) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(model, " is not a model directory (no config.json)")));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(model, " is not a model directory (no config.json)")));
   }
   std::string log_dir = absl::GetFlag(FLAGS_log_dir);
   if (log_dir.empty()) log_dir = absl::StrCat("/tmp/tandem-up-", ::getpid());
   std::filesystem::create_directories(log_dir);
   const int port = absl::GetFlag(FLAGS_port);
-  if (port < 1 || port > 65535) {  // the workers are told the router's port before it binds: 0 cannot be told
-    return fail(absl::InvalidArgumentError(absl::StrCat("--port must be a port number from 1 to 65535, not ", port)));
+  if (port < 1 ||
+      port > 65535) {  // the workers are told the router's port before it binds: 0 cannot be told
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--port must be a port number from 1 to 65535, not ", port)));
   }
   const std::string router_address = absl::StrCat("127.0.0.1:", port);
   // Every worker here shares one machine: on a GPU, CUDA IPC is the fast path between them.
-  const std::string kv_transport = !absl::GetFlag(FLAGS_kv_transport).empty() ? absl::GetFlag(FLAGS_kv_transport)
-                                   : absl::GetFlag(FLAGS_device) == "cpu"     ? "tcp"
-                                                                               : "cuda-ipc,tcp";
+  const std::string kv_transport = !absl::GetFlag(FLAGS_kv_transport).empty()
+                                       ? absl::GetFlag(FLAGS_kv_transport)
+                                   : absl::GetFlag(FLAGS_device) == "cpu" ? "tcp"
+                                                                          : "cuda-ipc,tcp";
   const absl::StatusOr<std::vector<std::string>> kv_paths = ParseKvTransports(kv_transport);
   if (!kv_paths.ok()) return fail(kv_paths.status());
 
@@ -136,7 +155,8 @@ int UpCommand() {
   std::vector<Child> children;
   auto stop_all = [&] {
     for (auto it = children.rbegin(); it != children.rend(); ++it) it->process->Signal(SIGTERM);
-    for (auto it = children.rbegin(); it != children.rend(); ++it) it->process->Stop(absl::Seconds(10));
+    for (auto it = children.rbegin(); it != children.rend(); ++it)
+      it->process->Stop(absl::Seconds(10));
   };
   auto spawn = [&](const std::string& name, std::vector<std::string> argv) -> absl::Status {
     const std::string log = absl::StrCat(log_dir, "/", name, ".log");
@@ -155,9 +175,9 @@ int UpCommand() {
     metrics_targets.emplace_back(component, absl::StrCat("127.0.0.1:", next_metrics_port));
     return {absl::StrCat("--metrics-port=", next_metrics_port++)};
   };
-  std::vector<std::string> router_argv = {FindBinary("tandem-router", "router"), "--model=" + model,
-                                          absl::StrCat("--port=", port),
-                                          absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
+  std::vector<std::string> router_argv = {
+      FindBinary("tandem-router", "router"), "--model=" + model, absl::StrCat("--port=", port),
+      absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
   for (const std::string& a : metrics_arg("router")) router_argv.push_back(a);
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
@@ -166,23 +186,28 @@ int UpCommand() {
   // Every worker shares the one --device: left at its default, the memory share is split between
   // them (each worker plans its KV pool from its own share).
   const int n_workers = n_prefill + n_decode + n_combined;
-  if (absl::GetFlag(FLAGS_device) != "cpu" && n_workers > 1 && absl::GetFlag(FLAGS_gpu_memory_utilization) == 0.9) {
+  if (absl::GetFlag(FLAGS_device) != "cpu" && n_workers > 1 &&
+      absl::GetFlag(FLAGS_gpu_memory_utilization) == 0.9) {
     common.push_back(absl::StrCat("--gpu-memory-utilization=", 0.9 / n_workers));
   }
   // Every worker here runs on the one --device: NCCL pairs two processes on one GPU only when they
   // claim different hosts (common/transport/nccl/nccl_kv_link.h).
-  const bool distinct_nccl_hosts = std::find(kv_paths->begin(), kv_paths->end(), "nccl") != kv_paths->end() &&
-                                   std::getenv("NCCL_HOSTID") == nullptr;
-  // Pairs that claim different hosts talk through NCCL's socket transport: here, over loopback (NCCL
-  // skips `lo` unless told, and a machine may have no other interface up). The workers inherit it.
+  const bool distinct_nccl_hosts =
+      std::find(kv_paths->begin(), kv_paths->end(), "nccl") != kv_paths->end() &&
+      std::getenv("NCCL_HOSTID") == nullptr;
+  // Pairs that claim different hosts talk through NCCL's socket transport: here, over loopback
+  // (NCCL skips `lo` unless told, and a machine may have no other interface up). The workers
+  // inherit it.
   if (distinct_nccl_hosts) ::setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
   for (const std::string& a : absl::GetFlag(FLAGS_worker_args)) common.push_back(a);
-  auto start_workers = [&](int n, const std::string& role, const std::string& binary, const std::string& subdir,
+  auto start_workers = [&](int n, const std::string& role, const std::string& binary,
+                           const std::string& subdir,
                            std::vector<std::string> extra) -> absl::Status {
     for (int i = 0; i < n; ++i) {
       std::vector<std::string> argv = {FindBinary(binary, subdir)};
       argv.insert(argv.end(), common.begin(), common.end());
-      if (distinct_nccl_hosts) argv.push_back(absl::StrCat("--nccl-host-id=tandem-up-", ::getpid(), "-", role, "-", i));
+      if (distinct_nccl_hosts)
+        argv.push_back(absl::StrCat("--nccl-host-id=tandem-up-", ::getpid(), "-", role, "-", i));
       argv.insert(argv.end(), extra.begin(), extra.end());
       for (const std::string& a : metrics_arg(role)) argv.push_back(a);
       if (absl::Status s = spawn(absl::StrCat(role, "-", i), argv); !s.ok()) return s;
@@ -191,34 +216,43 @@ int UpCommand() {
   };
   const std::vector<std::string> prefill_args = absl::GetFlag(FLAGS_prefill_worker_args);
   std::vector<std::string> decode_args = absl::GetFlag(FLAGS_decode_worker_args);
-  absl::Status started = start_workers(n_prefill, "prefill", "tandem-prefill-worker", "prefill_worker", prefill_args);
-  if (started.ok()) started = start_workers(n_decode, "decode", "tandem-decode-worker", "decode_worker", decode_args);
+  absl::Status started =
+      start_workers(n_prefill, "prefill", "tandem-prefill-worker", "prefill_worker", prefill_args);
+  if (started.ok())
+    started =
+        start_workers(n_decode, "decode", "tandem-decode-worker", "decode_worker", decode_args);
   decode_args.push_back("--combined");
-  if (started.ok()) started = start_workers(n_combined, "combined", "tandem-decode-worker", "decode_worker", decode_args);
+  if (started.ok())
+    started =
+        start_workers(n_combined, "combined", "tandem-decode-worker", "decode_worker", decode_args);
   if (!started.ok()) {
     stop_all();
     return fail(started);
   }
 
   // Wait until the router lists every worker as live.
-  auto stub = v1::Registration::NewStub(grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Registration::NewStub(
+      grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
   const int expected = n_prefill + n_decode + n_combined;
   const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   v1::ListWorkersResponse workers;
   while (true) {
     for (Child& c : children) {
       if (!c.process->running()) {
-        std::fprintf(stderr, "tandem up: %s exited during start-up; its log (%s):\n%s\n", c.name.c_str(), c.log.c_str(),
-                     ReadFileFrom(c.log).c_str());
+        std::fprintf(stderr, "tandem up: %s exited during start-up; its log (%s):\n%s\n",
+                     c.name.c_str(), c.log.c_str(), ReadFileFrom(c.log).c_str());
         stop_all();
         return 1;
       }
     }
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
-    if (stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok() && workers.live_size() >= expected) break;
+    if (stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok() &&
+        workers.live_size() >= expected)
+      break;
     if (TerminationRequested() || absl::Now() > give_up) {
-      std::fprintf(stderr, "tandem up: %s; logs in %s\n", TerminationRequested() ? "interrupted" : "workers did not all start in time",
+      std::fprintf(stderr, "tandem up: %s; logs in %s\n",
+                   TerminationRequested() ? "interrupted" : "workers did not all start in time",
                    log_dir.c_str());
       stop_all();
       return 1;
@@ -226,23 +260,28 @@ int UpCommand() {
     absl::SleepFor(absl::Milliseconds(100));
   }
   std::printf("Tandem cluster serving %s\n", model.c_str());
-  std::printf("  router    %-22s pid %-8d log %s\n", router_address.c_str(), children[0].process->pid(), children[0].log.c_str());
+  std::printf("  router    %-22s pid %-8d log %s\n", router_address.c_str(),
+              children[0].process->pid(), children[0].log.c_str());
   for (const v1::WorkerInfo& w : workers.workers()) {
-    std::string role = v1::WorkerRole_Name(w.worker().role()).substr(std::string("WORKER_ROLE_").size());
+    std::string role =
+        v1::WorkerRole_Name(w.worker().role()).substr(std::string("WORKER_ROLE_").size());
     for (char& ch : role) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    std::printf("  %-9s %-22s %s\n", role.c_str(), w.worker().address().c_str(),
-                w.worker().kv_address().empty() ? "" : ("KV receiver " + w.worker().kv_address()).c_str());
+    std::printf(
+        "  %-9s %-22s %s\n", role.c_str(), w.worker().address().c_str(),
+        w.worker().kv_address().empty() ? "" : ("KV receiver " + w.worker().kv_address()).c_str());
   }
-  std::printf("Stream a completion:  tandem generate --server %s --prompt \"Hello\"\nCtrl-C stops the cluster.\n",
-              router_address.c_str());
+  std::printf(
+      "Stream a completion:  tandem generate --server %s --prompt \"Hello\"\nCtrl-C stops the "
+      "cluster.\n",
+      router_address.c_str());
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_prometheus_targets).empty() && !metrics_targets.empty()) {
     // [{"targets": ["127.0.0.1:9400"], "labels": {"component": "router"}}, ...]
     std::string text = "[\n";
     for (size_t i = 0; i < metrics_targets.size(); ++i) {
       const auto& [component, target] = metrics_targets[i];
-      absl::StrAppend(&text, "  {\"targets\": [\"", target, "\"], \"labels\": {\"component\": \"", component, "\"}}",
-                      i + 1 < metrics_targets.size() ? ",\n" : "\n");
+      absl::StrAppend(&text, "  {\"targets\": [\"", target, "\"], \"labels\": {\"component\": \"",
+                      component, "\"}}", i + 1 < metrics_targets.size() ? ",\n" : "\n");
     }
     text += "]\n";
     const std::string path = absl::GetFlag(FLAGS_prometheus_targets);
@@ -255,7 +294,8 @@ int UpCommand() {
   if (metrics_port >= 0) {
     std::printf("Metrics: GET /metrics on ports %d-%d\n", metrics_port, next_metrics_port - 1);
   }
-  // Whoever reads the log while the cluster runs (stdout redirected: fully buffered) sees the endpoints now.
+  // Whoever reads the log while the cluster runs (stdout redirected: fully buffered) sees the
+  // endpoints now.
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_ready_file).empty()) {
     const std::string tmp = absl::GetFlag(FLAGS_ready_file) + ".tmp";
@@ -268,7 +308,8 @@ int UpCommand() {
   while (!TerminationRequested()) {
     for (Child& c : children) {
       if (c.process->running()) continue;
-      std::fprintf(stderr, "tandem up: %s exited unexpectedly (log %s)\n", c.name.c_str(), c.log.c_str());
+      std::fprintf(stderr, "tandem up: %s exited unexpectedly (log %s)\n", c.name.c_str(),
+                   c.log.c_str());
     }
     std::erase_if(children, [](Child& c) { return !c.process->running(); });
     if (children.empty()) return 1;

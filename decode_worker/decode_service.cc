@@ -10,9 +10,10 @@ namespace tandem {
 namespace {
 
 // "cuda-ipc or nccl-chunks": the side links a receiver offers.
-std::string OfferedLinks(const TcpKvReceiver::Options& o) {
+std::string OfferedLinks(const KvControlReceiver::Options& o) {
   std::string names;
-  for (const KvLinkFactory* f : o.link_factories) absl::StrAppend(&names, names.empty() ? "" : " or ", f->name());
+  for (const KvLinkFactory* f : o.link_factories)
+    absl::StrAppend(&names, names.empty() ? "" : " or ", f->name());
   return names;
 }
 
@@ -25,7 +26,7 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
   engine_ = engine;
   metrics_ = metrics;
   if (!options_.combined) {
-    TcpKvReceiver::Options ro;
+    KvControlReceiver::Options ro;
     ro.host = options_.bind_address;
     ro.port = options_.kv_port;
     ro.storage = engine->kv_storage();
@@ -37,13 +38,15 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
     if (!paths.ok()) return paths.status();
     data_paths_ = *std::move(paths);
     ro.link_factories = data_paths_.links();
-    auto receiver = TcpKvReceiver::Create(ro);
+    auto receiver = KvControlReceiver::Create(ro);
     if (!receiver.ok()) return receiver.status();
     receiver_ = *std::move(receiver);
     kv_address_ = absl::StrCat(options_.advertise_host, ":", receiver_->port());
     description->set_kv_address(kv_address_);
     TANDEM_LOG(INFO) << "KV receiver on " << kv_address_
-                     << (ro.link_factories.empty() ? "" : absl::StrCat(" (layers inline or over ", OfferedLinks(ro), ")"));
+                     << (ro.link_factories.empty()
+                             ? ""
+                             : absl::StrCat(" (layers inline or over ", OfferedLinks(ro), ")"));
   }
   EngineLoop::Handlers handlers;
   handlers.metrics = metrics;
@@ -65,7 +68,8 @@ void DecodeService::Stop() {
   loop_->Post([this](Engine& e) {
     std::vector<std::string> ids;
     for (const auto& [id, call] : calls_) ids.push_back(id);
-    for (const std::string& id : ids) CancelCall(e, id, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
+    for (const std::string& id : ids)
+      CancelCall(e, id, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
   });
   loop_->Stop();
   loop_.reset();
@@ -76,19 +80,21 @@ EngineSnapshot DecodeService::snapshot() const {
   EngineSnapshot s = EngineService::snapshot();
   s.pending_transfers = pending_transfers_.load();
   s.kv_links = data_paths_.live_links();
-  s.kv_full = s.total_blocks > 0 &&
-              static_cast<double>(s.total_blocks - s.free_blocks) > options_.kv_high_water * s.total_blocks;
+  s.kv_full = s.total_blocks > 0 && static_cast<double>(s.total_blocks - s.free_blocks) >
+                                        options_.kv_high_water * s.total_blocks;
   return s;
 }
 
-grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(grpc::CallbackServerContext* context,
-                                                                 const v1::DecodeRequest* request) {
+grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(
+    grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
   const std::string id = request->request_id();
   std::shared_ptr<Stream> stream;
   auto* reactor = Stream::Start(
       [this, id] {
         if (loop_) {
-          loop_->Post([this, id](Engine& e) { CancelCall(e, id, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); });
+          loop_->Post([this, id](Engine& e) {
+            CancelCall(e, id, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+          });
         }
       },
       &stream, &write_thread_);
@@ -97,32 +103,36 @@ grpc::ServerWriteReactor<v1::DecodeEvent>* DecodeService::Decode(grpc::CallbackS
     return reactor;
   }
   if (request->local_prefill() != options_.combined) {
-    stream->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                options_.combined ? "this combined worker only runs local prefill"
-                                                  : "this decode worker needs a KV transfer (not local_prefill)"));
+    stream->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        options_.combined ? "this combined worker only runs local prefill"
+                          : "this decode worker needs a KV transfer (not local_prefill)"));
     return reactor;
   }
   ++in_flight_;
-  loop_->Post([this, stream, req = *request, deadline = rpc::DeadlineOf(*context)](Engine& e) mutable {
-    StartCall(e, std::move(stream), std::move(req), deadline);
-  });
+  loop_->Post(
+      [this, stream, req = *request, deadline = rpc::DeadlineOf(*context)](Engine& e) mutable {
+        StartCall(e, std::move(stream), std::move(req), deadline);
+      });
   return reactor;
 }
 
-void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream, v1::DecodeRequest request,
-                              absl::Time deadline) {
+void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream,
+                              v1::DecodeRequest request, absl::Time deadline) {
   const std::string id = request.request_id();
   auto refuse = [&](const absl::Status& s) {
     --in_flight_;
     stream->Finish(rpc::ToGrpc(s));
   };
   if (stream->cancelled()) return refuse(absl::CancelledError("cancelled"));
-  if (calls_.contains(id)) return refuse(absl::AlreadyExistsError(absl::StrCat("request \"", id, "\" is in flight")));
+  if (calls_.contains(id))
+    return refuse(absl::AlreadyExistsError(absl::StrCat("request \"", id, "\" is in flight")));
   Call call;
   call.stream = stream;
   call.arrival = absl::Now();
   call.request.id = id;
-  call.request.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  call.request.prompt_token_ids.assign(request.prompt_token_ids().begin(),
+                                       request.prompt_token_ids().end());
   call.request.params = rpc::FromProto(request.sampling());
   call.num_tokens = static_cast<int64_t>(call.request.prompt_token_ids.size());
   if (absl::Status s = engine.Validate(call.request); !s.ok()) return refuse(s);
@@ -156,13 +166,15 @@ void DecodeService::TransferDone(Engine& engine, const std::string& id) {
   if (s.ok()) s = engine.AdmitPrefilled(call.request, *first);
   if (!s.ok()) {
     EndReservation(engine, id, call, KvReservationOutcome::kFailed);
-    return EndCall(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(s.message())), "transfer failed");
+    return EndCall(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(s.message())),
+                   "transfer failed");
   }
   EndReservation(engine, id, call, KvReservationOutcome::kLanded);
   call.kv_done = absl::Now();
 }
 
-void DecodeService::EndReservation(Engine& engine, const std::string& id, Call& call, KvReservationOutcome outcome) {
+void DecodeService::EndReservation(Engine& engine, const std::string& id, Call& call,
+                                   KvReservationOutcome outcome) {
   call.awaiting_kv = false;
   --pending_transfers_;
   if (metrics_ != nullptr) metrics_->ObserveReservation(outcome);
@@ -179,15 +191,20 @@ void DecodeService::CancelCall(Engine& engine, const std::string& id, const grpc
   } else {
     (void)engine.Abort(id);  // NOT_FOUND when it already finished at admission
   }
-  EndCall(id, status, status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled" : status.error_message());
+  EndCall(
+      id, status,
+      status.error_code() == grpc::StatusCode::CANCELLED ? "cancelled" : status.error_message());
 }
 
-void DecodeService::EndCall(const std::string& id, const grpc::Status& status, const std::string& reason) {
+void DecodeService::EndCall(const std::string& id, const grpc::Status& status,
+                            const std::string& reason) {
   auto it = calls_.find(id);
   if (it == calls_.end()) return;
   const Call& c = it->second;
-  TANDEM_LOG(INFO) << "request " << id << " " << reason << ": prompt " << c.num_tokens << " tokens, "
-                   << absl::FormatDuration(absl::Trunc(absl::Now() - c.arrival, absl::Milliseconds(1)));
+  TANDEM_LOG(INFO) << "request " << id << " " << reason << ": prompt " << c.num_tokens
+                   << " tokens, "
+                   << absl::FormatDuration(
+                          absl::Trunc(absl::Now() - c.arrival, absl::Milliseconds(1)));
   c.stream->Finish(status);
   calls_.erase(it);
   --in_flight_;
@@ -207,7 +224,9 @@ void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
       v1::DecodeTokens* t = event.mutable_tokens();
       for (int32_t id : o.new_token_ids) t->add_token_ids(id);
       for (const LogprobEntry& e : o.new_logprobs) *t->add_logprobs() = rpc::ToProto(e);
-      if (o.prompt_logprobs) rpc::AppendPromptLogprobs(*o.prompt_logprobs, call.request.prompt_token_ids, t->mutable_prompt_logprobs());
+      if (o.prompt_logprobs)
+        rpc::AppendPromptLogprobs(*o.prompt_logprobs, call.request.prompt_token_ids,
+                                  t->mutable_prompt_logprobs());
       call.stream->Write(std::move(event));
     }
     if (o.finished) {
@@ -240,8 +259,10 @@ void DecodeService::OnTick() {
   }
   for (const std::string& id : expired) {
     EndReservation(*engine_, id, calls_.at(id), KvReservationOutcome::kTimedOut);
-    EndCall(id, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the KV transfer did not arrive in time"),
-            "KV transfer timed out");
+    EndCall(
+        id,
+        grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the KV transfer did not arrive in time"),
+        "KV transfer timed out");
   }
 }
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
-#include "common/transport/tcp/tcp_kv_transport.h"
+#include "common/transport/kv_control.h"
 
 namespace tandem {
 
@@ -42,7 +42,8 @@ void KvTransferLanes::SendLayer(const std::string& address, const std::string& i
   Enqueue(address, std::move(j));
 }
 
-void KvTransferLanes::End(const std::string& address, const std::string& id, int32_t first_token, Done done) {
+void KvTransferLanes::End(const std::string& address, const std::string& id, int32_t first_token,
+                          Done done) {
   Job j;
   j.kind = Job::kEnd;
   j.id = id;
@@ -82,12 +83,12 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
   }
   if (lane->sender == nullptr) {
     std::string refused;
-    auto sender = TcpKvSender::ConnectFirst(lane->address, options_.info, options_.io_timeout, options_.data_paths,
-                                            &refused);
+    auto sender = KvControlSender::ConnectFirst(lane->address, options_.info, options_.io_timeout,
+                                                options_.data_paths, &refused);
     if (!sender.ok()) return sender.status();
     if (!refused.empty()) {
-      TANDEM_LOG(WARNING) << "KV connection to " << lane->address << ": layers go over " << (*sender)->data_path()
-                          << " (" << refused << ")";
+      TANDEM_LOG(WARNING) << "KV connection to " << lane->address << ": layers go over "
+                          << (*sender)->data_path() << " (" << refused << ")";
     }
     lane->sender = *std::move(sender);
   }
@@ -95,7 +96,9 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
     case Job::kBegin:
       lane->begun.insert(job.id);
       return lane->sender->Begin(job.id, job.num_tokens);
-    case Job::kLayer: return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage, job.ready.get());
+    case Job::kLayer:
+      return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage,
+                                     job.ready.get());
     case Job::kEnd: return lane->sender->End(job.id, job.first_token);
   }
   return absl::InternalError("unknown job");
@@ -122,7 +125,8 @@ void KvTransferLanes::Run(Lane* lane) {
       }
       idle = lane->jobs.empty();
       // (The connection's state only changes on this thread; the lock guards the queue.)
-      if (idle && lane->sender == nullptr && absl::Now() - idle_since >= options_.retire_idle_lane) {
+      if (idle && lane->sender == nullptr &&
+          absl::Now() - idle_since >= options_.retire_idle_lane) {
         auto it = lanes_.find(lane->address);
         retired_.push_back(std::move(it->second));  // joined by the next Enqueue or the destructor
         lanes_.erase(it);
@@ -155,13 +159,14 @@ void KvTransferLanes::Run(Lane* lane) {
       status = Execute(lane, job);
       if (status.ok() && job.kind == Job::kLayer && job.layer == options_.fault_stop_after_layer &&
           !fault_fired_.exchange(true)) {
-        TANDEM_LOG(WARNING) << "--fault-stop-after-kv-layer: layer " << job.layer << " of " << job.id
-                            << " sent; stopping this process (SIGSTOP) mid-transfer";
+        TANDEM_LOG(WARNING) << "--fault-stop-after-kv-layer: layer " << job.layer << " of "
+                            << job.id << " sent; stopping this process (SIGSTOP) mid-transfer";
         ::raise(SIGSTOP);
       }
       if (!status.ok()) {
         const absl::Status cause = status;
-        status = absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address, " failed: ", cause.message()));
+        status = absl::UnavailableError(
+            absl::StrCat("KV transfer to ", lane->address, " failed: ", cause.message()));
         lane->failed[job.id] = status;
         DropIfDisconnected(lane, cause);
       }
@@ -184,9 +189,9 @@ void KvTransferLanes::DropIfDisconnected(Lane* lane, const absl::Status& cause) 
   if (lane->sender == nullptr || lane->sender->Connected()) return;
   lane->sender.reset();
   for (const std::string& id : lane->begun) {
-    lane->failed.try_emplace(id, absl::UnavailableError(absl::StrCat("KV transfer to ", lane->address,
-                                                                     " failed: the connection was lost (",
-                                                                     cause.message(), ")")));
+    lane->failed.try_emplace(id, absl::UnavailableError(absl::StrCat(
+                                     "KV transfer to ", lane->address,
+                                     " failed: the connection was lost (", cause.message(), ")")));
   }
   lane->begun.clear();
 }

@@ -9,7 +9,8 @@
 // An idle lane looks at its connection every `idle_check`: one the decode worker closed (it died or
 // restarted) is dropped then, with its side link (an NCCL communicator and its staging memory), not
 // at the next transfer, which may never come; a lane with no connection left idle for
-// `retire_idle_lane` ends its thread and is forgotten (a decode worker that comes back gets a new one).
+// `retire_idle_lane` ends its thread and is forgotten (a decode worker that comes back gets a new
+// one).
 #pragma once
 
 #include <atomic>
@@ -35,7 +36,7 @@ class KvTransferLanes {
     KvEndpointInfo info;      // this worker's model and geometry, checked at each handshake
     KvCacheStorage* storage;  // the engine's KV cache (blocks of handed-out requests are stable)
     absl::Duration io_timeout = absl::Seconds(10);
-    // Data paths for the layers, tried in this order with each decode worker (TcpKvSender::
+    // Data paths for the layers, tried in this order with each decode worker (KvControlSender::
     // ConnectFirst); nullptr: inline TCP. Each lane's connection joins its own link, kept until the
     // connection fails; a new connection tries them all again.
     std::vector<KvLinkFactory*> data_paths = {nullptr};
@@ -52,10 +53,10 @@ class KvTransferLanes {
   ~KvTransferLanes();  // finishes queued jobs' callbacks with UNAVAILABLE and joins the lanes
 
   void Begin(const std::string& address, const std::string& id, int64_t num_tokens);
-  // `ready`: the mark taken when the layer's KV writes were enqueued (Backend::Mark); the send waits for
-  // that work alone. Null: for all the work enqueued when the lane gets to it.
-  void SendLayer(const std::string& address, const std::string& id, int32_t layer, std::vector<int32_t> blocks,
-                 std::shared_ptr<WorkMark> ready = nullptr);
+  // `ready`: the mark taken when the layer's KV writes were enqueued (Backend::Mark); the send
+  // waits for that work alone. Null: for all the work enqueued when the lane gets to it.
+  void SendLayer(const std::string& address, const std::string& id, int32_t layer,
+                 std::vector<int32_t> blocks, std::shared_ptr<WorkMark> ready = nullptr);
   // Ends the transfer; `done` gets OK once the receiver acknowledged every layer.
   void End(const std::string& address, const std::string& id, int32_t first_token, Done done);
   // Skips the request's remaining jobs; its End callback then gets CANCELLED.
@@ -86,8 +87,8 @@ class KvTransferLanes {
   void Enqueue(const std::string& address, Job job);
   void Run(Lane* lane);
   absl::Status Execute(Lane* lane, const Job& job);
-  // Drops the lane's connection when it is gone (KvSender::Connected); each transfer begun on it then
-  // fails with `cause`.
+  // Drops the lane's connection when it is gone (KvSender::Connected); each transfer begun on it
+  // then fails with `cause`.
   static void DropIfDisconnected(Lane* lane, const absl::Status& cause);
 
   Options options_;
@@ -95,7 +96,8 @@ class KvTransferLanes {
   absl::CondVar changed_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Lane>> retired_ ABSL_GUARDED_BY(mu_);  // threads ended or ending: to join
+  std::vector<std::unique_ptr<Lane>> retired_
+      ABSL_GUARDED_BY(mu_);  // threads ended or ending: to join
   absl::flat_hash_set<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> fault_fired_{false};
 };

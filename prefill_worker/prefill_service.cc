@@ -10,8 +10,9 @@ namespace tandem {
 
 PrefillService::~PrefillService() { Stop(); }
 
-absl::Status PrefillService::Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
-                                   WorkerMetrics* metrics, v1::WorkerDescription* description) {
+absl::Status PrefillService::Start(LlamaModel* model, Engine* engine,
+                                   const std::string& fingerprint, WorkerMetrics* metrics,
+                                   v1::WorkerDescription* description) {
   (void)model;
   (void)description;
   engine_ = engine;
@@ -19,14 +20,19 @@ absl::Status PrefillService::Start(LlamaModel* model, Engine* engine, const std:
   absl::StatusOr<KvDataPaths> paths = KvDataPathsFromFlags(engine->kv_storage());
   if (!paths.ok()) return paths.status();
   data_paths_ = *std::move(paths);
-  lanes_ = std::make_unique<KvTransferLanes>(KvTransferLanes::Options{{fingerprint, engine->kv_storage()->geometry()},
-                                                                      engine->kv_storage(), options_.kv_io_timeout,
-                                                                      data_paths_.order(),
-                                                                      options_.fault_stop_after_kv_layer});
-  TANDEM_LOG(INFO) << "KV layers go " << (data_paths_.links().empty() ? "inline on the TCP connection"
-                                                                       : "over " + data_paths_.Describe());
+  lanes_ = std::make_unique<KvTransferLanes>(
+      KvTransferLanes::Options{{fingerprint, engine->kv_storage()->geometry()},
+                               engine->kv_storage(),
+                               options_.kv_io_timeout,
+                               data_paths_.order(),
+                               options_.fault_stop_after_kv_layer});
+  TANDEM_LOG(INFO) << "KV layers go "
+                   << (data_paths_.links().empty() ? "inline on the TCP connection"
+                                                   : "over " + data_paths_.Describe());
   if (options_.layerwise_transfer) {
-    engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) { OnLayer(layer, completed); });
+    engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) {
+      OnLayer(layer, completed);
+    });
   }
   EngineLoop::Handlers handlers;
   handlers.metrics = metrics;
@@ -55,7 +61,8 @@ EngineSnapshot PrefillService::snapshot() const {
 }
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
-                                                  const v1::PrefillRequest* request, v1::PrefillResponse* response) {
+                                                  const v1::PrefillRequest* request,
+                                                  v1::PrefillResponse* response) {
   const std::string id = request->request_id();
   std::shared_ptr<Call> call;
   auto* reactor = Call::Start(
@@ -69,25 +76,29 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     return reactor;
   }
   ++in_flight_;
-  loop_->Post([this, call, context, req = *request](Engine& e) mutable { StartCall(e, std::move(call), context, std::move(req)); });
+  loop_->Post([this, call, context, req = *request](Engine& e) mutable {
+    StartCall(e, std::move(call), context, std::move(req));
+  });
   return reactor;
 }
 
-void PrefillService::StartCall(Engine& engine, std::shared_ptr<Call> call, grpc::CallbackServerContext* context,
-                               v1::PrefillRequest request) {
+void PrefillService::StartCall(Engine& engine, std::shared_ptr<Call> call,
+                               grpc::CallbackServerContext* context, v1::PrefillRequest request) {
   const std::string id = request.request_id();
   auto refuse = [&](const absl::Status& s) {
     --in_flight_;
     call->Finish(rpc::ToGrpc(s));
   };
   if (call->cancelled()) return refuse(absl::CancelledError("cancelled"));
-  if (requests_.contains(id)) return refuse(absl::AlreadyExistsError(absl::StrCat("request \"", id, "\" is in flight")));
+  if (requests_.contains(id))
+    return refuse(absl::AlreadyExistsError(absl::StrCat("request \"", id, "\" is in flight")));
   EngineRequest er;
   er.id = id;
   er.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   er.params = rpc::FromProto(request.sampling());
   if (er.params.max_tokens != 0 && request.decode_kv_address().empty()) {
-    return refuse(absl::InvalidArgumentError("decode_kv_address is required unless max_tokens is 0"));
+    return refuse(
+        absl::InvalidArgumentError("decode_kv_address is required unless max_tokens is 0"));
   }
   Request r;
   r.call = call;
@@ -101,8 +112,8 @@ void PrefillService::StartCall(Engine& engine, std::shared_ptr<Call> call, grpc:
 }
 
 void PrefillService::OnLayer(int64_t layer, const std::vector<std::string>& completed) {
-  // Called as the layer's KV writes are enqueued: its sends wait for them, not for the layers (or the
-  // step) enqueued after them by the time a lane gets to it.
+  // Called as the layer's KV writes are enqueued: its sends wait for them, not for the layers (or
+  // the step) enqueued after them by the time a lane gets to it.
   std::shared_ptr<WorkMark> ready;
   for (const std::string& id : completed) {
     auto it = requests_.find(id);
@@ -110,7 +121,8 @@ void PrefillService::OnLayer(int64_t layer, const std::vector<std::string>& comp
     const Request& r = it->second;
     if (layer == 0) lanes_->Begin(r.decode_address, id, r.num_tokens);
     if (ready == nullptr) ready = engine_->kv_storage()->backend()->Mark();
-    lanes_->SendLayer(r.decode_address, id, static_cast<int32_t>(layer), engine_->block_table(id), ready);
+    lanes_->SendLayer(r.decode_address, id, static_cast<int32_t>(layer), engine_->block_table(id),
+                      ready);
   }
 }
 
@@ -126,7 +138,8 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
       resp.set_compute_seconds(absl::ToDoubleSeconds(now - o.first_scheduled));
     }
     resp.set_cached_prompt_tokens(static_cast<int32_t>(o.num_cached_tokens));
-    if (o.prompt_logprobs) rpc::AppendPromptLogprobs(*o.prompt_logprobs, r.prompt, resp.mutable_prompt_logprobs());
+    if (o.prompt_logprobs)
+      rpc::AppendPromptLogprobs(*o.prompt_logprobs, r.prompt, resp.mutable_prompt_logprobs());
     if (!o.finished) continue;
     if (o.finish_reason == FinishReason::kPrefillDone && !o.new_token_ids.empty()) {
       const int32_t first = o.new_token_ids[0];
@@ -136,16 +149,19 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
       r.transferring = true;
       if (!options_.layerwise_transfer) {
         const KvCacheGeometry& g = engine_->kv_storage()->geometry();
-        const std::shared_ptr<WorkMark> ready = engine_->kv_storage()->backend()->Mark();  // the step's work
+        const std::shared_ptr<WorkMark> ready =
+            engine_->kv_storage()->backend()->Mark();  // the step's work
         lanes_->Begin(r.decode_address, o.id, r.num_tokens);
         for (int32_t l = 0; l < g.num_layers; ++l) {
           lanes_->SendLayer(r.decode_address, o.id, l, engine_->block_table(o.id), ready);
         }
       }
-      lanes_->End(r.decode_address, o.id, first, [this, id = o.id](const absl::Status& s, double seconds) {
-        loop_->Post([this, id, s, seconds](Engine& e) { TransferDone(e, id, s, seconds); });
-      });
-    } else if (o.finish_reason == FinishReason::kLength) {  // max_tokens 0: prompt evaluated, nothing to send
+      lanes_->End(
+          r.decode_address, o.id, first, [this, id = o.id](const absl::Status& s, double seconds) {
+            loop_->Post([this, id, s, seconds](Engine& e) { TransferDone(e, id, s, seconds); });
+          });
+    } else if (o.finish_reason ==
+               FinishReason::kLength) {  // max_tokens 0: prompt evaluated, nothing to send
       Answer(o.id, grpc::Status::OK, "prompt evaluated");
     } else if (o.finish_reason != FinishReason::kAbort) {
       const std::string name = FinishReasonName(o.finish_reason);
@@ -154,7 +170,8 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
   }
 }
 
-void PrefillService::TransferDone(Engine& engine, const std::string& id, const absl::Status& status, double seconds) {
+void PrefillService::TransferDone(Engine& engine, const std::string& id, const absl::Status& status,
+                                  double seconds) {
   (void)engine.Release(id);
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
@@ -171,7 +188,8 @@ void PrefillService::TransferDone(Engine& engine, const std::string& id, const a
   }
   if (!status.ok()) {
     r.context->AddTrailingMetadata(kKvFailureKey, "1");
-    return Answer(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(status.message())), "transfer failed");
+    return Answer(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(status.message())),
+                  "transfer failed");
   }
   Answer(id, grpc::Status::OK, "transferred");
 }
@@ -191,13 +209,15 @@ void PrefillService::CancelCall(Engine& engine, const std::string& id) {
   Answer(id, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"), "cancelled");
 }
 
-void PrefillService::Answer(const std::string& id, const grpc::Status& status, const std::string& outcome) {
+void PrefillService::Answer(const std::string& id, const grpc::Status& status,
+                            const std::string& outcome) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request& r = it->second;
-  TANDEM_LOG(INFO) << "request " << id << " " << outcome << ": prompt " << r.num_tokens << " tokens ("
-                   << r.response.cached_prompt_tokens() << " cached), queue " << r.response.queue_seconds() * 1e3
-                   << " ms, compute " << r.response.compute_seconds() * 1e3 << " ms, transfer "
+  TANDEM_LOG(INFO) << "request " << id << " " << outcome << ": prompt " << r.num_tokens
+                   << " tokens (" << r.response.cached_prompt_tokens() << " cached), queue "
+                   << r.response.queue_seconds() * 1e3 << " ms, compute "
+                   << r.response.compute_seconds() * 1e3 << " ms, transfer "
                    << r.response.transfer_seconds() * 1e3 << " ms";
   r.call->Finish(status, &r.response);
   requests_.erase(it);

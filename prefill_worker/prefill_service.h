@@ -1,8 +1,9 @@
 // The prefill worker's service (tandem.v1.Prefill).
 //
 // A Prefill call queues the prompt in the prefill-role engine (chunked, batched with other prompts,
-// prefix cache reused). During the step that completes the prompt, each layer's KV blocks are handed
-// to the transfer lane of the request's decode worker as soon as that layer is computed (with
+// prefix cache reused). During the step that completes the prompt, each layer's KV blocks are
+// handed to the transfer lane of the request's decode worker as soon as that layer is computed
+// (with
 // --layerwise-transfer=false, after the whole step: the comparison point). The first token is
 // sampled here and sent with the end of the transfer; the call answers once the decode worker
 // acknowledged it, with the first token, its logprobs and the time spent queued, computing and
@@ -37,13 +38,14 @@ class PrefillService final : public v1::Prefill::CallbackService, public EngineS
   explicit PrefillService(const Options& options) : options_(options) {}
   ~PrefillService() override;
 
-  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context, const v1::PrefillRequest* request,
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const v1::PrefillRequest* request,
                                     v1::PrefillResponse* response) override;
 
   std::vector<grpc::Service*> grpc_services() override { return {this}; }
   std::vector<std::string> health_service_names() const override { return {"tandem.v1.Prefill"}; }
-  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint, WorkerMetrics* metrics,
-                     v1::WorkerDescription* description) override;
+  absl::Status Start(LlamaModel* model, Engine* engine, const std::string& fingerprint,
+                     WorkerMetrics* metrics, v1::WorkerDescription* description) override;
   void Stop() override;
   EngineSnapshot snapshot() const override;
 
@@ -65,7 +67,8 @@ class PrefillService final : public v1::Prefill::CallbackService, public EngineS
   void CancelCall(Engine& engine, const std::string& id);
   void OnLayer(int64_t layer, const std::vector<std::string>& completed);
   void OnOutputs(std::vector<RequestOutput>& outputs);
-  void TransferDone(Engine& engine, const std::string& id, const absl::Status& status, double seconds);
+  void TransferDone(Engine& engine, const std::string& id, const absl::Status& status,
+                    double seconds);
   void Answer(const std::string& id, const grpc::Status& status, const std::string& outcome);
 
   Options options_;

@@ -1,9 +1,9 @@
 #include "router/cluster.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc/dtype_proto.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/rpc/dtype_proto.h"
 #include "common/rpc/status.h"
 
 namespace tandem::router {
@@ -32,7 +32,8 @@ Cluster::~Cluster() {
 }
 
 absl::Status Cluster::Register(const v1::WorkerDescription& w) {
-  if (w.role() == v1::WORKER_ROLE_UNSPECIFIED) return absl::InvalidArgumentError("worker role is unspecified");
+  if (w.role() == v1::WORKER_ROLE_UNSPECIFIED)
+    return absl::InvalidArgumentError("worker role is unspecified");
   if (w.role() == v1::WORKER_ROLE_DECODE && w.kv_address().empty()) {
     return absl::InvalidArgumentError("a decode worker registers with its KV receiver address");
   }
@@ -52,8 +53,8 @@ absl::Status Cluster::Register(const v1::WorkerDescription& w) {
   const bool known = descriptions_.contains(w.address());
   descriptions_[w.address()] = w;
   if (!known) {
-    TANDEM_LOG(INFO) << "worker " << w.address() << " registered (" << v1::WorkerRole_Name(w.role()) << ", "
-                     << w.total_blocks() << " KV blocks)";
+    TANDEM_LOG(INFO) << "worker " << w.address() << " registered (" << v1::WorkerRole_Name(w.role())
+                     << ", " << w.total_blocks() << " KV blocks)";
   }
   return absl::OkStatus();
 }
@@ -92,13 +93,15 @@ void Cluster::MarkUnhealthy(const std::string& address) {
 
 bool Cluster::IsHealthy(const std::string& address) const { return registry_.IsHealthy(address); }
 
-std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role, const absl::flat_hash_set<std::string>& exclude) const {
+std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role,
+                                      const absl::flat_hash_set<std::string>& exclude) const {
   std::vector<WorkerLoad> out;
   const WorkerRole r = role == v1::WORKER_ROLE_PREFILL ? WorkerRole::kPrefill : WorkerRole::kDecode;
   absl::MutexLock lock(&mu_);
   for (WorkerLoad& w : registry_.Snapshot(r)) {
     auto it = descriptions_.find(w.id);
-    if (it == descriptions_.end() || it->second.role() != role || !w.healthy || w.draining || exclude.contains(w.id)) {
+    if (it == descriptions_.end() || it->second.role() != role || !w.healthy || w.draining ||
+        exclude.contains(w.id)) {
       continue;
     }
     if (auto a = accounting_.find(w.id); a != accounting_.end()) {
@@ -111,8 +114,8 @@ std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role, const absl::flat_hash
   return out;
 }
 
-absl::StatusOr<Cluster::Worker> Cluster::ChoosePrefill(const std::vector<int32_t>& prompt,
-                                                       const absl::flat_hash_set<std::string>& exclude) const {
+absl::StatusOr<Cluster::Worker> Cluster::ChoosePrefill(
+    const std::vector<int32_t>& prompt, const absl::flat_hash_set<std::string>& exclude) const {
   std::vector<WorkerLoad> live = Live(v1::WORKER_ROLE_PREFILL, exclude);
   if (live.empty()) return absl::UnavailableError("no live prefill worker");
   std::string address;
@@ -125,15 +128,19 @@ absl::StatusOr<Cluster::Worker> Cluster::ChoosePrefill(const std::vector<int32_t
   return Worker{address, descriptions_.at(address)};
 }
 
-absl::StatusOr<Cluster::Worker> Cluster::ChooseDecode(const DecodeDemand& demand, bool combined,
-                                                      const absl::flat_hash_set<std::string>& exclude) const {
-  std::vector<WorkerLoad> live = Live(combined ? v1::WORKER_ROLE_COMBINED : v1::WORKER_ROLE_DECODE, exclude);
-  if (live.empty()) return absl::UnavailableError(combined ? "no live combined worker" : "no live decode worker");
+absl::StatusOr<Cluster::Worker> Cluster::ChooseDecode(
+    const DecodeDemand& demand, bool combined,
+    const absl::flat_hash_set<std::string>& exclude) const {
+  std::vector<WorkerLoad> live =
+      Live(combined ? v1::WORKER_ROLE_COMBINED : v1::WORKER_ROLE_DECODE, exclude);
+  if (live.empty())
+    return absl::UnavailableError(combined ? "no live combined worker" : "no live decode worker");
   // KV pressure degrades service instead of toppling it: a worker above its high-water mark takes
   // no new work; when all are, the request is refused at once (the client retries later).
   std::erase_if(live, [](const WorkerLoad& w) { return w.kv_full; });
   if (live.empty()) {
-    return absl::ResourceExhaustedError("every decode worker is above its KV high-water mark; retry later");
+    return absl::ResourceExhaustedError(
+        "every decode worker is above its KV high-water mark; retry later");
   }
   ASSIGN_OR_RETURN(std::string address, ChooseDecodeWorker(live, demand));
   absl::MutexLock lock(&mu_);
@@ -143,12 +150,14 @@ absl::StatusOr<Cluster::Worker> Cluster::ChooseDecode(const DecodeDemand& demand
 absl::StatusOr<bool> Cluster::UseDisaggregated() const {
   if (num_live(v1::WORKER_ROLE_PREFILL) > 0 && num_live(v1::WORKER_ROLE_DECODE) > 0) return true;
   if (num_live(v1::WORKER_ROLE_COMBINED) > 0) return false;
-  return absl::UnavailableError(absl::StrCat("no live workers (prefill ", num_live(v1::WORKER_ROLE_PREFILL), ", decode ",
-                                             num_live(v1::WORKER_ROLE_DECODE), ", combined ",
-                                             num_live(v1::WORKER_ROLE_COMBINED), ")"));
+  return absl::UnavailableError(absl::StrCat(
+      "no live workers (prefill ", num_live(v1::WORKER_ROLE_PREFILL), ", decode ",
+      num_live(v1::WORKER_ROLE_DECODE), ", combined ", num_live(v1::WORKER_ROLE_COMBINED), ")"));
 }
 
-int64_t Cluster::num_live(v1::WorkerRole role) const { return static_cast<int64_t>(Live(role, {}).size()); }
+int64_t Cluster::num_live(v1::WorkerRole role) const {
+  return static_cast<int64_t>(Live(role, {}).size());
+}
 
 int64_t Cluster::max_model_len() const {
   absl::MutexLock lock(&mu_);
@@ -166,7 +175,8 @@ std::shared_ptr<grpc::Channel> Cluster::Channel(const std::string& address) {
     // Detect a dead peer on an idle connection: keepalive pings, failing within a few seconds.
     const int keepalive_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive));
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_timeout)));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_timeout)));
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
@@ -193,7 +203,8 @@ v1::Decode::Stub* Cluster::decode_stub(const std::string& address) {
 v1::ListWorkersResponse Cluster::List() const {
   v1::ListWorkersResponse out;
   absl::flat_hash_set<std::string> live;
-  for (v1::WorkerRole r : {v1::WORKER_ROLE_PREFILL, v1::WORKER_ROLE_DECODE, v1::WORKER_ROLE_COMBINED}) {
+  for (v1::WorkerRole r :
+       {v1::WORKER_ROLE_PREFILL, v1::WORKER_ROLE_DECODE, v1::WORKER_ROLE_COMBINED}) {
     for (const WorkerLoad& w : Live(r, {})) live.insert(w.id);
   }
   absl::MutexLock lock(&mu_);

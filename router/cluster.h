@@ -86,7 +86,8 @@ class Cluster {
   v1::ListWorkersResponse List() const;
 
  private:
-  std::vector<WorkerLoad> Live(v1::WorkerRole role, const absl::flat_hash_set<std::string>& exclude) const;
+  std::vector<WorkerLoad> Live(v1::WorkerRole role,
+                               const absl::flat_hash_set<std::string>& exclude) const;
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
   void PollStatic();
 
@@ -101,8 +102,10 @@ class Cluster {
   };
   absl::flat_hash_map<std::string, Accounting> accounting_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> prefill_stubs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> decode_stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::Prefill::Stub>> prefill_stubs_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::Decode::Stub>> decode_stubs_
+      ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex policy_mu_;
   mutable PrefillPolicy prefill_policy_ ABSL_GUARDED_BY(policy_mu_);
   absl::Notification stop_;

@@ -1,8 +1,9 @@
 // Chooses the decode worker for a request: among healthy workers whose free KV blocks can hold the
 // prompt (plus headroom for its output), the one with the lowest KV usage (fraction of its pool in
 // use) plus share of the sequences running or waiting across the workers: memory pressure and batch
-// size both count, and equal workers take turns. Ties go to the first in the list. When none can, the request is refused at once (RESOURCE_EXHAUSTED): backpressure
-// before any prefill work. Pure logic.
+// size both count, and equal workers take turns. Ties go to the first in the list. When none can,
+// the request is refused at once (RESOURCE_EXHAUSTED): backpressure before any prefill work. Pure
+// logic.
 #pragma once
 
 #include <string>

@@ -57,7 +57,8 @@ class StreamSink final : public FlowSink {
 // Gathers a whole response for the unary Generate.
 class UnarySink final : public FlowSink {
  public:
-  explicit UnarySink(std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call) : call_(std::move(call)) {}
+  explicit UnarySink(std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call)
+      : call_(std::move(call)) {}
   void Delta(v1::TextDelta delta) override {
     text_ += delta.text();
     for (int32_t id : delta.token_ids()) ids_.push_back(id);
@@ -80,11 +81,13 @@ class UnarySink final : public FlowSink {
 // Observes a flow for the router's metrics, then forwards to the client's sink.
 class MeteredSink final : public FlowSink {
  public:
-  MeteredSink(std::shared_ptr<FlowSink> inner, RouterMetrics* metrics) : inner_(std::move(inner)), metrics_(metrics) {}
+  MeteredSink(std::shared_ptr<FlowSink> inner, RouterMetrics* metrics)
+      : inner_(std::move(inner)), metrics_(metrics) {}
   void Delta(v1::TextDelta delta) override {
     if (delta.token_ids_size() > 0) {
       const absl::Time now = absl::Now();
-      if (last_ != absl::InfinitePast()) metrics_->ObserveInterToken(absl::ToDoubleSeconds(now - last_), delta.token_ids_size());
+      if (last_ != absl::InfinitePast())
+        metrics_->ObserveInterToken(absl::ToDoubleSeconds(now - last_), delta.token_ids_size());
       last_ = now;
     }
     inner_->Delta(std::move(delta));
@@ -102,10 +105,15 @@ class MeteredSink final : public FlowSink {
 
 }  // namespace
 
-GenerationService::GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer,
-                                     RouterMetrics* metrics)
-    : options_(options), cluster_(cluster), tokenizer_(tokenizer), metrics_(metrics), env_{cluster, tokenizer} {
-  for (int i = 0; i < std::max(1, options_.max_concurrent_requests); ++i) threads_.emplace_back([this] { FlowThread(); });
+GenerationService::GenerationService(const Options& options, Cluster* cluster,
+                                     const Tokenizer* tokenizer, RouterMetrics* metrics)
+    : options_(options),
+      cluster_(cluster),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      env_{cluster, tokenizer} {
+  for (int i = 0; i < std::max(1, options_.max_concurrent_requests); ++i)
+    threads_.emplace_back([this] { FlowThread(); });
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -125,7 +133,8 @@ int64_t GenerationService::in_flight() const {
 }
 
 absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl::Time deadline,
-                                       std::shared_ptr<FlowControl> control, const SinkFactory& make_sink) {
+                                       std::shared_ptr<FlowControl> control,
+                                       const SinkFactory& make_sink) {
   absl::StatusOr<FlowRequest> r = Validate(request, deadline);
   absl::Status s = r.status();
   if (s.ok()) {
@@ -133,7 +142,8 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
     std::shared_ptr<FlowSink> sink = make_sink(flow->id);
     s = Admit(std::move(flow), std::move(control), std::move(sink), request.priority());
   }
-  if (!s.ok() && metrics_ != nullptr) metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
+  if (!s.ok() && metrics_ != nullptr)
+    metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
   return s;
 }
 
@@ -144,38 +154,42 @@ void GenerationService::StartDraining() {
 
 absl::Status GenerationService::CheckModel(const std::string& model) const {
   if (model.empty() || model == options_.model.name()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("unknown model \"", model, "\"; this router serves \"",
-                                                 options_.model.name(), "\""));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model \"", model, "\"; this router serves \"", options_.model.name(), "\""));
 }
 
-absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateRequest& req, absl::Time deadline) const {
+absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateRequest& req,
+                                                        absl::Time deadline) const {
   RETURN_IF_ERROR(CheckModel(req.model()));
   FlowRequest r;
   r.id = req.request_id().empty() ? NewRequestId() : req.request_id();
   if (r.id.size() > 256) return absl::InvalidArgumentError("request_id is longer than 256 bytes");
   for (unsigned char c : r.id) {
-    if (c < 0x20 || c == 0x7f) return absl::InvalidArgumentError("request_id contains control characters");
+    if (c < 0x20 || c == 0x7f)
+      return absl::InvalidArgumentError("request_id contains control characters");
   }
   const int64_t vocab = options_.model.vocab_size();
   switch (req.input_case()) {
     case v1::GenerateRequest::kPrompt:
       if (req.prompt().empty()) return absl::InvalidArgumentError("prompt is empty");
-      if (req.prompt().size() > (64u << 20)) return absl::InvalidArgumentError("prompt is larger than 64 MiB");
+      if (req.prompt().size() > (64u << 20))
+        return absl::InvalidArgumentError("prompt is larger than 64 MiB");
       r.prompt = tokenizer_->Encode(req.prompt(), req.add_special_tokens());
       if (r.prompt.empty()) return absl::InvalidArgumentError("prompt encodes to no tokens");
       break;
     case v1::GenerateRequest::kPromptTokenIds:
-      if (req.prompt_token_ids().ids_size() == 0) return absl::InvalidArgumentError("prompt_token_ids is empty");
+      if (req.prompt_token_ids().ids_size() == 0)
+        return absl::InvalidArgumentError("prompt_token_ids is empty");
       r.prompt.assign(req.prompt_token_ids().ids().begin(), req.prompt_token_ids().ids().end());
       for (size_t i = 0; i < r.prompt.size(); ++i) {
         if (r.prompt[i] < 0 || r.prompt[i] >= vocab) {
-          return absl::InvalidArgumentError(absl::StrCat("prompt_token_ids[", i, "] = ", r.prompt[i],
-                                                         " is outside the vocabulary [0, ", vocab, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("prompt_token_ids[", i, "] = ", r.prompt[i],
+                           " is outside the vocabulary [0, ", vocab, ")"));
         }
       }
       break;
-    default:
-      return absl::InvalidArgumentError("give prompt or prompt_token_ids");
+    default: return absl::InvalidArgumentError("give prompt or prompt_token_ids");
   }
   r.params = rpc::FromProto(req.sampling());
   r.proto_params = req.sampling();
@@ -183,11 +197,13 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
   r.proto_params.clear_skip_special_tokens();
   SamplingLimits limits;
   limits.vocab_size = vocab;
-  limits.max_model_len = cluster_->max_model_len() > 0 ? cluster_->max_model_len() : options_.model.max_position_embeddings();
+  limits.max_model_len = cluster_->max_model_len() > 0 ? cluster_->max_model_len()
+                                                       : options_.model.max_position_embeddings();
   limits.prompt_len = static_cast<int64_t>(r.prompt.size());
   limits.max_logprobs = options_.max_logprobs;
   if (limits.prompt_len >= limits.max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", limits.prompt_len, " tokens; the context holds ",
+    return absl::InvalidArgumentError(absl::StrCat("the prompt has ", limits.prompt_len,
+                                                   " tokens; the context holds ",
                                                    limits.max_model_len, " (prompt and output)"));
   }
   RETURN_IF_ERROR(r.params.Validate(limits));
@@ -196,22 +212,25 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
   r.skip_special_tokens = req.sampling().skip_special_tokens();
   r.arrival = absl::Now();
   r.deadline = std::min(deadline, r.arrival + options_.request_timeout);
-  if (r.deadline <= r.arrival) return absl::DeadlineExceededError("the deadline passed before the request arrived");
+  if (r.deadline <= r.arrival)
+    return absl::DeadlineExceededError("the deadline passed before the request arrived");
   return r;
 }
 
-absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
+absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request,
+                                      std::shared_ptr<FlowControl> control,
                                       std::shared_ptr<FlowSink> sink, int32_t priority) {
   absl::MutexLock lock(&mu_);
   if (stopping_ || draining_) return absl::UnavailableError("the router is shutting down");
   const int64_t waiting = static_cast<int64_t>(queue_.size());
   if (running_ + waiting >= options_.max_concurrent_requests + options_.max_queued_requests) {
-    return absl::ResourceExhaustedError(absl::StrCat("overloaded: ", running_, " requests running and ", waiting,
-                                                     " queued (--max-queued-requests ", options_.max_queued_requests,
-                                                     "); retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "overloaded: ", running_, " requests running and ", waiting,
+        " queued (--max-queued-requests ", options_.max_queued_requests, "); retry later"));
   }
   if (!ids_.insert(request->id).second) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id \"", request->id, "\" is already in flight"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("request_id \"", request->id, "\" is already in flight"));
   }
   if (metrics_ != nullptr) {
     metrics_->Admitted();
@@ -225,7 +244,9 @@ absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request, std:
             if (control->cancelled()) {
               sink->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while queued"), {});
             } else if (absl::Now() >= request->deadline) {
-              sink->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded while queued"), {});
+              sink->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                        "deadline exceeded while queued"),
+                           {});
             } else {
               RunFlow(env_, *request, control.get(), sink.get());
             }
@@ -233,7 +254,8 @@ absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request, std:
             active_.erase(control);
             ids_.erase(request->id);
           }};
-  auto pos = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) { return j.priority < priority; });
+  auto pos = std::find_if(queue_.begin(), queue_.end(),
+                          [&](const Job& j) { return j.priority < priority; });
   queue_.insert(pos, std::move(job));
   return absl::OkStatus();
 }
@@ -265,7 +287,8 @@ void GenerationService::Watchdog() {
       if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(100))) return;
       active.assign(active_.begin(), active_.end());
     }
-    for (const auto& c : active) c->CancelUnhealthy([this](const std::string& w) { return cluster_->IsHealthy(w); });
+    for (const auto& c : active)
+      c->CancelUnhealthy([this](const std::string& w) { return cluster_->IsHealthy(w); });
   }
 }
 
@@ -273,9 +296,11 @@ grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::Generat
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   auto control = std::make_shared<FlowControl>();
   std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream;
-  auto* reactor = rpc::ServerStream<v1::GenerateStreamResponse>::Start([control] { control->Cancel(); }, &stream);
-  absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control,
-                          [&](const std::string& id) { return std::make_shared<StreamSink>(stream, id); });
+  auto* reactor = rpc::ServerStream<v1::GenerateStreamResponse>::Start(
+      [control] { control->Cancel(); }, &stream);
+  absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control, [&](const std::string& id) {
+    return std::make_shared<StreamSink>(stream, id);
+  });
   if (!s.ok()) stream->Finish(rpc::ToGrpc(s));
   return reactor;
 }
@@ -285,7 +310,8 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
                                                       v1::GenerateResponse* response) {
   auto control = std::make_shared<FlowControl>();
   std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call;
-  auto* reactor = rpc::UnaryCall<v1::GenerateResponse>::Start(response, [control] { control->Cancel(); }, &call);
+  auto* reactor = rpc::UnaryCall<v1::GenerateResponse>::Start(
+      response, [control] { control->Cancel(); }, &call);
   absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control,
                           [&](const std::string&) { return std::make_shared<UnarySink>(call); });
   if (!s.ok()) call->Finish(rpc::ToGrpc(s));
@@ -296,8 +322,10 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
                                                       const v1::TokenizeRequest* request,
                                                       v1::TokenizeResponse* response) {
   if (absl::Status s = CheckModel(request->model()); !s.ok()) return Answer(context, s);
-  if (request->text().size() > (64u << 20)) return Answer(context, absl::InvalidArgumentError("text is larger than 64 MiB"));
-  for (int32_t id : tokenizer_->Encode(request->text(), request->add_special_tokens())) response->add_ids(id);
+  if (request->text().size() > (64u << 20))
+    return Answer(context, absl::InvalidArgumentError("text is larger than 64 MiB"));
+  for (int32_t id : tokenizer_->Encode(request->text(), request->add_special_tokens()))
+    response->add_ids(id);
   return Answer(context, absl::OkStatus());
 }
 
@@ -313,7 +341,8 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 }
 
 grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
-                                                        const v1::ListModelsRequest*, v1::ListModelsResponse* response) {
+                                                        const v1::ListModelsRequest*,
+                                                        v1::ListModelsResponse* response) {
   *response->add_models() = options_.model;
   return Answer(context, absl::OkStatus());
 }
@@ -326,7 +355,8 @@ grpc::ServerUnaryReactor* RegistrationService::Register(grpc::CallbackServerCont
 }
 
 grpc::ServerUnaryReactor* RegistrationService::Heartbeat(grpc::CallbackServerContext* context,
-                                                         const v1::HeartbeatRequest* request, v1::HeartbeatResponse*) {
+                                                         const v1::HeartbeatRequest* request,
+                                                         v1::HeartbeatResponse*) {
   return Answer(context, cluster_->Heartbeat(request->address(), request->load()));
 }
 

@@ -39,15 +39,19 @@ class GenerationService final : public v1::Generation::CallbackService {
                     RouterMetrics* metrics = nullptr);
   ~GenerationService() override;
 
-  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(grpc::CallbackServerContext* context,
-                                                                       const v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context, const v1::GenerateRequest* request,
+  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const v1::GenerateRequest* request,
                                      v1::GenerateResponse* response) override;
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context, const v1::TokenizeRequest* request,
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context, const v1::DetokenizeRequest* request,
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const v1::DetokenizeRequest* request,
                                        v1::DetokenizeResponse* response) override;
-  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context, const v1::ListModelsRequest* request,
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 
   int64_t in_flight() const;
@@ -60,7 +64,8 @@ class GenerationService final : public v1::Generation::CallbackService {
     uint64_t order;
     std::function<void()> run;
   };
-  absl::StatusOr<FlowRequest> Validate(const v1::GenerateRequest& request, absl::Time deadline) const;
+  absl::StatusOr<FlowRequest> Validate(const v1::GenerateRequest& request,
+                                       absl::Time deadline) const;
   absl::Status CheckModel(const std::string& model) const;
   // Queues the flow or refuses it (RESOURCE_EXHAUSTED, ALREADY_EXISTS for an id in flight).
   absl::Status Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
@@ -68,8 +73,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Validates and admits a request; a refusal is counted and returned for the caller to finish its
   // call with.
   using SinkFactory = std::function<std::shared_ptr<FlowSink>(const std::string& request_id)>;
-  absl::Status Submit(const v1::GenerateRequest& request, absl::Time deadline, std::shared_ptr<FlowControl> control,
-                      const SinkFactory& make_sink);
+  absl::Status Submit(const v1::GenerateRequest& request, absl::Time deadline,
+                      std::shared_ptr<FlowControl> control, const SinkFactory& make_sink);
   void FlowThread();
   void Watchdog();
 
@@ -93,11 +98,14 @@ class GenerationService final : public v1::Generation::CallbackService {
 class RegistrationService final : public v1::Registration::CallbackService {
  public:
   explicit RegistrationService(Cluster* cluster) : cluster_(cluster) {}
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
-  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context, const v1::ListWorkersRequest* request,
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
+                                        const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
 
  private:

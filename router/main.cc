@@ -19,25 +19,32 @@
 #include "common/tokenizer/tokenizer.h"
 #include "router/generation_service.h"
 
-ABSL_FLAG(std::string, model, "", "Hugging Face model directory (config.json, tokenizer.json; weights' headers)");
-ABSL_FLAG(std::string, model_name, "", "name clients use for the model (default: the directory's name)");
+ABSL_FLAG(std::string, model, "",
+          "Hugging Face model directory (config.json, tokenizer.json; weights' headers)");
+ABSL_FLAG(std::string, model_name, "",
+          "name clients use for the model (default: the directory's name)");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0 = any free port; the chosen one is printed)");
 ABSL_FLAG(std::string, bind_address, "0.0.0.0", "address to listen on");
-ABSL_FLAG(std::string, workers, "", "static workers, comma-separated host:port (polled; they need no --router)");
-ABSL_FLAG(int64_t, max_queued_requests, 1024, "requests waiting for a flow thread beyond which new ones are refused");
+ABSL_FLAG(std::string, workers, "",
+          "static workers, comma-separated host:port (polled; they need no --router)");
+ABSL_FLAG(int64_t, max_queued_requests, 1024,
+          "requests waiting for a flow thread beyond which new ones are refused");
 ABSL_FLAG(int32_t, max_concurrent_requests, 256, "requests in flight through the cluster at once");
 ABSL_FLAG(double, request_timeout_s, 600, "deadline of requests that set none");
 ABSL_FLAG(double, heartbeat_timeout_s, 3, "a worker silent this long receives no new work");
 ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a request may ask for");
 ABSL_FLAG(int32_t, worker_keepalive_ms, 2000, "keepalive ping interval on connections to workers");
 ABSL_FLAG(int32_t, worker_keepalive_timeout_ms, 2000,
-          "a worker connection whose ping is not answered in this time is dropped (its calls fail UNAVAILABLE)");
-ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
+          "a worker connection whose ping is not answered in this time is dropped (its calls fail "
+          "UNAVAILABLE)");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tandem-router --model DIR [--port 50051] [--workers HOST:PORT,...] ...\n"
-                               "Router of a Tandem cluster; --helpfull lists every flag.");
+  absl::SetProgramUsageMessage(
+      "tandem-router --model DIR [--port 50051] [--workers HOST:PORT,...] ...\n"
+      "Router of a Tandem cluster; --helpfull lists every flag.");
   tandem::ParseCommandLine(argc, argv);
   tandem::InstallTerminationHandlers();
 
@@ -57,12 +64,14 @@ int main(int argc, char** argv) {
   tandem::router::Cluster::Options co;
   co.model_fingerprint = *fingerprint;
   co.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
-  for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace())) {
+  for (absl::string_view w :
+       absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace())) {
     co.static_workers.emplace_back(w);
   }
   co.prefill_policy.block_size = 16;
   co.keepalive = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_worker_keepalive_ms)));
-  co.keepalive_timeout = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_worker_keepalive_timeout_ms)));
+  co.keepalive_timeout =
+      absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_worker_keepalive_timeout_ms)));
   tandem::router::Cluster cluster(co);
 
   tandem::router::GenerationService::Options go;
@@ -81,7 +90,8 @@ int main(int argc, char** argv) {
   mo.model = name;
   mo.role = "router";
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    mo.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
+    mo.listen_address =
+        absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
   }
   auto metrics = tandem::Metrics::Create(mo);
   if (!metrics.ok()) return fail(metrics.status());
@@ -91,27 +101,30 @@ int main(int argc, char** argv) {
   tandem::router::RegistrationService registration(&cluster);
 
   tandem::rpc::ServerOptions so;
-  so.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
+  so.listen_address =
+      absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
   so.services = {&generation, &registration};
   so.health_service_names = {"tandem.v1.Generation", "tandem.v1.Registration"};
   auto server = tandem::rpc::StartServer(so);
   if (!server.ok()) return fail(server.status());
   server->SetServing(true);
-  std::printf("tandem-router: listening on %s:%d\n", absl::GetFlag(FLAGS_bind_address).c_str(), server->port);
+  std::printf("tandem-router: listening on %s:%d\n", absl::GetFlag(FLAGS_bind_address).c_str(),
+              server->port);
   if (!mo.listen_address.empty()) {
-    std::printf("tandem-router: metrics on %s:%d/metrics\n", absl::GetFlag(FLAGS_bind_address).c_str(),
-                (*metrics)->port());
+    std::printf("tandem-router: metrics on %s:%d/metrics\n",
+                absl::GetFlag(FLAGS_bind_address).c_str(), (*metrics)->port());
   }
   std::fflush(stdout);
-  TANDEM_LOG(INFO) << "router serving " << name << " (" << config->architecture << ", fingerprint " << *fingerprint
-                   << ") on port " << server->port;
+  TANDEM_LOG(INFO) << "router serving " << name << " (" << config->architecture << ", fingerprint "
+                   << *fingerprint << ") on port " << server->port;
 
   tandem::WaitForTerminationSignal();
   TANDEM_LOG(INFO) << "router: draining (" << generation.in_flight() << " requests in flight)";
   server->SetServing(false);
   generation.StartDraining();
   const absl::Time grace_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s));
-  while (generation.in_flight() > 0 && absl::Now() < grace_end) absl::SleepFor(absl::Milliseconds(20));
+  while (generation.in_flight() > 0 && absl::Now() < grace_end)
+    absl::SleepFor(absl::Milliseconds(20));
   // Idle client connections hold Shutdown until its deadline: keep it short once nothing runs.
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "router: stopped";

@@ -43,7 +43,8 @@ void PrefillPolicy::SetWorkers(const std::vector<WorkerLoad>& workers) {
       ring_.push_back({HashString(workers_[w].id, static_cast<uint64_t>(v)), w});
     }
   }
-  std::sort(ring_.begin(), ring_.end(), [](const RingPoint& a, const RingPoint& b) { return a.hash < b.hash; });
+  std::sort(ring_.begin(), ring_.end(),
+            [](const RingPoint& a, const RingPoint& b) { return a.hash < b.hash; });
 }
 
 uint64_t PrefillPolicy::AffinityKey(const std::vector<int32_t>& prompt) const {
@@ -70,7 +71,8 @@ absl::StatusOr<std::string> PrefillPolicy::ChooseForKey(uint64_t key) const {
   if (healthy == 0) return absl::UnavailableError("no healthy prefill worker");
   // Bounded load: no worker may take the request if that puts it above c × the average load
   // (counting the new request).
-  const double bound = options_.load_factor * static_cast<double>(total_load + 1) / static_cast<double>(healthy);
+  const double bound =
+      options_.load_factor * static_cast<double>(total_load + 1) / static_cast<double>(healthy);
   auto start = std::lower_bound(ring_.begin(), ring_.end(), key,
                                 [](const RingPoint& p, uint64_t k) { return p.hash < k; });
   const size_t first = static_cast<size_t>(start - ring_.begin());
@@ -79,7 +81,8 @@ absl::StatusOr<std::string> PrefillPolicy::ChooseForKey(uint64_t key) const {
     const WorkerLoad& w = workers_[ring_[(first + i) % ring_.size()].worker];
     if (!w.healthy) continue;
     if (static_cast<double>(w.waiting + w.running + 1) <= bound) return w.id;
-    if (fallback == nullptr || w.waiting + w.running < fallback->waiting + fallback->running) fallback = &w;
+    if (fallback == nullptr || w.waiting + w.running < fallback->waiting + fallback->running)
+      fallback = &w;
   }
   return fallback->id;  // every healthy worker is above the bound: the least loaded
 }

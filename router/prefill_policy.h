@@ -20,9 +20,9 @@ namespace tandem::router {
 class PrefillPolicy {
  public:
   struct Options {
-    int virtual_nodes = 64;       // ring points per worker
-    double load_factor = 1.25;    // c in the bounded-load scheme (> 1)
-    int affinity_blocks = 4;      // leading full blocks of the prompt that form the key
+    int virtual_nodes = 64;     // ring points per worker
+    double load_factor = 1.25;  // c in the bounded-load scheme (> 1)
+    int affinity_blocks = 4;    // leading full blocks of the prompt that form the key
     int block_size = 16;
   };
   explicit PrefillPolicy(const Options& options);

@@ -36,7 +36,8 @@ void FlowControl::Detach(grpc::ClientContext* context) {
 void FlowControl::CancelUnhealthy(const std::function<bool(const std::string&)>& healthy) {
   absl::MutexLock lock(&mu_);
   for (const Child& c : children_) {
-    if (std::find(lost_.begin(), lost_.end(), c.context) != lost_.end() || healthy(c.worker)) continue;
+    if (std::find(lost_.begin(), lost_.end(), c.context) != lost_.end() || healthy(c.worker))
+      continue;
     lost_.push_back(c.context);
     c.context->TryCancel();
   }
@@ -54,7 +55,8 @@ double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to
 // A child call's context, registered with the flow's control for its lifetime.
 class ChildCall {
  public:
-  ChildCall(FlowControl* control, const std::string& worker, absl::Time deadline) : control_(control) {
+  ChildCall(FlowControl* control, const std::string& worker, absl::Time deadline)
+      : control_(control) {
     rpc::SetDeadline(&context, deadline);
     control_->Attach(&context, worker);
   }
@@ -83,8 +85,10 @@ class Flow {
     } else if (control_->cancelled() && status.error_code() == grpc::StatusCode::CANCELLED) {
       status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
     }
-    if (!status.ok() && absl::Now() >= req_.deadline && status.error_code() != grpc::StatusCode::CANCELLED) {
-      status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded: " + status.error_message());
+    if (!status.ok() && absl::Now() >= req_.deadline &&
+        status.error_code() != grpc::StatusCode::CANCELLED) {
+      status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            "deadline exceeded: " + status.error_message());
     }
     v1::GenerateResponse& f = final_;
     f.set_request_id(req_.id);
@@ -93,7 +97,8 @@ class Flow {
     f.mutable_usage()->set_completion_tokens(completion_tokens_);
     v1::Timings* t = f.mutable_timings();
     t->set_router_queue(Seconds(req_.arrival, started_));
-    if (first_token_ != absl::InfinitePast()) t->set_time_to_first_token(Seconds(req_.arrival, first_token_));
+    if (first_token_ != absl::InfinitePast())
+      t->set_time_to_first_token(Seconds(req_.arrival, first_token_));
     t->set_end_to_end(Seconds(req_.arrival, absl::Now()));
     sink_->Finish(status, std::move(final_));
   }
@@ -128,17 +133,20 @@ class Flow {
 
   grpc::Status LostWorker(const std::string& role, const std::string& address) {
     env_.cluster->MarkUnhealthy(address);
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat(role, " worker ", address, " was lost"));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat(role, " worker ", address, " was lost"));
   }
 
   // Reads decode events until Finished or the end of the stream.
-  grpc::Status ReadDecode(ChildCall& call, grpc::ClientReader<v1::DecodeEvent>* reader, const std::string& address) {
+  grpc::Status ReadDecode(ChildCall& call, grpc::ClientReader<v1::DecodeEvent>* reader,
+                          const std::string& address) {
     v1::DecodeEvent event;
     while (reader->Read(&event)) {
       if (event.has_tokens()) {
         const v1::DecodeTokens& t = event.tokens();
         if (t.prompt_logprobs_size() > 0) *final_.mutable_prompt_logprobs() = t.prompt_logprobs();
-        if (t.token_ids_size() > 0 && first_token_ == absl::InfinitePast()) first_token_ = absl::Now();
+        if (t.token_ids_size() > 0 && first_token_ == absl::InfinitePast())
+          first_token_ = absl::Now();
         if (!Emit({t.token_ids().begin(), t.token_ids().end()}, t.logprobs())) {
           call.context.TryCancel();  // a stop string matched: the decode worker aborts the request
           reader->Finish();
@@ -150,11 +158,13 @@ class Flow {
         v1::Timings* t = final_.mutable_timings();
         t->set_decode_queue(f.decode_queue_seconds());
         if (f.prefill_queue_seconds() > 0) t->set_prefill_queue(f.prefill_queue_seconds());
-        if (f.cached_prompt_tokens() > 0) final_.mutable_usage()->set_cached_prompt_tokens(f.cached_prompt_tokens());
+        if (f.cached_prompt_tokens() > 0)
+          final_.mutable_usage()->set_cached_prompt_tokens(f.cached_prompt_tokens());
       }
     }
     grpc::Status s = reader->Finish();
-    if (call.lost() || (s.error_code() == grpc::StatusCode::UNAVAILABLE && !control_->cancelled())) {
+    if (call.lost() ||
+        (s.error_code() == grpc::StatusCode::UNAVAILABLE && !control_->cancelled())) {
       return LostWorker("decode", address);
     }
     if (s.ok() && finish_reason_ == v1::FINISH_REASON_UNSPECIFIED) {
@@ -166,14 +176,17 @@ class Flow {
   grpc::Status RunCombined() {
     absl::flat_hash_set<std::string> tried;
     while (true) {
-      absl::StatusOr<Cluster::Worker> w = env_.cluster->ChooseDecode(Demand(), /*combined=*/true, tried);
+      absl::StatusOr<Cluster::Worker> w =
+          env_.cluster->ChooseDecode(Demand(), /*combined=*/true, tried);
       if (!w.ok()) return rpc::ToGrpc(w.status());
       Cluster::Assignment assigned(env_.cluster, w->address, Blocks(*w));
       ChildCall call(control_, w->address, req_.deadline);
-      auto reader = env_.cluster->decode_stub(w->address)->Decode(&call.context, MakeDecodeRequest(true));
+      auto reader =
+          env_.cluster->decode_stub(w->address)->Decode(&call.context, MakeDecodeRequest(true));
       grpc::Status s = ReadDecode(call, reader.get(), w->address);
       // Nothing was produced yet by a worker that is gone: another one can take the request.
-      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && completion_tokens_ == 0 && TimeLeft()) {
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && completion_tokens_ == 0 &&
+          TimeLeft()) {
         tried.insert(w->address);
         continue;
       }
@@ -203,12 +216,13 @@ class Flow {
       if (s.ok()) return s;
       const auto& trailers = call.context.GetServerTrailingMetadata();
       const bool kv_failure = trailers.find("tandem-kv-failure") != trailers.end();
-      const bool worker_failed =
-          call.lost() || (s.error_code() == grpc::StatusCode::UNAVAILABLE && !kv_failure && !control_->cancelled());
+      const bool worker_failed = call.lost() || (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                                                 !kv_failure && !control_->cancelled());
       if (!worker_failed) return s;
       env_.cluster->MarkUnhealthy(w->address);
-      TANDEM_LOG(WARNING) << "request " << req_.id << ": prefill worker " << w->address << " failed ("
-                          << s.error_message() << ")" << (TimeLeft() ? ", retrying elsewhere" : "");
+      TANDEM_LOG(WARNING) << "request " << req_.id << ": prefill worker " << w->address
+                          << " failed (" << s.error_message() << ")"
+                          << (TimeLeft() ? ", retrying elsewhere" : "");
       if (!TimeLeft()) return LostWorker("prefill", w->address);
       tried.insert(w->address);
     }
@@ -236,11 +250,13 @@ class Flow {
     // 1. A decode worker reserves blocks (backpressure before any prefill work).
     absl::flat_hash_set<std::string> tried;
     while (true) {
-      absl::StatusOr<Cluster::Worker> w = env_.cluster->ChooseDecode(Demand(), /*combined=*/false, tried);
+      absl::StatusOr<Cluster::Worker> w =
+          env_.cluster->ChooseDecode(Demand(), /*combined=*/false, tried);
       if (!w.ok()) return rpc::ToGrpc(w.status());
       Cluster::Assignment assigned(env_.cluster, w->address, Blocks(*w));
       ChildCall call(control_, w->address, req_.deadline);
-      auto reader = env_.cluster->decode_stub(w->address)->Decode(&call.context, MakeDecodeRequest(false));
+      auto reader =
+          env_.cluster->decode_stub(w->address)->Decode(&call.context, MakeDecodeRequest(false));
       v1::DecodeEvent event;
       if (!reader->Read(&event) || !event.has_reserved()) {
         grpc::Status s = reader->Finish();
@@ -249,7 +265,9 @@ class Flow {
           tried.insert(w->address);
           continue;
         }
-        if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "decode stream did not start with a reservation");
+        if (s.ok())
+          s = grpc::Status(grpc::StatusCode::INTERNAL,
+                           "decode stream did not start with a reservation");
         return s;
       }
       // 2. Prefill, with the KV sent straight to the reserved blocks.
@@ -275,7 +293,8 @@ class Flow {
   }
 
   // Detokenizes `ids`, applies stop strings and sends a delta. False when a stop string matched.
-  bool Emit(const std::vector<int32_t>& ids, const google::protobuf::RepeatedPtrField<v1::PositionLogprobs>& logprobs) {
+  bool Emit(const std::vector<int32_t>& ids,
+            const google::protobuf::RepeatedPtrField<v1::PositionLogprobs>& logprobs) {
     if (text_.stopped()) return false;
     std::string text = text_.Add(ids);
     completion_tokens_ += static_cast<int32_t>(ids.size());
@@ -284,7 +303,8 @@ class Flow {
     for (const v1::PositionLogprobs& p : logprobs) {
       v1::PositionLogprobs* q = delta.add_logprobs();
       *q = p;
-      for (v1::TokenLogprob& t : *q->mutable_top()) t.set_token(env_.tokenizer->IdToToken(t.token_id()));
+      for (v1::TokenLogprob& t : *q->mutable_top())
+        t.set_token(env_.tokenizer->IdToToken(t.token_id()));
     }
     delta.set_text(std::move(text));
     sink_->Delta(std::move(delta));
@@ -322,7 +342,8 @@ class Flow {
 
 }  // namespace
 
-void RunFlow(const FlowEnvironment& env, const FlowRequest& request, FlowControl* control, FlowSink* sink) {
+void RunFlow(const FlowEnvironment& env, const FlowRequest& request, FlowControl* control,
+             FlowSink* sink) {
   Flow(env, request, control, sink).Run();
 }
 

@@ -59,7 +59,8 @@ class FlowControl {
   void Attach(grpc::ClientContext* context, const std::string& worker) ABSL_LOCKS_EXCLUDED(mu_);
   void Detach(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the child calls to workers `healthy` rejects, remembering them as lost.
-  void CancelUnhealthy(const std::function<bool(const std::string&)>& healthy) ABSL_LOCKS_EXCLUDED(mu_);
+  void CancelUnhealthy(const std::function<bool(const std::string&)>& healthy)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the watchdog cancelled this child call because its worker was lost.
   bool lost(const grpc::ClientContext* context) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -81,6 +82,7 @@ struct FlowEnvironment {
 };
 
 // Runs the request to its end; calls sink->Finish exactly once.
-void RunFlow(const FlowEnvironment& env, const FlowRequest& request, FlowControl* control, FlowSink* sink);
+void RunFlow(const FlowEnvironment& env, const FlowRequest& request, FlowControl* control,
+             FlowSink* sink);
 
 }  // namespace tandem::router

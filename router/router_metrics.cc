@@ -7,49 +7,64 @@ namespace tandem::router {
 
 RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
     : m_(m),
-      in_flight_(m->Gauge("tandem_requests_in_flight", "Requests admitted and not finished (queued or running).")),
-      ttft_(m->Histogram("tandem_time_to_first_token_seconds", "Arrival at the router to the first token.",
-                         Metrics::LatencyBuckets())),
-      itl_(m->Histogram("tandem_inter_token_latency_seconds", "Time between consecutive output tokens.",
-                        Metrics::TokenLatencyBuckets())),
+      in_flight_(m->Gauge("tandem_requests_in_flight",
+                          "Requests admitted and not finished (queued or running).")),
+      ttft_(m->Histogram("tandem_time_to_first_token_seconds",
+                         "Arrival at the router to the first token.", Metrics::LatencyBuckets())),
+      itl_(m->Histogram("tandem_inter_token_latency_seconds",
+                        "Time between consecutive output tokens.", Metrics::TokenLatencyBuckets())),
       tpot_(m->Histogram("tandem_time_per_output_token_seconds",
-                         "(end to end - TTFT) / (output tokens - 1), per request.", Metrics::TokenLatencyBuckets())),
-      e2e_(m->Histogram("tandem_e2e_request_latency_seconds", "Arrival at the router to the last token.",
-                        Metrics::LatencyBuckets())),
-      router_queue_(m->Histogram("tandem_router_queue_seconds", "Time a request waited in the router's queue.",
+                         "(end to end - TTFT) / (output tokens - 1), per request.",
+                         Metrics::TokenLatencyBuckets())),
+      e2e_(m->Histogram("tandem_e2e_request_latency_seconds",
+                        "Arrival at the router to the last token.", Metrics::LatencyBuckets())),
+      router_queue_(m->Histogram("tandem_router_queue_seconds",
+                                 "Time a request waited in the router's queue.",
                                  Metrics::LatencyBuckets())),
-      prefill_queue_(m->Histogram("tandem_prefill_queue_seconds", "TTFT part: waiting in the prefill worker.",
+      prefill_queue_(m->Histogram("tandem_prefill_queue_seconds",
+                                  "TTFT part: waiting in the prefill worker.",
                                   Metrics::LatencyBuckets())),
-      prefill_compute_(m->Histogram("tandem_prefill_compute_seconds", "TTFT part: computing the prompt.",
-                                    Metrics::LatencyBuckets())),
-      kv_transfer_(m->Histogram("tandem_request_kv_transfer_seconds",
-                                "TTFT part: first token sampled to the decode worker's acknowledgement of the KV.",
-                                Metrics::LatencyBuckets())),
+      prefill_compute_(m->Histogram("tandem_prefill_compute_seconds",
+                                    "TTFT part: computing the prompt.", Metrics::LatencyBuckets())),
+      kv_transfer_(m->Histogram(
+          "tandem_request_kv_transfer_seconds",
+          "TTFT part: first token sampled to the decode worker's acknowledgement of the KV.",
+          Metrics::LatencyBuckets())),
       decode_queue_(m->Histogram("tandem_decode_queue_seconds",
-                                 "After the transfer: waiting for the decode worker's first step.", Metrics::LatencyBuckets())),
-      prompt_tokens_(m->Counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests.")),
+                                 "After the transfer: waiting for the decode worker's first step.",
+                                 Metrics::LatencyBuckets())),
+      prompt_tokens_(
+          m->Counter("tandem_prompt_tokens_total", "Prompt tokens of finished requests.")),
       generation_tokens_(m->Counter("tandem_generation_tokens_total", "Tokens generated.")) {
-  const std::pair<const char*, v1::WorkerRole> roles[] = {
-      {"prefill", v1::WORKER_ROLE_PREFILL}, {"decode", v1::WORKER_ROLE_DECODE}, {"combined", v1::WORKER_ROLE_COMBINED}};
+  const std::pair<const char*, v1::WorkerRole> roles[] = {{"prefill", v1::WORKER_ROLE_PREFILL},
+                                                          {"decode", v1::WORKER_ROLE_DECODE},
+                                                          {"combined", v1::WORKER_ROLE_COMBINED}};
   for (const auto& [name, role] : roles) {
-    prometheus::Gauge& live = m->Gauge("tandem_workers_live", "Workers receiving work, by role.", {{"worker_role", name}});
-    m->OnRefresh([&live, cluster, role = role] { live.Set(static_cast<double>(cluster->num_live(role))); });
+    prometheus::Gauge& live = m->Gauge("tandem_workers_live", "Workers receiving work, by role.",
+                                       {{"worker_role", name}});
+    m->OnRefresh(
+        [&live, cluster, role = role] { live.Set(static_cast<double>(cluster->num_live(role))); });
   }
   // The common outcomes exist from the start, so rate() queries have series before traffic.
   for (const char* outcome : {"stop", "length"}) {
-    m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.", {{"outcome", outcome}, {"code", "OK"}});
+    m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
+               {{"outcome", outcome}, {"code", "OK"}});
   }
-  m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.", {{"outcome", "error"}, {"code", "UNAVAILABLE"}});
+  m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
+             {{"outcome", "error"}, {"code", "UNAVAILABLE"}});
 }
 
 void RouterMetrics::Admitted() { in_flight_.Increment(); }
 
-void RouterMetrics::Finished(const grpc::Status& status, const v1::GenerateResponse& final, bool admitted) {
+void RouterMetrics::Finished(const grpc::Status& status, const v1::GenerateResponse& final,
+                             bool admitted) {
   if (admitted) in_flight_.Decrement();
   std::string outcome = status.ok() ? rpc::FinishReasonName(final.finish_reason()) : "error";
   if (outcome.empty()) outcome = "unknown";
-  m_->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
-              {{"outcome", outcome}, {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}})
+  m_->Counter(
+        "tandem_requests_total", "Requests by outcome and gRPC code.",
+        {{"outcome", outcome},
+         {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))}})
       .Increment();
   if (!status.ok()) return;
   const v1::Timings& t = final.timings();

@@ -9,24 +9,27 @@ namespace tandem::router {
 absl::Status WorkerRegistry::Register(const WorkerRegistration& w) {
   if (w.address.empty()) return absl::InvalidArgumentError("a worker registers with its address");
   if (!options_.model_fingerprint.empty() && w.model_fingerprint != options_.model_fingerprint) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", w.address, " serves model ", w.model_fingerprint,
-                                                      ", this router serves ", options_.model_fingerprint));
+    return absl::FailedPreconditionError(absl::StrCat("worker ", w.address, " serves model ",
+                                                      w.model_fingerprint, ", this router serves ",
+                                                      options_.model_fingerprint));
   }
   absl::MutexLock lock(&mu_);
   for (const auto& [address, e] : workers_) {
     const WorkerRegistration& o = e.registration;
     if (address == w.address) continue;
-    if (o.num_layers != w.num_layers || o.num_kv_heads != w.num_kv_heads || o.head_dim != w.head_dim ||
-        o.block_size != w.block_size) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", w.address, " has a KV geometry (layers ", w.num_layers,
-                                                        ", kv_heads ", w.num_kv_heads, ", head_dim ", w.head_dim,
-                                                        ", block_size ", w.block_size, ") different from ", address));
+    if (o.num_layers != w.num_layers || o.num_kv_heads != w.num_kv_heads ||
+        o.head_dim != w.head_dim || o.block_size != w.block_size) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", w.address, " has a KV geometry (layers ", w.num_layers,
+                       ", kv_heads ", w.num_kv_heads, ", head_dim ", w.head_dim, ", block_size ",
+                       w.block_size, ") different from ", address));
     }
     // Prefill and decode workers exchange KV blocks: their caches must store the same type.
-    if (o.role != WorkerRole::kCombined && w.role != WorkerRole::kCombined && o.kv_dtype != w.kv_dtype) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", w.address, " keeps its KV cache in ", w.kv_dtype,
-                                                        " and ", address, " in ", o.kv_dtype,
-                                                        ": prefill and decode workers must agree (--kv-cache-dtype)"));
+    if (o.role != WorkerRole::kCombined && w.role != WorkerRole::kCombined &&
+        o.kv_dtype != w.kv_dtype) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", w.address, " keeps its KV cache in ", w.kv_dtype, " and ", address, " in ",
+          o.kv_dtype, ": prefill and decode workers must agree (--kv-cache-dtype)"));
     }
   }
   Entry& e = workers_[w.address];
@@ -40,7 +43,8 @@ absl::Status WorkerRegistry::Register(const WorkerRegistration& w) {
 absl::Status WorkerRegistry::Heartbeat(const std::string& address, const router::Heartbeat& load) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(address);
-  if (it == workers_.end()) return absl::NotFoundError(absl::StrCat("worker ", address, " is not registered"));
+  if (it == workers_.end())
+    return absl::NotFoundError(absl::StrCat("worker ", address, " is not registered"));
   it->second.load = load;
   it->second.last_heard = options_.clock();
   it->second.failed_check = false;
@@ -77,7 +81,8 @@ std::vector<WorkerLoad> WorkerRegistry::Snapshot(WorkerRole role) const {
     w.block_size = e.registration.block_size;
     out.push_back(std::move(w));
   }
-  std::sort(out.begin(), out.end(), [](const WorkerLoad& a, const WorkerLoad& b) { return a.id < b.id; });
+  std::sort(out.begin(), out.end(),
+            [](const WorkerLoad& a, const WorkerLoad& b) { return a.id < b.id; });
   return out;
 }
 

@@ -1,9 +1,9 @@
 // The device boundary. Everything above this interface (model, engine, scheduler, KV bookkeeping)
 // is device-independent; the CPU backend (cpu/) and the CUDA backend (cuda/) implement it.
 //
-// Conventions: activations are f32 and row-major; pointers passed to ops are device pointers of this
-// backend (for the CPU backend, host pointers). Ops are enqueued in order on the backend's stream and
-// may run asynchronously; CopyToHost synchronises. Shapes are written [outer]...[inner].
+// Conventions: activations are f32 and row-major; pointers passed to ops are device pointers of
+// this backend (for the CPU backend, host pointers). Ops are enqueued in order on the backend's
+// stream and may run asynchronously; CopyToHost synchronises. Shapes are written [outer]...[inner].
 #pragma once
 
 #include <cstddef>
@@ -14,9 +14,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/sampling/device_sampling.h"
 #include "common/tensor/dtype.h"
 #include "common/tensor/safetensors.h"
-#include "common/sampling/device_sampling.h"
 
 namespace tandem {
 
@@ -85,13 +85,13 @@ struct DeviceMemory {
   int64_t free_bytes = 0;
   int64_t total_bytes = 0;
   // Held by this backend now: what it allocated and has not freed (weights, KV cache, activations,
-  // workspaces). Counted by the backend itself, so other processes sharing the device do not show up
-  // in it (they do in free_bytes).
+  // workspaces). Counted by the backend itself, so other processes sharing the device do not show
+  // up in it (they do in free_bytes).
   int64_t own_bytes = 0;
 };
 
-// A point in a backend's stream of enqueued ops (Backend::Mark). Thread-safe; may outlive nothing but
-// its backend.
+// A point in a backend's stream of enqueued ops (Backend::Mark). Thread-safe; may outlive nothing
+// but its backend.
 class WorkMark {
  public:
   virtual ~WorkMark() = default;
@@ -114,16 +114,16 @@ class Backend {
   // Whether projections of the same input should run as one Linear over row-stacked weights (q|k|v,
   // gate|up): fewer, larger GEMMs, each input converted once. The CUDA backend's choice.
   virtual bool PrefersFusedProjections() const { return false; }
-  // The device queue every op is enqueued on (a cudaStream_t on CUDA, on device `device_ordinal()`),
-  // for device-side transports (NCCL) that order their own work after the backend's; nullptr and -1
-  // on the CPU.
+  // The device queue every op is enqueued on (a cudaStream_t on CUDA, on device
+  // `device_ordinal()`), for device-side transports (NCCL) that order their own work after the
+  // backend's; nullptr and -1 on the CPU.
   virtual void* native_stream() { return nullptr; }
   virtual int device_ordinal() const { return -1; }
 
-  // A mark after the work enqueued so far on this thread's stream of ops (Backend::WorkMark), so that
-  // another thread can wait for that work alone, however much is enqueued after it meanwhile (a KV
-  // transfer waiting for one layer's cache writes while the next layers, or the next step, compute).
-  // Null where every op is complete when it returns (the CPU).
+  // A mark after the work enqueued so far on this thread's stream of ops (Backend::WorkMark), so
+  // that another thread can wait for that work alone, however much is enqueued after it meanwhile
+  // (a KV transfer waiting for one layer's cache writes while the next layers, or the next step,
+  // compute). Null where every op is complete when it returns (the CPU).
   virtual std::shared_ptr<WorkMark> Mark() { return nullptr; }
 
   // Waits for enqueued work and returns the first failure of any of it (a kernel launch, a library
@@ -138,13 +138,19 @@ class Backend {
   // NOT_FOUND and the caller captures again. UNIMPLEMENTED where graphs do not exist (the CPU).
   virtual bool SupportsGraphs() const { return false; }
   virtual bool capturing() const { return false; }
-  virtual absl::Status BeginCapture() { return absl::UnimplementedError("graphs need a CUDA backend"); }
-  virtual absl::StatusOr<int64_t> EndCapture() { return absl::UnimplementedError("graphs need a CUDA backend"); }
-  virtual absl::Status Replay(int64_t /*graph*/) { return absl::UnimplementedError("graphs need a CUDA backend"); }
+  virtual absl::Status BeginCapture() {
+    return absl::UnimplementedError("graphs need a CUDA backend");
+  }
+  virtual absl::StatusOr<int64_t> EndCapture() {
+    return absl::UnimplementedError("graphs need a CUDA backend");
+  }
+  virtual absl::Status Replay(int64_t /*graph*/) {
+    return absl::UnimplementedError("graphs need a CUDA backend");
+  }
   virtual void DropGraphs() {}
 
-  // Per-op device timing (GPU backends; TANDEM_CUDA_OP_PROFILE=1 turns it on at creation): while on,
-  // every op enqueued outside a graph capture is timed; the report is a table of what was timed
+  // Per-op device timing (GPU backends; TANDEM_CUDA_OP_PROFILE=1 turns it on at creation): while
+  // on, every op enqueued outside a graph capture is timed; the report is a table of what was timed
   // since the last report, the most time first ("" when off or unsupported).
   virtual void SetOpProfiling(bool /*on*/) {}
   virtual std::string OpProfileReport() { return ""; }
@@ -159,23 +165,26 @@ class Backend {
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   // Waits for enqueued work, then copies.
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
-  // Pieces of `bytes` bytes at src + index[i] * bytes (this backend's memory) to host_out, one after
-  // another: a KV layer's blocks. With `after_enqueued_work`, after the ops enqueued before the call;
-  // without, the caller has waited for what it reads (a WorkMark). Thread-safe. A GPU backend gathers
-  // them on the device, off its stream of ops, and waits once; this default copies piece by piece.
-  virtual void GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
-                            bool after_enqueued_work) {
+  // Pieces of `bytes` bytes at src + index[i] * bytes (this backend's memory) to host_out, one
+  // after another: a KV layer's blocks. With `after_enqueued_work`, after the ops enqueued before
+  // the call; without, the caller has waited for what it reads (a WorkMark). Thread-safe. A GPU
+  // backend gathers them on the device, off its stream of ops, and waits once; this default copies
+  // piece by piece.
+  virtual void GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes,
+                            void* host_out, bool after_enqueued_work) {
     (void)after_enqueued_work;  // CopyToHost waits for enqueued work anyway
     for (size_t i = 0; i < index.size(); ++i) {
-      CopyToHost(static_cast<std::byte*>(host_out) + i * bytes, src + static_cast<size_t>(index[i]) * bytes, bytes);
+      CopyToHost(static_cast<std::byte*>(host_out) + i * bytes,
+                 src + static_cast<size_t>(index[i]) * bytes, bytes);
     }
   }
-  // The reverse: dst + index[i] * bytes = host_in's i-th piece, done when it returns. Not ordered after
-  // the enqueued ops: for memory none of them uses (KV blocks reserved between steps).
-  virtual void ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes, const void* host_in) {
+  // The reverse: dst + index[i] * bytes = host_in's i-th piece, done when it returns. Not ordered
+  // after the enqueued ops: for memory none of them uses (KV blocks reserved between steps).
+  virtual void ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes,
+                               const void* host_in) {
     for (size_t i = 0; i < index.size(); ++i) {
-      CopyToDevice(dst + static_cast<size_t>(index[i]) * bytes, static_cast<const std::byte*>(host_in) + i * bytes,
-                   bytes);
+      CopyToDevice(dst + static_cast<size_t>(index[i]) * bytes,
+                   static_cast<const std::byte*>(host_in) + i * bytes, bytes);
     }
   }
   // Makes a checkpoint tensor usable by ops. 1-D tensors (norms, biases) become f32 vectors;
@@ -199,9 +208,9 @@ class Backend {
   virtual void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
                     int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) = 0;
   // Writes k,v [n][kv_heads][head_dim] into the layer's cache at metadata.slot_mapping (a negative
-  // slot: not written, a padding token), rounded to geometry.dtype, then out[n][num_q_heads][head_dim]
-  // = causal softmax(q k^T · scale) v over each sequence's blocks. k_cache, v_cache: the whole caches
-  // (every layer) in geometry.dtype.
+  // slot: not written, a padding token), rounded to geometry.dtype, then
+  // out[n][num_q_heads][head_dim] = causal softmax(q k^T · scale) v over each sequence's blocks.
+  // k_cache, v_cache: the whole caches (every layer) in geometry.dtype.
   virtual void PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
                               void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
                               const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
@@ -209,10 +218,10 @@ class Backend {
   // Attention after a fused q|k|v projection. qkv [n][(num_q_heads + 2 kv_heads) head_dim] holds a
   // token's q heads, k heads and v heads; q, k, v are scratch [n][heads][head_dim]. Splits the rows
   // (CopyColumns; a single token's are used in place), normalises every q and k head when the norms
-  // are given (RmsNorm over head_dim: Qwen3), rotates q and k (Rope at metadata.positions), then runs
-  // PagedAttention. Afterwards qkv, q, k and v hold unspecified values. A backend may do everything
-  // before the attention in one pass that writes the cache, with the same results.
-  // With `w`, the projection comes first: qkv = Linear(x [n][w.cols], w, bias), or with `norm`
+  // are given (RmsNorm over head_dim: Qwen3), rotates q and k (Rope at metadata.positions), then
+  // runs PagedAttention. Afterwards qkv, q, k and v hold unspecified values. A backend may do
+  // everything before the attention in one pass that writes the cache, with the same results. With
+  // `w`, the projection comes first: qkv = Linear(x [n][w.cols], w, bias), or with `norm`
   // RmsNormLinear (h [n][w.cols] and scratch as it takes them); a backend may fuse the two. One eps
   // serves that norm and the q/k norms (the models' single rms_norm_eps).
   struct QkvAttentionInput {
@@ -231,8 +240,9 @@ class Backend {
     float* k = nullptr;
     float* v = nullptr;
   };
-  virtual void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& geometry,
-                            int64_t layer, const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+  virtual void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
+                            const KvCacheGeometry& geometry, int64_t layer,
+                            const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                             float* out) {
     const int64_t n = metadata.num_tokens, hd = geometry.head_dim, qs = num_q_heads * hd,
                   kvs = geometry.num_kv_heads * hd;
@@ -257,7 +267,8 @@ class Backend {
   void ProjectQkv(const QkvAttentionInput& in, int64_t n) {
     if (in.w == nullptr) return;
     if (in.norm != nullptr) {
-      RmsNormLinear(in.x, n, *in.norm, in.eps, *in.w, in.bias, /*silu_mul=*/false, in.h, in.scratch, in.qkv);
+      RmsNormLinear(in.x, n, *in.norm, in.eps, *in.w, in.bias, /*silu_mul=*/false, in.h, in.scratch,
+                    in.qkv);
     } else {
       Linear(in.x, n, *in.w, in.bias, in.qkv);
     }
@@ -266,34 +277,41 @@ class Backend {
   virtual void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) = 0;
   // x[n] += y[n].
   virtual void Add(float* x, const float* y, int64_t n) = 0;
-  // x[n][d] += y[n][d], then out[n][d] = RmsNorm(x) (the residual add and the next norm in one pass,
-  // bit-identical to Add then RmsNorm; out may alias y).
-  virtual void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
-                          float* out) {
+  // x[n][d] += y[n][d], then out[n][d] = RmsNorm(x) (the residual add and the next norm in one
+  // pass, bit-identical to Add then RmsNorm; out may alias y).
+  virtual void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps,
+                          int64_t n, int64_t d, float* out) {
     Add(x, y, n * d);
     RmsNorm(x, weight, eps, n, d, out);
   }
   // Gathers rows: out[m][d] = x[rows[i]][d] (rows is a device int32 array).
-  virtual void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) = 0;
+  virtual void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d,
+                          float* out) = 0;
   // out[n][cols] = columns [offset, offset + cols) of x[n][stride].
-  virtual void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) = 0;
+  virtual void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols,
+                           float* out) = 0;
   // out[n][d] = silu(x[n][j]) * x[n][d + j] for j < d: SiluMul over packed gate|up rows.
   virtual void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) = 0;
   // out[n][d] = silu(x · gate^T) * (x · up^T) for gate_up = [gate; up], rows [2d][k] (a fused
   // projection): Linear into scratch [n][2d] then SiluMulPacked, the same results; a backend may
   // apply the activation as the product is written, without the scratch.
-  virtual void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) {
+  virtual void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch,
+                             float* out) {
     Linear(x, n, gate_up, nullptr, scratch);
     SiluMulPacked(scratch, n, gate_up.rows / 2, out);
   }
-  // --- Norms and residual adds inside the projections: the model uses the two ops below, in place of
-  // AddRmsNorm and the separate norms, where FusesNormsIntoLinear(n, w) says the backend fuses them for
-  // n rows over weights like w. The results are the same either way.
-  virtual bool FusesNormsIntoLinear(int64_t /*n*/, const DeviceWeight& /*w*/) const { return false; }
+  // --- Norms and residual adds inside the projections: the model uses the two ops below, in place
+  // of AddRmsNorm and the separate norms, where FusesNormsIntoLinear(n, w) says the backend fuses
+  // them for n rows over weights like w. The results are the same either way.
+  virtual bool FusesNormsIntoLinear(int64_t /*n*/, const DeviceWeight& /*w*/) const {
+    return false;
+  }
   // out = Linear(RmsNorm(x[n][w.cols], norm, eps), w, bias), or with silu_mul LinearSiluMul of it
-  // (w = [gate; up], no bias: out [n][w.rows / 2]). h [n][w.cols] and scratch [n][w.rows] are scratch.
-  virtual void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps, const DeviceWeight& w,
-                             const DeviceWeight* bias, bool silu_mul, float* h, float* scratch, float* out) {
+  // (w = [gate; up], no bias: out [n][w.rows / 2]). h [n][w.cols] and scratch [n][w.rows] are
+  // scratch.
+  virtual void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,
+                             const DeviceWeight& w, const DeviceWeight* bias, bool silu_mul,
+                             float* h, float* scratch, float* out) {
     RmsNorm(x, norm, eps, n, w.cols, h);
     if (silu_mul) {
       LinearSiluMul(h, n, w, scratch, out);
@@ -303,7 +321,8 @@ class Backend {
   }
   // x[n][w.rows] += in[n][w.cols] · w^T: a projection and its residual add (Linear into scratch
   // [n][w.rows], then Add).
-  virtual void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) {
+  virtual void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch,
+                              float* x) {
     Linear(in, n, w, nullptr, scratch);
     Add(x, scratch, n * w.rows);
   }
@@ -314,31 +333,33 @@ class Backend {
   // --- Sampling where the logits are (SupportsSampling(): CUDA; elsewhere rows go to the host) ---
   // The three ops below serve SequenceSampler's DeviceSamplingPlan; all arrays are device arrays.
   virtual bool SupportsSampling() const { return false; }
-  // Top-k candidates: ids[i][0..k) and values[i][0..k) = row i's k largest values of x[n][d], largest
-  // first, the lower id first among equal values, NaN counted as -inf: the sampler's SelectTopK, whose
-  // result SequenceSampler::SampleFromTopK finishes exactly. `row_k` [n] (nullable): rows whose entry
-  // is 0 are skipped (their outputs left as they were).
-  virtual void TopKRows(const float* /*x*/, int64_t /*n*/, int64_t /*d*/, int32_t /*k*/, const int32_t* /*row_k*/,
-                        int32_t* /*ids*/, float* /*values*/) {}
+  // Top-k candidates: ids[i][0..k) and values[i][0..k) = row i's k largest values of x[n][d],
+  // largest first, the lower id first among equal values, NaN counted as -inf: the sampler's
+  // SelectTopK, whose result SequenceSampler::SampleFromTopK finishes exactly. `row_k` [n]
+  // (nullable): rows whose entry is 0 are skipped (their outputs left as they were).
+  virtual void TopKRows(const float* /*x*/, int64_t /*n*/, int64_t /*d*/, int32_t /*k*/,
+                        const int32_t* /*row_k*/, int32_t* /*ids*/, float* /*values*/) {}
   // logits[e.row][e.token] = ApplyLogitEdit(that logit, e) for every e of edits[count] (at most one
   // edit per row and token): a step's logits processors, bit-identical to the host sampler's.
-  virtual void ApplyLogitEdits(float* /*logits*/, int64_t /*d*/, const LogitEdit* /*edits*/, int64_t /*count*/) {}
-  // Per row i of logits[n][d], as draws[i] says (RowDraw): kTotal → totals[i] = RowWeightTotal's sum;
-  // kDraw → tokens[i] = DrawFromRow's token; kNone → nothing. Equal to the host definitions (in
-  // common/sampling/sampler.h) up to the rounding of exp and of the order of the sums.
-  virtual void SampleRows(const float* /*logits*/, int64_t /*n*/, int64_t /*d*/, const RowDraw* /*draws*/,
-                          int32_t* /*tokens*/, double* /*totals*/) {}
-  // Log-probabilities where the logits are, as common/sampling's ComputeLogprobs gives them to rounding
-  // (log-softmax with the normaliser summed in double): for row i of logits[n][d], token_out[i] =
-  // tokens[i], or the row's argmax (ArgmaxRows' choice) when tokens[i] is -1; logprob[i] and rank[i]
-  // (1-based, equal logits rank the lower id first) of that token; and the top_k most likely ids and
-  // logprobs, most likely first, top_ids/top_logprobs[n][top_k]. Rows whose token is -2 are skipped.
-  // Device arrays. Only where SupportsLogprobs() (CUDA); elsewhere the caller computes them from host
-  // logits.
+  virtual void ApplyLogitEdits(float* /*logits*/, int64_t /*d*/, const LogitEdit* /*edits*/,
+                               int64_t /*count*/) {}
+  // Per row i of logits[n][d], as draws[i] says (RowDraw): kTotal → totals[i] = RowWeightTotal's
+  // sum; kDraw → tokens[i] = DrawFromRow's token; kNone → nothing. Equal to the host definitions
+  // (in common/sampling/sampler.h) up to the rounding of exp and of the order of the sums.
+  virtual void SampleRows(const float* /*logits*/, int64_t /*n*/, int64_t /*d*/,
+                          const RowDraw* /*draws*/, int32_t* /*tokens*/, double* /*totals*/) {}
+  // Log-probabilities where the logits are, as common/sampling's ComputeLogprobs gives them to
+  // rounding (log-softmax with the normaliser summed in double): for row i of logits[n][d],
+  // token_out[i] = tokens[i], or the row's argmax (ArgmaxRows' choice) when tokens[i] is -1;
+  // logprob[i] and rank[i] (1-based, equal logits rank the lower id first) of that token; and the
+  // top_k most likely ids and logprobs, most likely first, top_ids/top_logprobs[n][top_k]. Rows
+  // whose token is -2 are skipped. Device arrays. Only where SupportsLogprobs() (CUDA); elsewhere
+  // the caller computes them from host logits.
   virtual bool SupportsLogprobs() const { return false; }
-  virtual void Logprobs(const float* /*logits*/, int64_t /*n*/, int64_t /*d*/, const int32_t* /*tokens*/,
-                        int32_t /*top_k*/, int32_t* /*token_out*/, float* /*logprob*/, int32_t* /*rank*/,
-                        int32_t* /*top_ids*/, float* /*top_logprobs*/) {}
+  virtual void Logprobs(const float* /*logits*/, int64_t /*n*/, int64_t /*d*/,
+                        const int32_t* /*tokens*/, int32_t /*top_k*/, int32_t* /*token_out*/,
+                        float* /*logprob*/, int32_t* /*rank*/, int32_t* /*top_ids*/,
+                        float* /*top_logprobs*/) {}
 };
 
 }  // namespace tandem

@@ -21,11 +21,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   const std::string& device = options.device;
   if (device == "cpu") {
     if (options.compute_dtype.has_value()) {
-      return absl::InvalidArgumentError("--compute-dtype is for --device cuda: the CPU backend computes in f32");
+      return absl::InvalidArgumentError(
+          "--compute-dtype is for --device cuda: the CPU backend computes in f32");
     }
     if (options.split_gemm_inputs) {
       return absl::InvalidArgumentError(
-          "--split-gemm-inputs is for --device cuda: the CPU backend's GEMM inputs are f32 already");
+          "--split-gemm-inputs is for --device cuda: the CPU backend's GEMM inputs are f32 "
+          "already");
     }
     CpuBackend::Options o;
     o.batch_invariant = options.batch_invariant.value_or(true);
@@ -35,15 +37,17 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   }
   int ordinal = 0;
   const std::string& name = device;
-  if (name == "cuda" || (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &ordinal) &&
-                         ordinal >= 0)) {
+  if (name == "cuda" || (absl::StartsWith(name, "cuda:") &&
+                         absl::SimpleAtoi(name.substr(5), &ordinal) && ordinal >= 0)) {
     // (-1: the weights' own type; else a DType's value.)
-    const int compute_dtype = options.compute_dtype.has_value() ? static_cast<int>(*options.compute_dtype) : -1;
+    const int compute_dtype =
+        options.compute_dtype.has_value() ? static_cast<int>(*options.compute_dtype) : -1;
     return CallCudaPluginFactory<Backend>("TandemCreateCudaBackend", "--device cuda", ordinal,
                                           options.batch_invariant.value_or(false), compute_dtype,
-                                          options.split_gemm_inputs);
+                                          options.split_gemm_inputs, &options.cuda_tunings);
   }
-  return absl::InvalidArgumentError(absl::StrCat("--device: '", name, "' is not cpu, cuda or cuda:N"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device: '", name, "' is not cpu, cuda or cuda:N"));
 }
 
 }  // namespace tandem

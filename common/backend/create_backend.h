@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/backend/cuda_tunings.h"
 #include "common/tensor/dtype.h"
 
 namespace tandem {
@@ -23,6 +24,8 @@ struct BackendOptions {
   std::optional<DType> compute_dtype = std::nullopt;
   // GEMM inputs as two 16-bit terms (CudaBackend::Options::split_gemm_inputs). Not for the CPU.
   bool split_gemm_inputs = false;
+  // The CUDA backend's kernel choices (cuda_tunings.h). Not for the CPU.
+  CudaTunings cuda_tunings = {};
 };
 
 // --compute-dtype's value: "auto" (unset), "bf16" or "f16", any case; INVALID_ARGUMENT naming the

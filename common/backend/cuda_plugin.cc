@@ -27,15 +27,19 @@ absl::StatusOr<void*> CudaPluginSymbol(const std::string& symbol) {
       absl::StrAppend(&load_error, load_error.empty() ? "" : "; ", ::dlerror());
     }
   });
-  if (handle == nullptr) return absl::FailedPreconditionError(absl::StrCat("cannot load the CUDA plugin: ", load_error));
+  if (handle == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("cannot load the CUDA plugin: ", load_error));
   void* address = ::dlsym(handle, symbol.c_str());
   if (address == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("the CUDA plugin has no ", symbol, " (a plugin from another build?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the CUDA plugin has no ", symbol, " (a plugin from another build?)"));
   }
   return address;
 #else
-  return absl::FailedPreconditionError(absl::StrCat(
-      "this build has no CUDA (configure on a machine with the CUDA toolkit in /usr/local/cuda); wanted ", symbol));
+  return absl::FailedPreconditionError(
+      absl::StrCat("this build has no CUDA (configure on a machine with the CUDA toolkit in "
+                   "/usr/local/cuda); wanted ",
+                   symbol));
 #endif
 }
 

@@ -12,26 +12,31 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(Backend* 
     return absl::InvalidArgumentError("KV cache geometry must be positive in every dimension");
   }
   if (g.dtype != DType::kF32 && g.dtype != DType::kBF16 && g.dtype != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat("a KV cache stores f32, bf16 or f16, not ", std::string(DTypeName(g.dtype))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV cache stores f32, bf16 or f16, not ", std::string(DTypeName(g.dtype))));
   }
   const int64_t bytes = g.num_layers * g.bytes_per_layer();
   ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(bytes)));
   ASSIGN_OR_RETURN(auto v, backend->Allocate(static_cast<size_t>(bytes)));
-  // Allocated and zeroed before it is returned: KV transfers write blocks off the backend's stream of
-  // ops (Backend::ScatterFromHost, the NCCL link), unordered with what Allocate enqueued there (on a
-  // GPU the allocation itself is stream-ordered, and the zeroing).
+  // Allocated and zeroed before it is returned: KV transfers write blocks off the backend's stream
+  // of ops (Backend::ScatterFromHost, the NCCL link), unordered with what Allocate enqueued there
+  // (on a GPU the allocation itself is stream-ordered, and the zeroing).
   RETURN_IF_ERROR(backend->CheckErrors());
-  return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(backend, g, std::move(k), std::move(v)));
+  return std::unique_ptr<KvCacheStorage>(
+      new KvCacheStorage(backend, g, std::move(k), std::move(v)));
 }
 
-void KvCacheStorage::ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out,
-                                bool after_enqueued_work) {
-  backend_->GatherToHost(layer_data(v, layer), blocks, static_cast<size_t>(geometry_.bytes_per_block()), host_out,
+void KvCacheStorage::ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks,
+                                void* host_out, bool after_enqueued_work) {
+  backend_->GatherToHost(layer_data(v, layer), blocks,
+                         static_cast<size_t>(geometry_.bytes_per_block()), host_out,
                          after_enqueued_work);
 }
 
-void KvCacheStorage::WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, const void* host_in) {
-  backend_->ScatterFromHost(layer_data(v, layer), blocks, static_cast<size_t>(geometry_.bytes_per_block()), host_in);
+void KvCacheStorage::WriteBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks,
+                                 const void* host_in) {
+  backend_->ScatterFromHost(layer_data(v, layer), blocks,
+                            static_cast<size_t>(geometry_.bytes_per_block()), host_in);
 }
 
 }  // namespace tandem

@@ -1,5 +1,6 @@
-// Device memory of a paged KV cache: K and V, each [layers][num_blocks][block_size][kv_heads][head_dim]
-// in the geometry's dtype (f32, bf16 or f16). Which blocks belong to which sequence is host-side bookkeeping (common/kv/); this object only
+// Device memory of a paged KV cache: K and V, each
+// [layers][num_blocks][block_size][kv_heads][head_dim] in the geometry's dtype (f32, bf16 or f16).
+// Which blocks belong to which sequence is host-side bookkeeping (common/kv/); this object only
 // owns the memory, and moves blocks between it and the host for KV transfer. Non-copyable.
 #pragma once
 
@@ -31,7 +32,8 @@ class KvCacheStorage {
   // host_out[i] = layer `layer` of block blocks[i] of K (v = false) or V (v = true), each
   // [block_size][kv_heads][head_dim] in the cache's dtype (bytes_per_block bytes); waits for work
   // enqueued on the backend before reading, unless the caller has waited for the layer's writes
-  // (`after_enqueued_work` false: a WorkMark). One gather and one copy on a GPU (Backend::GatherToHost).
+  // (`after_enqueued_work` false: a WorkMark). One gather and one copy on a GPU
+  // (Backend::GatherToHost).
   void ReadBlocks(bool v, int64_t layer, const std::vector<int32_t>& blocks, void* host_out,
                   bool after_enqueued_work = true);
   // The reverse: block blocks[i] of the layer = host_in[i]; done when it returns. Not ordered after
@@ -42,12 +44,15 @@ class KvCacheStorage {
   void* v_data() { return v_->data(); }
   // Layer `layer` of K or V: [num_blocks][block_size][kv_heads][head_dim] in the geometry's dtype.
   std::byte* layer_data(bool v, int64_t layer) {
-    return static_cast<std::byte*>(v ? v_->data() : k_->data()) + layer * geometry_.bytes_per_layer();
+    return static_cast<std::byte*>(v ? v_->data() : k_->data()) +
+           layer * geometry_.bytes_per_layer();
   }
   // Bytes of K plus V.
   size_t bytes() const { return k_->size() + v_->size(); }
   // Bytes of K and V of one block across every layer.
-  static int64_t BytesPerBlock(const KvCacheGeometry& g) { return 2 * g.num_layers * g.bytes_per_block(); }
+  static int64_t BytesPerBlock(const KvCacheGeometry& g) {
+    return 2 * g.num_layers * g.bytes_per_block();
+  }
 
  private:
   KvCacheStorage(Backend* backend, const KvCacheGeometry& g, std::unique_ptr<DeviceBuffer> k,

@@ -22,7 +22,8 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
   const char* base = std::strrchr(file, '/');
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm;
   gmtime_r(&t, &tm);
   char stamp[32];

@@ -1,5 +1,5 @@
-// Minimal leveled logging to stderr. Debian 12's Abseil (20220623) predates absl/log, so Tandem keeps
-// this small facility: one line per call, prefixed with level, time and source location.
+// Minimal leveled logging to stderr. Debian 12's Abseil (20220623) predates absl/log, so Tandem
+// keeps this small facility: one line per call, prefixed with level, time and source location.
 //   TANDEM_LOG(INFO) << "loaded " << n << " tensors";
 #pragma once
 
@@ -36,7 +36,8 @@ LogLevel MinLogLevel();
 #define TANDEM_LOG_LEVEL_ERROR ::tandem::LogLevel::kError
 // A conditional expression, not an if: `if (c) TANDEM_LOG(INFO) << ...; else ...` binds the else to
 // the caller's if. The message's << bind tighter than LogVoidify's &, which makes the whole void.
-#define TANDEM_LOG(level)                                                                  \
-  (TANDEM_LOG_LEVEL_##level < ::tandem::MinLogLevel())                                     \
-      ? (void)0                                                                            \
-      : ::tandem::LogVoidify() & ::tandem::LogMessage(TANDEM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+#define TANDEM_LOG(level)                              \
+  (TANDEM_LOG_LEVEL_##level < ::tandem::MinLogLevel()) \
+      ? (void)0                                        \
+      : ::tandem::LogVoidify() &                       \
+            ::tandem::LogMessage(TANDEM_LOG_LEVEL_##level, __FILE__, __LINE__).stream()

@@ -1,6 +1,7 @@
-// Whole-buffer I/O on a connected socket: loops over partial sends and receives and EINTR, and a send
-// never raises SIGPIPE. Each returns false on failure with errno set, 0 when a receive met the end of
-// the stream (the peer closed the connection); a socket timeout shows as EAGAIN or EWOULDBLOCK.
+// Whole-buffer I/O on a connected socket: loops over partial sends and receives and EINTR, and a
+// send never raises SIGPIPE. Each returns false on failure with errno set, 0 when a receive met the
+// end of the stream (the peer closed the connection); a socket timeout shows as EAGAIN or
+// EWOULDBLOCK.
 #pragma once
 
 #include <cstddef>

@@ -8,9 +8,9 @@
 #define TANDEM_CONCAT_(a, b) TANDEM_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _tandem_status = (expr);    \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status _tandem_status = (expr);          \
     if (!_tandem_status.ok()) return _tandem_status; \
   } while (0)
 

@@ -16,15 +16,18 @@
 
 namespace tandem {
 
-absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                             const std::string& log_path) {
   if (argv.empty()) return absl::InvalidArgumentError("no program to run");
   if (::access(argv[0].c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat(argv[0], ": not an executable (", std::strerror(errno), ")"));
+    return absl::NotFoundError(
+        absl::StrCat(argv[0], ": not an executable (", std::strerror(errno), ")"));
   }
   int log_fd = -1;
   if (!log_path.empty()) {
     log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) return absl::UnavailableError(absl::StrCat(log_path, ": ", std::strerror(errno)));
+    if (log_fd < 0)
+      return absl::UnavailableError(absl::StrCat(log_path, ": ", std::strerror(errno)));
   }
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));

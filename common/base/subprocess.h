@@ -1,6 +1,6 @@
-// Child processes for `tandem up` and the end-to-end tests: spawn with output to a log file, signal,
-// and wait with a timeout. A child gets SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a
-// crashed `tandem up` or test leaves no cluster behind.
+// Child processes for `tandem up` and the end-to-end tests: spawn with output to a log file,
+// signal, and wait with a timeout. A child gets SIGTERM when its parent dies (PR_SET_PDEATHSIG), so
+// a crashed `tandem up` or test leaves no cluster behind.
 #pragma once
 
 #include <sys/types.h>
@@ -17,7 +17,8 @@ namespace tandem {
 class Subprocess {
  public:
   // Starts argv[0] (a path) with stdout and stderr appended to `log_path` ("" = inherited).
-  static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv, const std::string& log_path);
+  static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
+                                          const std::string& log_path);
 
   pid_t pid() const { return pid_; }
   // Sends `sig`, except a second SIGTERM/SIGINT (the child's drain would be cut short) and

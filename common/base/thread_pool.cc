@@ -7,7 +7,8 @@
 namespace tandem {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < std::max(1, num_threads); ++i)
+    workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {

@@ -1,8 +1,8 @@
 // A fixed pool of worker threads for data-parallel CPU kernels.
 //
-// ParallelFor splits [0, n) into contiguous chunks and runs them on the pool and the calling thread,
-// returning when all are done. It is not re-entrant: a task must not call ParallelFor on the same
-// pool. Concurrent callers are serialised.
+// ParallelFor splits [0, n) into contiguous chunks and runs them on the pool and the calling
+// thread, returning when all are done. It is not re-entrant: a task must not call ParallelFor on
+// the same pool. Concurrent callers are serialised.
 #pragma once
 
 #include <cstdint>

@@ -20,35 +20,41 @@ std::string Size(int64_t bytes) {
 
 // Runs the largest step the scheduler can build once on a scratch cache, so the model's activation
 // buffers reach their peak: max_num_batched_tokens prompt tokens (spread over as many sequences as
-// max_model_len and max_num_seqs require), each sequence with a block table of a full max_model_len,
-// and logits for every row (a prompt chunk with prompt_logprobs asks for all of them). Then the KV
-// cache gets what gpu_memory_utilization leaves of the device after this engine's own use (weights,
-// activations, library workspaces), and never more than is free.
-absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, const SchedulerConfig& sc,
-                                     const DeviceMemory& before) {
+// max_model_len and max_num_seqs require), each sequence with a block table of a full
+// max_model_len, and logits for every row (a prompt chunk with prompt_logprobs asks for all of
+// them). Then the KV cache gets what gpu_memory_utilization leaves of the device after this
+// engine's own use (weights, activations, library workspaces), and never more than is free.
+absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o,
+                                     const SchedulerConfig& sc, const DeviceMemory& before) {
   const double util = o.gpu_memory_utilization;
   if (!(util > 0.0 && util <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", util));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-utilization must be in (0, 1], got ", util));
   }
   const int64_t max_len = std::max<int64_t>(1, sc.max_model_len);
   const int64_t tokens = std::max<int64_t>(
       1, std::min(sc.max_num_batched_tokens, std::max<int64_t>(1, sc.max_num_seqs) * max_len));
-  const int64_t seqs = std::max((tokens + max_len - 1) / max_len, std::min<int64_t>(std::max<int64_t>(1, sc.max_num_seqs), tokens));
+  const int64_t seqs = std::max((tokens + max_len - 1) / max_len,
+                                std::min<int64_t>(std::max<int64_t>(1, sc.max_num_seqs), tokens));
   const int64_t table_len = (max_len + o.block_size - 1) / o.block_size;
   {
-    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(model->backend(),
-                                                          model->KvGeometry(table_len, o.block_size, model->KvCacheDType(o.kv_cache_dtype))));
+    ASSIGN_OR_RETURN(auto scratch, KvCacheStorage::Create(
+                                       model->backend(),
+                                       model->KvGeometry(table_len, o.block_size,
+                                                         model->KvCacheDType(o.kv_cache_dtype))));
     std::vector<int32_t> table(static_cast<size_t>(table_len));
     for (int64_t b = 0; b < table_len; ++b) table[b] = static_cast<int32_t>(b);
     ForwardInput in;
     in.token_ids.assign(static_cast<size_t>(tokens), 0);
-    for (int64_t s = 0; s < seqs; ++s) {  // the sequences share one table: only the shapes matter here
+    for (int64_t s = 0; s < seqs;
+         ++s) {  // the sequences share one table: only the shapes matter here
       in.seqs.push_back({tokens / seqs + (s < tokens % seqs ? 1 : 0), 0, table});
     }
     for (int64_t r = 0; r < tokens; ++r) in.logits_rows.push_back(static_cast<int32_t>(r));
     std::vector<float> logits;
     absl::Status s = model->Forward(in, scratch.get(), &logits);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("profiling the activation peak: ", s.message()));
+    if (!s.ok())
+      return absl::Status(s.code(), absl::StrCat("profiling the activation peak: ", s.message()));
   }
   ASSIGN_OR_RETURN(const DeviceMemory after, model->backend()->Memory());
   const int64_t own = after.own_bytes;
@@ -58,26 +64,35 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o, 
   const int64_t slack = std::min<int64_t>(int64_t{256} << 20, after.total_bytes / 100);
   const int64_t available = std::max<int64_t>(0, after.free_bytes - slack);
   const int64_t kv = std::min(budget - own, available);
-  TANDEM_LOG(INFO) << "memory plan: device " << Size(after.total_bytes) << " × " << util << " = " << Size(budget)
-                   << "; this engine uses " << Size(own) << " (weights and other buffers " << Size(own - activations)
-                   << ", activations of a " << tokens << "-token step " << Size(activations) << "); free "
-                   << Size(after.free_bytes) << "; KV cache gets " << Size(std::max<int64_t>(0, kv));
-  // What the backend does not count (libraries' own memory), or other processes' allocations meanwhile.
-  TANDEM_LOG(INFO) << "memory plan: free memory fell by " << Size(before.free_bytes - after.free_bytes)
-                   << " during the profile, this engine's own by " << Size(activations) << "; graphs, NCCL and later "
+  TANDEM_LOG(INFO) << "memory plan: device " << Size(after.total_bytes) << " × " << util << " = "
+                   << Size(budget) << "; this engine uses " << Size(own)
+                   << " (weights and other buffers " << Size(own - activations)
+                   << ", activations of a " << tokens << "-token step " << Size(activations)
+                   << "); free " << Size(after.free_bytes) << "; KV cache gets "
+                   << Size(std::max<int64_t>(0, kv));
+  // What the backend does not count (libraries' own memory), or other processes' allocations
+  // meanwhile.
+  TANDEM_LOG(INFO) << "memory plan: free memory fell by "
+                   << Size(before.free_bytes - after.free_bytes)
+                   << " during the profile, this engine's own by " << Size(activations)
+                   << "; graphs, NCCL and later "
                    << "library allocations come out of the " << Size(slack) << " of slack";
   if (kv <= 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "--gpu-memory-utilization ", util, " leaves no room for the KV cache: this engine already uses ", Size(own),
-        " (weights and activations) of the ", Size(budget), " allowed, and ", Size(after.free_bytes),
-        " of the device are free; raise it, lower --max-num-batched-tokens, or give --kv-cache-memory"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--gpu-memory-utilization ", util,
+                     " leaves no room for the KV cache: this engine already uses ", Size(own),
+                     " (weights and activations) of the ", Size(budget), " allowed, and ",
+                     Size(after.free_bytes),
+                     " of the device are free; raise it, lower --max-num-batched-tokens, or give "
+                     "--kv-cache-memory"));
   }
   return kv;
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const EngineOptions& options) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
+                                                       const EngineOptions& options) {
   std::unique_ptr<Engine> e(new Engine());
   e->model_ = model;
   e->options_ = options;
@@ -88,14 +103,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
     sc.max_model_len = c.max_position_embeddings;
   }
   if (options.block_size <= 0 || options.block_size > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--block-size must be in [1, 1024], got ", options.block_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size must be in [1, 1024], got ", options.block_size));
   }
   const DType kv_dtype = model->KvCacheDType(options.kv_cache_dtype);
-  const int64_t bytes_per_block = KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size, kv_dtype));
+  const int64_t bytes_per_block =
+      KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size, kv_dtype));
   int64_t memory = options.kv_cache_memory;
   if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
   absl::StatusOr<DeviceMemory> device_memory = model->backend()->Memory();
-  if (!device_memory.ok() && !absl::IsUnimplemented(device_memory.status())) return device_memory.status();
+  if (!device_memory.ok() && !absl::IsUnimplemented(device_memory.status()))
+    return device_memory.status();
   const bool planned = memory == 0 && device_memory.ok();
   if (planned) {
     ASSIGN_OR_RETURN(memory, PlanKvMemory(model, options, sc, *device_memory));
@@ -105,13 +123,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
   }
   const int64_t num_blocks = memory / bytes_per_block;
   if (num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(planned ? "the KV memory left by --gpu-memory-utilization (" : "--kv-cache-memory of ",
-                                                   memory, " bytes", planned ? ")" : "", " holds no block (one block of ",
-                                                   options.block_size, " tokens takes ", bytes_per_block, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        planned ? "the KV memory left by --gpu-memory-utilization (" : "--kv-cache-memory of ",
+        memory, " bytes", planned ? ")" : "", " holds no block (one block of ", options.block_size,
+        " tokens takes ", bytes_per_block, " bytes)"));
   }
   if (num_blocks > (1 << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(planned ? "the planned KV memory" : "--kv-cache-memory",
-                                                   " exceeds 2^30 blocks; use a larger --block-size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(planned ? "the planned KV memory" : "--kv-cache-memory",
+                     " exceeds 2^30 blocks; use a larger --block-size"));
   }
   // Every admitted request must fit the pool on its own (prompt + max_tokens <= max_model_len), so
   // preemption always lets the oldest request finish.
@@ -120,20 +140,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model, const 
                         << num_blocks * options.block_size << ": the KV cache holds no more tokens";
     sc.max_model_len = num_blocks * options.block_size;
   }
-  if (sc.max_model_len < 2) return absl::InvalidArgumentError("the KV cache must hold at least 2 tokens");
+  if (sc.max_model_len < 2)
+    return absl::InvalidArgumentError("the KV cache must hold at least 2 tokens");
   model->set_graph_context_limit(sc.max_model_len);
-  ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(model->backend(),
-                                                       model->KvGeometry(num_blocks, options.block_size, kv_dtype)));
+  ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(
+                                    model->backend(),
+                                    model->KvGeometry(num_blocks, options.block_size, kv_dtype)));
   ASSIGN_OR_RETURN(e->kv_, KvCacheManager::Create({static_cast<int32_t>(num_blocks),
                                                    static_cast<int32_t>(options.block_size),
                                                    options.enable_prefix_caching, 0}));
   ASSIGN_OR_RETURN(e->scheduler_, Scheduler::Create(sc, e->kv_.get()));
   if (c.eos_token_id >= 0) e->eos_ids_.push_back(static_cast<int32_t>(c.eos_token_id));
   const int64_t tokens = num_blocks * options.block_size;
-  TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size << " tokens ("
-                   << memory / (1 << 20) << " MiB, " << bytes_per_block << " bytes per block, "
-                   << DTypeName(kv_dtype) << ") = " << tokens
-                   << " tokens, " << tokens / sc.max_model_len << " sequences of " << sc.max_model_len
+  TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size
+                   << " tokens (" << memory / (1 << 20) << " MiB, " << bytes_per_block
+                   << " bytes per block, " << DTypeName(kv_dtype) << ") = " << tokens << " tokens, "
+                   << tokens / sc.max_model_len << " sequences of " << sc.max_model_len
                    << " tokens; prefix caching " << (options.enable_prefix_caching ? "on" : "off");
   return e;
 }
@@ -155,7 +177,8 @@ absl::Status Engine::Validate(const EngineRequest& req) const {
     const int32_t t = req.prompt_token_ids[i];
     if (t < 0 || t >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " at index ", i,
-                                                     " is outside the vocabulary [0, ", c.vocab_size, ")"));
+                                                     " is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
     }
   }
   return ValidateParams(req);
@@ -174,9 +197,10 @@ absl::Status Engine::AddRequest(EngineRequest req) {
   r->max_tokens = req.params.max_tokens;
   r->use_prefix_cache = req.params.prompt_logprobs < 0;
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(r)));
-  Sequence seq;
+  SequenceState seq;
   seq.params = req.params;
-  seq.sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  seq.sampler =
+      std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
   if (req.params.prompt_logprobs >= 0) seq.prompt_logprobs.resize(req.prompt_token_ids.size());
   sequences_.emplace(req.id, std::move(seq));
   return absl::OkStatus();
@@ -199,11 +223,13 @@ absl::StatusOr<std::vector<int32_t>> Engine::Reserve(const std::string& id, int6
 absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   const ModelConfig& c = model_->config();
   if (first_token < 0 || first_token >= c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token, " is outside the vocabulary"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("first token ", first_token, " is outside the vocabulary"));
   }
   RETURN_IF_ERROR(Validate(req));
   const int64_t prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
-  auto sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  auto sampler =
+      std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
   if (!req.params.greedy()) sampler->SkipDraw();  // the prefill worker drew for the first token
   sampler->Accept(first_token);
   // The first token may already end the request: it is reported by the next Step().
@@ -215,7 +241,8 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   }
   if (reason != FinishReason::kNone) {
     if (!kv_->Has(req.id)) {
-      return absl::FailedPreconditionError(absl::StrCat("request \"", req.id, "\" has no reserved blocks"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("request \"", req.id, "\" has no reserved blocks"));
     }
     scheduler_->Finish(req.id);
     RequestOutput o;
@@ -232,7 +259,7 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   r->prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
   r->max_tokens = req.params.max_tokens;
   RETURN_IF_ERROR(scheduler_->AdmitPrefilled(std::move(r)));
-  Sequence seq;
+  SequenceState seq;
   seq.params = req.params;
   seq.sampler = std::move(sampler);
   sequences_.emplace(req.id, std::move(seq));
@@ -269,157 +296,138 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     double* total;
     ~StepClock() { *total += absl::ToDoubleSeconds(absl::Now() - start); }
   } step_clock{schedule_start, &step_seconds_};
-  const int64_t vocab = model_->config().vocab_size;
 
-  // Build the batch: each chunk's tokens, its blocks, and the rows whose logits are needed.
-  ForwardInput in;
-  in.allow_graph = options_.scheduler.role != SchedulerRole::kPrefill;
-  struct RowUse {
-    size_t chunk;
-    int64_t position;    // absolute position of the token in its sequence
-    bool prompt_logprob;  // gives the distribution of prompt token position + 1
-    bool sample;          // the chunk's last row: the next token is sampled from it
-  };
-  std::vector<RowUse> rows;
+  const StepPlan plan = PlanStep(step, step_start);
+  StepResults results;
+  RETURN_IF_ERROR(RunForward(plan, &results));
+  ++steps_;
+  computed_tokens_ += step.num_tokens;
+  last_step_tokens_ = step.num_tokens;
+  last_step_sequences_ = static_cast<int64_t>(step.chunks.size());
+  ASSIGN_OR_RETURN(const std::vector<int32_t> chosen, SampleRows(plan, results));
+  RETURN_IF_ERROR(LogprobsAfterSampling(plan, chosen, &results));
+  Postprocess(step, plan, chosen, results, &outputs);
+  return outputs;
+}
+
+StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
+  StepPlan plan;
+  plan.allow_graph = options_.scheduler.role != SchedulerRole::kPrefill;
   // Logprobs where the logits are (CUDA): such rows then need no logits on the host.
   const bool device_logprobs = model_->backend()->SupportsLogprobs();
   // Sampling where the logits are: such rows copy a token, or k candidates, instead of the row.
   const bool device_sampling = options_.device_sampling && model_->backend()->SupportsSampling();
   using PlanKind = DeviceSamplingPlan::Kind;
-  std::vector<PlanKind> plans;  // per logits row
-  // Per logits row: its sampled token's logprobs are computed where the logits are, after sampling.
-  std::vector<bool> logprobs_after;
-  // Each chunk's sequence, looked up once a step (the per-row work below is the host's share of a step).
-  std::vector<Sequence*> chunk_seq(step.chunks.size());
-  bool computes_prompt = false;  // any chunk of prompt tokens (for EngineStats::prompt_forward_seconds)
-  for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
-    const ScheduledChunk& ch = step.chunks[ci];
-    const SchedRequest* r = ch.request;
+  plan.seqs.reserve(step.chunks.size());
+  for (const ScheduledChunk& ch : step.chunks) {
+    SchedRequest* r = ch.request;
+    SequenceState& seq =
+        sequences_.at(r->id);  // looked up once a step: the per-row work is the host's share
     const int64_t begin = r->num_computed_tokens, end = begin + ch.num_new_tokens;
-    computes_prompt |= begin < r->prompt_len;
-    const int64_t row0 = static_cast<int64_t>(in.token_ids.size());
-    in.token_ids.insert(in.token_ids.end(), r->token_ids.begin() + begin, r->token_ids.begin() + end);
-    in.seqs.push_back({ch.num_new_tokens, begin, scheduler_->kv()->BlockTable(r->id)});
-    Sequence& seq = sequences_.at(r->id);
-    chunk_seq[ci] = &seq;
+    plan.computes_prompt |= begin < r->prompt_len;
     if (seq.first_scheduled == absl::InfinitePast()) seq.first_scheduled = step_start;
+    const int32_t s = static_cast<int32_t>(plan.seqs.size());
+    plan.seqs.push_back({r, &seq, begin, ch.num_new_tokens, ch.samples});
     for (int64_t p = begin; p < end; ++p) {
-      const bool prompt_row = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
-                              p + 1 >= seq.prompt_logprobs_sent_until;
-      const bool sample_row = ch.samples && p == end - 1;
-      if (prompt_row || sample_row) {
-        in.logits_rows.push_back(static_cast<int32_t>(row0 + (p - begin)));
-        rows.push_back({ci, p, prompt_row, sample_row});
-        // A plain greedy step needs the argmax alone, taken on the device, and its logprobs (if asked)
-        // can be computed there too.
-        const int32_t k = prompt_row ? seq.params.prompt_logprobs : seq.params.logprobs;
-        const bool lp_on_device = device_logprobs && k >= 0 && k <= LlamaModel::kMaxLogprobsTopK;
-        const bool sampled = sample_row && !prompt_row && seq.params.max_tokens != 0;
-        bool argmax_only = sampled && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
-        // The rest of sampling on the device. A row with logprobs needs them of its raw logits, which
-        // the device computes for the sampled token after the step (Backend::Logprobs): only when no
-        // logits processor edits the row.
-        DeviceSamplingPlan plan;
-        if (device_sampling && sampled && !argmax_only && (seq.params.logprobs < 0 || lp_on_device)) {
-          plan = seq.sampler->DevicePlan(LlamaModel::kMaxSampleTopK);
-          if (seq.params.logprobs >= 0 && plan.edits) plan = DeviceSamplingPlan{};
-        }
-        logprobs_after.push_back(plan.kind != PlanKind::kHost && seq.params.logprobs >= 0);
-        const int32_t row = static_cast<int32_t>(rows.size() - 1);
-        if (plan.edits && plan.kind != PlanKind::kHost) seq.sampler->AppendLogitEdits(row, &in.logit_edits);
-        argmax_only |= plan.kind == PlanKind::kArgmax;
-        in.argmax_only.push_back(argmax_only);
-        in.sample_top_k.push_back(plan.kind == PlanKind::kTopK || plan.kind == PlanKind::kNucleus ? plan.k : 0);
-        RowDraw draw;
-        if (plan.kind == PlanKind::kNucleus || plan.kind == PlanKind::kDraw) {
-          draw.inv_temperature = seq.sampler->inv_temperature();
-          draw.mode = plan.kind == PlanKind::kNucleus ? RowDraw::kTotal : RowDraw::kDraw;
-          if (plan.kind == PlanKind::kDraw) {
-            draw.min_p = seq.params.min_p;
-            draw.u = seq.sampler->DrawForDevice();
-          }
-        }
-        in.sample_draws.push_back(draw);
-        plans.push_back(plan.kind);
-        int32_t lp_token = ForwardInput::kNoLogprobs;
-        if (lp_on_device && prompt_row) lp_token = r->token_ids[p + 1];
-        if (lp_on_device && argmax_only && seq.params.logprobs >= 0) lp_token = -1;  // the argmax, sampled below
-        in.logprob_tokens.push_back(lp_token);
-        if (lp_token != ForwardInput::kNoLogprobs) in.logprob_top_k = std::max(in.logprob_top_k, k);
+      RowPlan row;
+      row.seq = s;
+      row.position = p;
+      row.prompt_logprobs = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
+                            p + 1 >= seq.prompt_logprobs_sent_until;
+      const bool last = ch.samples && p == end - 1;
+      if (!row.prompt_logprobs && !last) continue;
+      row.sample = last && seq.params.max_tokens != 0;
+      // A plain greedy step needs the argmax alone, taken on the device, and its logprobs (if
+      // asked) can be computed there too.
+      const int32_t k = row.prompt_logprobs ? seq.params.prompt_logprobs : seq.params.logprobs;
+      const bool lp_on_device = device_logprobs && k >= 0 && k <= LlamaModel::kMaxLogprobsTopK;
+      const bool sampled = row.sample && !row.prompt_logprobs;
+      row.argmax_only =
+          sampled && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
+      // The rest of sampling on the device. A row with logprobs needs them of its raw logits, which
+      // the device computes for the sampled token after the step (Backend::Logprobs): only when no
+      // logits processor edits the row.
+      DeviceSamplingPlan dp;
+      if (device_sampling && sampled && !row.argmax_only &&
+          (seq.params.logprobs < 0 || lp_on_device)) {
+        dp = seq.sampler->DevicePlan(LlamaModel::kMaxSampleTopK);
+        if (seq.params.logprobs >= 0 && dp.edits) dp = DeviceSamplingPlan{};
       }
+      row.sampling = dp.kind;
+      row.logprobs_after = dp.kind != PlanKind::kHost && seq.params.logprobs >= 0;
+      if (dp.edits && dp.kind != PlanKind::kHost) {
+        seq.sampler->AppendLogitEdits(static_cast<int32_t>(plan.rows.size()), &plan.logit_edits);
+      }
+      row.argmax_only |= dp.kind == PlanKind::kArgmax;
+      row.sample_top_k = dp.kind == PlanKind::kTopK || dp.kind == PlanKind::kNucleus ? dp.k : 0;
+      if (dp.kind == PlanKind::kNucleus || dp.kind == PlanKind::kDraw) {
+        row.draw.inv_temperature = seq.sampler->inv_temperature();
+        row.draw.mode = dp.kind == PlanKind::kNucleus ? RowDraw::kTotal : RowDraw::kDraw;
+        if (dp.kind == PlanKind::kDraw) {
+          row.draw.min_p = seq.params.min_p;
+          row.draw.u = seq.sampler->DrawForDevice();
+        }
+      }
+      if (lp_on_device && row.prompt_logprobs) row.logprob_token = r->token_ids[p + 1];
+      if (lp_on_device && row.argmax_only && seq.params.logprobs >= 0)
+        row.logprob_token = -1;  // the argmax
+      if (row.logprob_token != ForwardInput::kNoLogprobs)
+        plan.logprob_top_k = std::max(plan.logprob_top_k, k);
+      plan.rows.push_back(row);
     }
   }
+  return plan;
+}
+
+absl::Status Engine::RunForward(const StepPlan& plan, StepResults* out) {
+  ForwardInput in = PackForward(
+      plan, [this](const SchedRequest& r) { return scheduler_->kv()->BlockTable(r.id); });
   if (layer_listener_) {
+    // The requests whose prompt this step completes: each layer of theirs is final once written.
     std::vector<std::string> completed;
-    for (const ScheduledChunk& ch : step.chunks) {
-      if (ch.samples && ch.request->num_output_tokens() == 0) completed.push_back(ch.request->id);
+    for (const SeqPlan& s : plan.seqs) {
+      if (s.samples && s.request->num_output_tokens() == 0) completed.push_back(s.request->id);
     }
     if (!completed.empty()) {
       in.on_layer_done = [this, completed](int64_t layer) { layer_listener_(layer, completed); };
     }
   }
-  std::vector<float> logits;
-  std::vector<int32_t> argmax;
-  std::vector<std::optional<RowLogprobs>> device_lp;
-  DeviceSamples samples;
   const absl::Time forward_start = absl::Now();
-  const absl::Status forwarded = model_->Forward(in, storage_.get(), &logits, &argmax, &device_lp, &samples);
+  const absl::Status forwarded = model_->Forward(in, storage_.get(), &out->logits, &out->argmax,
+                                                 &out->logprobs, &out->samples);
   const double forward_seconds = absl::ToDoubleSeconds(absl::Now() - forward_start);
   forward_seconds_ += forward_seconds;
-  if (computes_prompt) prompt_forward_seconds_ += forward_seconds;
-  RETURN_IF_ERROR(forwarded);
-  // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
-  auto from_device = [&](size_t k, int32_t top_k) {
-    const RowLogprobs& d = *device_lp[k];
-    LogprobEntry e{d.token, d.logprob, d.rank, {}};
-    for (int32_t i = 0; i < top_k && i < static_cast<int32_t>(d.top_ids.size()); ++i) {
-      e.top.push_back({d.top_ids[i], d.top_logprobs[i]});
-    }
-    return e;
-  };
-  auto on_device = [&](size_t k) { return k < device_lp.size() && device_lp[k].has_value(); };
-  ++steps_;
-  computed_tokens_ += step.num_tokens;
-  last_step_tokens_ = step.num_tokens;
-  last_step_sequences_ = static_cast<int64_t>(step.chunks.size());
+  if (plan.computes_prompt) prompt_forward_seconds_ += forward_seconds;
+  return forwarded;
+}
 
-  // Postprocess: prompt logprobs, sampling, stop conditions. Per chunk: its sampled token and its
-  // output's index (a request has one chunk a step; aborts and ended admissions in `outputs` already
-  // are not in the step).
-  std::vector<int32_t> sampled(step.chunks.size(), Scheduler::kNotSampled);
-  std::vector<size_t> output_index(step.chunks.size(), SIZE_MAX);
-  std::vector<std::string> prompt_only;
-  auto output_for = [&](size_t chunk) -> RequestOutput& {
-    if (output_index[chunk] == SIZE_MAX) {
-      output_index[chunk] = outputs.size();
-      outputs.emplace_back();
-      outputs.back().id = step.chunks[chunk].request->id;
-      Sequence& seq = *chunk_seq[chunk];
-      if (!seq.first_output_sent) {
-        seq.first_output_sent = true;
-        outputs.back().first_scheduled = seq.first_scheduled;
-      }
-    }
-    return outputs[output_index[chunk]];
-  };
-  // Each sampled row's token first (every sequence has its own generator, so the order is free), then
-  // the logprobs of tokens sampled where the logits are, in one more pass there.
-  std::vector<int32_t> chosen(rows.size(), -1);
-  for (size_t k = 0; k < rows.size(); ++k) {
-    Sequence& seq = *chunk_seq[rows[k].chunk];
-    if (!rows[k].sample || seq.params.max_tokens == 0) continue;
+absl::StatusOr<std::vector<int32_t>> Engine::SampleRows(const StepPlan& plan,
+                                                        const StepResults& res) {
+  using PlanKind = DeviceSamplingPlan::Kind;
+  const int64_t vocab = model_->config().vocab_size;
+  // Each sampled row's token (every sequence has its own generator, so the order is free).
+  std::vector<int32_t> chosen(plan.rows.size(), -1);
+  for (size_t k = 0; k < plan.rows.size(); ++k) {
+    const RowPlan& row = plan.rows[k];
+    if (!row.sample) continue;
+    SequenceState& seq = *plan.seqs[row.seq].state;
     // The row's own candidates: the first sample_top_k of its samples.k.
-    const size_t at = k * static_cast<size_t>(samples.k), row_k = static_cast<size_t>(in.sample_top_k[k]);
-    auto candidate_ids = [&] { return std::span<const int32_t>(samples.ids.data() + at, row_k); };
-    auto candidate_logits = [&] { return std::span<const float>(samples.logits.data() + at, row_k); };
-    ++(in.argmax_only[k] || plans[k] != PlanKind::kHost ? sampled_on_device_ : sampled_on_host_);
-    if (in.argmax_only[k]) {
-      chosen[k] = argmax[k];
-    } else if (plans[k] == PlanKind::kTopK) {
+    const size_t at = k * static_cast<size_t>(res.samples.k),
+                 row_k = static_cast<size_t>(row.sample_top_k);
+    auto candidate_ids = [&] {
+      return std::span<const int32_t>(res.samples.ids.data() + at, row_k);
+    };
+    auto candidate_logits = [&] {
+      return std::span<const float>(res.samples.logits.data() + at, row_k);
+    };
+    ++(row.sampled_on_device() ? sampled_on_device_ : sampled_on_host_);
+    if (row.argmax_only) {
+      chosen[k] = res.argmax[k];
+    } else if (row.sampling == PlanKind::kTopK) {
       chosen[k] = seq.sampler->SampleFromTopK(candidate_ids(), candidate_logits(), workspace_);
-    } else if (plans[k] == PlanKind::kNucleus) {
-      const std::optional<int32_t> from_candidates =
-          seq.sampler->SampleFromNucleus(candidate_ids(), candidate_logits(), samples.totals[k], workspace_);
+    } else if (row.sampling == PlanKind::kNucleus) {
+      const std::optional<int32_t> from_candidates = seq.sampler->SampleFromNucleus(
+          candidate_ids(), candidate_logits(), res.samples.totals[k], workspace_);
       if (from_candidates.has_value()) {
         chosen[k] = *from_candidates;
       } else {  // a nucleus wider than the candidates: the edited row, after all
@@ -427,52 +435,98 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
         RETURN_IF_ERROR(model_->CopyLogitsRow(static_cast<int64_t>(k), &edited_row_));
         chosen[k] = seq.sampler->SampleProcessed(edited_row_, workspace_);
       }
-    } else if (plans[k] == PlanKind::kDraw) {
-      chosen[k] = samples.tokens[k];
+    } else if (row.sampling == PlanKind::kDraw) {
+      chosen[k] = res.samples.tokens[k];
     } else {
-      chosen[k] = seq.sampler->Sample(std::span<const float>(logits.data() + k * vocab, vocab), workspace_);
+      chosen[k] = seq.sampler->Sample(std::span<const float>(res.logits.data() + k * vocab, vocab),
+                                      workspace_);
     }
   }
-  if (std::find(logprobs_after.begin(), logprobs_after.end(), true) != logprobs_after.end()) {
-    std::vector<int32_t> tokens(rows.size(), ForwardInput::kNoLogprobs);
-    int32_t top_k = 0;
-    for (size_t k = 0; k < rows.size(); ++k) {
-      if (!logprobs_after[k]) continue;
-      tokens[k] = chosen[k];
-      top_k = std::max(top_k, chunk_seq[rows[k].chunk]->params.logprobs);
-    }
-    std::vector<std::optional<RowLogprobs>> after;
-    RETURN_IF_ERROR(model_->LastStepLogprobs(tokens, top_k, &after));
-    device_lp.resize(rows.size());
-    for (size_t k = 0; k < rows.size(); ++k) {
-      if (logprobs_after[k]) device_lp[k] = std::move(after[k]);
-    }
+  return chosen;
+}
+
+absl::Status Engine::LogprobsAfterSampling(const StepPlan& plan, const std::vector<int32_t>& chosen,
+                                           StepResults* res) {
+  std::vector<int32_t> tokens(plan.rows.size(), ForwardInput::kNoLogprobs);
+  int32_t top_k = 0;
+  bool any = false;
+  for (size_t k = 0; k < plan.rows.size(); ++k) {
+    if (!plan.rows[k].logprobs_after) continue;
+    any = true;
+    tokens[k] = chosen[k];
+    top_k = std::max(top_k, plan.seqs[plan.rows[k].seq].state->params.logprobs);
   }
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const ScheduledChunk& ch = step.chunks[rows[k].chunk];
-    SchedRequest* r = ch.request;
-    Sequence& seq = *chunk_seq[rows[k].chunk];
-    // Null when no row of the step needs host logits (argmax-only rows, logprobs computed on the device).
-    const float* row = logits.empty() ? nullptr : logits.data() + k * vocab;
-    const int64_t p = rows[k].position;
-    if (rows[k].prompt_logprob) {
+  if (!any) return absl::OkStatus();
+  std::vector<std::optional<RowLogprobs>> after;
+  RETURN_IF_ERROR(model_->LastStepLogprobs(tokens, top_k, &after));
+  res->logprobs.resize(plan.rows.size());
+  for (size_t k = 0; k < plan.rows.size(); ++k) {
+    if (plan.rows[k].logprobs_after) res->logprobs[k] = std::move(after[k]);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
+                         const std::vector<int32_t>& chosen, const StepResults& res,
+                         std::vector<RequestOutput>* outputs) {
+  const int64_t vocab = model_->config().vocab_size;
+  // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
+  auto from_device = [&](size_t k, int32_t top_k) {
+    const RowLogprobs& d = *res.logprobs[k];
+    LogprobEntry e{d.token, d.logprob, d.rank, {}};
+    for (int32_t i = 0; i < top_k && i < static_cast<int32_t>(d.top_ids.size()); ++i) {
+      e.top.push_back({d.top_ids[i], d.top_logprobs[i]});
+    }
+    return e;
+  };
+  auto on_device = [&](size_t k) { return k < res.logprobs.size() && res.logprobs[k].has_value(); };
+  // Per sequence: its sampled token and its output's index (a request has one sequence a step;
+  // aborts and ended admissions in `outputs` already are not in the step).
+  std::vector<int32_t> sampled(plan.seqs.size(), Scheduler::kNotSampled);
+  std::vector<size_t> output_index(plan.seqs.size(), SIZE_MAX);
+  std::vector<std::string> prompt_only;
+  auto output_for = [&](int32_t s) -> RequestOutput& {
+    if (output_index[s] == SIZE_MAX) {
+      output_index[s] = outputs->size();
+      outputs->emplace_back();
+      outputs->back().id = plan.seqs[s].request->id;
+      SequenceState& seq = *plan.seqs[s].state;
+      if (!seq.first_output_sent) {
+        seq.first_output_sent = true;
+        outputs->back().first_scheduled = seq.first_scheduled;
+      }
+    }
+    return (*outputs)[output_index[s]];
+  };
+  for (size_t k = 0; k < plan.rows.size(); ++k) {
+    const RowPlan& rp = plan.rows[k];
+    SchedRequest* r = plan.seqs[rp.seq].request;
+    SequenceState& seq = *plan.seqs[rp.seq].state;
+    // Null when no row of the step needs host logits (argmax-only rows, logprobs computed on the
+    // device).
+    const float* row = res.logits.empty() ? nullptr : res.logits.data() + k * vocab;
+    const int64_t p = rp.position;
+    if (rp.prompt_logprobs) {
       seq.prompt_logprobs[p + 1] = on_device(k) ? from_device(k, seq.params.prompt_logprobs)
-                                                : ComputeLogprobs(row, vocab, r->token_ids[p + 1], seq.params.prompt_logprobs);
+                                                : ComputeLogprobs(row, vocab, r->token_ids[p + 1],
+                                                                  seq.params.prompt_logprobs);
       if (p + 2 == r->prompt_len) seq.prompt_logprobs_sent_until = r->prompt_len;
     }
-    if (rows[k].sample && seq.params.max_tokens == 0) {
+    const bool last = plan.seqs[rp.seq].samples &&
+                      p == plan.seqs[rp.seq].begin + plan.seqs[rp.seq].num_new_tokens - 1;
+    if (last && !rp.sample) {
       // Prompt only (max_tokens 0): the prompt is evaluated, nothing is sampled.
-      RequestOutput& o = output_for(rows[k].chunk);
+      RequestOutput& o = output_for(rp.seq);
       if (seq.params.prompt_logprobs >= 0) o.prompt_logprobs = seq.prompt_logprobs;
       o.num_cached_tokens = r->num_cached_tokens;
       o.finished = true;
       o.finish_reason = FinishReason::kLength;
       prompt_only.push_back(r->id);
-    } else if (rows[k].sample) {
+    } else if (rp.sample) {
       const int32_t token = chosen[k];
       seq.sampler->Accept(token);
-      sampled[rows[k].chunk] = token;
-      RequestOutput& o = output_for(rows[k].chunk);
+      sampled[rp.seq] = token;
+      RequestOutput& o = output_for(rp.seq);
       o.new_token_ids.push_back(token);
       if (seq.params.logprobs >= 0) {
         LogprobEntry e = on_device(k) ? from_device(k, seq.params.logprobs)
@@ -488,34 +542,35 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   }
   scheduler_->Update(step, sampled);
   for (const std::string& id : prompt_only) FinishRequest(id);
-  for (size_t ci = 0; ci < step.chunks.size(); ++ci) {
-    if (sampled[ci] == Scheduler::kNotSampled) continue;
-    const int32_t token = sampled[ci];
-    SchedRequest* r = step.chunks[ci].request;  // sampled: not among prompt_only, still the scheduler's
-    Sequence& seq = *chunk_seq[ci];
+  // Stop conditions of the sequences that took a token.
+  for (size_t s = 0; s < plan.seqs.size(); ++s) {
+    if (sampled[s] == Scheduler::kNotSampled) continue;
+    const int32_t token = sampled[s];
+    SchedRequest* r =
+        plan.seqs[s].request;  // sampled: not among prompt_only, still the scheduler's
+    SequenceState& seq = *plan.seqs[s].state;
     const int32_t generated = static_cast<int32_t>(r->num_output_tokens());
     FinishReason reason = FinishReason::kNone;
     if (options_.scheduler.role == SchedulerRole::kPrefill) {
       reason = FinishReason::kPrefillDone;
     } else if (seq.sampler->IsStop(token, generated)) {
       reason = FinishReason::kStop;
-    } else if (generated >= seq.params.max_tokens || r->num_tokens() >= options_.scheduler.max_model_len) {
+    } else if (generated >= seq.params.max_tokens ||
+               r->num_tokens() >= options_.scheduler.max_model_len) {
       reason = FinishReason::kLength;
     }
-    if (reason != FinishReason::kNone) {
-      RequestOutput& o = output_for(ci);
-      o.finished = true;
-      o.finish_reason = reason;
-      const std::string id = r->id;  // r goes with the request
-      if (reason == FinishReason::kPrefillDone) {
-        scheduler_->HandOut(id);  // blocks stay until Release()
-        sequences_.erase(id);
-      } else {
-        FinishRequest(id);
-      }
+    if (reason == FinishReason::kNone) continue;
+    RequestOutput& o = output_for(static_cast<int32_t>(s));
+    o.finished = true;
+    o.finish_reason = reason;
+    const std::string id = r->id;  // r goes with the request
+    if (reason == FinishReason::kPrefillDone) {
+      scheduler_->HandOut(id);  // blocks stay until Release()
+      sequences_.erase(id);
+    } else {
+      FinishRequest(id);
     }
   }
-  return outputs;
 }
 
 EngineStats Engine::stats() const {

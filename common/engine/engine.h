@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/backend/kv_cache_storage.h"
+#include "common/engine/step_plan.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/finish_reason.h"
@@ -27,9 +28,9 @@ namespace tandem {
 
 struct EngineOptions {
   int64_t block_size = 16;
-  // Bytes of KV cache (K and V, all layers). 0: on a backend that reports device memory (CUDA), what
-  // gpu_memory_utilization leaves after the weights and the profiled activation peak; elsewhere (CPU)
-  // room for min(max_num_seqs, 8) sequences of max_model_len.
+  // Bytes of KV cache (K and V, all layers). 0: on a backend that reports device memory (CUDA),
+  // what gpu_memory_utilization leaves after the weights and the profiled activation peak;
+  // elsewhere (CPU) room for min(max_num_seqs, 8) sequences of max_model_len.
   int64_t kv_cache_memory = 0;
   // Share of the device's total memory this engine may take for itself (weights + activations + KV
   // cache), whatever other processes hold; the pool never takes more than is free.
@@ -42,8 +43,8 @@ struct EngineOptions {
   int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request
   // Decode steps as CUDA graphs where the backend has them (LlamaModel::set_use_graphs).
   bool cuda_graphs = true;
-  // Sampling where the logits are, when the backend can (Backend::SupportsSampling: CUDA); false: every
-  // sampled row's logits come to the host sampler, as on the CPU.
+  // Sampling where the logits are, when the backend can (Backend::SupportsSampling: CUDA); false:
+  // every sampled row's logits come to the host sampler, as on the CPU.
   bool device_sampling = true;
 };
 
@@ -78,19 +79,20 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t computed_tokens = 0;
   // Wall time of the steps Step() ran, from scheduling to its return, and the part of it in the
-  // model's forward pass (on a GPU: launching the step and waiting for its results); the rest is the
-  // host's share (scheduling, batch assembly, sampling and stop bookkeeping). Cumulative seconds.
+  // model's forward pass (on a GPU: launching the step and waiting for its results); the rest is
+  // the host's share (scheduling, batch assembly, sampling and stop bookkeeping). Cumulative
+  // seconds.
   double step_seconds = 0;
   double forward_seconds = 0;
-  // The part of forward_seconds in steps that computed prompt tokens (prefill chunks, alone or mixed
-  // with decode rows); the rest was in decode-only steps.
+  // The part of forward_seconds in steps that computed prompt tokens (prefill chunks, alone or
+  // mixed with decode rows); the rest was in decode-only steps.
   double prompt_forward_seconds = 0;
   int64_t max_model_len = 0;
   int64_t last_step_tokens = 0;     // tokens computed by the last step
   int64_t last_step_sequences = 0;  // sequences in the last step
-  // Sampled tokens by where they were chosen (cumulative): rows sampled where the logits are (argmax,
-  // candidates, draws) and rows whose logits came to the host sampler; and top-p rows whose nucleus
-  // outgrew the device's candidates (their logits came to the host after all).
+  // Sampled tokens by where they were chosen (cumulative): rows sampled where the logits are
+  // (argmax, candidates, draws) and rows whose logits came to the host sampler; and top-p rows
+  // whose nucleus outgrew the device's candidates (their logits came to the host after all).
   int64_t sampled_on_device = 0;
   int64_t sampled_on_host = 0;
   int64_t sampling_row_copies = 0;
@@ -98,7 +100,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(LlamaModel* model, const EngineOptions& options);
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(LlamaModel* model,
+                                                        const EngineOptions& options);
   ~Engine();
 
   // Validates every field (sampling parameters, ids, lengths) and queues the request.
@@ -117,7 +120,8 @@ class Engine {
   // Prefill role: called during Step() after each layer's KV is written, with the requests whose
   // prompt that step completes (their layer is then final and can be sent while the next layer
   // computes). Runs on the stepping thread; keep it short or hand the work to a transfer thread.
-  using LayerListener = std::function<void(int64_t layer, const std::vector<std::string>& completed_ids)>;
+  using LayerListener =
+      std::function<void(int64_t layer, const std::vector<std::string>& completed_ids)>;
   void set_layer_listener(LayerListener listener) { layer_listener_ = std::move(listener); }
   absl::StatusOr<std::vector<int32_t>> Reserve(const std::string& id, int64_t num_tokens);
   // When the first token already ends the request (a stop, max_tokens 1, the context is full), the
@@ -132,18 +136,30 @@ class Engine {
   // The device memory of the KV cache, and a request's blocks in it (for KV transfer: the blocks
   // of a handed-out request on a prefill engine, of a reservation on a decode engine).
   KvCacheStorage* kv_storage() { return storage_.get(); }
-  const std::vector<int32_t>& block_table(const std::string& id) const { return kv_->BlockTable(id); }
+  const std::vector<int32_t>& block_table(const std::string& id) const {
+    return kv_->BlockTable(id);
+  }
 
  private:
-  struct Sequence {
-    std::unique_ptr<SequenceSampler> sampler;
-    SamplingParams params;
-    int64_t prompt_logprobs_sent_until = 1;  // prompt positions [1, this) already computed
-    std::vector<std::optional<LogprobEntry>> prompt_logprobs;
-    absl::Time first_scheduled = absl::InfinitePast();
-    bool first_output_sent = false;
+  // What the forward pass brought back for a plan's rows.
+  struct StepResults {
+    std::vector<float> logits;    // [rows][vocab]; empty when no row needs host logits
+    std::vector<int32_t> argmax;  // per row (argmax_only rows)
+    std::vector<std::optional<RowLogprobs>> logprobs;  // per row, computed where the logits are
+    DeviceSamples samples;  // candidates, draws, totals (device sampling)
   };
   Engine() = default;
+  // The step, in order (Step() calls each once): which rows the scheduled chunks need and what for;
+  // the forward pass; each sampling row's token (-1 for rows that do not sample); the logprobs of
+  // tokens drawn on the device; then outputs, prompt logprobs, the scheduler's update and finishes.
+  StepPlan PlanStep(const SchedulerStep& step, absl::Time step_start);
+  absl::Status RunForward(const StepPlan& plan, StepResults* out);
+  absl::StatusOr<std::vector<int32_t>> SampleRows(const StepPlan& plan, const StepResults& res);
+  absl::Status LogprobsAfterSampling(const StepPlan& plan, const std::vector<int32_t>& chosen,
+                                     StepResults* res);
+  void Postprocess(const SchedulerStep& step, const StepPlan& plan,
+                   const std::vector<int32_t>& chosen, const StepResults& res,
+                   std::vector<RequestOutput>* outputs);
   void FinishRequest(const std::string& id);
   absl::Status ValidateParams(const EngineRequest& req) const;
 
@@ -152,7 +168,7 @@ class Engine {
   std::unique_ptr<KvCacheStorage> storage_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
-  absl::flat_hash_map<std::string, Sequence> sequences_;
+  absl::flat_hash_map<std::string, SequenceState> sequences_;
   std::vector<RequestOutput> pending_outputs_;  // aborts and admissions that ended at once
   std::vector<int32_t> eos_ids_;
   SamplingWorkspace workspace_;

@@ -31,8 +31,14 @@ BlockPool::BlockPool(int32_t num_blocks, bool enable_caching)
 void BlockPool::QueueRemove(int32_t b) {
   Block& blk = blocks_[b];
   if (!blk.in_queue) return;
-  if (blk.prev >= 0) blocks_[blk.prev].next = blk.next; else head_ = blk.next;
-  if (blk.next >= 0) blocks_[blk.next].prev = blk.prev; else tail_ = blk.prev;
+  if (blk.prev >= 0)
+    blocks_[blk.prev].next = blk.next;
+  else
+    head_ = blk.next;
+  if (blk.next >= 0)
+    blocks_[blk.next].prev = blk.prev;
+  else
+    tail_ = blk.prev;
   blk.prev = blk.next = -1;
   blk.in_queue = false;
   --num_free_;
@@ -42,7 +48,10 @@ void BlockPool::QueuePushBack(int32_t b) {
   Block& blk = blocks_[b];
   blk.prev = tail_;
   blk.next = -1;
-  if (tail_ >= 0) blocks_[tail_].next = b; else head_ = b;
+  if (tail_ >= 0)
+    blocks_[tail_].next = b;
+  else
+    head_ = b;
   tail_ = b;
   blk.in_queue = true;
   ++num_free_;

@@ -1,12 +1,12 @@
 // The pool of KV cache blocks: reference counts, a free queue in eviction order, and the prefix
 // cache (full blocks by content hash). Host-only bookkeeping: it never touches device memory.
 //
-// Eviction order (vLLM v1): freed blocks go to the tail of the free queue, new blocks are taken from
-// the head, so the least recently freed block is evicted first; a request frees its blocks tail
-// first, so a request's last blocks (least likely to be shared) are evicted before its first ones.
-// A cached block whose reference count is zero stays in the free queue and in the cache until it is
-// taken for new data, so a later request can still reuse it ("touch" takes it out of the queue).
-// Not thread-safe: one engine step loop owns it.
+// Eviction order (vLLM v1): freed blocks go to the tail of the free queue, new blocks are taken
+// from the head, so the least recently freed block is evicted first; a request frees its blocks
+// tail first, so a request's last blocks (least likely to be shared) are evicted before its first
+// ones. A cached block whose reference count is zero stays in the free queue and in the cache until
+// it is taken for new data, so a later request can still reuse it ("touch" takes it out of the
+// queue). Not thread-safe: one engine step loop owns it.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +77,8 @@ class BlockPool {
   std::vector<Block> blocks_;
   int32_t head_ = -1, tail_ = -1;
   int32_t num_free_ = 0;
-  absl::flat_hash_map<uint64_t, std::vector<int32_t>> cache_;  // hash → blocks (collisions kept apart)
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>>
+      cache_;  // hash → blocks (collisions kept apart)
 };
 
 }  // namespace tandem

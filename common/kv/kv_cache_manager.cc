@@ -6,22 +6,28 @@ namespace tandem {
 
 absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(const Options& options) {
   if (options.num_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache needs at least one block, got ", options.num_blocks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache needs at least one block, got ", options.num_blocks));
   }
   if (options.block_size <= 0 || options.block_size > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("block size must be in [1, 1024], got ", options.block_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block size must be in [1, 1024], got ", options.block_size));
   }
   return std::unique_ptr<KvCacheManager>(new KvCacheManager(options));
 }
 
 KvCacheManager::KvCacheManager(const Options& o)
-    : block_size_(o.block_size), salt_(o.cache_salt), pool_(o.num_blocks, o.enable_prefix_caching) {}
+    : block_size_(o.block_size),
+      salt_(o.cache_salt),
+      pool_(o.num_blocks, o.enable_prefix_caching) {}
 
-BlockKey KvCacheManager::MakeKey(uint64_t parent, const std::vector<int32_t>& tokens, int64_t block) const {
+BlockKey KvCacheManager::MakeKey(uint64_t parent, const std::vector<int32_t>& tokens,
+                                 int64_t block) const {
   BlockKey key;
   key.hash = HashBlock(parent, tokens.data() + block * block_size_, block_size_, salt_);
   key.parent_hash = parent;
-  key.token_ids.assign(tokens.begin() + block * block_size_, tokens.begin() + (block + 1) * block_size_);
+  key.token_ids.assign(tokens.begin() + block * block_size_,
+                       tokens.begin() + (block + 1) * block_size_);
   return key;
 }
 
@@ -48,7 +54,8 @@ KvCacheManager::CacheHit KvCacheManager::FindCachedPrefix(const std::vector<int3
 bool KvCacheManager::Allocate(const std::string& id, int64_t total_tokens, const CacheHit& hit) {
   auto it = requests_.find(id);
   const bool is_new = it == requests_.end();
-  const int64_t have = is_new ? static_cast<int64_t>(hit.blocks.size()) : static_cast<int64_t>(it->second.blocks.size());
+  const int64_t have = is_new ? static_cast<int64_t>(hit.blocks.size())
+                              : static_cast<int64_t>(it->second.blocks.size());
   const int64_t need = std::max<int64_t>(0, BlocksFor(total_tokens) - have);
   // Cache hits with no other reference are in the free queue: touching them uses up free blocks.
   int64_t hits_from_free = 0;
@@ -67,13 +74,15 @@ bool KvCacheManager::Allocate(const std::string& id, int64_t total_tokens, const
   return true;
 }
 
-void KvCacheManager::CacheComputedBlocks(const std::string& id, const std::vector<int32_t>& token_ids,
+void KvCacheManager::CacheComputedBlocks(const std::string& id,
+                                         const std::vector<int32_t>& token_ids,
                                          int64_t num_computed_tokens) {
   if (!pool_.caching()) return;
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   RequestBlocks& r = it->second;
-  const int64_t full = std::min<int64_t>(num_computed_tokens / block_size_, static_cast<int64_t>(r.blocks.size()));
+  const int64_t full =
+      std::min<int64_t>(num_computed_tokens / block_size_, static_cast<int64_t>(r.blocks.size()));
   for (int64_t b = static_cast<int64_t>(r.hashes.size()); b < full; ++b) {
     const uint64_t parent = b == 0 ? 0 : r.hashes[b - 1];
     BlockKey key = MakeKey(parent, token_ids, b);

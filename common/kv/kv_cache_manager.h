@@ -55,7 +55,9 @@ class KvCacheManager {
   int32_t block_size() const { return block_size_; }
   int32_t num_blocks() const { return pool_.num_blocks(); }
   int32_t num_free_blocks() const { return pool_.num_free_blocks(); }
-  double usage() const { return 1.0 - static_cast<double>(num_free_blocks()) / std::max(1, num_blocks()); }
+  double usage() const {
+    return 1.0 - static_cast<double>(num_free_blocks()) / std::max(1, num_blocks());
+  }
   int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
   const BlockPool& pool() const { return pool_; }
 

@@ -22,7 +22,8 @@ std::vector<double> Metrics::LatencyBuckets() {
 }
 
 std::vector<double> Metrics::TokenLatencyBuckets() {
-  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5};
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+          0.1,    0.15,  0.2,    0.3,   0.5,  1,    2.5,  5};
 }
 
 std::vector<double> Metrics::CountBuckets() {
@@ -36,15 +37,18 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const Options& options)
   std::unique_ptr<Metrics> m(new Metrics(options));
   if (!options.listen_address.empty()) {
     try {
-      m->exposer_ = std::make_unique<prometheus::Exposer>(options.listen_address, /*num_threads=*/1);
+      m->exposer_ =
+          std::make_unique<prometheus::Exposer>(options.listen_address, /*num_threads=*/1);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", options.listen_address, ": ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat("metrics: cannot listen on ", options.listen_address, ": ", e.what()));
     }
     m->exposer_->RegisterCollectable(m->registry_);
     const std::vector<int> ports = m->exposer_->GetListeningPorts();
     if (!ports.empty()) m->port_ = ports[0];
   }
-  prometheus::Gauge& rss = m->Gauge("tandem_process_resident_memory_bytes", "Resident set size of the process.");
+  prometheus::Gauge& rss =
+      m->Gauge("tandem_process_resident_memory_bytes", "Resident set size of the process.");
   m->OnRefresh([&rss] { rss.Set(static_cast<double>(ResidentMemoryBytes())); });
   m->refresher_ = std::thread([p = m.get()] {
     do {
@@ -67,14 +71,16 @@ Metrics::Labels Metrics::With(const Labels& labels) const {
   return l;
 }
 
-prometheus::Counter& Metrics::Counter(const std::string& name, const std::string& help, const Labels& labels) {
+prometheus::Counter& Metrics::Counter(const std::string& name, const std::string& help,
+                                      const Labels& labels) {
   absl::MutexLock lock(&families_mu_);
   auto*& f = counters_[name];
   if (f == nullptr) f = &prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
   return f->Add(With(labels));
 }
 
-prometheus::Gauge& Metrics::Gauge(const std::string& name, const std::string& help, const Labels& labels) {
+prometheus::Gauge& Metrics::Gauge(const std::string& name, const std::string& help,
+                                  const Labels& labels) {
   absl::MutexLock lock(&families_mu_);
   auto*& f = gauges_[name];
   if (f == nullptr) f = &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
@@ -82,7 +88,8 @@ prometheus::Gauge& Metrics::Gauge(const std::string& name, const std::string& he
 }
 
 prometheus::Histogram& Metrics::Histogram(const std::string& name, const std::string& help,
-                                          const std::vector<double>& buckets, const Labels& labels) {
+                                          const std::vector<double>& buckets,
+                                          const Labels& labels) {
   absl::MutexLock lock(&families_mu_);
   auto*& f = histograms_[name];
   if (f == nullptr) f = &prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_);
@@ -105,7 +112,10 @@ void Metrics::Refresh() {
 
 void Metrics::SetBuildInfo(const std::string& backend, const std::string& device) {
   Gauge("tandem_build_info", "Build and device of the process (value 1).",
-        {{"version", TANDEM_VERSION}, {"git_sha", TANDEM_GIT_SHA}, {"backend", backend}, {"device", device}})
+        {{"version", TANDEM_VERSION},
+         {"git_sha", TANDEM_GIT_SHA},
+         {"backend", backend},
+         {"device", device}})
       .Set(1);
 }
 

@@ -42,8 +42,10 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  prometheus::Counter& Counter(const std::string& name, const std::string& help, const Labels& labels = {});
-  prometheus::Gauge& Gauge(const std::string& name, const std::string& help, const Labels& labels = {});
+  prometheus::Counter& Counter(const std::string& name, const std::string& help,
+                               const Labels& labels = {});
+  prometheus::Gauge& Gauge(const std::string& name, const std::string& help,
+                           const Labels& labels = {});
   prometheus::Histogram& Histogram(const std::string& name, const std::string& help,
                                    const std::vector<double>& buckets, const Labels& labels = {});
   // Runs `fn` on the refresher thread every refresh interval (and once before each text dump).
@@ -71,9 +73,12 @@ class Metrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
   absl::Mutex families_mu_;
-  std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_ ABSL_GUARDED_BY(families_mu_);
-  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_ ABSL_GUARDED_BY(families_mu_);
-  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histograms_ ABSL_GUARDED_BY(families_mu_);
+  std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_
+      ABSL_GUARDED_BY(families_mu_);
+  std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_
+      ABSL_GUARDED_BY(families_mu_);
+  std::map<std::string, prometheus::Family<prometheus::Histogram>*> histograms_
+      ABSL_GUARDED_BY(families_mu_);
   absl::Mutex mu_;
   std::vector<std::function<void()>> refreshers_ ABSL_GUARDED_BY(mu_);
   absl::Notification stop_;

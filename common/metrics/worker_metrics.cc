@@ -6,59 +6,88 @@ namespace tandem {
 namespace {
 
 constexpr char kForwardHelp[] =
-    "Engine-thread seconds in the model's forward pass (on a GPU: launching each step and waiting for its "
-    "results), by step: steps that computed prompt tokens (prefill chunks, alone or beside decode rows) and "
+    "Engine-thread seconds in the model's forward pass (on a GPU: launching each step and waiting "
+    "for its "
+    "results), by step: steps that computed prompt tokens (prefill chunks, alone or beside decode "
+    "rows) and "
     "decode-only steps.";
 
 }  // namespace
 
 WorkerMetrics::WorkerMetrics(Metrics* m)
     : m_(m),
-      batch_tokens_(m->Histogram("tandem_batch_tokens", "Tokens computed per engine step.", Metrics::CountBuckets())),
-      batch_size_(m->Histogram("tandem_batch_size", "Sequences per engine step.", Metrics::CountBuckets())),
-      step_seconds_(m->Histogram("tandem_step_seconds", "Wall time of one engine step.", Metrics::TokenLatencyBuckets())),
+      batch_tokens_(m->Histogram("tandem_batch_tokens", "Tokens computed per engine step.",
+                                 Metrics::CountBuckets())),
+      batch_size_(
+          m->Histogram("tandem_batch_size", "Sequences per engine step.", Metrics::CountBuckets())),
+      step_seconds_(m->Histogram("tandem_step_seconds", "Wall time of one engine step.",
+                                 Metrics::TokenLatencyBuckets())),
       waiting_(m->Gauge("tandem_requests_waiting", "Requests waiting to be scheduled.")),
       running_(m->Gauge("tandem_requests_running", "Requests in the running batch.")),
       blocks_used_(m->Gauge("tandem_kv_blocks_used", "KV cache blocks in use.")),
-      blocks_free_(m->Gauge("tandem_kv_blocks_free", "KV cache blocks free (including evictable cached ones).")),
+      blocks_free_(m->Gauge("tandem_kv_blocks_free",
+                            "KV cache blocks free (including evictable cached ones).")),
       usage_(m->Gauge("tandem_kv_usage_ratio", "Share of the KV cache blocks in use.")),
-      usage_peak_(m->Gauge("tandem_kv_usage_peak_ratio", "Highest KV usage ratio since the process started.")),
-      pending_transfers_(m->Gauge("tandem_kv_transfers_pending", "Reservations waiting for their KV transfer.")),
+      usage_peak_(m->Gauge("tandem_kv_usage_peak_ratio",
+                           "Highest KV usage ratio since the process started.")),
+      pending_transfers_(
+          m->Gauge("tandem_kv_transfers_pending", "Reservations waiting for their KV transfer.")),
       kv_links_(m->Gauge("tandem_kv_links",
-                         "Side links for KV layers up in this worker (--kv-transport nccl: an NCCL communicator and "
+                         "Side links for KV layers up in this worker (--kv-transport nccl: an NCCL "
+                         "communicator and "
                          "its staging memory each, one per prefill-decode connection).")),
-      prefix_queries_(m->Counter("tandem_prefix_cache_queries_tokens_total", "Prompt tokens looked up in the prefix cache.")),
-      prefix_hits_(m->Counter("tandem_prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.")),
-      preemptions_(m->Counter("tandem_preemptions_total", "Requests preempted (blocks freed, recomputed later).")),
-      sampled_device_(m->Counter("tandem_sampled_tokens_total", "Tokens sampled, by where: on the device that holds "
-                                 "the logits, or by the host sampler from copied logits.", {{"where", "device"}})),
-      sampled_host_(m->Counter("tandem_sampled_tokens_total", "Tokens sampled, by where: on the device that holds "
-                               "the logits, or by the host sampler from copied logits.", {{"where", "host"}})),
-      sampling_row_copies_(m->Counter("tandem_sampling_row_copies_total",
-                                      "Top-p rows sampled on the device whose nucleus outgrew the candidates, so "
-                                      "that their logits came to the host after all.")),
-      prompt_forward_seconds_(m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "prompt"}})),
-      decode_forward_seconds_(m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "decode"}})),
-      host_seconds_(m->Counter("tandem_engine_host_seconds_total",
-                               "Engine-thread seconds in steps outside the forward pass: scheduling, batch assembly, "
-                               "sampling and stop bookkeeping, queuing the outputs. Over it plus the forward seconds: "
-                               "the share of a busy engine's time its device waits for the host.")),
-      transfer_bytes_(m->Counter("tandem_kv_transfer_bytes_total", "KV bytes sent to decode workers.")),
-      transfer_failures_(m->Counter("tandem_kv_transfer_failures_total", "KV transfers that failed.")),
+      prefix_queries_(m->Counter("tandem_prefix_cache_queries_tokens_total",
+                                 "Prompt tokens looked up in the prefix cache.")),
+      prefix_hits_(m->Counter("tandem_prefix_cache_hits_tokens_total",
+                              "Prompt tokens found in the prefix cache.")),
+      preemptions_(m->Counter("tandem_preemptions_total",
+                              "Requests preempted (blocks freed, recomputed later).")),
+      sampled_device_(m->Counter("tandem_sampled_tokens_total",
+                                 "Tokens sampled, by where: on the device that holds "
+                                 "the logits, or by the host sampler from copied logits.",
+                                 {{"where", "device"}})),
+      sampled_host_(m->Counter("tandem_sampled_tokens_total",
+                               "Tokens sampled, by where: on the device that holds "
+                               "the logits, or by the host sampler from copied logits.",
+                               {{"where", "host"}})),
+      sampling_row_copies_(
+          m->Counter("tandem_sampling_row_copies_total",
+                     "Top-p rows sampled on the device whose nucleus outgrew the candidates, so "
+                     "that their logits came to the host after all.")),
+      prompt_forward_seconds_(
+          m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "prompt"}})),
+      decode_forward_seconds_(
+          m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "decode"}})),
+      host_seconds_(m->Counter(
+          "tandem_engine_host_seconds_total",
+          "Engine-thread seconds in steps outside the forward pass: scheduling, batch assembly, "
+          "sampling and stop bookkeeping, queuing the outputs. Over it plus the forward seconds: "
+          "the share of a busy engine's time its device waits for the host.")),
+      transfer_bytes_(
+          m->Counter("tandem_kv_transfer_bytes_total", "KV bytes sent to decode workers.")),
+      transfer_failures_(
+          m->Counter("tandem_kv_transfer_failures_total", "KV transfers that failed.")),
       transfers_(m->Counter("tandem_kv_transfers_total", "KV transfers finished, failed or not.")),
-      transfer_seconds_(m->Histogram("tandem_kv_transfer_seconds", "Seconds from the first layer sent to the acknowledgement.",
+      transfer_seconds_(m->Histogram("tandem_kv_transfer_seconds",
+                                     "Seconds from the first layer sent to the acknowledgement.",
                                      Metrics::LatencyBuckets())) {
-  // Every outcome's series exists from the start (at zero), so rates and alerts resolve on any worker.
-  static constexpr const char* kOutcomes[kNumKvReservationOutcomes] = {"landed", "failed", "timed_out", "cancelled"};
+  // Every outcome's series exists from the start (at zero), so rates and alerts resolve on any
+  // worker.
+  static constexpr const char* kOutcomes[kNumKvReservationOutcomes] = {"landed", "failed",
+                                                                       "timed_out", "cancelled"};
   for (int i = 0; i < kNumKvReservationOutcomes; ++i) {
-    reservations_[i] = &m->Counter("tandem_kv_reservations_total",
-                                   "KV reservations of a decode worker that ended, by outcome: the transfer landed, "
-                                   "failed, timed out, or the request was cancelled while it waited.",
-                                   {{"outcome", kOutcomes[i]}});
+    reservations_[i] = &m->Counter(
+        "tandem_kv_reservations_total",
+        "KV reservations of a decode worker that ended, by outcome: the transfer landed, "
+        "failed, timed out, or the request was cancelled while it waited.",
+        {{"outcome", kOutcomes[i]}});
   }
-  // Speculative decoding lands later; the counters exist (at zero) so dashboards and alerts resolve.
-  m->Counter("tandem_spec_decode_draft_tokens_total", "Draft tokens proposed by speculative decoding.");
-  m->Counter("tandem_spec_decode_accepted_tokens_total", "Draft tokens accepted by the target model.");
+  // Speculative decoding lands later; the counters exist (at zero) so dashboards and alerts
+  // resolve.
+  m->Counter("tandem_spec_decode_draft_tokens_total",
+             "Draft tokens proposed by speculative decoding.");
+  m->Counter("tandem_spec_decode_accepted_tokens_total",
+             "Draft tokens accepted by the target model.");
 }
 
 void WorkerMetrics::ObserveStep(int64_t tokens, int64_t sequences, double seconds) {
@@ -73,21 +102,29 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
   running_.Set(static_cast<double>(s.running));
   blocks_used_.Set(static_cast<double>(s.total_blocks - s.free_blocks));
   blocks_free_.Set(static_cast<double>(s.free_blocks));
-  const double usage = s.total_blocks > 0 ? 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks : 0.0;
+  const double usage =
+      s.total_blocks > 0 ? 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks : 0.0;
   usage_.Set(usage);
-  usage_peak_.Set(s.total_blocks > 0 ? static_cast<double>(s.peak_used_blocks) / s.total_blocks : 0.0);
+  usage_peak_.Set(s.total_blocks > 0 ? static_cast<double>(s.peak_used_blocks) / s.total_blocks
+                                     : 0.0);
   pending_transfers_.Set(static_cast<double>(s.pending_transfers));
   kv_links_.Set(static_cast<double>(s.kv_links));
-  prefix_queries_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_queries - last_.prefix_queries)));
-  prefix_hits_.Increment(static_cast<double>(std::max<int64_t>(0, s.prefix_hits - last_.prefix_hits)));
-  preemptions_.Increment(static_cast<double>(std::max<int64_t>(0, s.preemptions - last_.preemptions)));
-  sampled_device_.Increment(static_cast<double>(std::max<int64_t>(0, s.sampled_on_device - last_.sampled_on_device)));
-  sampled_host_.Increment(static_cast<double>(std::max<int64_t>(0, s.sampled_on_host - last_.sampled_on_host)));
+  prefix_queries_.Increment(
+      static_cast<double>(std::max<int64_t>(0, s.prefix_queries - last_.prefix_queries)));
+  prefix_hits_.Increment(
+      static_cast<double>(std::max<int64_t>(0, s.prefix_hits - last_.prefix_hits)));
+  preemptions_.Increment(
+      static_cast<double>(std::max<int64_t>(0, s.preemptions - last_.preemptions)));
+  sampled_device_.Increment(
+      static_cast<double>(std::max<int64_t>(0, s.sampled_on_device - last_.sampled_on_device)));
+  sampled_host_.Increment(
+      static_cast<double>(std::max<int64_t>(0, s.sampled_on_host - last_.sampled_on_host)));
   sampling_row_copies_.Increment(
       static_cast<double>(std::max<int64_t>(0, s.sampling_row_copies - last_.sampling_row_copies)));
   const double prompt = std::max(0.0, s.prompt_forward_seconds - last_.prompt_forward_seconds);
   prompt_forward_seconds_.Increment(prompt);
-  decode_forward_seconds_.Increment(std::max(0.0, s.forward_seconds - last_.forward_seconds - prompt));
+  decode_forward_seconds_.Increment(
+      std::max(0.0, s.forward_seconds - last_.forward_seconds - prompt));
   host_seconds_.Increment(std::max(0.0, s.host_seconds - last_.host_seconds));
   last_ = s;
 }

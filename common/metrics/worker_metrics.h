@@ -16,22 +16,23 @@ namespace tandem {
 // What the engine loop publishes after each iteration.
 struct EngineSnapshot {
   int64_t waiting = 0, running = 0, free_blocks = 0, total_blocks = 0;
-  int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;  // cumulative
+  int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;                 // cumulative
   int64_t sampled_on_device = 0, sampled_on_host = 0, sampling_row_copies = 0;  // cumulative
   int64_t pending_transfers = 0;
-  int64_t kv_links = 0;  // side links (NCCL communicators) for KV layers up in this process
+  int64_t kv_links = 0;          // side links (NCCL communicators) for KV layers up in this process
   int64_t peak_used_blocks = 0;  // highest blocks in use seen after any step since start
-  // Engine-thread seconds (cumulative) in the model's forward pass, and in steps outside it plus the
-  // handling of their outputs (EngineLoop).
+  // Engine-thread seconds (cumulative) in the model's forward pass, and in steps outside it plus
+  // the handling of their outputs (EngineLoop).
   double forward_seconds = 0, host_seconds = 0;
   double prompt_forward_seconds = 0;  // the part of forward_seconds in steps with prompt tokens
-  bool kv_full = false;          // above the worker's KV high-water mark
+  bool kv_full = false;               // above the worker's KV high-water mark
 };
 
-// How a decode worker's KV reservation ended: its transfer landed (the sequence was admitted), failed
-// (the prefill side or the link reported an error, or the landed KV could not be admitted), timed out
-// (--kv-transfer-timeout-s or the call's deadline), or was cancelled (the client, the router, or the
-// worker shutting down) while it waited.
+// How a decode worker's KV reservation ended: its transfer landed (the sequence was admitted),
+// failed (the prefill side or the link reported an error, or the landed KV could not be admitted),
+// timed out
+// (--kv-transfer-timeout-s or the call's deadline), or was cancelled (the client, the router, or
+// the worker shutting down) while it waited.
 enum class KvReservationOutcome { kLanded, kFailed, kTimedOut, kCancelled };
 inline constexpr int kNumKvReservationOutcomes = 4;
 
@@ -67,7 +68,8 @@ class WorkerMetrics {
   prometheus::Counter& sampled_device_;
   prometheus::Counter& sampled_host_;
   prometheus::Counter& sampling_row_copies_;
-  prometheus::Counter& prompt_forward_seconds_;  // tandem_engine_forward_seconds_total{step="prompt"}
+  prometheus::Counter&
+      prompt_forward_seconds_;  // tandem_engine_forward_seconds_total{step="prompt"}
   prometheus::Counter& decode_forward_seconds_;  // {step="decode"}
   prometheus::Counter& host_seconds_;
   prometheus::Counter& transfer_bytes_;

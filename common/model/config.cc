@@ -18,20 +18,21 @@ absl::StatusOr<int64_t> GetInt(const json& j, const char* key, const std::string
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (fallback) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(source, ": missing required field \"", key, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": missing required field \"", key, "\""));
   }
   if (!it->is_number_integer() && !it->is_number_unsigned()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": field \"", key, "\" must be an integer, got ", it->dump()));
   }
   if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": field \"", key, "\" = ", it->dump(), " is out of range [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": field \"", key, "\" = ", it->dump(),
+                                                   " is out of range [", lo, ", ", hi, "]"));
   }
   const int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": field \"", key, "\" = ", v, " is out of range [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": field \"", key, "\" = ", v,
+                                                   " is out of range [", lo, ", ", hi, "]"));
   }
   return v;
 }
@@ -46,8 +47,8 @@ absl::StatusOr<double> GetDouble(const json& j, const char* key, const std::stri
   }
   const double v = it->get<double>();
   if (!(v >= lo && v <= hi)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": field \"", key, "\" = ", v, " is out of range [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": field \"", key, "\" = ", v,
+                                                   " is out of range [", lo, ", ", hi, "]"));
   }
   return v;
 }
@@ -68,11 +69,12 @@ int64_t GetTokenId(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end()) return -1;
   if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) return (*it)[0].get<int64_t>();
+  if (it->is_array() && !it->empty() && (*it)[0].is_number_integer())
+    return (*it)[0].get<int64_t>();
   return -1;
 }
 
-constexpr int64_t kMaxDim = 1 << 20;        // hidden, intermediate, head sizes
+constexpr int64_t kMaxDim = 1 << 20;  // hidden, intermediate, head sizes
 constexpr int64_t kMaxVocab = 1 << 24;
 constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxHeads = 4096;
@@ -80,14 +82,16 @@ constexpr int64_t kMaxPositions = int64_t{1} << 30;
 
 }  // namespace
 
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source) {
   json j;
   try {
     j = json::parse(json_text);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON: ", e.what()));
   }
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
 
   ModelConfig c;
   auto arch = j.find("architectures");
@@ -105,9 +109,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   } else if (c.architecture == "Qwen3ForCausalLM") {
     c.family = ModelFamily::kQwen3;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": unsupported architecture \"", c.architecture,
-        "\" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": unsupported architecture \"", c.architecture,
+                     "\" (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                     "Qwen3ForCausalLM)"));
   }
 
   ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", source, 1, kMaxVocab, std::nullopt));
@@ -121,9 +126,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
   ASSIGN_OR_RETURN(c.num_key_value_heads,
                    GetInt(j, "num_key_value_heads", source, 1, kMaxHeads, c.num_attention_heads));
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": num_attention_heads (", c.num_attention_heads,
-        ") must be a multiple of num_key_value_heads (", c.num_key_value_heads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": num_attention_heads (", c.num_attention_heads,
+                     ") must be a multiple of num_key_value_heads (", c.num_key_value_heads, ")"));
   }
   const bool explicit_head_dim = j.contains("head_dim") && !j["head_dim"].is_null();
   if (!explicit_head_dim && c.hidden_size % c.num_attention_heads != 0) {
@@ -131,8 +136,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
         source, ": hidden_size (", c.hidden_size, ") is not divisible by num_attention_heads (",
         c.num_attention_heads, ") and no head_dim is given"));
   }
-  ASSIGN_OR_RETURN(c.head_dim, GetInt(j, "head_dim", source, 2, kMaxDim,
-                                      c.hidden_size / c.num_attention_heads));
+  ASSIGN_OR_RETURN(
+      c.head_dim, GetInt(j, "head_dim", source, 2, kMaxDim, c.hidden_size / c.num_attention_heads));
   if (c.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": head_dim must be even for RoPE"));
   }
@@ -143,8 +148,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
                    GetInt(j, "max_position_embeddings", source, 1, kMaxPositions, 2048));
   ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, "rms_norm_eps", source, 0.0, 1.0, 1e-6));
   ASSIGN_OR_RETURN(c.rope_theta, GetDouble(j, "rope_theta", source, 1.0, 1e12, 10000.0));
-  ASSIGN_OR_RETURN(c.tie_word_embeddings, GetBool(j, "tie_word_embeddings", source,
-                                                  c.family == ModelFamily::kQwen2));
+  ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                   GetBool(j, "tie_word_embeddings", source, c.family == ModelFamily::kQwen2));
   ASSIGN_OR_RETURN(c.attention_bias, GetBool(j, "attention_bias", source, false));
   if (c.family == ModelFamily::kQwen2) c.attention_bias = true;  // Qwen2 always has q/k/v bias
   c.qk_norm = c.family == ModelFamily::kQwen3;
@@ -163,26 +168,30 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
       RopeScaling& s = c.rope_scaling;
       s.type = RopeScaling::Type::kLlama3;
       ASSIGN_OR_RETURN(s.factor, GetDouble(*rs, "factor", source, 1.0, 1e6, 8.0));
-      ASSIGN_OR_RETURN(s.low_freq_factor, GetDouble(*rs, "low_freq_factor", source, 1e-6, 1e6, 1.0));
+      ASSIGN_OR_RETURN(s.low_freq_factor,
+                       GetDouble(*rs, "low_freq_factor", source, 1e-6, 1e6, 1.0));
       ASSIGN_OR_RETURN(s.high_freq_factor,
                        GetDouble(*rs, "high_freq_factor", source, 1e-6, 1e6, 4.0));
-      ASSIGN_OR_RETURN(s.original_max_position_embeddings,
-                       GetInt(*rs, "original_max_position_embeddings", source, 1, kMaxPositions,
-                              8192));
+      ASSIGN_OR_RETURN(
+          s.original_max_position_embeddings,
+          GetInt(*rs, "original_max_position_embeddings", source, 1, kMaxPositions, 8192));
       if (!(s.high_freq_factor > s.low_freq_factor)) {
         return absl::InvalidArgumentError(
             absl::StrCat(source, ": rope_scaling high_freq_factor must exceed low_freq_factor"));
       }
     } else if (type != "default" && !type.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": unsupported rope_scaling type \"", type, "\" (supported: llama3, default)"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": unsupported rope_scaling type \"",
+                                                     type, "\" (supported: llama3, default)"));
     }
   }
   if (auto td = j.find("torch_dtype"); td != j.end() && td->is_string()) {
     const std::string s = td->get<std::string>();
-    if (s == "float32") c.torch_dtype = DType::kF32;
-    else if (s == "float16") c.torch_dtype = DType::kF16;
-    else if (s == "bfloat16") c.torch_dtype = DType::kBF16;
+    if (s == "float32")
+      c.torch_dtype = DType::kF32;
+    else if (s == "float16")
+      c.torch_dtype = DType::kF16;
+    else if (s == "bfloat16")
+      c.torch_dtype = DType::kBF16;
   }
   c.bos_token_id = GetTokenId(j, "bos_token_id");
   c.eos_token_id = GetTokenId(j, "eos_token_id");
@@ -192,7 +201,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open (is this a model directory?)"));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open (is this a model directory?)"));
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   if (size < 0 || size > (16 << 20)) {
@@ -229,12 +239,12 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
   }
   if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling.factor},
-                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings",
-                          c.rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
   } else {
     j["rope_scaling"] = nullptr;
   }

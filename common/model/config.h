@@ -56,7 +56,8 @@ struct ModelConfig {
 };
 
 // Parses config.json text; `source` names the file in error messages.
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source);
 // Reads DIR/config.json.
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 // Serialises to Hugging Face config.json form (what make-model writes).

@@ -20,8 +20,25 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 // Scratch buffer slots used by Forward.
 enum Slot : size_t {
-  kMeta, kX, kH, kQ, kK, kV, kAttn, kGate, kUp, kRows, kLogitIn, kLogits, kArgmax, kQkv, kGateUp, kLogprobs, kEdits,
-  kSampling, kNumSlots
+  kMeta,
+  kX,
+  kH,
+  kQ,
+  kK,
+  kV,
+  kAttn,
+  kGate,
+  kUp,
+  kRows,
+  kLogitIn,
+  kLogits,
+  kArgmax,
+  kQkv,
+  kGateUp,
+  kLogprobs,
+  kEdits,
+  kSampling,
+  kNumSlots
 };
 
 // Batch sizes decode graphs are captured for; a step runs in the smallest that holds it. 0: none.
@@ -64,7 +81,8 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
 
 LlamaModel::~LlamaModel() = default;
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir, Backend* backend,
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
+                                                             Backend* backend,
                                                              std::optional<bool> fuse_projections) {
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->backend_ = backend;
@@ -83,7 +101,8 @@ absl::Status LlamaModel::LoadWeights() {
   const ModelConfig& c = config_;
   std::set<std::string> used;
   // The checkpoint's tensor `name`, which must have `shape`; marked as used.
-  auto get = [&](const std::string& name, const std::vector<int64_t>& shape) -> absl::StatusOr<const TensorView*> {
+  auto get = [&](const std::string& name,
+                 const std::vector<int64_t>& shape) -> absl::StatusOr<const TensorView*> {
     ASSIGN_OR_RETURN(const TensorView* t, checkpoint_->Get(name));
     if (t->shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " has shape ",
@@ -120,7 +139,8 @@ absl::Status LlamaModel::LoadWeights() {
     stacked.data = bytes->data();
     stacked.nbytes = bytes->size();
     ASSIGN_OR_RETURN(*out, backend_->UploadWeight(stacked));
-    if (out->data == stacked.data) out->owner = bytes;  // a backend that computes from host memory keeps it
+    if (out->data == stacked.data)
+      out->owner = bytes;  // a backend that computes from host memory keeps it
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, &embed_));
@@ -151,7 +171,8 @@ absl::Status LlamaModel::LoadWeights() {
     const std::string m = absl::StrCat("model.layers.", l, ".mlp.");
     fused_ = same_dtype({p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"}) &&
              same_dtype({m + "gate_proj.weight", m + "up_proj.weight"}) &&
-             (!c.attention_bias || same_dtype({p + "q_proj.bias", p + "k_proj.bias", p + "v_proj.bias"}));
+             (!c.attention_bias ||
+              same_dtype({p + "q_proj.bias", p + "k_proj.bias", p + "v_proj.bias"}));
   }
   layers_.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -186,22 +207,25 @@ absl::Status LlamaModel::LoadWeights() {
       RETURN_IF_ERROR(load(p + "self_attn.k_norm.weight", {c.head_dim}, &w.k_norm));
     }
     if (fused_) {
-      RETURN_IF_ERROR(load_stacked({{p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}},
-                                    {p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}}},
-                                   &w.gate_up));
+      RETURN_IF_ERROR(
+          load_stacked({{p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}},
+                        {p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}}},
+                       &w.gate_up));
     } else {
-      RETURN_IF_ERROR(load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, &w.gate));
+      RETURN_IF_ERROR(
+          load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, &w.gate));
       RETURN_IF_ERROR(load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, &w.up));
     }
-    RETURN_IF_ERROR(load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, &w.down));
+    RETURN_IF_ERROR(
+        load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, &w.down));
   }
   for (const auto& [name, t] : checkpoint_->tensors()) {
     if (used.contains(name)) continue;
     // Older checkpoints store the RoPE table; it is recomputed from the config.
     if (name.ends_with(".self_attn.rotary_emb.inv_freq")) continue;
-    return absl::InvalidArgumentError(absl::StrCat(
-        t->file, ": unexpected tensor ", name, " (not part of a ", c.architecture,
-        " with this config.json; is the checkpoint for a different model?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(t->file, ": unexpected tensor ", name, " (not part of a ", c.architecture,
+                     " with this config.json; is the checkpoint for a different model?)"));
   }
   return absl::OkStatus();
 }
@@ -212,7 +236,8 @@ DType LlamaModel::KvCacheDType(std::optional<DType> requested) const {
   return backend_->name() == "cuda" && w != DType::kF32 ? w : DType::kF32;
 }
 
-KvCacheGeometry LlamaModel::KvGeometry(int64_t num_blocks, int64_t block_size, DType kv_dtype) const {
+KvCacheGeometry LlamaModel::KvGeometry(int64_t num_blocks, int64_t block_size,
+                                       DType kv_dtype) const {
   KvCacheGeometry g;
   g.dtype = kv_dtype;
   g.num_layers = config_.num_hidden_layers;
@@ -245,9 +270,9 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
     }
     const int64_t context = seq.num_cached_tokens + seq.num_new_tokens;
     if (context > config_.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", s, ": ", context, " tokens exceed max_position_embeddings (",
-          config_.max_position_embeddings, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", context,
+                                                     " tokens exceed max_position_embeddings (",
+                                                     config_.max_position_embeddings, ")"));
     }
     if (static_cast<int64_t>(seq.block_table.size()) * g.block_size < context) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": block table of ",
@@ -277,7 +302,8 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
     }
     for (int32_t k : in.sample_top_k) {
       if (k < 0 || k > kMaxSampleTopK || k > config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("sample_top_k must be in [0, ", kMaxSampleTopK, "]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample_top_k must be in [0, ", kMaxSampleTopK, "]"));
       }
     }
   }
@@ -287,14 +313,15 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
     }
     for (const RowDraw& d : in.sample_draws) {
       if (d.mode != RowDraw::kNone && d.mode != RowDraw::kTotal && d.mode != RowDraw::kDraw) {
-        return absl::InvalidArgumentError(absl::StrCat("sample draw mode ", d.mode, " is not 0, 1 or 2"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample draw mode ", d.mode, " is not 0, 1 or 2"));
       }
       if (d.mode != RowDraw::kNone &&
-          (!(d.inv_temperature > 0.f) || !std::isfinite(d.inv_temperature) || !(d.u >= 0 && d.u < 1) ||
-           !(d.min_p >= 0.f && d.min_p <= 1.f))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("sample draw needs 1/temperature > 0 and finite, u in [0, 1) and min_p in [0, 1]; got ",
-                         d.inv_temperature, ", ", d.u, ", ", d.min_p));
+          (!(d.inv_temperature > 0.f) || !std::isfinite(d.inv_temperature) ||
+           !(d.u >= 0 && d.u < 1) || !(d.min_p >= 0.f && d.min_p <= 1.f))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sample draw needs 1/temperature > 0 and finite, u in [0, 1) and min_p in [0, 1]; got ",
+            d.inv_temperature, ", ", d.u, ", ", d.min_p));
       }
     }
   }
@@ -304,12 +331,12 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCacheStorage& 
     for (const LogitEdit& e : in.logit_edits) {
       if (e.row < 0 || e.row >= static_cast<int64_t>(in.logits_rows.size()) || e.token < 0 ||
           e.token >= config_.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("logit edit of row ", e.row, ", token ", e.token, " outside the step's logits"));
+        return absl::InvalidArgumentError(absl::StrCat("logit edit of row ", e.row, ", token ",
+                                                       e.token, " outside the step's logits"));
       }
       if (!seen.insert(static_cast<int64_t>(e.row) * config_.vocab_size + e.token).second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("two logit edits of row ", e.row, ", token ", e.token, " (one per token: merge them)"));
+        return absl::InvalidArgumentError(absl::StrCat("two logit edits of row ", e.row, ", token ",
+                                                       e.token, " (one per token: merge them)"));
       }
     }
   }
@@ -327,7 +354,8 @@ float* LlamaModel::Scratch(size_t index, size_t elements) {
   const size_t bytes = std::max<size_t>(elements, 1) * sizeof(float);
   if (!buf || buf->size() < bytes) {
     // Graphs point at the buffer about to be replaced (the sampling slots are used outside them).
-    if (index != kLogprobs && index != kEdits && index != kSampling) DropAllGraphs();  // graphs point at the buffer about to be replaced
+    if (index != kLogprobs && index != kEdits && index != kSampling)
+      DropAllGraphs();  // graphs point at the buffer about to be replaced
     auto fresh = backend_->Allocate(bytes + bytes / 4);
     if (!fresh.ok()) return nullptr;
     buf = std::move(fresh).value();
@@ -339,7 +367,9 @@ int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
   if (!(use_graphs_ && backend_->SupportsGraphs()) && !graph_layout_for_testing_) return 0;
   if (!in.allow_graph || in.on_layer_done) return 0;
   const int64_t seqs = static_cast<int64_t>(in.seqs.size());
-  if (static_cast<int64_t>(in.token_ids.size()) != seqs || static_cast<int64_t>(in.logits_rows.size()) != seqs) return 0;
+  if (static_cast<int64_t>(in.token_ids.size()) != seqs ||
+      static_cast<int64_t>(in.logits_rows.size()) != seqs)
+    return 0;
   for (int64_t i = 0; i < seqs; ++i) {
     if (in.logits_rows[i] != i) return 0;  // one token per sequence, each one's row sampled
     // A captured attention launch covers contexts up to the limit it was captured for.
@@ -348,8 +378,9 @@ int64_t LlamaModel::DecodeGraphBatch(const ForwardInput& in) const {
   return GraphBucket(seqs);
 }
 
-absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
-                                 std::vector<int32_t>* argmax, std::vector<std::optional<RowLogprobs>>* logprobs,
+absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv,
+                                 std::vector<float>* logits, std::vector<int32_t>* argmax,
+                                 std::vector<std::optional<RowLogprobs>>* logprobs,
                                  DeviceSamples* samples) {
   last_logits_ = nullptr;
   RETURN_IF_ERROR(Validate(input, *kv));
@@ -385,9 +416,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
     for (int64_t t = 0; t < s.num_new_tokens; ++t) {
       const int64_t pos = s.num_cached_tokens + t;
       positions.push_back(static_cast<int32_t>(pos));
-      slots.push_back(is_padding ? -1
-                              : static_cast<int32_t>(s.block_table[pos / g.block_size] * g.block_size +
-                                                     pos % g.block_size));
+      slots.push_back(is_padding
+                          ? -1
+                          : static_cast<int32_t>(s.block_table[pos / g.block_size] * g.block_size +
+                                                 pos % g.block_size));
     }
     blocks.insert(blocks.end(), s.block_table.begin(), s.block_table.end());
     block_indptr.push_back(static_cast<int32_t>(blocks.size()));
@@ -404,7 +436,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   meta.insert(meta.end(), slots.begin(), slots.end());
   const size_t off_rows = meta.size();
   meta.insert(meta.end(), input.logits_rows.begin(), input.logits_rows.end());
-  for (int64_t i = real_seqs; i < num_seqs; ++i) meta.push_back(static_cast<int32_t>(i));  // padding rows
+  for (int64_t i = real_seqs; i < num_seqs; ++i)
+    meta.push_back(static_cast<int32_t>(i));  // padding rows
   const size_t off_blocks = meta.size();
   meta.insert(meta.end(), blocks.begin(), blocks.end());
 
@@ -413,8 +446,10 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   // A graph batch's metadata buffer holds every block its sequences could have: its size, and so
   // the buffer, does not change from step to step.
   const size_t meta_capacity =
-      graph_batch > 0 ? off_blocks + static_cast<size_t>(graph_batch) * ((c.max_position_embeddings + g.block_size - 1) / g.block_size + 1)
-                      : meta.size();
+      graph_batch > 0
+          ? off_blocks + static_cast<size_t>(graph_batch) *
+                             ((c.max_position_embeddings + g.block_size - 1) / g.block_size + 1)
+          : meta.size();
   StepBuffers buf;
   buf.meta = reinterpret_cast<int32_t*>(Scratch(kMeta, std::max(meta.size(), meta_capacity)));
   buf.x = Scratch(kX, n * hidden);
@@ -431,8 +466,9 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   buf.argmax = reinterpret_cast<int32_t*>(Scratch(kArgmax, std::max<int64_t>(m, 1)));
   buf.qkv = Scratch(kQkv, fused_ ? n * (qs + 2 * kvs) : 1);
   buf.gate_up = Scratch(kGateUp, fused_ ? n * 2 * inter : 1);
-  if (!buf.meta || !buf.x || !buf.h || !buf.q || !buf.k || !buf.v || !buf.attn || !buf.gate || !buf.up ||
-      !buf.rows || !buf.logit_in || !buf.logits || !buf.argmax || !buf.qkv || !buf.gate_up) {
+  if (!buf.meta || !buf.x || !buf.h || !buf.q || !buf.k || !buf.v || !buf.attn || !buf.gate ||
+      !buf.up || !buf.rows || !buf.logit_in || !buf.logits || !buf.argmax || !buf.qkv ||
+      !buf.gate_up) {
     return absl::ResourceExhaustedError("cannot allocate activation memory for the forward pass");
   }
   backend_->CopyToDevice(buf.meta, meta.data(), meta.size() * sizeof(int32_t));
@@ -462,15 +498,20 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   // needs them (then all the real rows: one copy).
   // (Only when some row is argmax-only: a step of sampled rows reads back nothing more.)
   const bool want_argmax =
-      argmax != nullptr && std::any_of(input.argmax_only.begin(), input.argmax_only.end(), [](uint8_t f) { return f != 0; });
-  const bool want_logprobs = logprobs != nullptr && !input.logprob_tokens.empty() && backend_->SupportsLogprobs();
+      argmax != nullptr && std::any_of(input.argmax_only.begin(), input.argmax_only.end(),
+                                       [](uint8_t f) { return f != 0; });
+  const bool want_logprobs =
+      logprobs != nullptr && !input.logprob_tokens.empty() && backend_->SupportsLogprobs();
   const bool want_sampling = samples != nullptr && backend_->SupportsSampling();
   bool want_logits = false;  // some row needs its logits on the host
   for (int64_t k = 0; k < real_rows; ++k) {
     const bool argmax_only = want_argmax && input.argmax_only[k] != 0;
-    const bool logprobs_only = want_logprobs && input.logprob_tokens[k] != ForwardInput::kNoLogprobs;
-    const bool top_k_only = want_sampling && !input.sample_top_k.empty() && input.sample_top_k[k] > 0;
-    const bool drawn = want_sampling && !input.sample_draws.empty() && input.sample_draws[k].mode == RowDraw::kDraw;
+    const bool logprobs_only =
+        want_logprobs && input.logprob_tokens[k] != ForwardInput::kNoLogprobs;
+    const bool top_k_only =
+        want_sampling && !input.sample_top_k.empty() && input.sample_top_k[k] > 0;
+    const bool drawn = want_sampling && !input.sample_draws.empty() &&
+                       input.sample_draws[k].mode == RowDraw::kDraw;
     want_logits |= !argmax_only && !logprobs_only && !top_k_only && !drawn;
   }
   // The logprob tokens go up now, while the stream is idle (a copy waits for it).
@@ -489,29 +530,35 @@ absl::Status LlamaModel::Forward(const ForwardInput& input, KvCacheStorage* kv, 
   }
   last_logits_ = buf.logits;
   last_rows_ = real_rows;
-  // The host copy and the logprobs see the raw logits; the sampling edits them, then the argmax is read.
-  // Everything the step computes on the device is enqueued before the first of its results is read
-  // (each read waits for the device), except after the host copy of whole rows, which already waits.
+  // The host copy and the logprobs see the raw logits; the sampling edits them, then the argmax is
+  // read. Everything the step computes on the device is enqueued before the first of its results is
+  // read (each read waits for the device), except after the host copy of whole rows, which already
+  // waits.
   logits->assign(want_logits ? static_cast<size_t>(real_rows * c.vocab_size) : 0, 0.f);
-  if (want_logits && real_rows > 0) backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
+  if (want_logits && real_rows > 0)
+    backend_->CopyToHost(logits->data(), buf.logits, logits->size() * sizeof(float));
   if (want_logprobs && real_rows > 0) EnqueueLogprobs(input, buf.logits, logprob_region);
-  if (want_sampling && real_rows > 0) EnqueueSampling(input, sampling, buf.logits, want_argmax ? buf.argmax : nullptr);
-  if (logprobs != nullptr) logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
+  if (want_sampling && real_rows > 0)
+    EnqueueSampling(input, sampling, buf.logits, want_argmax ? buf.argmax : nullptr);
+  if (logprobs != nullptr)
+    logprobs->assign(want_logprobs ? static_cast<size_t>(real_rows) : 0, std::nullopt);
   if (want_logprobs && real_rows > 0) ReadLogprobs(input, logprob_region, logprobs);
   if (samples != nullptr) *samples = DeviceSamples{};
   if (want_sampling && real_rows > 0) ReadSampling(input, sampling, samples);
   if (argmax != nullptr) argmax->assign(want_argmax ? static_cast<size_t>(real_rows) : 0, -1);
   if (want_argmax && real_rows > 0) {
-    backend_->CopyToHost(argmax->data(), buf.argmax, static_cast<size_t>(real_rows) * sizeof(int32_t));
+    backend_->CopyToHost(argmax->data(), buf.argmax,
+                         static_cast<size_t>(real_rows) * sizeof(int32_t));
   }
   return backend_->CheckErrors();
 }
 
 namespace {
 
-// The sampling region's layout, in 4-byte words, for `rows` logits rows and candidates `width` wide:
-// draws [rows] (RowDraw, 6 words) | row_k [rows], uploaded together, then ids [rows][width] |
-// values [rows][width] | tokens [rows] | totals [rows] (double, 8-byte aligned), copied back together.
+// The sampling region's layout, in 4-byte words, for `rows` logits rows and candidates `width`
+// wide: draws [rows] (RowDraw, 6 words) | row_k [rows], uploaded together, then ids [rows][width] |
+// values [rows][width] | tokens [rows] | totals [rows] (double, 8-byte aligned), copied back
+// together.
 struct SamplingLayout {
   SamplingLayout(int64_t rows, int64_t width)
       : row_k(6 * rows),
@@ -531,7 +578,8 @@ absl::StatusOr<LlamaModel::SamplingUpload> LlamaModel::UploadSampling(const Forw
   if (!in.logit_edits.empty()) {
     const size_t bytes = in.logit_edits.size() * sizeof(LogitEdit);
     auto* edits = reinterpret_cast<LogitEdit*>(Scratch(kEdits, bytes / sizeof(float)));
-    if (edits == nullptr) return absl::ResourceExhaustedError("cannot allocate the logit edits buffer");
+    if (edits == nullptr)
+      return absl::ResourceExhaustedError("cannot allocate the logit edits buffer");
     backend_->CopyToDevice(edits, in.logit_edits.data(), bytes);
     up.edits = edits;
   }
@@ -540,25 +588,30 @@ absl::StatusOr<LlamaModel::SamplingUpload> LlamaModel::UploadSampling(const Forw
   if (up.width == 0 && !up.draws) return up;
   const SamplingLayout at(rows, up.width);
   up.region = reinterpret_cast<int32_t*>(Scratch(kSampling, static_cast<size_t>(at.end)));
-  if (up.region == nullptr) return absl::ResourceExhaustedError("cannot allocate the sampling buffer");
+  if (up.region == nullptr)
+    return absl::ResourceExhaustedError("cannot allocate the sampling buffer");
   std::vector<int32_t> host(static_cast<size_t>(at.ids), 0);
-  if (up.draws) std::memcpy(host.data(), in.sample_draws.data(), in.sample_draws.size() * sizeof(RowDraw));
-  if (up.width > 0) std::copy(in.sample_top_k.begin(), in.sample_top_k.end(), host.begin() + at.row_k);
+  if (up.draws)
+    std::memcpy(host.data(), in.sample_draws.data(), in.sample_draws.size() * sizeof(RowDraw));
+  if (up.width > 0)
+    std::copy(in.sample_top_k.begin(), in.sample_top_k.end(), host.begin() + at.row_k);
   backend_->CopyToDevice(up.region, host.data(), host.size() * sizeof(int32_t));
   return up;
 }
 
-void LlamaModel::EnqueueSampling(const ForwardInput& in, const SamplingUpload& up, float* logits_dev,
-                                 int32_t* argmax_dev) {
+void LlamaModel::EnqueueSampling(const ForwardInput& in, const SamplingUpload& up,
+                                 float* logits_dev, int32_t* argmax_dev) {
   const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
   const int64_t vocab = config_.vocab_size;
   if (up.edits != nullptr) {
-    backend_->ApplyLogitEdits(logits_dev, vocab, up.edits, static_cast<int64_t>(in.logit_edits.size()));
-    // Greedy rows with processors take the edited row's argmax (the others' rows are unchanged): taken
-    // again only when such a row is in the step.
-    const bool edited_argmax = argmax_dev != nullptr && !in.argmax_only.empty() &&
-                               std::any_of(in.logit_edits.begin(), in.logit_edits.end(),
-                                           [&](const LogitEdit& e) { return in.argmax_only[e.row] != 0; });
+    backend_->ApplyLogitEdits(logits_dev, vocab, up.edits,
+                              static_cast<int64_t>(in.logit_edits.size()));
+    // Greedy rows with processors take the edited row's argmax (the others' rows are unchanged):
+    // taken again only when such a row is in the step.
+    const bool edited_argmax =
+        argmax_dev != nullptr && !in.argmax_only.empty() &&
+        std::any_of(in.logit_edits.begin(), in.logit_edits.end(),
+                    [&](const LogitEdit& e) { return in.argmax_only[e.row] != 0; });
     if (edited_argmax) backend_->ArgmaxRows(logits_dev, rows, vocab, argmax_dev);
   }
   if (up.region == nullptr) return;
@@ -569,12 +622,13 @@ void LlamaModel::EnqueueSampling(const ForwardInput& in, const SamplingUpload& u
                        reinterpret_cast<float*>(region + at.values));
   }
   if (up.draws) {
-    backend_->SampleRows(logits_dev, rows, vocab, reinterpret_cast<const RowDraw*>(region), region + at.tokens,
-                         reinterpret_cast<double*>(region + at.totals));
+    backend_->SampleRows(logits_dev, rows, vocab, reinterpret_cast<const RowDraw*>(region),
+                         region + at.tokens, reinterpret_cast<double*>(region + at.totals));
   }
 }
 
-void LlamaModel::ReadSampling(const ForwardInput& in, const SamplingUpload& up, DeviceSamples* out) {
+void LlamaModel::ReadSampling(const ForwardInput& in, const SamplingUpload& up,
+                              DeviceSamples* out) {
   if (up.region == nullptr) return;
   const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
   const SamplingLayout at(rows, up.width);
@@ -595,9 +649,11 @@ void LlamaModel::ReadSampling(const ForwardInput& in, const SamplingUpload& up, 
   }
 }
 
-absl::Status LlamaModel::ValidateLogprobTokens(const std::vector<int32_t>& tokens, int32_t top_k) const {
+absl::Status LlamaModel::ValidateLogprobTokens(const std::vector<int32_t>& tokens,
+                                               int32_t top_k) const {
   if (top_k < 0 || top_k > kMaxLogprobsTopK || top_k > config_.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("logprob_top_k must be in [0, ", kMaxLogprobsTopK, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprob_top_k must be in [0, ", kMaxLogprobsTopK, "]"));
   }
   for (int32_t t : tokens) {
     if (t < ForwardInput::kNoLogprobs || t >= config_.vocab_size) {
@@ -609,7 +665,8 @@ absl::Status LlamaModel::ValidateLogprobTokens(const std::vector<int32_t>& token
 
 absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, int32_t top_k,
                                           std::vector<std::optional<RowLogprobs>>* out) {
-  if (!backend_->SupportsLogprobs()) return absl::FailedPreconditionError("this backend does not compute logprobs");
+  if (!backend_->SupportsLogprobs())
+    return absl::FailedPreconditionError("this backend does not compute logprobs");
   if (last_logits_ == nullptr || static_cast<int64_t>(tokens.size()) != last_rows_) {
     return absl::FailedPreconditionError(
         absl::StrCat(tokens.size(), " tokens for the last step's ", last_rows_, " logits rows"));
@@ -618,7 +675,7 @@ absl::Status LlamaModel::LastStepLogprobs(const std::vector<int32_t>& tokens, in
   ForwardInput in;
   in.logprob_tokens = tokens;
   in.logprob_top_k = top_k;
-  ASSIGN_OR_RETURN(int32_t* region, UploadLogprobTokens(in));
+  ASSIGN_OR_RETURN(int32_t * region, UploadLogprobTokens(in));
   out->assign(tokens.size(), std::nullopt);
   EnqueueLogprobs(in, last_logits_, region);
   ReadLogprobs(in, region, out);
@@ -631,16 +688,20 @@ absl::Status LlamaModel::CopyLogitsRow(int64_t row, std::vector<float>* out) {
         absl::StrCat("logits row ", row, " is not one of the last step's ", last_rows_, " rows"));
   }
   out->resize(static_cast<size_t>(config_.vocab_size));
-  backend_->CopyToHost(out->data(), last_logits_ + row * config_.vocab_size, out->size() * sizeof(float));
+  backend_->CopyToHost(out->data(), last_logits_ + row * config_.vocab_size,
+                       out->size() * sizeof(float));
   return backend_->CheckErrors();
 }
 
 absl::StatusOr<int32_t*> LlamaModel::UploadLogprobTokens(const ForwardInput& in) {
   const int64_t rows = static_cast<int64_t>(in.logprob_tokens.size());
-  // One scratch region, copied back at once: tokens (in) | token | logprob | rank | top ids | top logprobs.
-  auto* region = reinterpret_cast<int32_t*>(Scratch(kLogprobs, 4 * rows + 2 * rows * in.logprob_top_k));
+  // One scratch region, copied back at once: tokens (in) | token | logprob | rank | top ids | top
+  // logprobs.
+  auto* region =
+      reinterpret_cast<int32_t*>(Scratch(kLogprobs, 4 * rows + 2 * rows * in.logprob_top_k));
   if (region == nullptr) return absl::ResourceExhaustedError("cannot allocate the logprobs buffer");
-  backend_->CopyToDevice(region, in.logprob_tokens.data(), in.logprob_tokens.size() * sizeof(int32_t));
+  backend_->CopyToDevice(region, in.logprob_tokens.data(),
+                         in.logprob_tokens.size() * sizeof(int32_t));
   return region;
 }
 
@@ -652,8 +713,8 @@ void LlamaModel::EnqueueLogprobs(const ForwardInput& in, const float* logits_dev
   int32_t* rank = region + 3 * rows;
   int32_t* top_ids = region + 4 * rows;
   auto* top_logprobs = reinterpret_cast<float*>(region + 4 * rows + rows * k);
-  backend_->Logprobs(logits_dev, rows, config_.vocab_size, region, static_cast<int32_t>(k), token_out, logprob, rank,
-                     top_ids, top_logprobs);
+  backend_->Logprobs(logits_dev, rows, config_.vocab_size, region, static_cast<int32_t>(k),
+                     token_out, logprob, rank, top_ids, top_logprobs);
 }
 
 void LlamaModel::ReadLogprobs(const ForwardInput& in, const int32_t* region,
@@ -670,15 +731,17 @@ void LlamaModel::ReadLogprobs(const ForwardInput& in, const int32_t* region,
     r.rank = host[3 * rows + i];
     r.top_ids.assign(host.begin() + 4 * rows + i * k, host.begin() + 4 * rows + (i + 1) * k);
     r.top_logprobs.resize(static_cast<size_t>(k));
-    std::memcpy(r.top_logprobs.data(), &host[4 * rows + rows * k + i * k], static_cast<size_t>(k) * sizeof(float));
+    std::memcpy(r.top_logprobs.data(), &host[4 * rows + rows * k + i * k],
+                static_cast<size_t>(k) * sizeof(float));
     (*out)[i] = std::move(r);
   }
 }
 
-absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv) {
+absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf,
+                                        KvCacheStorage* kv) {
   // Graphs write into the cache memory they were captured with.
-  const GraphCache cache{kv->k_data(), kv->v_data(), kv->geometry().num_blocks, kv->geometry().block_size,
-                         kv->geometry().dtype};
+  const GraphCache cache{kv->k_data(), kv->v_data(), kv->geometry().num_blocks,
+                         kv->geometry().block_size, kv->geometry().dtype};
   if (!(cache == graph_cache_)) {
     DropAllGraphs();
     graph_cache_ = cache;
@@ -709,8 +772,8 @@ absl::Status LlamaModel::RunDecodeGraph(std::pair<int64_t, int64_t> key, const S
   return absl::OkStatus();
 }
 
-void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::function<void(int64_t)>& on_layer_done,
-                         bool argmax) {
+void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
+                         const std::function<void(int64_t)>& on_layer_done, bool argmax) {
   const ModelConfig& c = config_;
   const KvCacheGeometry& g = kv->geometry();
   const int64_t n = buf.md.num_tokens, m = buf.num_rows;
@@ -718,16 +781,17 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   const AttentionMetadata& md = buf.md;
-  float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn, *gate = buf.gate,
-        *up = buf.up;
+  float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn,
+        *gate = buf.gate, *up = buf.up;
   Backend* b = backend_;
-  // Where the backend runs the norms and residual adds inside the projections (its GEMV's shapes), h is
-  // scratch; elsewhere h = input_norm(x) at the top of each layer: the first layer's below, the
-  // others' fused with the last residual add.
+  // Where the backend runs the norms and residual adds inside the projections (its GEMV's shapes),
+  // h is scratch; elsewhere h = input_norm(x) at the top of each layer: the first layer's below,
+  // the others' fused with the last residual add.
   const bool norms_in_linear =
       fused_ && c.num_hidden_layers > 0 && b->FusesNormsIntoLinear(n, layers_[0].qkv);
   b->Embedding(embed_, buf.ids, n, x);
-  if (c.num_hidden_layers > 0 && !norms_in_linear) b->RmsNorm(x, layers_[0].input_norm, eps, n, hidden, h);
+  if (c.num_hidden_layers > 0 && !norms_in_linear)
+    b->RmsNorm(x, layers_[0].input_norm, eps, n, hidden, h);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
     if (fused_) {
@@ -762,13 +826,16 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
         b->RmsNorm(q, w.q_norm, eps, n * c.num_attention_heads, c.head_dim, q);
         b->RmsNorm(k, w.k_norm, eps, n * c.num_key_value_heads, c.head_dim, k);
       }
-      b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-      b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale, attn);
+      b->Rope(q, k, md.positions, inv_freq_->f32(), n, c.num_attention_heads, c.num_key_value_heads,
+              c.head_dim);
+      b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_attention_heads, scale,
+                        attn);
     }
     if (on_layer_done) on_layer_done(l);
     if (norms_in_linear) {
       b->LinearResidual(attn, n, w.o, h, x);
-      b->RmsNormLinear(x, n, w.post_norm, eps, w.gate_up, nullptr, /*silu_mul=*/true, h, buf.gate_up, gate);
+      b->RmsNormLinear(x, n, w.post_norm, eps, w.gate_up, nullptr, /*silu_mul=*/true, h,
+                       buf.gate_up, gate);
       b->LinearResidual(gate, n, w.down, h, x);
       continue;
     }
@@ -791,8 +858,8 @@ void LlamaModel::Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::
   if (m == 0) return;
   b->GatherRows(x, buf.out_rows, m, hidden, buf.rows);
   if (fused_ && b->FusesNormsIntoLinear(m, lm_head_)) {
-    b->RmsNormLinear(buf.rows, m, final_norm_, eps, lm_head_, nullptr, /*silu_mul=*/false, buf.logit_in, nullptr,
-                     buf.logits);
+    b->RmsNormLinear(buf.rows, m, final_norm_, eps, lm_head_, nullptr, /*silu_mul=*/false,
+                     buf.logit_in, nullptr, buf.logits);
   } else {
     b->RmsNorm(buf.rows, final_norm_, eps, m, hidden, buf.logit_in);
     b->Linear(buf.logit_in, m, lm_head_, nullptr, buf.logits);

@@ -30,9 +30,9 @@ struct SequenceStep {
 };
 
 struct ForwardInput {
-  std::vector<int32_t> token_ids;     // [num_tokens], sequences concatenated in order
+  std::vector<int32_t> token_ids;  // [num_tokens], sequences concatenated in order
   std::vector<SequenceStep> seqs;
-  std::vector<int32_t> logits_rows;   // rows of token_ids whose next-token logits are returned
+  std::vector<int32_t> logits_rows;  // rows of token_ids whose next-token logits are returned
   // Empty, or one flag per logits row: 1 = only its argmax is wanted (a plain greedy step), which
   // Forward returns instead of copying the row when given somewhere to put it.
   std::vector<uint8_t> argmax_only;
@@ -44,9 +44,9 @@ struct ForwardInput {
   int32_t logprob_top_k = 0;  // top entries returned per such row
   // Sampling where the logits are (backends with Backend::SupportsSampling; SequenceSampler's
   // DeviceSamplingPlan). Rows that use it need no host logits.
-  // Applied first, to the rows' logits: the steps' logits processors (LogitEdit::row is a position in
-  // logits_rows). After the host copy and the logprobs, which see the model's raw logits; before the
-  // argmax, the candidates and the draws, which see the edited ones.
+  // Applied first, to the rows' logits: the steps' logits processors (LogitEdit::row is a position
+  // in logits_rows). After the host copy and the logprobs, which see the model's raw logits; before
+  // the argmax, the candidates and the draws, which see the edited ones.
   std::vector<LogitEdit> logit_edits;
   // Empty, or per logits row: k > 0 = the row's k most likely tokens and their logits are wanted
   // (DeviceSamples::ids/logits); 0 = not.
@@ -54,7 +54,8 @@ struct ForwardInput {
   // Empty, or per logits row: the row's weight total or drawn token (DeviceSamples::totals/tokens).
   std::vector<RowDraw> sample_draws;
   // The step may run as a captured decode graph (see LlamaModel::set_use_graphs): set by the engine
-  // for steps outside the prefill role (whose per-layer callbacks and transfers a graph would skip).
+  // for steps outside the prefill role (whose per-layer callbacks and transfers a graph would
+  // skip).
   bool allow_graph = false;
   // Called after layer l's KV for this step is written (before layer l+1 runs): a prefill worker
   // sends the layer then, overlapping the transfer with the rest of the forward pass. On an
@@ -65,8 +66,8 @@ struct ForwardInput {
 
 // What the device computed for the rows' sampling (ForwardInput::sample_top_k, sample_draws).
 struct DeviceSamples {
-  // Candidates [logits rows][k], k = the largest any row asked for (a row's own k candidates are its
-  // first k), most likely first; rows that asked for none hold garbage.
+  // Candidates [logits rows][k], k = the largest any row asked for (a row's own k candidates are
+  // its first k), most likely first; rows that asked for none hold garbage.
   int32_t k = 0;
   std::vector<int32_t> ids;
   std::vector<float> logits;
@@ -86,10 +87,11 @@ struct RowLogprobs {
 
 class LlamaModel {
  public:
-  // `fuse_projections`: run q|k|v and gate|up as one Linear each over row-stacked weights (unset: as
-  // the backend prefers, Backend::PrefersFusedProjections).
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir, Backend* backend,
-                                                          std::optional<bool> fuse_projections = std::nullopt);
+  // `fuse_projections`: run q|k|v and gate|up as one Linear each over row-stacked weights (unset:
+  // as the backend prefers, Backend::PrefersFusedProjections).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const std::string& model_dir, Backend* backend,
+      std::optional<bool> fuse_projections = std::nullopt);
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
   ~LlamaModel();
@@ -103,15 +105,17 @@ class LlamaModel {
   // Decode steps (one token per sequence, each row sampled, input.allow_graph) run as CUDA graphs
   // on backends that have them: padded to a bucketed batch (1, 2, 4, 8, then multiples of 8 to 64,
   // of 32 to kMaxGraphBatch) with sequences that write nothing, captured on the first step of each
-  // size, replayed after. On a batch-invariant backend the results are bit-identical to running op by
-  // op (elsewhere the padded batch may pick other GEMM kernels, as any batch can). On by default.
+  // size, replayed after. On a batch-invariant backend the results are bit-identical to running op
+  // by op (elsewhere the padded batch may pick other GEMM kernels, as any batch can). On by
+  // default.
   void set_use_graphs(bool on) { use_graphs_ = on; }
   bool use_graphs() const { return use_graphs_ && backend_->SupportsGraphs(); }
   // Decode graphs captured and not dropped, and steps that replayed one.
   size_t num_graphs() const { return graphs_.size(); }
   int64_t graph_replays() const { return graph_replays_; }
-  // Longest context a decode graph serves (steps beyond it run op by op): the engine's max_model_len;
-  // 0 = the model's max_position_embeddings. Attention in a graph splits keys for this length.
+  // Longest context a decode graph serves (steps beyond it run op by op): the engine's
+  // max_model_len; 0 = the model's max_position_embeddings. Attention in a graph splits keys for
+  // this length.
   void set_graph_context_limit(int64_t tokens) {
     if (tokens == graph_context_limit_) return;
     graph_context_limit_ = tokens;
@@ -123,33 +127,35 @@ class LlamaModel {
   void set_graph_layout_for_testing(bool on) { graph_layout_for_testing_ = on; }
   Backend* backend() const { return backend_; }
   // The KV cache geometry this model needs for `num_blocks` blocks of `block_size` tokens.
-  KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size, DType kv_dtype = DType::kF32) const;
-  // What its KV cache stores: `requested`, or when unset (--kv-cache-dtype auto) the weights' 16-bit
-  // dtype on a GPU backend, else f32.
+  KvCacheGeometry KvGeometry(int64_t num_blocks, int64_t block_size,
+                             DType kv_dtype = DType::kF32) const;
+  // What its KV cache stores: `requested`, or when unset (--kv-cache-dtype auto) the weights'
+  // 16-bit dtype on a GPU backend, else f32.
   DType KvCacheDType(std::optional<DType> requested) const;
 
   // Runs one step. On success writes logits [logits_rows.size()][vocab_size] to `logits` (host).
   // With `argmax` and some row of input.argmax_only set: argmax[i] = the argmax of logits row i
-  // (ArgmaxRows, computed on the device; empty when no row is argmax-only), and `logits` is left empty when every row is argmax-only (nothing but
-  // the ids leaves the device). Validates ids, positions and block tables first; INVALID_ARGUMENT
-  // leaves the cache untouched.
-  // With `logprobs` and input.logprob_tokens on a backend that supports it: (*logprobs)[i] for every
-  // row that asked. With `samples` on a backend with SupportsSampling: input.logit_edits applied, and
-  // the candidates, totals and tokens the rows asked for (left empty elsewhere: the caller samples from
+  // (ArgmaxRows, computed on the device; empty when no row is argmax-only), and `logits` is left
+  // empty when every row is argmax-only (nothing but the ids leaves the device). Validates ids,
+  // positions and block tables first; INVALID_ARGUMENT leaves the cache untouched. With `logprobs`
+  // and input.logprob_tokens on a backend that supports it: (*logprobs)[i] for every row that
+  // asked. With `samples` on a backend with SupportsSampling: input.logit_edits applied, and the
+  // candidates, totals and tokens the rows asked for (left empty elsewhere: the caller samples from
   // host rows). `logits` holds every row, unedited, or is empty when no row needs host logits.
   absl::Status Forward(const ForwardInput& input, KvCacheStorage* kv, std::vector<float>* logits,
                        std::vector<int32_t>* argmax = nullptr,
-                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr, DeviceSamples* samples = nullptr);
+                       std::vector<std::optional<RowLogprobs>>* logprobs = nullptr,
+                       DeviceSamples* samples = nullptr);
   // Largest k of ForwardInput::sample_top_k taken on the device.
   static constexpr int32_t kMaxSampleTopK = 256;
   // Logits row `row` of the last Forward as the device holds it, edits applied ([vocab_size] into
   // `out`): for a step whose sampling needs the whole row after all (a nucleus wider than its
   // candidates). Valid until the next Forward.
   absl::Status CopyLogitsRow(int64_t row, std::vector<float>* out);
-  // Log-probabilities over the last Forward's logits as the device holds them (raw, for rows without
-  // logit edits), for tokens chosen after it (tokens[i]: logits row i's token, -1 its argmax, or
-  // ForwardInput::kNoLogprobs), with `top_k` top entries: (*out)[i] for every row that asked. Backends
-  // with SupportsLogprobs; valid until the next Forward.
+  // Log-probabilities over the last Forward's logits as the device holds them (raw, for rows
+  // without logit edits), for tokens chosen after it (tokens[i]: logits row i's token, -1 its
+  // argmax, or ForwardInput::kNoLogprobs), with `top_k` top entries: (*out)[i] for every row that
+  // asked. Backends with SupportsLogprobs; valid until the next Forward.
   absl::Status LastStepLogprobs(const std::vector<int32_t>& tokens, int32_t top_k,
                                 std::vector<std::optional<RowLogprobs>>* out);
 
@@ -165,35 +171,37 @@ class LlamaModel {
   LlamaModel() = default;
   absl::Status LoadWeights();
   absl::Status Validate(const ForwardInput& input, const KvCacheStorage& kv) const;
-  // Per logits row a token to take the log-probability of (or -1, ForwardInput::kNoLogprobs) and at most
-  // kMaxLogprobsTopK top entries: Forward's logprob_tokens and LastStepLogprobs' tokens.
+  // Per logits row a token to take the log-probability of (or -1, ForwardInput::kNoLogprobs) and at
+  // most kMaxLogprobsTopK top entries: Forward's logprob_tokens and LastStepLogprobs' tokens.
   absl::Status ValidateLogprobTokens(const std::vector<int32_t>& tokens, int32_t top_k) const;
   float* Scratch(size_t index, size_t elements);
   // Device buffers and metadata of one step (pointers into the scratch slots).
   struct StepBuffers {
-    int32_t* meta = nullptr;      // the packed metadata upload
-    const int32_t* ids = nullptr;  // [n] token ids (in meta)
+    int32_t* meta = nullptr;            // the packed metadata upload
+    const int32_t* ids = nullptr;       // [n] token ids (in meta)
     const int32_t* out_rows = nullptr;  // [m] logits rows (in meta)
     AttentionMetadata md;
     float *x = nullptr, *h = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr;
     float *gate = nullptr, *up = nullptr, *rows = nullptr, *logit_in = nullptr, *logits = nullptr;
     float *qkv = nullptr, *gate_up = nullptr;  // [n][q + 2 kv], [n][2 inter] when fused
-    int32_t* argmax = nullptr;    // [m]
-    int64_t num_rows = 0;         // m: logits rows (md.num_tokens is n)
+    int32_t* argmax = nullptr;                 // [m]
+    int64_t num_rows = 0;                      // m: logits rows (md.num_tokens is n)
   };
   // The step's batch if it runs in the decode graph layout, else 0.
   int64_t DecodeGraphBatch(const ForwardInput& input) const;
   int64_t GraphContextLimit() const {
-    return graph_context_limit_ > 0 ? std::min(graph_context_limit_, config_.max_position_embeddings)
-                                    : config_.max_position_embeddings;
+    return graph_context_limit_ > 0
+               ? std::min(graph_context_limit_, config_.max_position_embeddings)
+               : config_.max_position_embeddings;
   }
   // Enqueues the step's work: embedding, every layer (calling `on_layer_done` after each layer's KV
   // write, when set), logits of the buffers' rows and, with `argmax`, their argmax.
-  void Enqueue(const StepBuffers& buf, KvCacheStorage* kv, const std::function<void(int64_t)>& on_layer_done,
-               bool argmax);
+  void Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
+               const std::function<void(int64_t)>& on_layer_done, bool argmax);
   // Replays the graph of `key`, or runs the step and captures it for the next time. `key`: (padded
   // batch, the context its attention is split for).
-  absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf, KvCacheStorage* kv);
+  absl::Status RunDecodeGraph(std::pair<int64_t, int64_t> key, const StepBuffers& buf,
+                              KvCacheStorage* kv);
   // Forgets every captured graph (the backend's and the map of them).
   void DropAllGraphs() {
     if (!graphs_.empty()) backend_->DropGraphs();
@@ -204,11 +212,12 @@ class LlamaModel {
   // enqueued after it, and the results are read once everything else the step computes is enqueued.
   absl::StatusOr<int32_t*> UploadLogprobTokens(const ForwardInput& in);
   void EnqueueLogprobs(const ForwardInput& in, const float* logits_dev, int32_t* region);
-  void ReadLogprobs(const ForwardInput& in, const int32_t* region, std::vector<std::optional<RowLogprobs>>* out);
+  void ReadLogprobs(const ForwardInput& in, const int32_t* region,
+                    std::vector<std::optional<RowLogprobs>>* out);
   // Device sampling in the same three parts: the edits, draws and per-row k go up first, while the
-  // stream is idle (a copy to the device waits for it); after the step, the edits are applied to its
-  // logits (and the argmax taken again, when `argmax_dev`), the candidates and draws computed; then
-  // the rows' candidates and draws come back into `out`.
+  // stream is idle (a copy to the device waits for it); after the step, the edits are applied to
+  // its logits (and the argmax taken again, when `argmax_dev`), the candidates and draws computed;
+  // then the rows' candidates and draws come back into `out`.
   struct SamplingUpload {
     const LogitEdit* edits = nullptr;  // [logit_edits.size()]
     int32_t* region = nullptr;         // see UploadSampling
@@ -216,7 +225,8 @@ class LlamaModel {
     bool draws = false;                // some row has a RowDraw
   };
   absl::StatusOr<SamplingUpload> UploadSampling(const ForwardInput& input);
-  void EnqueueSampling(const ForwardInput& input, const SamplingUpload& up, float* logits_dev, int32_t* argmax_dev);
+  void EnqueueSampling(const ForwardInput& input, const SamplingUpload& up, float* logits_dev,
+                       int32_t* argmax_dev);
   void ReadSampling(const ForwardInput& input, const SamplingUpload& up, DeviceSamples* out);
 
   ModelConfig config_;
@@ -230,14 +240,16 @@ class LlamaModel {
   bool use_graphs_ = true;
   bool graph_layout_for_testing_ = false;
   std::string graph_error_;
-  std::map<std::pair<int64_t, int64_t>, int64_t> graphs_;  // (decode batch, context) → backend graph id
+  std::map<std::pair<int64_t, int64_t>, int64_t>
+      graphs_;         // (decode batch, context) → backend graph id
   struct GraphCache {  // the cache memory the graphs write into
     const void* k = nullptr;
     const void* v = nullptr;
     int64_t num_blocks = 0, block_size = 0;
     DType dtype = DType::kF32;
     bool operator==(const GraphCache& o) const {
-      return k == o.k && v == o.v && num_blocks == o.num_blocks && block_size == o.block_size && dtype == o.dtype;
+      return k == o.k && v == o.v && num_blocks == o.num_blocks && block_size == o.block_size &&
+             dtype == o.dtype;
     }
   };
   GraphCache graph_cache_;

@@ -71,7 +71,8 @@ LogprobEntry FromProto(const v1::PositionLogprobs& p) {
   return e;
 }
 
-void AppendPromptLogprobs(const std::vector<std::optional<LogprobEntry>>& entries, const std::vector<int32_t>& prompt,
+void AppendPromptLogprobs(const std::vector<std::optional<LogprobEntry>>& entries,
+                          const std::vector<int32_t>& prompt,
                           google::protobuf::RepeatedPtrField<v1::PositionLogprobs>* out) {
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i]) {

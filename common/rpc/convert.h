@@ -31,8 +31,8 @@ void AppendPromptLogprobs(const std::vector<std::optional<LogprobEntry>>& entrie
                           const std::vector<int32_t>& prompt,
                           google::protobuf::RepeatedPtrField<v1::PositionLogprobs>* out);
 
-// The public API's finish: stop, length, abort; UNSPECIFIED for kNone and kPrefillDone (no request of
-// the public API ends there).
+// The public API's finish: stop, length, abort; UNSPECIFIED for kNone and kPrefillDone (no request
+// of the public API ends there).
 v1::FinishReason ToProto(FinishReason reason);
 std::string FinishReasonName(v1::FinishReason reason);
 

@@ -30,12 +30,13 @@ inline std::optional<DType> FromProto(v1::WeightDType t) {
 }
 
 // What a KV cache stores, as a KV geometry message names it: its dtype field, which must agree with
-// its element size; a sender or worker from before 16-bit caches names none and has 4-byte elements:
-// f32. std::nullopt for anything else.
+// its element size; a sender or worker from before 16-bit caches names none and has 4-byte
+// elements: f32. std::nullopt for anything else.
 inline std::optional<DType> KvDTypeFromProto(const v1::KvGeometry& g) {
   if (g.dtype() == v1::WEIGHT_DTYPE_UNSPECIFIED && g.bytes_per_element() == 4) return DType::kF32;
   const std::optional<DType> dtype = FromProto(g.dtype());
-  if (!dtype.has_value() || static_cast<int64_t>(DTypeSize(*dtype)) != g.bytes_per_element()) return std::nullopt;
+  if (!dtype.has_value() || static_cast<int64_t>(DTypeSize(*dtype)) != g.bytes_per_element())
+    return std::nullopt;
   return dtype;
 }
 

@@ -1,11 +1,12 @@
 // Server-side reactors of the gRPC callback API that another thread can drive. The owner (an engine
 // loop, a router orchestration thread) keeps a shared_ptr and calls Write()/Finish() whenever it
-// likes; writes are queued and started one at a time, and Finish() goes out after the queued writes.
-// Each reactor keeps itself alive until gRPC's OnDone, and calls after that (or after Finish) are
-// ignored, so the owner never races the call's end. OnCancel (client cancelled, deadline passed)
-// runs the callback given at construction, on a gRPC thread: keep it short (post to the owner).
-// Given a WriteThread, Write() and Finish() only queue on the owner's thread and the StartWrite (and
-// the Finish) that sends it runs on the WriteThread, which must outlive the stream's owner's calls.
+// likes; writes are queued and started one at a time, and Finish() goes out after the queued
+// writes. Each reactor keeps itself alive until gRPC's OnDone, and calls after that (or after
+// Finish) are ignored, so the owner never races the call's end. OnCancel (client cancelled,
+// deadline passed) runs the callback given at construction, on a gRPC thread: keep it short (post
+// to the owner). Given a WriteThread, Write() and Finish() only queue on the owner's thread and the
+// StartWrite (and the Finish) that sends it runs on the WriteThread, which must outlive the
+// stream's owner's calls.
 #pragma once
 
 #include <deque>
@@ -155,7 +156,8 @@ class ServerStream : public grpc::ServerWriteReactor<Message>,
 // A unary call finished by its owner: Finish(status, response) copies the response into gRPC's
 // and ends the call; only the first Finish counts.
 template <class Response>
-class UnaryCall : public grpc::ServerUnaryReactor, public std::enable_shared_from_this<UnaryCall<Response>> {
+class UnaryCall : public grpc::ServerUnaryReactor,
+                  public std::enable_shared_from_this<UnaryCall<Response>> {
  public:
   static grpc::ServerUnaryReactor* Start(Response* response, std::function<void()> on_cancel,
                                          std::shared_ptr<UnaryCall>* owner) {

@@ -19,7 +19,8 @@ absl::StatusOr<RunningServer> StartServer(const ServerOptions& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RunningServer running;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &running.port);
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                           &running.port);
   // Peers ping idle connections to detect dead ones (the router its workers, every few seconds,
   // also while a long prefill keeps a stream silent). gRPC's default policy answers pings without
   // data more often than every 5 minutes with GOAWAY "too_many_pings", which kills the streams.
@@ -39,8 +40,8 @@ absl::StatusOr<RunningServer> StartServer(const ServerOptions& options) {
 absl::StatusOr<int> PortOf(const std::string& address) {
   const size_t colon = address.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
   }
   return port;

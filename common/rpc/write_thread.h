@@ -1,7 +1,7 @@
 // A thread that starts streams' queued writes for their owners. gRPC's callback API serialises a
-// message and hands it to the transport on the thread that calls StartWrite: a sendmsg system call a
-// write, tens of microseconds each. An engine loop that streams one token to each of 256 requests a
-// step would spend milliseconds a step on that, with the accelerator idle. A ServerStream given a
+// message and hands it to the transport on the thread that calls StartWrite: a sendmsg system call
+// a write, tens of microseconds each. An engine loop that streams one token to each of 256 requests
+// a step would spend milliseconds a step on that, with the accelerator idle. A ServerStream given a
 // WriteThread (ServerStream::Start) only queues the message on the caller's thread and leaves the
 // StartWrite to this one, which runs while the next step computes.
 //

@@ -4,10 +4,11 @@
 // A step's logits processors (min_tokens, logit_bias, the repetition, presence and frequency
 // penalties) touch a few tokens of a row: the sampler lists them as LogitEdits, one per token with
 // everything that applies to it, and the device applies them in place. ApplyLogitEdit composes the
-// processors in the sampler's order with the same float operations, so an edited row is bit-identical
-// to the row the host sampler processes. A RowDraw asks the device either for the row's softmax
-// weight total (top-p over top-k candidates, SequenceSampler::SampleFromNucleus) or for the token
-// itself (temperature and min-p sampling over the whole row, SequenceSampler::DrawForDevice).
+// processors in the sampler's order with the same float operations, so an edited row is
+// bit-identical to the row the host sampler processes. A RowDraw asks the device either for the
+// row's softmax weight total (top-p over top-k candidates, SequenceSampler::SampleFromNucleus) or
+// for the token itself (temperature and min-p sampling over the whole row,
+// SequenceSampler::DrawForDevice).
 #pragma once
 
 #include <cmath>
@@ -68,8 +69,9 @@ TANDEM_HOST_DEVICE inline float ApplyLogitEdit(float x, const LogitEdit& e) {
 struct RowDraw {
   static constexpr int32_t kNone = 0;
   static constexpr int32_t kTotal = 1;  // totals[row] = the sum of every token's weight (double)
-  static constexpr int32_t kDraw = 2;   // tokens[row] = the first token, by id, whose running sum of
-                                        // weights (those below min_p counted as 0) exceeds u × their sum
+  static constexpr int32_t kDraw =
+      2;  // tokens[row] = the first token, by id, whose running sum of
+          // weights (those below min_p counted as 0) exceeds u × their sum
   int32_t mode = kNone;
   float inv_temperature = 1.f;  // 1 / temperature, in float, as the host sampler computes it
   float min_p = 0.f;

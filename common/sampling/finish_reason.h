@@ -9,7 +9,8 @@ enum class FinishReason {
   kStop,         // a stop token id or stop string ended it (EOS unless ignored)
   kLength,       // max_tokens, or the model's context length
   kAbort,        // cancelled, timed out, or its worker was told to drop it
-  kPrefillDone,  // prefill role: the prompt is computed and the first token sampled; decode continues
+  kPrefillDone,  // prefill role: the prompt is computed and the first token sampled; decode
+                 // continues
 };
 
 // "stop", "length", "abort", "prefill_done"; "" for kNone. The names of the public API and the

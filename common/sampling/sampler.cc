@@ -26,7 +26,6 @@ struct MoreLikely {
   }
 };
 
-
 // ids = the k most likely tokens, most likely first: one pass with a heap whose front is the least
 // likely token kept, so most tokens cost a single comparison.
 void SelectTopK(const float* logits, int64_t n, int64_t k, std::vector<int32_t>& ids) {
@@ -79,10 +78,11 @@ void CopyReplacingNaN(const float* __restrict in, int64_t n, float* __restrict o
 
 // The draw over candidates 0..n-1 (token candidate(i), weight weights[candidate(i)]): weights below
 // min_p are zeroed, then the first candidate whose running sum exceeds u × the sum. The most likely
-// token is always a candidate, with weight 1 >= min_p, so the sum is at least 1; `fallback` is for a
-// sum of no weight at all.
+// token is always a candidate, with weight 1 >= min_p, so the sum is at least 1; `fallback` is for
+// a sum of no weight at all.
 template <typename Candidate>
-int32_t DrawAmong(size_t n, Candidate candidate, float* weights, float min_p, double u, int32_t fallback) {
+int32_t DrawAmong(size_t n, Candidate candidate, float* weights, float min_p, double u,
+                  int32_t fallback) {
   double sum = 0;
   for (size_t i = 0; i < n; ++i) {
     float& w = weights[candidate(i)];
@@ -114,14 +114,16 @@ uint64_t RandomSeed() {
 
 }  // namespace
 
-int32_t DrawFromRow(const float* logits, int64_t vocab, float inv_temperature, float min_p, double u, float* weights) {
+int32_t DrawFromRow(const float* logits, int64_t vocab, float inv_temperature, float min_p,
+                    double u, float* weights) {
   const int32_t best = ArgmaxRow(logits, vocab);
   const float max_logit = logits[best];
   // All masked, or an infinite logit: there is nothing to weigh.
   if (!std::isfinite(max_logit)) return best;
   for (int64_t t = 0; t < vocab; ++t) weights[t] = Weight(logits[t], max_logit, inv_temperature);
-  return DrawAmong(static_cast<size_t>(vocab), [](size_t i) { return static_cast<int32_t>(i); }, weights, min_p, u,
-                   best);
+  return DrawAmong(
+      static_cast<size_t>(vocab), [](size_t i) { return static_cast<int32_t>(i); }, weights, min_p,
+      u, best);
 }
 
 double RowWeightTotal(const float* logits, int64_t vocab, float inv_temperature) {
@@ -199,7 +201,8 @@ int32_t SequenceSampler::SampleProcessed(std::span<const float> processed, Sampl
   return SampleRow(processed, ws, /*apply_processors=*/false);
 }
 
-int32_t SequenceSampler::SampleRow(std::span<const float> logits, SamplingWorkspace& ws, bool apply_processors) {
+int32_t SequenceSampler::SampleRow(std::span<const float> logits, SamplingWorkspace& ws,
+                                   bool apply_processors) {
   if (static_cast<int64_t>(logits.size()) != vocab_size_) {
     TANDEM_LOG(ERROR) << "SequenceSampler::Sample: " << logits.size()
                       << " logits for a vocabulary of " << vocab_size_;
@@ -207,7 +210,8 @@ int32_t SequenceSampler::SampleRow(std::span<const float> logits, SamplingWorksp
   }
   // top_k = 1 keeps only the argmax: the same token as greedy, without a draw.
   const bool greedy = params_.greedy() || params_.top_k == 1;
-  if (greedy && (!apply_processors || !HasLogitsProcessors())) return ArgmaxRow(logits.data(), vocab_size_);
+  if (greedy && (!apply_processors || !HasLogitsProcessors()))
+    return ArgmaxRow(logits.data(), vocab_size_);
   // NaN becomes -inf so that it is never chosen and the orderings below stay strict weak orders.
   ws.logits_.resize(vocab_size_);
   CopyReplacingNaN(logits.data(), vocab_size_, ws.logits_.data());
@@ -275,7 +279,8 @@ DeviceSamplingPlan SequenceSampler::DevicePlan(int32_t max_k) const {
   const bool edits = HasLogitsProcessors();
   if (params_.greedy() || params_.top_k == 1) return {Kind::kArgmax, 0, edits};
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
-    return params_.top_k <= max_k ? DeviceSamplingPlan{Kind::kTopK, params_.top_k, edits} : DeviceSamplingPlan{};
+    return params_.top_k <= max_k ? DeviceSamplingPlan{Kind::kTopK, params_.top_k, edits}
+                                  : DeviceSamplingPlan{};
   }
   if (params_.top_p < 1.f) {
     const int32_t k = static_cast<int32_t>(std::min<int64_t>(max_k, vocab_size_));
@@ -297,8 +302,8 @@ int32_t SequenceSampler::SampleFromTopK(std::span<const int32_t> ids, std::span<
   const DeviceSamplingPlan plan = DevicePlan(static_cast<int32_t>(ids.size()));
   const int32_t k = plan.k;
   if (plan.kind != DeviceSamplingPlan::Kind::kTopK || logits.size() < ids.size()) {
-    TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromTopK: " << ids.size() << " candidates for top_k "
-                      << params_.top_k;
+    TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromTopK: " << ids.size()
+                      << " candidates for top_k " << params_.top_k;
     std::abort();
   }
   // Only the candidates' entries of the processed row are read on the top-k path.
@@ -308,11 +313,14 @@ int32_t SequenceSampler::SampleFromTopK(std::span<const int32_t> ids, std::span<
   return SampleFromProcessed(ws, &selected);
 }
 
-std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_t> ids, std::span<const float> logits,
+std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_t> ids,
+                                                          std::span<const float> logits,
                                                           double total, SamplingWorkspace& ws) {
   const DeviceSamplingPlan plan = DevicePlan(static_cast<int32_t>(ids.size()));
-  if (plan.kind != DeviceSamplingPlan::Kind::kNucleus || ids.empty() || logits.size() < ids.size()) {
-    TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromNucleus: " << ids.size() << " candidates for a top_p step";
+  if (plan.kind != DeviceSamplingPlan::Kind::kNucleus || ids.empty() ||
+      logits.size() < ids.size()) {
+    TANDEM_LOG(ERROR) << "SequenceSampler::SampleFromNucleus: " << ids.size()
+                      << " candidates for a top_p step";
     std::abort();
   }
   const size_t n = ids.size();
@@ -335,7 +343,8 @@ std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_
       break;
     }
   }
-  if (cumulative < target && static_cast<int64_t>(n) < vocab_size_) return std::nullopt;  // wider than the candidates
+  if (cumulative < target && static_cast<int64_t>(n) < vocab_size_)
+    return std::nullopt;  // wider than the candidates
   // Sample()'s order: tokens of weight buckets above the last one's by id, then the last bucket's
   // most likely first.
   const int last_bucket = WeightBucket(weights[ids[m - 1]]);
@@ -349,16 +358,19 @@ std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_
     if (WeightBucket(weights[ids[i]]) == last_bucket) order.push_back(ids[i]);
   }
   const double u = NextUniform();
-  return DrawAmong(order.size(), [&](size_t i) { return order[i]; }, weights, params_.min_p, u, best);
+  return DrawAmong(
+      order.size(), [&](size_t i) { return order[i]; }, weights, params_.min_p, u, best);
 }
 
-int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids) {
+int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws,
+                                             const std::vector<int32_t>* top_k_ids) {
   const double u = NextUniform();  // drawn first: one draw per sampled step, whatever the path
   const float* logits = ws.logits_.data();
   const bool top_k_on = params_.top_k > 0 && params_.top_k < vocab_size_;
   if (!top_k_on && params_.top_p >= 1.f) {
     ws.weights_.resize(vocab_size_);
-    return DrawFromRow(logits, vocab_size_, inv_temperature(), params_.min_p, u, ws.weights_.data());
+    return DrawFromRow(logits, vocab_size_, inv_temperature(), params_.min_p, u,
+                       ws.weights_.data());
   }
   // SelectTopK's first is the row's argmax (the same order, the same tie rule).
   const int32_t best = top_k_ids != nullptr ? top_k_ids->front() : ArgmaxRow(logits, vocab_size_);
@@ -435,7 +447,8 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws, const std::v
   }
 
   // min_p, then one draw.
-  return DrawAmong(n, [&](size_t i) { return ids[i]; }, weights, params_.min_p, u, best);
+  return DrawAmong(
+      n, [&](size_t i) { return ids[i]; }, weights, params_.min_p, u, best);
 }
 
 void SequenceSampler::Accept(int32_t token) {

@@ -60,15 +60,18 @@ struct DeviceSamplingPlan {
     kDraw,     // temperature and min-p over the whole row: the device draws (DrawForDevice)
   };
   Kind kind = Kind::kHost;
-  int32_t k = 0;       // kTopK, kNucleus: the candidates wanted
-  bool edits = false;  // logits processors are active: their LogitEdits are applied on the device first
+  int32_t k = 0;  // kTopK, kNucleus: the candidates wanted
+  bool edits =
+      false;  // logits processors are active: their LogitEdits are applied on the device first
 };
 
 // The token a sampled step without top-k and top-p takes from a processed row with uniform draw u:
-// weights exp((logit - max) × inv_temperature) (NaN and -inf weigh 0; those below min_p count 0), the
-// first token by id whose running sum exceeds u × the sum; the argmax when the largest logit is not
-// finite. RowDraw::kDraw's definition (a device computes it to rounding). `weights`: scratch [vocab].
-int32_t DrawFromRow(const float* logits, int64_t vocab, float inv_temperature, float min_p, double u, float* weights);
+// weights exp((logit - max) × inv_temperature) (NaN and -inf weigh 0; those below min_p count 0),
+// the first token by id whose running sum exceeds u × the sum; the argmax when the largest logit is
+// not finite. RowDraw::kDraw's definition (a device computes it to rounding). `weights`: scratch
+// [vocab].
+int32_t DrawFromRow(const float* logits, int64_t vocab, float inv_temperature, float min_p,
+                    double u, float* weights);
 // The row's weight total, summed in id order in double (RowDraw::kTotal's definition); 0 when the
 // largest logit is not finite.
 double RowWeightTotal(const float* logits, int64_t vocab, float inv_temperature);
@@ -114,8 +117,8 @@ class SequenceSampler {
   // The same, with scratch memory shared with other samplers on this thread.
   int32_t Sample(std::span<const float> logits, SamplingWorkspace& workspace);
 
-  // The same over a row whose logits processors were already applied (AppendLogitEdits on the device):
-  // the row a kNucleus step falls back to.
+  // The same over a row whose logits processors were already applied (AppendLogitEdits on the
+  // device): the row a kNucleus step falls back to.
   int32_t SampleProcessed(std::span<const float> processed, SamplingWorkspace& workspace);
 
   // Whether the next Sample() is just the argmax of the raw logits (greedy or top_k 1, and no
@@ -124,27 +127,29 @@ class SequenceSampler {
   bool PlainArgmax() const;
 
   // How the next step can sample where the logits are, on a device that selects at most max_k
-  // candidates a row: greedy → kArgmax; top_k in (1, vocab) → kTopK when top_k <= max_k, else kHost;
-  // top_k off and top_p < 1 → kNucleus over min(max_k, vocab) candidates; top_k and top_p off →
-  // kDraw. `edits` when a logits processor is active this step.
+  // candidates a row: greedy → kArgmax; top_k in (1, vocab) → kTopK when top_k <= max_k, else
+  // kHost; top_k off and top_p < 1 → kNucleus over min(max_k, vocab) candidates; top_k and top_p
+  // off → kDraw. `edits` when a logits processor is active this step.
   DeviceSamplingPlan DevicePlan(int32_t max_k) const;
-  // Appends this step's logits processors as edits of logits row `row`, one per token touched (in no
-  // particular order). The edited row is bit-identical to what Sample() processes.
+  // Appends this step's logits processors as edits of logits row `row`, one per token touched (in
+  // no particular order). The edited row is bit-identical to what Sample() processes.
   void AppendLogitEdits(int32_t row, std::vector<LogitEdit>* edits) const;
 
-  // Sample(row) for a kTopK step, from the (edited) row's top-k candidates alone: ids and logits of at
-  // least k entries, most likely first, lower id first among equal logits, NaN given as -inf
+  // Sample(row) for a kTopK step, from the (edited) row's top-k candidates alone: ids and logits of
+  // at least k entries, most likely first, lower id first among equal logits, NaN given as -inf
   // (Backend::TopKRows' order). The same token and the same draw as Sample() over the whole row.
-  int32_t SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits, SamplingWorkspace& workspace);
-  // Sample(row) for a kNucleus step from the (edited) row's top candidates (as SampleFromTopK's) and
-  // its weight total (RowDraw::kTotal): the nucleus is the most likely candidates whose weights reach
-  // top_p × total, drawn from in Sample()'s order; the same token as Sample() unless the cut falls
-  // within rounding of the target. nullopt, with nothing drawn, when the nucleus is wider than the
-  // candidates: the step then needs the edited row (SampleProcessed).
-  std::optional<int32_t> SampleFromNucleus(std::span<const int32_t> ids, std::span<const float> logits, double total,
+  int32_t SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits,
+                         SamplingWorkspace& workspace);
+  // Sample(row) for a kNucleus step from the (edited) row's top candidates (as SampleFromTopK's)
+  // and its weight total (RowDraw::kTotal): the nucleus is the most likely candidates whose weights
+  // reach top_p × total, drawn from in Sample()'s order; the same token as Sample() unless the cut
+  // falls within rounding of the target. nullopt, with nothing drawn, when the nucleus is wider
+  // than the candidates: the step then needs the edited row (SampleProcessed).
+  std::optional<int32_t> SampleFromNucleus(std::span<const int32_t> ids,
+                                           std::span<const float> logits, double total,
                                            SamplingWorkspace& workspace);
-  // The uniform draw of a kDraw step, whose token the device picks (RowDraw::kDraw); the caller then
-  // Accept()s it.
+  // The uniform draw of a kDraw step, whose token the device picks (RowDraw::kDraw); the caller
+  // then Accept()s it.
   double DrawForDevice();
   // 1 / temperature, as the sampler's weights use it.
   float inv_temperature() const { return 1.f / params_.temperature; }
@@ -175,7 +180,8 @@ class SequenceSampler {
   int32_t SampleRow(std::span<const float> logits, SamplingWorkspace& ws, bool apply_processors);
   // The draw over ws.logits_ (processed). `top_k_ids`: the top-k candidates, already selected (then
   // only their entries of ws.logits_ are read).
-  int32_t SampleFromProcessed(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids = nullptr);
+  int32_t SampleFromProcessed(SamplingWorkspace& ws,
+                              const std::vector<int32_t>* top_k_ids = nullptr);
   // A uniform double in [0, 1) from the top 53 bits of one draw: the same on every platform,
   // unlike std::uniform_real_distribution.
   double NextUniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }

@@ -14,12 +14,12 @@ struct SchedRequest {
   std::string id;
   std::vector<int32_t> token_ids;  // prompt, then generated tokens
   int64_t prompt_len = 0;
-  int64_t max_tokens = 0;          // generated-token cap (for capacity checks)
+  int64_t max_tokens = 0;           // generated-token cap (for capacity checks)
   int64_t num_computed_tokens = 0;  // tokens whose KV is in the cache
   int64_t num_cached_tokens = 0;    // of those, taken from the prefix cache at admission
   int64_t num_preemptions = 0;
   RequestState state = RequestState::kWaiting;
-  uint64_t arrival = 0;  // admission order
+  uint64_t arrival = 0;          // admission order
   bool use_prefix_cache = true;  // off when every prompt position's logits are needed
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }

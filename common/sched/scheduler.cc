@@ -6,12 +6,14 @@
 
 namespace tandem {
 
-absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& c, KvCacheManager* kv) {
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerConfig& c,
+                                                             KvCacheManager* kv) {
   if (kv == nullptr) return absl::InvalidArgumentError("scheduler needs a KV cache manager");
   if (c.max_num_batched_tokens <= 0 || c.max_num_seqs <= 0 || c.max_prefill_chunk < 0 ||
       c.max_queued_requests < 0 || c.max_model_len <= 1) {
     return absl::InvalidArgumentError(
-        "scheduler limits must be positive (max_num_batched_tokens, max_num_seqs, max_model_len > 1)");
+        "scheduler limits must be positive (max_num_batched_tokens, max_num_seqs, max_model_len > "
+        "1)");
   }
   return std::unique_ptr<Scheduler>(new Scheduler(c, kv));
 }
@@ -22,22 +24,23 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<SchedRequest> r) {
   }
   if (static_cast<int64_t>(waiting_.size()) >= config_.max_queued_requests) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "too many queued requests (", waiting_.size(), " waiting, limit --max-queued-requests=",
-        config_.max_queued_requests, "); retry later"));
+        "too many queued requests (", waiting_.size(),
+        " waiting, limit --max-queued-requests=", config_.max_queued_requests, "); retry later"));
   }
   if (r->token_ids.empty()) return absl::InvalidArgumentError("the prompt has no tokens");
   if (r->num_tokens() >= config_.max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", r->num_tokens(),
-                                                   " tokens leaves no room to generate within the context of ",
-                                                   config_.max_model_len, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", r->num_tokens(), " tokens leaves no room to generate within the context of ",
+        config_.max_model_len, " tokens"));
   }
   // A request must fit the whole pool on its own at its longest, or preemption could cycle forever.
-  const int64_t longest = std::min(r->num_tokens() + std::max<int64_t>(r->max_tokens, 1), config_.max_model_len);
+  const int64_t longest =
+      std::min(r->num_tokens() + std::max<int64_t>(r->max_tokens, 1), config_.max_model_len);
   const int64_t need = kv_->BlocksFor(longest);
   if (need > kv_->num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", r->num_tokens(), " tokens with up to ",
-                                                   r->max_tokens, " more needs ", need,
-                                                   " KV blocks but the whole cache has ", kv_->num_blocks()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", r->num_tokens(), " tokens with up to ", r->max_tokens, " more needs ", need,
+        " KV blocks but the whole cache has ", kv_->num_blocks()));
   }
   r->prompt_len = r->num_tokens();
   r->num_computed_tokens = 0;
@@ -65,10 +68,12 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::Reserve(const std::string& id, i
 
 absl::Status Scheduler::AdmitPrefilled(std::unique_ptr<SchedRequest> r) {
   if (!kv_->Has(r->id)) {
-    return absl::FailedPreconditionError(absl::StrCat("request \"", r->id, "\" has no reserved blocks"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("request \"", r->id, "\" has no reserved blocks"));
   }
   if (r->prompt_len <= 0 || r->num_tokens() != r->prompt_len + 1) {
-    return absl::InvalidArgumentError("a prefilled request carries its prompt and exactly one sampled token");
+    return absl::InvalidArgumentError(
+        "a prefilled request carries its prompt and exactly one sampled token");
   }
   r->num_computed_tokens = r->prompt_len;
   r->state = RequestState::kRunning;
@@ -128,7 +133,8 @@ SchedulerStep Scheduler::Schedule() {
   while (step.preempted.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     SchedRequest* r = waiting_.front();
-    PrefixCacheHit hit = r->use_prefix_cache ? kv_->FindCachedPrefix(r->token_ids) : PrefixCacheHit{};
+    PrefixCacheHit hit =
+        r->use_prefix_cache ? kv_->FindCachedPrefix(r->token_ids) : PrefixCacheHit{};
     const int64_t n = chunk_of(r, hit.num_tokens);
     if (n <= 0 || !kv_->Allocate(r->id, hit.num_tokens + n, hit)) break;
     waiting_.pop_front();
@@ -150,7 +156,8 @@ void Scheduler::Update(const SchedulerStep& step, const std::vector<int32_t>& sa
     if (r->state != RequestState::kRunning) continue;  // finished or preempted meanwhile
     r->num_computed_tokens += c.num_new_tokens;
     kv_->CacheComputedBlocks(r->id, r->token_ids, r->num_computed_tokens);
-    if (c.samples && i < sampled.size() && sampled[i] != kNotSampled) r->token_ids.push_back(sampled[i]);
+    if (c.samples && i < sampled.size() && sampled[i] != kNotSampled)
+      r->token_ids.push_back(sampled[i]);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/backend/create_backend.h"
 #include "common/engine/engine.h"
 #include "common/model/config.h"
 
@@ -22,6 +23,9 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags();
 // --device as given ("cpu", "cuda", "cuda:N").
 std::string DeviceFromFlags();
 // The backend --device names; FAILED_PRECONDITION when it is not available here.
+// --device, --batch-invariant, --compute-dtype, --split-gemm-inputs and the --cuda-* tunings;
+// INVALID_ARGUMENT naming the flag for a bad value.
+absl::StatusOr<BackendOptions> BackendOptionsFromFlags();
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
 
 // The engine flags as "--name=value" arguments, to start another process with the same settings.

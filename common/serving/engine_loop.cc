@@ -6,7 +6,8 @@
 
 namespace tandem {
 
-EngineLoop::EngineLoop(Engine* engine, Handlers handlers) : engine_(engine), handlers_(std::move(handlers)) {
+EngineLoop::EngineLoop(Engine* engine, Handlers handlers)
+    : engine_(engine), handlers_(std::move(handlers)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -59,9 +60,11 @@ void EngineLoop::Run() {
       const EngineStats after = engine_->stats();
       const double step_seconds = after.step_seconds - before.step_seconds;
       host_seconds += step_seconds - (after.forward_seconds - before.forward_seconds);
-      peak_used_since_publish = std::max(peak_used_since_publish, after.num_blocks - after.free_blocks);
+      peak_used_since_publish =
+          std::max(peak_used_since_publish, after.num_blocks - after.free_blocks);
       if (handlers_.metrics != nullptr && after.steps > before.steps) {
-        handlers_.metrics->ObserveStep(after.last_step_tokens, after.last_step_sequences, step_seconds);
+        handlers_.metrics->ObserveStep(after.last_step_tokens, after.last_step_sequences,
+                                       step_seconds);
       }
       if (!outputs.ok()) {
         TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
@@ -92,8 +95,8 @@ void EngineLoop::Run() {
     snapshot_.forward_seconds = s.forward_seconds;
     snapshot_.prompt_forward_seconds = s.prompt_forward_seconds;
     snapshot_.host_seconds = host_seconds;
-    snapshot_.peak_used_blocks =
-        std::max({snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});
+    snapshot_.peak_used_blocks = std::max(
+        {snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});
   }
 }
 

@@ -14,8 +14,8 @@
 #include "common/base/signals.h"
 #include "common/base/status_macros.h"
 #include "common/metrics/metrics.h"
-#include "common/rpc/dtype_proto.h"
 #include "common/model/fingerprint.h"
+#include "common/rpc/dtype_proto.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
@@ -25,38 +25,50 @@
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(int32_t, port, 0, "gRPC port (0 = any free port; the chosen one is printed)");
-ABSL_FLAG(std::string, bind_address, "0.0.0.0", "address the gRPC server (and KV receiver) listen on");
-ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "host name or IP the router and peers use to reach this worker");
-ABSL_FLAG(std::string, router, "", "router host:port to register with (empty: the router lists this worker statically)");
+ABSL_FLAG(std::string, bind_address, "0.0.0.0",
+          "address the gRPC server (and KV receiver) listen on");
+ABSL_FLAG(std::string, advertise_host, "127.0.0.1",
+          "host name or IP the router and peers use to reach this worker");
+ABSL_FLAG(std::string, router, "",
+          "router host:port to register with (empty: the router lists this worker statically)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 500, "milliseconds between heartbeats to the router");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish after SIGTERM");
 ABSL_FLAG(bool, kv_host_staging, false,
-          "copy KV layers for transfer through host staging buffers even when the cache is host memory (what GPU "
+          "copy KV layers for transfer through host staging buffers even when the cache is host "
+          "memory (what GPU "
           "workers always do; for testing that path on the CPU)");
 ABSL_FLAG(std::string, kv_transport, "tcp",
-          "how KV layers travel from prefill to decode workers, a comma-separated list: tcp (inline on the control "
-          "connection, from host memory or through host staging), nccl (an NCCL communicator per prefill-decode "
-          "pair; GPU workers), cuda-ipc (the decode worker maps the prefill worker's GPU staging memory; GPU workers "
-          "on one machine, sharing a GPU or GPUs with peer access). A prefill worker tries them in order with each "
-          "decode worker and keeps the first that works; a decode worker offers every one it names, and tcp always");
+          "how KV layers travel from prefill to decode workers, a comma-separated list: tcp "
+          "(inline on the control "
+          "connection, from host memory or through host staging), nccl (an NCCL communicator per "
+          "prefill-decode "
+          "pair; GPU workers), cuda-ipc (the decode worker maps the prefill worker's GPU staging "
+          "memory; GPU workers "
+          "on one machine, sharing a GPU or GPUs with peer access). A prefill worker tries them in "
+          "order with each "
+          "decode worker and keeps the first that works; a decode worker offers every one it "
+          "names, and tcp always");
 ABSL_FLAG(std::string, nccl_host_id, "",
-          "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or NCCL refuses "
+          "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or "
+          "NCCL refuses "
           "the pair (they then talk over NCCL's network transport); leave empty across GPUs");
-ABSL_FLAG(int32_t, metrics_port, -1, "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 
 namespace tandem {
 
 absl::StatusOr<KvDataPaths> KvDataPathsFromFlags(KvCacheStorage* storage) {
-  ASSIGN_OR_RETURN(const std::vector<std::string> names, ParseKvTransports(absl::GetFlag(FLAGS_kv_transport)));
+  ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                   ParseKvTransports(absl::GetFlag(FLAGS_kv_transport)));
   return KvDataPaths::Create(names, storage);
 }
 
 namespace {
 
-
 class StatusService final : public v1::WorkerStatus::CallbackService {
  public:
-  StatusService(WorkerService* service, std::atomic<int>* state) : service_(service), state_(state) {}
+  StatusService(WorkerService* service, std::atomic<int>* state)
+      : service_(service), state_(state) {}
   void set_description(const v1::WorkerDescription& d) {
     absl::MutexLock lock(&mu_);
     description_ = d;
@@ -82,7 +94,8 @@ class StatusService final : public v1::WorkerStatus::CallbackService {
     info.mutable_load()->set_draining(state == 2);
     return info;
   }
-  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context, const v1::GetStatusRequest*,
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest*,
                                       v1::WorkerInfo* response) override {
     *response = Info();
     auto* reactor = context->DefaultReactor();
@@ -104,7 +117,8 @@ void RegistrationLoop(const std::string& router, const StatusService* status, in
   auto stub = v1::Registration::NewStub(channel);
   bool registered = false;
   absl::Time last_warning = absl::InfinitePast();
-  while (!stop->WaitForNotificationWithTimeout(absl::Milliseconds(registered ? interval_ms : 250))) {
+  while (
+      !stop->WaitForNotificationWithTimeout(absl::Milliseconds(registered ? interval_ms : 250))) {
     const v1::WorkerInfo info = status->Info();
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
@@ -148,15 +162,20 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   }
   auto engine_options = EngineOptionsFromFlags();
   if (!engine_options.ok()) {
-    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(engine_options.status().message()).c_str());
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(),
+                 std::string(engine_options.status().message()).c_str());
     return 2;
   }
-  if (absl::StatusOr<std::vector<std::string>> t = ParseKvTransports(absl::GetFlag(FLAGS_kv_transport)); !t.ok()) {
-    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(t.status().message()).c_str());
+  if (absl::StatusOr<std::vector<std::string>> t =
+          ParseKvTransports(absl::GetFlag(FLAGS_kv_transport));
+      !t.ok()) {
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(),
+                 std::string(t.status().message()).c_str());
     return 2;
   }
   // Before any NCCL call: NCCL reads its environment once.
-  if (const std::string id = absl::GetFlag(FLAGS_nccl_host_id); !id.empty()) ::setenv("NCCL_HOSTID", id.c_str(), 1);
+  if (const std::string id = absl::GetFlag(FLAGS_nccl_host_id); !id.empty())
+    ::setenv("NCCL_HOSTID", id.c_str(), 1);
   engine_options->scheduler.role = role == v1::WORKER_ROLE_PREFILL  ? SchedulerRole::kPrefill
                                    : role == v1::WORKER_ROLE_DECODE ? SchedulerRole::kDecode
                                                                     : SchedulerRole::kCombined;
@@ -164,14 +183,16 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   std::atomic<int> state{0};
   StatusService status(service, &state);
   rpc::ServerOptions server_options;
-  server_options.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
+  server_options.listen_address =
+      absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
   server_options.services = service->grpc_services();
   server_options.services.push_back(&status);
   server_options.health_service_names = service->health_service_names();
   server_options.health_service_names.push_back("tandem.v1.WorkerStatus");
   auto server = rpc::StartServer(server_options);
   if (!server.ok()) {
-    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(server.status().message()).c_str());
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(),
+                 std::string(server.status().message()).c_str());
     return 1;
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", server->port);
@@ -183,16 +204,18 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   mo.model = ModelDirName(model_dir);
   mo.role = role_name;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    mo.listen_address = absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
+    mo.listen_address =
+        absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_metrics_port));
   }
   auto metrics = Metrics::Create(mo);
   if (!metrics.ok()) {
-    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(), std::string(metrics.status().message()).c_str());
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(),
+                 std::string(metrics.status().message()).c_str());
     return 1;
   }
   if (!mo.listen_address.empty()) {
-    std::printf("tandem-%s: metrics on %s:%d/metrics\n", name.c_str(), absl::GetFlag(FLAGS_advertise_host).c_str(),
-                (*metrics)->port());
+    std::printf("tandem-%s: metrics on %s:%d/metrics\n", name.c_str(),
+                absl::GetFlag(FLAGS_advertise_host).c_str(), (*metrics)->port());
   }
   std::fflush(stdout);
   WorkerMetrics worker_metrics(metrics->get());
@@ -229,7 +252,8 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   description.set_total_blocks(g.num_blocks);
   description.set_max_model_len((*engine)->stats().max_model_len);
   (*metrics)->SetBuildInfo((*backend)->name(), (*backend)->device_description());
-  if (absl::Status s = service->Start(model->get(), engine->get(), *fingerprint, &worker_metrics, &description);
+  if (absl::Status s =
+          service->Start(model->get(), engine->get(), *fingerprint, &worker_metrics, &description);
       !s.ok()) {
     return fail(s);
   }
@@ -240,13 +264,15 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   state = 1;
   server->SetServing(true);
   TANDEM_LOG(INFO) << name << " serving " << model_dir << " on " << address << " (loaded in "
-                   << absl::FormatDuration(absl::Trunc(absl::Now() - t0, absl::Milliseconds(1))) << ")";
+                   << absl::FormatDuration(absl::Trunc(absl::Now() - t0, absl::Milliseconds(1)))
+                   << ")";
 
   absl::Notification stop_registration;
   std::thread registration;
   if (!absl::GetFlag(FLAGS_router).empty()) {
-    registration = std::thread(RegistrationLoop, absl::GetFlag(FLAGS_router), &status,
-                               std::max(50, absl::GetFlag(FLAGS_heartbeat_interval_ms)), &stop_registration);
+    registration =
+        std::thread(RegistrationLoop, absl::GetFlag(FLAGS_router), &status,
+                    std::max(50, absl::GetFlag(FLAGS_heartbeat_interval_ms)), &stop_registration);
   }
 
   const int sig = WaitForTerminationSignal();
@@ -256,9 +282,11 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   service->StartDraining();
   server->SetServing(false);
   const absl::Time grace_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s));
-  while (service->in_flight() > 0 && absl::Now() < grace_end) absl::SleepFor(absl::Milliseconds(20));
+  while (service->in_flight() > 0 && absl::Now() < grace_end)
+    absl::SleepFor(absl::Milliseconds(20));
   if (service->in_flight() > 0) {
-    TANDEM_LOG(WARNING) << name << ": grace period over, aborting " << service->in_flight() << " requests";
+    TANDEM_LOG(WARNING) << name << ": grace period over, aborting " << service->in_flight()
+                        << " requests";
   }
   stop_registration.Notify();
   if (registration.joinable()) registration.join();

@@ -52,8 +52,9 @@ class WorkerService {
 // ("prefill-worker").
 int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* service);
 
-// The data paths --kv-transport names (kv_data_paths.h), serving `storage`: FAILED_PRECONDITION when a
-// side link cannot be made (the cache is not in CUDA memory, the plugin or NCCL does not load).
+// The data paths --kv-transport names (kv_data_paths.h), serving `storage`: FAILED_PRECONDITION
+// when a side link cannot be made (the cache is not in CUDA memory, the plugin or NCCL does not
+// load).
 absl::StatusOr<KvDataPaths> KvDataPathsFromFlags(KvCacheStorage* storage);
 
 }  // namespace tandem

@@ -8,12 +8,9 @@ namespace tandem {
 
 std::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
+    case DType::kF32: return "F32";
+    case DType::kF16: return "F16";
+    case DType::kBF16: return "BF16";
   }
   return "?";
 }
@@ -57,9 +54,9 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
   const uint32_t absx = x & 0x7fffffff;
-  if (absx > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);  // NaN
+  if (absx > 0x7f800000) return static_cast<uint16_t>(sign | 0x7e00);   // NaN
   if (absx >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow → inf
-  if (absx < 0x38800000) {  // subnormal or zero in f16
+  if (absx < 0x38800000) {                                              // subnormal or zero in f16
     const float a = std::fabs(f);
     const float scaled = a * 16777216.0f;  // 2^24
     const uint32_t m = static_cast<uint32_t>(std::nearbyint(scaled));
@@ -75,9 +72,7 @@ uint16_t F32ToF16(float f) {
 
 void ConvertToF32(DType t, const void* src, float* dst, size_t n) {
   switch (t) {
-    case DType::kF32:
-      std::memcpy(dst, src, n * 4);
-      return;
+    case DType::kF32: std::memcpy(dst, src, n * 4); return;
     case DType::kBF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);

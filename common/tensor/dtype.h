@@ -15,8 +15,8 @@ inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
 // The safetensors spelling: "F32", "F16", "BF16".
 std::string_view DTypeName(DType t);
 std::optional<DType> ParseDType(std::string_view name);
-// --kv-cache-dtype's value: "auto" (any case) sets *out to std::nullopt, "f32", "bf16" or "f16" (any
-// case) to that type; false for anything else.
+// --kv-cache-dtype's value: "auto" (any case) sets *out to std::nullopt, "f32", "bf16" or "f16"
+// (any case) to that type; false for anything else.
 bool ParseKvCacheDType(std::string_view text, std::optional<DType>* out);
 
 inline float Bf16ToF32(uint16_t h) {

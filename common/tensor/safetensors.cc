@@ -126,9 +126,7 @@ absl::StatusOr<json> ParseJsonObject(absl::string_view text, const std::string& 
       throw JsonRejected(absl::StrCat("nesting deeper than ", kMaxJsonDepth, " levels"));
     }
     switch (event) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
+      case json::parse_event_t::object_start: keys.emplace_back(); break;
       case json::parse_event_t::object_end:
         if (!keys.empty()) keys.pop_back();
         break;
@@ -139,8 +137,7 @@ absl::StatusOr<json> ParseJsonObject(absl::string_view text, const std::string& 
               absl::StrCat("duplicate key ", Quote(parsed.get_ref<const std::string&>())));
         }
         break;
-      default:
-        break;
+      default: break;
     }
     return true;
   };

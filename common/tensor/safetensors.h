@@ -78,8 +78,8 @@ class SafetensorsFile {
 
 // A Hugging Face checkpoint directory: model.safetensors, or shards listed by
 // model.safetensors.index.json ({"weight_map": {tensor: shard file}}). The index is validated too:
-// shard names must be plain file names inside the directory, every listed tensor must be in its shard,
-// and no tensor may appear in two shards or in a shard without being listed.
+// shard names must be plain file names inside the directory, every listed tensor must be in its
+// shard, and no tensor may appear in two shards or in a shard without being listed.
 class Checkpoint {
  public:
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);

@@ -31,15 +31,18 @@ absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::Parse(const js
   if (!j.is_array()) return absl::InvalidArgumentError("\"added_tokens\" must be a list");
   for (const json& t : j) {
     AddedToken a;
-    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
-        !t["content"].is_string()) {
-      return absl::InvalidArgumentError("added_tokens: each entry needs an integer \"id\" and a string \"content\"");
+    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+        !t.contains("content") || !t["content"].is_string()) {
+      return absl::InvalidArgumentError(
+          "added_tokens: each entry needs an integer \"id\" and a string \"content\"");
     }
     const int64_t id = t["id"].get<int64_t>();
-    if (id < 0 || id >= (1 << 30)) return absl::InvalidArgumentError(absl::StrCat("added token id ", id, " out of range"));
+    if (id < 0 || id >= (1 << 30))
+      return absl::InvalidArgumentError(absl::StrCat("added token id ", id, " out of range"));
     a.id = static_cast<int32_t>(id);
     a.content = t["content"].get<std::string>();
-    if (a.content.empty()) return absl::InvalidArgumentError(absl::StrCat("added token ", id, " has empty content"));
+    if (a.content.empty())
+      return absl::InvalidArgumentError(absl::StrCat("added token ", id, " has empty content"));
     ASSIGN_OR_RETURN(a.special, GetBool(t, "special", false, "added token"));
     ASSIGN_OR_RETURN(a.lstrip, GetBool(t, "lstrip", false, "added token"));
     ASSIGN_OR_RETURN(a.rstrip, GetBool(t, "rstrip", false, "added token"));
@@ -116,11 +119,13 @@ std::vector<TextSegment> AddedVocabulary::Split(std::string_view text, bool norm
         end += len;
       }
     }
-    if (begin > text_start) out.push_back({std::string(text.substr(text_start, begin - text_start)), -1, text_start});
+    if (begin > text_start)
+      out.push_back({std::string(text.substr(text_start, begin - text_start)), -1, text_start});
     out.push_back({std::string(text.substr(begin, end - begin)), match->id, begin});
     text_start = i = end;
   }
-  if (text_start < text.size()) out.push_back({std::string(text.substr(text_start)), -1, text_start});
+  if (text_start < text.size())
+    out.push_back({std::string(text.substr(text_start)), -1, text_start});
   return out;
 }
 

@@ -15,7 +15,8 @@ using nlohmann::json;
 absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
   ASSIGN_OR_RETURN(std::string type, TypeOf(j, "model"));
   if (type != "BPE") {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported model type '", type, "' (supported: BPE)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported model type '", type, "' (supported: BPE)"));
   }
   if (j.contains("dropout") && j["dropout"].is_number() && j["dropout"].get<double>() > 0) {
     return absl::InvalidArgumentError("unsupported BPE dropout (it makes encoding random)");
@@ -27,8 +28,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
   m->vocab_.reserve(j["vocab"].size());
   for (const auto& [token, id] : j["vocab"].items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 30)) {
-      return absl::InvalidArgumentError(absl::StrCat("BPE model: token id of \"", token.substr(0, 64),
-                                                     "\" must be an integer in [0, 2^30)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BPE model: token id of \"", token.substr(0, 64), "\" must be an integer in [0, 2^30)"));
     }
     const int32_t v = id.get<int32_t>();
     m->vocab_[token] = v;
@@ -48,7 +49,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
   if (const std::string unk = optional_string("unk_token"); !unk.empty()) {
     auto it = m->vocab_.find(unk);
     if (it == m->vocab_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("BPE model: unk_token \"", unk, "\" is not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("BPE model: unk_token \"", unk, "\" is not in the vocabulary"));
     }
     m->unk_id_ = it->second;
   }
@@ -60,12 +62,14 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
   }
 
   const std::string marker = "\xE2\x96\x81";
-  if (m->vocab_.contains(marker) && m->continuing_subword_prefix_.empty() && m->end_of_word_suffix_.empty()) {
+  if (m->vocab_.contains(marker) && m->continuing_subword_prefix_.empty() &&
+      m->end_of_word_suffix_.empty()) {
     bool crossing = false;
     for (const auto& [token, id] : m->vocab_) {
       for (size_t pos = token.find(marker, 1); pos != std::string::npos && !crossing;
            pos = token.find(marker, pos + 1)) {
-        crossing = pos < marker.size() || token.compare(pos - marker.size(), marker.size(), marker) != 0;
+        crossing =
+            pos < marker.size() || token.compare(pos - marker.size(), marker.size(), marker) != 0;
       }
       if (crossing) break;
     }
@@ -84,16 +88,19 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
       const std::string s = merge.get<std::string>();
       const size_t space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat("BPE model: merge ", rank, " \"", s.substr(0, 64),
-                                                       "\" is not two tokens separated by one space"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("BPE model: merge ", rank, " \"", s.substr(0, 64),
+                         "\" is not two tokens separated by one space"));
       }
       a = s.substr(0, space);
       b = s.substr(space + 1);
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
       a = merge[0].get<std::string>();
       b = merge[1].get<std::string>();
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("BPE model: merge ", rank, " must be \"a b\" or [a, b]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("BPE model: merge ", rank, " must be \"a b\" or [a, b]"));
     }
     auto ia = m->vocab_.find(a), ib = m->vocab_.find(b);
     std::string merged = a + (b.starts_with(m->continuing_subword_prefix_)
@@ -101,8 +108,9 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Parse(const json& j) {
                                   : b);
     auto im = m->vocab_.find(merged);
     if (ia == m->vocab_.end() || ib == m->vocab_.end() || im == m->vocab_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("BPE model: merge ", rank, " (\"", a.substr(0, 32), "\", \"",
-                                                     b.substr(0, 32), "\") uses a token missing from the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("BPE model: merge ", rank, " (\"", a.substr(0, 32), "\", \"",
+                       b.substr(0, 32), "\") uses a token missing from the vocabulary"));
     }
     // The first occurrence of a pair wins (lowest rank).
     m->merges_.try_emplace(PairKey(ia->second, ib->second), Merge{rank, im->second});
@@ -122,8 +130,10 @@ void BpeModel::Tokenize(std::string_view piece, std::vector<int32_t>* out) const
     // Cut before every marker that follows another character (see word_start_marker_).
     const std::string& m = word_start_marker_;
     size_t start = 0;
-    for (size_t pos = piece.find(m, 1); pos != std::string_view::npos; pos = piece.find(m, pos + m.size())) {
-      if (pos >= m.size() && piece.compare(pos - m.size(), m.size(), m) == 0) continue;  // inside a run
+    for (size_t pos = piece.find(m, 1); pos != std::string_view::npos;
+         pos = piece.find(m, pos + m.size())) {
+      if (pos >= m.size() && piece.compare(pos - m.size(), m.size(), m) == 0)
+        continue;  // inside a run
       TokenizeWord(piece.substr(start, pos - start), out);
       start = pos;
     }
@@ -187,7 +197,8 @@ void BpeModel::TokenizeUncached(std::string_view piece, std::vector<int32_t>* ou
         all_bytes = byte_ids_[static_cast<unsigned char>(piece[i + k])] >= 0;
       }
       if (all_bytes) {
-        for (size_t k = 0; k < len; ++k) symbols.push_back(byte_ids_[static_cast<unsigned char>(piece[i + k])]);
+        for (size_t k = 0; k < len; ++k)
+          symbols.push_back(byte_ids_[static_cast<unsigned char>(piece[i + k])]);
         previous_unk = false;
       } else if (unk_id_) {
         if (!(fuse_unk_ && previous_unk)) symbols.push_back(*unk_id_);
@@ -213,7 +224,9 @@ void BpeModel::TokenizeUncached(std::string_view piece, std::vector<int32_t>* ou
     int32_t rank;
     int32_t pos;
     int32_t left_id, right_id;  // symbol ids at push time (to detect stale entries)
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
   auto push = [&](int32_t pos) {

@@ -52,9 +52,9 @@ class BpeModel {
   bool ignore_merges_ = false;
   int32_t byte_ids_[256];  // <0xNN> ids when byte_fallback, else -1
   int64_t max_id_ = -1;
-  // SentencePiece-style vocabularies (no pre-tokenizer: the whole text is one piece) mark word starts
-  // with "▁". When no token has "▁" right after another character, no merge can cross such a word
-  // start, so long pieces are cut there and the words tokenized (and cached) one by one — the
+  // SentencePiece-style vocabularies (no pre-tokenizer: the whole text is one piece) mark word
+  // starts with "▁". When no token has "▁" right after another character, no merge can cross such a
+  // word start, so long pieces are cut there and the words tokenized (and cached) one by one — the
   // result is identical and the cost linear instead of one huge merge over the whole text.
   std::string word_start_marker_;
 

@@ -51,7 +51,8 @@ class ByteLevel final : public Decoder {
 
 class Metaspace final : public Decoder {
  public:
-  Metaspace(std::string replacement, bool strip_first) : replacement_(std::move(replacement)), strip_first_(strip_first) {}
+  Metaspace(std::string replacement, bool strip_first)
+      : replacement_(std::move(replacement)), strip_first_(strip_first) {}
   std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string out;
@@ -98,8 +99,10 @@ class ByteFallback final : public Decoder {
     };
     for (std::string& t : tokens) {
       unsigned v;
-      if (t.size() == 6 && t.starts_with("<0x") && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
-          std::isxdigit(static_cast<unsigned char>(t[4])) && std::sscanf(t.c_str() + 3, "%2x", &v) == 1) {
+      if (t.size() == 6 && t.starts_with("<0x") && t[5] == '>' &&
+          std::isxdigit(static_cast<unsigned char>(t[3])) &&
+          std::isxdigit(static_cast<unsigned char>(t[4])) &&
+          std::sscanf(t.c_str() + 3, "%2x", &v) == 1) {
         pending.push_back(static_cast<char>(v));
         ++pending_count;
       } else {
@@ -123,11 +126,13 @@ class Fuse final : public Decoder {
 
 class Strip final : public Decoder {
  public:
-  Strip(std::string content, int64_t start, int64_t stop) : content_(std::move(content)), start_(start), stop_(stop) {}
+  Strip(std::string content, int64_t start, int64_t stop)
+      : content_(std::move(content)), start_(start), stop_(stop) {}
   std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
     for (std::string& t : tokens) {
       size_t b = 0, e = t.size();
-      for (int64_t k = 0; k < start_ && b < e && t.compare(b, content_.size(), content_) == 0; ++k) {
+      for (int64_t k = 0; k < start_ && b < e && t.compare(b, content_.size(), content_) == 0;
+           ++k) {
         b += content_.size();
       }
       for (int64_t k = 0; k < stop_ && e >= b + content_.size() &&
@@ -197,7 +202,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const json& j) {
     ASSIGN_OR_RETURN(int64_t start, GetInt(j, "start", 0, "Strip decoder"));
     ASSIGN_OR_RETURN(int64_t stop, GetInt(j, "stop", 0, "Strip decoder"));
     if (content.empty() || start < 0 || stop < 0) {
-      return absl::InvalidArgumentError("Strip decoder: content must be non-empty and start/stop >= 0");
+      return absl::InvalidArgumentError(
+          "Strip decoder: content must be non-empty and start/stop >= 0");
     }
     return std::make_unique<Strip>(std::move(content), start, stop);
   }

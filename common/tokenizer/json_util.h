@@ -46,7 +46,8 @@ inline absl::StatusOr<int64_t> GetInt(const nlohmann::json& j, const char* key, 
 }
 
 // {"pattern": {"String": "x"}} or {"pattern": {"Regex": "..."}} → a compiled regex.
-inline absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const nlohmann::json& j, const char* what) {
+inline absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const nlohmann::json& j,
+                                                           const char* what) {
   if (!j.contains("pattern") || !j["pattern"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": missing \"pattern\" object"));
   }
@@ -57,7 +58,8 @@ inline absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const nlohmann::json&
   } else if (p.contains("Regex") && p["Regex"].is_string()) {
     r = Regex::Compile(p["Regex"].get<std::string>());
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": pattern must be {\"String\"} or {\"Regex\"}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": pattern must be {\"String\"} or {\"Regex\"}"));
   }
   if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", r.status().message()));
   return r;

@@ -57,28 +57,33 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& j) {
   if (!j.contains("single") || !j["single"].is_array()) {
     return absl::InvalidArgumentError("TemplateProcessing: \"single\" must be a list");
   }
-  const json specials = j.contains("special_tokens") && j["special_tokens"].is_object() ? j["special_tokens"]
-                                                                                       : json::object();
+  const json specials = j.contains("special_tokens") && j["special_tokens"].is_object()
+                            ? j["special_tokens"]
+                            : json::object();
   std::vector<Template::Item> items;
   for (const json& piece : j["single"]) {
     Template::Item item;
     if (piece.is_object() && piece.contains("Sequence")) {
       item.is_sequence = true;
-    } else if (piece.is_object() && piece.contains("SpecialToken") && piece["SpecialToken"].is_object() &&
-               piece["SpecialToken"].contains("id") && piece["SpecialToken"]["id"].is_string()) {
+    } else if (piece.is_object() && piece.contains("SpecialToken") &&
+               piece["SpecialToken"].is_object() && piece["SpecialToken"].contains("id") &&
+               piece["SpecialToken"]["id"].is_string()) {
       const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-      if (!specials.contains(name) || !specials[name].contains("ids") || !specials[name]["ids"].is_array()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("TemplateProcessing: special token \"", name, "\" is not in special_tokens"));
+      if (!specials.contains(name) || !specials[name].contains("ids") ||
+          !specials[name]["ids"].is_array()) {
+        return absl::InvalidArgumentError(absl::StrCat("TemplateProcessing: special token \"", name,
+                                                       "\" is not in special_tokens"));
       }
       for (const json& id : specials[name]["ids"]) {
         if (!id.is_number_integer()) {
-          return absl::InvalidArgumentError(absl::StrCat("TemplateProcessing: ids of \"", name, "\" must be integers"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("TemplateProcessing: ids of \"", name, "\" must be integers"));
         }
         item.ids.push_back(id.get<int32_t>());
       }
     } else {
-      return absl::InvalidArgumentError("TemplateProcessing: items must be {\"Sequence\"} or {\"SpecialToken\"}");
+      return absl::InvalidArgumentError(
+          "TemplateProcessing: items must be {\"Sequence\"} or {\"SpecialToken\"}");
     }
     items.push_back(std::move(item));
   }
@@ -88,7 +93,8 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& j) {
 // BertProcessing / RobertaProcessing: {"cls": [token, id], "sep": [token, id]}.
 absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const json& j, const char* what) {
   auto id_of = [&](const char* key) -> absl::StatusOr<int32_t> {
-    if (!j.contains(key) || !j[key].is_array() || j[key].size() != 2 || !j[key][1].is_number_integer()) {
+    if (!j.contains(key) || !j[key].is_array() || j[key].size() != 2 ||
+        !j[key][1].is_number_integer()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": \"", key, "\" must be [token, id]"));
     }
     return j[key][1].get<int32_t>();

@@ -16,7 +16,8 @@ using nlohmann::json;
 constexpr char kGpt2Pattern[] =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-absl::StatusOr<SplitBehavior> ParseBehavior(const json& j, SplitBehavior fallback, const char* what) {
+absl::StatusOr<SplitBehavior> ParseBehavior(const json& j, SplitBehavior fallback,
+                                            const char* what) {
   if (!j.contains("behavior") || j["behavior"].is_null()) return fallback;
   if (!j["behavior"].is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": \"behavior\" must be a string"));
@@ -61,9 +62,9 @@ class ByteLevel final : public PreTokenizer {
     ForEachPiece(pieces, [&](const Piece& p) {
       Piece src = p;
       if (add_prefix_space_ && !src.text.starts_with(' ')) src.text.insert(0, " ");
-      std::vector<Piece> parts = regex_ ? SplitPiece(src, regex_->FindAll(src.text),
-                                                     SplitBehavior::kIsolated, false)
-                                        : std::vector<Piece>{src};
+      std::vector<Piece> parts =
+          regex_ ? SplitPiece(src, regex_->FindAll(src.text), SplitBehavior::kIsolated, false)
+                 : std::vector<Piece>{src};
       for (Piece& q : parts) q.text = ByteLevelEncode(q.text);
       return parts;
     });
@@ -122,7 +123,8 @@ class Metaspace final : public PreTokenizer {
         }
       }
       q.text = std::move(replaced);
-      const bool prepend = prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && q.at_start);
+      const bool prepend =
+          prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && q.at_start);
       if (prepend && !q.text.starts_with(replacement_)) q.text.insert(0, replacement_);
       if (!split_) return std::vector<Piece>{q};
       std::vector<std::pair<size_t, size_t>> delims;
@@ -242,7 +244,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& j) {
   if (j.is_null()) return nullptr;
   ASSIGN_OR_RETURN(std::string type, TypeOf(j, "pre_tokenizer"));
   if (type == "ByteLevel") {
-    ASSIGN_OR_RETURN(bool add_prefix_space, GetBool(j, "add_prefix_space", true, "ByteLevel pre_tokenizer"));
+    ASSIGN_OR_RETURN(bool add_prefix_space,
+                     GetBool(j, "add_prefix_space", true, "ByteLevel pre_tokenizer"));
     ASSIGN_OR_RETURN(bool use_regex, GetBool(j, "use_regex", true, "ByteLevel pre_tokenizer"));
     std::unique_ptr<Regex> regex;
     if (use_regex) {
@@ -252,7 +255,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& j) {
   }
   if (type == "Split") {
     ASSIGN_OR_RETURN(auto regex, ParsePattern(j, "Split pre_tokenizer"));
-    ASSIGN_OR_RETURN(SplitBehavior behavior, ParseBehavior(j, SplitBehavior::kIsolated, "Split pre_tokenizer"));
+    ASSIGN_OR_RETURN(SplitBehavior behavior,
+                     ParseBehavior(j, SplitBehavior::kIsolated, "Split pre_tokenizer"));
     ASSIGN_OR_RETURN(bool invert, GetBool(j, "invert", false, "Split pre_tokenizer"));
     return std::make_unique<Split>(std::move(regex), behavior, invert);
   }
@@ -264,26 +268,35 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& j) {
     Metaspace::Prepend prepend = Metaspace::Prepend::kAlways;
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
       const std::string s = j["prepend_scheme"].get<std::string>();
-      if (s == "always") prepend = Metaspace::Prepend::kAlways;
-      else if (s == "first") prepend = Metaspace::Prepend::kFirst;
-      else if (s == "never") prepend = Metaspace::Prepend::kNever;
-      else return absl::InvalidArgumentError(absl::StrCat("Metaspace pre_tokenizer: unsupported prepend_scheme '", s, "'"));
+      if (s == "always")
+        prepend = Metaspace::Prepend::kAlways;
+      else if (s == "first")
+        prepend = Metaspace::Prepend::kFirst;
+      else if (s == "never")
+        prepend = Metaspace::Prepend::kNever;
+      else
+        return absl::InvalidArgumentError(
+            absl::StrCat("Metaspace pre_tokenizer: unsupported prepend_scheme '", s, "'"));
     } else {
-      ASSIGN_OR_RETURN(bool add_prefix_space, GetBool(j, "add_prefix_space", true, "Metaspace pre_tokenizer"));
+      ASSIGN_OR_RETURN(bool add_prefix_space,
+                       GetBool(j, "add_prefix_space", true, "Metaspace pre_tokenizer"));
       prepend = add_prefix_space ? Metaspace::Prepend::kAlways : Metaspace::Prepend::kNever;
     }
     ASSIGN_OR_RETURN(bool split, GetBool(j, "split", true, "Metaspace pre_tokenizer"));
     return std::make_unique<Metaspace>(std::move(replacement), prepend, split);
   }
   if (type == "Digits") {
-    ASSIGN_OR_RETURN(bool individual, GetBool(j, "individual_digits", false, "Digits pre_tokenizer"));
+    ASSIGN_OR_RETURN(bool individual,
+                     GetBool(j, "individual_digits", false, "Digits pre_tokenizer"));
     return std::make_unique<CharSplit>(
         [](int32_t cp) { return unicode::IsDigit(cp); },
         individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous);
   }
   if (type == "Punctuation") {
-    ASSIGN_OR_RETURN(SplitBehavior behavior, ParseBehavior(j, SplitBehavior::kIsolated, "Punctuation pre_tokenizer"));
-    return std::make_unique<CharSplit>([](int32_t cp) { return unicode::IsPunctuation(cp); }, behavior);
+    ASSIGN_OR_RETURN(SplitBehavior behavior,
+                     ParseBehavior(j, SplitBehavior::kIsolated, "Punctuation pre_tokenizer"));
+    return std::make_unique<CharSplit>([](int32_t cp) { return unicode::IsPunctuation(cp); },
+                                       behavior);
   }
   if (type == "Whitespace") {
     ASSIGN_OR_RETURN(auto regex, Regex::Compile(R"(\w+|[^\w\s]+)"));

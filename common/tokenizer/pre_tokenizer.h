@@ -26,8 +26,8 @@ class PreTokenizer {
 // How a split treats the delimiters it finds (the reference's SplitDelimiterBehavior).
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
-// Splits `piece` at [begin, end) delimiter ranges (sorted, non-overlapping) according to `behavior`.
-// With `invert`, the ranges are the content and the text between them the delimiters.
+// Splits `piece` at [begin, end) delimiter ranges (sorted, non-overlapping) according to
+// `behavior`. With `invert`, the ranges are the content and the text between them the delimiters.
 std::vector<Piece> SplitPiece(const Piece& piece,
                               const std::vector<std::pair<size_t, size_t>>& delimiters,
                               SplitBehavior behavior, bool invert);

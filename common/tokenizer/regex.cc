@@ -52,8 +52,9 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
   size_t start = 0;
   while (start <= text.size()) {
     // The subject is validated once by the caller (Tokenizer repairs input to valid UTF-8).
-    int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr)
-                  : pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
+    int rc =
+        jit_ ? pcre2_jit_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr)
+             : pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc < 0 && rc != PCRE2_ERROR_NOMATCH && jit_) {
       // The JIT stack ran out on a long subject: the interpreter has no such limit.
       rc = pcre2_match(code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
@@ -74,7 +75,8 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) con
       // Empty match: advance one UTF-8 character.
       if (b >= text.size()) break;
       size_t step = 1;
-      while (b + step < text.size() && (static_cast<unsigned char>(text[b + step]) & 0xC0) == 0x80) ++step;
+      while (b + step < text.size() && (static_cast<unsigned char>(text[b + step]) & 0xC0) == 0x80)
+        ++step;
       start = b + step;
     }
   }

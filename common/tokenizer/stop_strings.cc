@@ -9,14 +9,17 @@ namespace tandem {
 
 absl::Status StopStringMatcher::Validate(const std::vector<std::string>& stops) {
   if (stops.size() > kMaxStopStrings) {
-    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxStopStrings, " stop strings, got ", stops.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxStopStrings, " stop strings, got ", stops.size()));
   }
   for (size_t i = 0; i < stops.size(); ++i) {
     if (stops[i].empty()) return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is empty"));
     if (stops[i].size() > kMaxStopStringBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is longer than ", kMaxStopStringBytes, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "] is longer than ", kMaxStopStringBytes, " bytes"));
     }
-    if (!unicode::IsValidUtf8(stops[i])) return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is not valid UTF-8"));
+    if (!unicode::IsValidUtf8(stops[i]))
+      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "] is not valid UTF-8"));
   }
   return absl::OkStatus();
 }

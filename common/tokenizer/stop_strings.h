@@ -1,8 +1,8 @@
 // Stop strings over streamed text (OpenAI / vLLM semantics): generation ends at the first
 // occurrence of any stop string, which is not part of the output unless include_stop is set. As
-// text arrives in deltas, the matcher emits what can no longer be part of a match and holds back the
-// longest tail that is still the beginning of some stop string, so a match split across deltas is
-// caught and never leaked. Pure logic; one instance per request.
+// text arrives in deltas, the matcher emits what can no longer be part of a match and holds back
+// the longest tail that is still the beginning of some stop string, so a match split across deltas
+// is caught and never leaked. Pure logic; one instance per request.
 #pragma once
 
 #include <string>
@@ -23,9 +23,9 @@ class StopStringMatcher {
   explicit StopStringMatcher(std::vector<std::string> stops, bool include_stop = false);
 
   struct Result {
-    std::string emit;     // text safe to send now
+    std::string emit;      // text safe to send now
     bool stopped = false;  // a stop string matched: the request should be cancelled
-    std::string matched;  // which one
+    std::string matched;   // which one
   };
   // Feeds the next text delta. After a stop, further calls return nothing.
   Result Add(std::string_view delta);

@@ -4,9 +4,11 @@
 
 namespace tandem {
 
-TextStream::TextStream(const Tokenizer* tokenizer, bool skip_special_tokens, std::span<const int32_t> prompt_ids,
-                       std::vector<std::string> stops, bool include_stop)
-    : detokenizer_(tokenizer, skip_special_tokens, prompt_ids), stops_(std::move(stops), include_stop) {}
+TextStream::TextStream(const Tokenizer* tokenizer, bool skip_special_tokens,
+                       std::span<const int32_t> prompt_ids, std::vector<std::string> stops,
+                       bool include_stop)
+    : detokenizer_(tokenizer, skip_special_tokens, prompt_ids),
+      stops_(std::move(stops), include_stop) {}
 
 std::string TextStream::Emit(std::string_view text) {
   StopStringMatcher::Result m = stops_.Add(text);

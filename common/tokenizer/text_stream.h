@@ -1,12 +1,12 @@
 // One sequence's generated text as it streams: token ids in, text deltas out, incremental
-// detokenization (IncrementalDetokenizer) followed by stop strings (StopStringMatcher). The router's
-// request flows and `tandem generate`'s in-process path both use it, so a stop string ends a request
-// the same way whichever door it came through.
+// detokenization (IncrementalDetokenizer) followed by stop strings (StopStringMatcher). The
+// router's request flows and `tandem generate`'s in-process path both use it, so a stop string ends
+// a request the same way whichever door it came through.
 //
 // Contract: the deltas of Add() and Finish() concatenate to the detokenized text, cut before the
-// first stop string (or after it, with include_stop), never broken UTF-8. Once stopped(), further ids
-// produce nothing: the caller ends the request (its finish is "stop"). An id the tokenizer lacks (a
-// vocabulary padded past the tokenizer's) has no text and is skipped.
+// first stop string (or after it, with include_stop), never broken UTF-8. Once stopped(), further
+// ids produce nothing: the caller ends the request (its finish is "stop"). An id the tokenizer
+// lacks (a vocabulary padded past the tokenizer's) has no text and is skipped.
 //
 // Not thread-safe; one instance per sequence. The Tokenizer must outlive it.
 #pragma once
@@ -27,8 +27,9 @@ class TextStream {
  public:
   // `prompt_ids` gives the first generated token its context (IncrementalDetokenizer); `stops` must
   // have passed StopStringMatcher::Validate.
-  TextStream(const Tokenizer* tokenizer, bool skip_special_tokens, std::span<const int32_t> prompt_ids,
-             std::vector<std::string> stops = {}, bool include_stop = false);
+  TextStream(const Tokenizer* tokenizer, bool skip_special_tokens,
+             std::span<const int32_t> prompt_ids, std::vector<std::string> stops = {},
+             bool include_stop = false);
   TextStream(const TextStream&) = delete;
   TextStream& operator=(const TextStream&) = delete;
 

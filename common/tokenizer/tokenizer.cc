@@ -35,11 +35,13 @@ Tokenizer::~Tokenizer() = default;
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   std::error_code ec;
   std::string file = path;
-  if (std::filesystem::is_directory(path, ec)) file = (std::filesystem::path(path) / "tokenizer.json").string();
+  if (std::filesystem::is_directory(path, ec))
+    file = (std::filesystem::path(path) / "tokenizer.json").string();
   const uintmax_t size = std::filesystem::file_size(file, ec);
   if (ec) return absl::NotFoundError(absl::StrCat(file, ": cannot open (", ec.message(), ")"));
   if (size > kMaxTokenizerBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": ", size, " bytes is too large for a tokenizer.json"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": ", size, " bytes is too large for a tokenizer.json"));
   }
   std::ifstream in(file, std::ios::binary);
   std::string text(size, '\0');
@@ -57,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": invalid JSON: ", e.what()));
   }
-  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  if (!j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   auto field = [&](const char* key) -> const json& {
     static const json kNull;
@@ -73,7 +76,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     // Truncation and padding apply to batch encoding for training; Tandem never truncates a prompt
     // silently, so they are ignored rather than refused.
   }
-  if (!j.contains("model")) return absl::InvalidArgumentError(absl::StrCat(source, ": no \"model\""));
+  if (!j.contains("model"))
+    return absl::InvalidArgumentError(absl::StrCat(source, ": no \"model\""));
   RETURN_IF_ERROR(parsed(BpeModel::Parse(field("model")), &t->model_));
   RETURN_IF_ERROR(parsed(AddedVocabulary::Parse(field("added_tokens")), &t->added_));
   RETURN_IF_ERROR(parsed(ParseNormalizer(field("normalizer")), &t->normalizer_));
@@ -105,7 +109,8 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
       ids.push_back(seg.token_id);
       continue;
     }
-    std::string normalized = normalizer_ ? normalizer_->Normalize(std::move(seg.text)) : std::move(seg.text);
+    std::string normalized =
+        normalizer_ ? normalizer_->Normalize(std::move(seg.text)) : std::move(seg.text);
     if (!added_->has_normalized()) {
       run_pipeline(std::move(normalized), seg.offset == 0);
       continue;
@@ -122,7 +127,8 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_t
   return ids;
 }
 
-absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+absl::StatusOr<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
+                                              bool skip_special_tokens) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {

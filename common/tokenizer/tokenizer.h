@@ -1,7 +1,7 @@
 // The Hugging Face tokenizer.json pipeline: added tokens → normalizer → pre-tokenizer → model (BPE)
-// → post-processor on encode; decoder chain on decode. Real checkpoints' tokenizer.json files are read
-// as they are; a component Tandem does not support is refused naming it ("unsupported pre_tokenizer
-// type 'X'"). Immutable after loading and safe to use from many threads at once.
+// → post-processor on encode; decoder chain on decode. Real checkpoints' tokenizer.json files are
+// read as they are; a component Tandem does not support is refused naming it ("unsupported
+// pre_tokenizer type 'X'"). Immutable after loading and safe to use from many threads at once.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& path);
   // Parses tokenizer.json text; `source` names it in error messages.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json_text,
-                                                            const std::string& source);
+                                                             const std::string& source);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -56,11 +56,11 @@ class Tokenizer {
  private:
   Tokenizer();
   std::unique_ptr<tokenizer_internal::AddedVocabulary> added_;
-  std::unique_ptr<tokenizer_internal::Normalizer> normalizer_;      // may be null
+  std::unique_ptr<tokenizer_internal::Normalizer> normalizer_;       // may be null
   std::unique_ptr<tokenizer_internal::PreTokenizer> pre_tokenizer_;  // may be null
   std::unique_ptr<tokenizer_internal::BpeModel> model_;
   std::unique_ptr<tokenizer_internal::PostProcessor> post_processor_;  // may be null
-  std::unique_ptr<tokenizer_internal::Decoder> decoder_;              // may be null
+  std::unique_ptr<tokenizer_internal::Decoder> decoder_;               // may be null
   int64_t vocab_size_ = 0;
 };
 

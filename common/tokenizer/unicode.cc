@@ -17,8 +17,8 @@ size_t SequenceLength(unsigned char c) {
 
 namespace {
 
-// Number of bytes of s[i..] that form a valid prefix of a UTF-8 sequence (0 if the lead is invalid),
-// following the Unicode table of well-formed byte sequences.
+// Number of bytes of s[i..] that form a valid prefix of a UTF-8 sequence (0 if the lead is
+// invalid), following the Unicode table of well-formed byte sequences.
 size_t ValidPrefix(std::string_view s, size_t i, bool* complete) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   *complete = false;
@@ -121,18 +121,10 @@ size_t CompletePrefixLength(std::string_view s) {
 std::string Normalize(std::string_view s, Form form) {
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case Form::kNfc:
-      options |= UTF8PROC_COMPOSE;
-      break;
-    case Form::kNfd:
-      options |= UTF8PROC_DECOMPOSE;
-      break;
-    case Form::kNfkc:
-      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
-      break;
-    case Form::kNfkd:
-      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-      break;
+    case Form::kNfc: options |= UTF8PROC_COMPOSE; break;
+    case Form::kNfd: options |= UTF8PROC_DECOMPOSE; break;
+    case Form::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    case Form::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
   }
   // ASCII is invariant under every normalisation form.
   bool ascii = true;
@@ -140,10 +132,9 @@ std::string Normalize(std::string_view s, Form form) {
   if (ascii) return std::string(s);
   const std::string valid = ToValidUtf8(s);
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(valid.data()),
-                   static_cast<utf8proc_ssize_t>(valid.size()), &out,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(valid.data()),
+                                          static_cast<utf8proc_ssize_t>(valid.size()), &out,
+                                          static_cast<utf8proc_option_t>(options));
   if (n < 0) return valid;
   std::string result(reinterpret_cast<char*>(out), static_cast<size_t>(n));
   std::free(out);
@@ -190,10 +181,8 @@ bool IsPunctuation(int32_t cp) {
     case UTF8PROC_CATEGORY_PE:
     case UTF8PROC_CATEGORY_PI:
     case UTF8PROC_CATEGORY_PF:
-    case UTF8PROC_CATEGORY_PO:
-      return true;
-    default:
-      return false;
+    case UTF8PROC_CATEGORY_PO: return true;
+    default: return false;
   }
 }
 
@@ -207,10 +196,8 @@ bool IsAlphanumeric(int32_t cp) {
     case UTF8PROC_CATEGORY_LO:
     case UTF8PROC_CATEGORY_ND:
     case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_NO:
-      return true;
-    default:
-      return false;
+    case UTF8PROC_CATEGORY_NO: return true;
+    default: return false;
   }
 }
 

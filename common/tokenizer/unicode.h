@@ -25,9 +25,9 @@ enum class Form { kNfc, kNfd, kNfkc, kNfkd };
 std::string Normalize(std::string_view s, Form form);
 std::string Lowercase(std::string_view s);
 
-bool IsWhitespace(int32_t cp);   // Unicode White_Space (as Rust's char::is_whitespace)
-bool IsPunctuation(int32_t cp);  // ASCII punctuation or general category P*
+bool IsWhitespace(int32_t cp);    // Unicode White_Space (as Rust's char::is_whitespace)
+bool IsPunctuation(int32_t cp);   // ASCII punctuation or general category P*
 bool IsAlphanumeric(int32_t cp);  // letters (L*) and numbers (N*)
-bool IsDigit(int32_t cp);        // general category Nd
+bool IsDigit(int32_t cp);         // general category Nd
 
 }  // namespace tandem::unicode

@@ -32,10 +32,12 @@ absl::StatusOr<std::vector<std::string>> ParseKvTransports(const std::string& va
   return names;
 }
 
-absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateKvLinkFactory(const std::string& name, KvCacheStorage* storage) {
+absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateKvLinkFactory(const std::string& name,
+                                                                   KvCacheStorage* storage) {
   if (name == "nccl") return CreateNcclKvLinkFactory(storage);
   if (name == "cuda-ipc") return CreateCudaIpcKvLinkFactory(storage);
-  return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a KV side link (nccl or cuda-ipc)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", name, "' is not a KV side link (nccl or cuda-ipc)"));
 }
 
 absl::StatusOr<KvDataPaths> KvDataPaths::Create(const std::vector<std::string>& names,

@@ -1,8 +1,8 @@
 // The KV data paths a worker's --kv-transport names: a comma-separated list of "tcp" (layers inline
 // on the control connection), "nccl" and "cuda-ipc" (side links, common/transport/kv_link.h).
 // A prefill worker tries them in the list's order with each decode worker and keeps the first that
-// works (TcpKvSender::ConnectFirst); a decode worker offers every side link it names, and inline
-// TCP always.
+// works (KvControlSender::ConnectFirst); a decode worker offers every side link it names, and
+// inline TCP always.
 #pragma once
 
 #include <memory>
@@ -20,9 +20,11 @@ namespace tandem {
 // tried).
 absl::StatusOr<std::vector<std::string>> ParseKvTransports(const std::string& value);
 
-// The side link factory of `name`, "nccl" or "cuda-ipc", serving `storage` (FAILED_PRECONDITION when it
-// cannot be made: not CUDA memory, the plugin or NCCL missing; INVALID_ARGUMENT for another name).
-absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateKvLinkFactory(const std::string& name, KvCacheStorage* storage);
+// The side link factory of `name`, "nccl" or "cuda-ipc", serving `storage` (FAILED_PRECONDITION
+// when it cannot be made: not CUDA memory, the plugin or NCCL missing; INVALID_ARGUMENT for another
+// name).
+absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateKvLinkFactory(const std::string& name,
+                                                                   KvCacheStorage* storage);
 
 class KvDataPaths {
  public:

@@ -3,10 +3,10 @@
 // The decode worker reserves blocks for a request and Expect()s its transfer; the prefill worker
 // sends each layer's KV blocks as soon as that layer is computed (SendLayer), then End() with the
 // first sampled token, which returns once the receiver acknowledged the whole transfer. The
-// receiver's Wait() then yields the first token: the sequence can be admitted. Model fingerprint and
-// cache geometry are checked at connection time: a mismatch is an error, never garbage KV. Every
-// wait has a timeout; a dead peer fails the transfer with UNAVAILABLE or DEADLINE_EXCEEDED and
-// never hangs a thread. KV bytes never pass through the router.
+// receiver's Wait() then yields the first token: the sequence can be admitted. Model fingerprint
+// and cache geometry are checked at connection time: a mismatch is an error, never garbage KV.
+// Every wait has a timeout; a dead peer fails the transfer with UNAVAILABLE or DEADLINE_EXCEEDED
+// and never hangs a thread. KV bytes never pass through the router.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +40,9 @@ class KvSender {
   virtual ~KvSender() = default;
   virtual absl::Status Begin(const std::string& request_id, int64_t num_tokens) = 0;
   // Sends layer `layer` of `src_blocks` (the sender's block table for the request) from `storage`,
-  // once the layer's KV writes are done: the work before `ready` (Backend::Mark, taken when they were
-  // enqueued), or with `ready` null every op enqueued on the storage's backend before the call.
+  // once the layer's KV writes are done: the work before `ready` (Backend::Mark, taken when they
+  // were enqueued), or with `ready` null every op enqueued on the storage's backend before the
+  // call.
   virtual absl::Status SendLayer(const std::string& request_id, int32_t layer,
                                  const std::vector<int32_t>& src_blocks, KvCacheStorage* storage,
                                  WorkMark* ready = nullptr) = 0;

@@ -13,15 +13,18 @@
 
 namespace tandem {
 
-// Enqueues on `stream`, after uploading blocks[first, first + count) into `index` (device memory for
-// at least `count` ids): with `pack`, the blocks of layer `layer` of `storage` gathered into
-// `staging`; without, `staging` scattered into them. Blocks move as 4-byte words whatever the cache's
-// dtype (the links refuse caches whose blocks are not whole words).
-inline cudaError_t EnqueueChunkCopy(bool pack, KvCacheStorage* storage, int32_t layer, const std::vector<int32_t>& blocks,
-                                    int64_t first, int64_t count, int32_t* index, float* staging, cudaStream_t stream) {
+// Enqueues on `stream`, after uploading blocks[first, first + count) into `index` (device memory
+// for at least `count` ids): with `pack`, the blocks of layer `layer` of `storage` gathered into
+// `staging`; without, `staging` scattered into them. Blocks move as 4-byte words whatever the
+// cache's dtype (the links refuse caches whose blocks are not whole words).
+inline cudaError_t EnqueueChunkCopy(bool pack, KvCacheStorage* storage, int32_t layer,
+                                    const std::vector<int32_t>& blocks, int64_t first,
+                                    int64_t count, int32_t* index, float* staging,
+                                    cudaStream_t stream) {
   const int64_t words = storage->geometry().bytes_per_block() / 4;
-  cudaError_t err = cudaMemcpyAsync(index, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, stream);
+  cudaError_t err =
+      cudaMemcpyAsync(index, blocks.data() + first, static_cast<size_t>(count) * sizeof(int32_t),
+                      cudaMemcpyHostToDevice, stream);
   for (bool v : {false, true}) {
     if (err != cudaSuccess) break;
     auto* cache = reinterpret_cast<float*>(storage->layer_data(v, layer));

@@ -35,9 +35,10 @@ def stop_up(up, timeout_s=120):
 
 def free_port_run(n):
     """The first of n consecutive TCP ports free on 127.0.0.1 now (`tandem up --metrics-port` takes the
-    router's port and the ones after it for the workers)."""
+    router's port and the ones after it for the workers). Below Linux's ephemeral range (32768 on), so
+    no socket that binds port 0 meanwhile (a worker's gRPC port, an outgoing connection) can take one."""
     for _ in range(200):
-        first = random.randrange(20000, 60000 - n)
+        first = random.randrange(20000, 32768 - n)
         socks = []
         try:
             for p in range(first, first + n):

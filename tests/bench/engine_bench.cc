@@ -6,9 +6,9 @@
 // Prints throughput (generated tokens/s, requests/s) and the ratios.
 //
 //   engine_bench --model DIR [--requests 64] [--static-batch 16] [--prefixes 4] [--suffixes 16]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <random>
 #include <string>
 
@@ -57,7 +57,8 @@ std::unique_ptr<Engine> MakeEngine(LlamaModel* model, bool caching) {
 }
 
 // Submits `requests` in groups of `group` (all at once when group <= 0), draining between groups.
-RunResult Run(LlamaModel* model, const std::vector<EngineRequest>& requests, int group, bool caching) {
+RunResult Run(LlamaModel* model, const std::vector<EngineRequest>& requests, int group,
+              bool caching) {
   auto engine = MakeEngine(model, caching);
   RunResult r;
   const auto t0 = Clock::now();
@@ -85,13 +86,15 @@ void Print(const char* name, const RunResult& r) {
   // The host's share of a step: the engine's time outside the forward pass (scheduling, batch
   // assembly, sampling and stop bookkeeping), which a GPU would spend waiting.
   const double host = r.stats.step_seconds - r.stats.forward_seconds;
-  std::printf("  %-28s %8.2f s %9.1f tok/s %7.2f req/s  steps=%lld preemptions=%lld prefix hits %lld/%lld tokens"
-              "  host %.0f us/step (%.2f%% of step time)\n",
-              name, r.seconds, r.generated / r.seconds, r.requests / r.seconds,
-              static_cast<long long>(r.stats.steps), static_cast<long long>(r.stats.preemptions),
-              static_cast<long long>(r.stats.prefix_hits), static_cast<long long>(r.stats.prefix_queries),
-              r.stats.steps > 0 ? 1e6 * host / r.stats.steps : 0.0,
-              r.stats.step_seconds > 0 ? 100 * host / r.stats.step_seconds : 0.0);
+  std::printf(
+      "  %-28s %8.2f s %9.1f tok/s %7.2f req/s  steps=%lld preemptions=%lld prefix hits %lld/%lld "
+      "tokens"
+      "  host %.0f us/step (%.2f%% of step time)\n",
+      name, r.seconds, r.generated / r.seconds, r.requests / r.seconds,
+      static_cast<long long>(r.stats.steps), static_cast<long long>(r.stats.preemptions),
+      static_cast<long long>(r.stats.prefix_hits), static_cast<long long>(r.stats.prefix_queries),
+      r.stats.steps > 0 ? 1e6 * host / r.stats.steps : 0.0,
+      r.stats.step_seconds > 0 ? 100 * host / r.stats.step_seconds : 0.0);
 }
 
 int Main() {
@@ -122,9 +125,11 @@ int Main() {
     r.params.max_tokens = lo + static_cast<int>(rng() % (hi - lo + 1));
     mixed.push_back(std::move(r));
   }
-  std::printf("model=%s backend=%s\n", absl::GetFlag(FLAGS_model).c_str(), backend->device_description().c_str());
+  std::printf("model=%s backend=%s\n", absl::GetFlag(FLAGS_model).c_str(),
+              backend->device_description().c_str());
   std::printf("workload 1: %zu requests, prompt %d tokens, outputs %d..%d tokens\n", mixed.size(),
-              absl::GetFlag(FLAGS_prompt_len), absl::GetFlag(FLAGS_min_output), absl::GetFlag(FLAGS_max_output));
+              absl::GetFlag(FLAGS_prompt_len), absl::GetFlag(FLAGS_min_output),
+              absl::GetFlag(FLAGS_max_output));
   const RunResult continuous = Run(model.get(), mixed, 0, true);
   const RunResult fixed = Run(model.get(), mixed, absl::GetFlag(FLAGS_static_batch), true);
   Print("continuous batching", continuous);
@@ -148,9 +153,10 @@ int Main() {
     }
   }
   std::shuffle(shared.begin(), shared.end(), rng);
-  std::printf("workload 2: %d prefixes of %d tokens x %d suffixes of %d tokens, %d output tokens each\n",
-              absl::GetFlag(FLAGS_prefixes), absl::GetFlag(FLAGS_prefix_len), absl::GetFlag(FLAGS_suffixes),
-              absl::GetFlag(FLAGS_suffix_len), absl::GetFlag(FLAGS_prefix_output));
+  std::printf(
+      "workload 2: %d prefixes of %d tokens x %d suffixes of %d tokens, %d output tokens each\n",
+      absl::GetFlag(FLAGS_prefixes), absl::GetFlag(FLAGS_prefix_len), absl::GetFlag(FLAGS_suffixes),
+      absl::GetFlag(FLAGS_suffix_len), absl::GetFlag(FLAGS_prefix_output));
   const RunResult cached = Run(model.get(), shared, 0, true);
   const RunResult uncached = Run(model.get(), shared, 0, false);
   Print("prefix caching on", cached);

@@ -1,11 +1,12 @@
 // Forward-pass throughput: prefill tokens/s for a prompt and decode tokens/s at batch 1 (and
-// optionally batch N), plus the effective weight bandwidth of decode (bytes of weights read per token
-// ÷ time per token), which is what batch-1 decode is bound by. On CUDA it also measures the device's
-// ceilings in the same run (copy-kernel bandwidth, BF16 cuBLAS GEMM throughput) and prints decode's
-// share of the memory roofline and prefill's share of tensor-core peak.
+// optionally batch N), plus the effective weight bandwidth of decode (bytes of weights read per
+// token ÷ time per token), which is what batch-1 decode is bound by. On CUDA it also measures the
+// device's ceilings in the same run (copy-kernel bandwidth, BF16 cuBLAS GEMM throughput) and prints
+// decode's share of the memory roofline and prefill's share of tensor-core peak.
 //
 //   forward_bench --model DIR [--device cpu|cuda] [--prompt-len 128] [--decode-tokens 32]
-//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling argmax|host|draw|nucleus]
+//                 [--decode-batch 1] [--repeats 3] [--cuda-graphs] [--sampling
+//                 argmax|host|draw|nucleus]
 //                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
 //                 [--gemv-norm=false] [--gemv-heads=false] [--grid-split-keys 32|64|128|256]
 //                 [--roofline-copy-mib 1024] [--roofline-gemm 8192]
@@ -21,8 +22,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/types/optional.h"
-#include "nlohmann/json.hpp"
 #include "common/backend/create_backend.h"
+#include "nlohmann/json.hpp"
 #ifdef TANDEM_HAVE_CUDA
 #include "common/backend/cuda/roofline.h"
 #endif
@@ -37,46 +38,65 @@ ABSL_FLAG(int64_t, decode_batch, 1, "sequences decoded together per step");
 ABSL_FLAG(int, repeats, 3, "repetitions; the best is reported");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, compute_dtype, "auto",
-          "CUDA: 16-bit type of the weights and GEMMs: auto (the weights' own), bf16 or f16 (the engine's flag)");
+          "CUDA: 16-bit type of the weights and GEMMs: auto (the weights' own), bf16 or f16 (the "
+          "engine's flag)");
 ABSL_FLAG(bool, split_gemm_inputs, false,
-          "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant bits for twice "
+          "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant "
+          "bits for twice "
           "the GEMM arithmetic (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, else f32), as the "
+          "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, "
+          "else f32), as the "
           "engine's flag");
 ABSL_FLAG(bool, profile_ops, false,
-          "after the measurement, time every op of one prefill and of the decode steps (GPU backends; op by op, "
+          "after the measurement, time every op of one prefill and of the decode steps (GPU "
+          "backends; op by op, "
           "so without graphs) and print a table per phase");
-ABSL_FLAG(bool, cuda_graphs, true, "decode steps as CUDA graphs (GPU backends), as the engine runs them");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "decode steps as CUDA graphs (GPU backends), as the engine runs them");
 ABSL_FLAG(bool, tc_attention, false,
-          "prompt attention on the tensor cores where it can (CUDA, 16-bit KV cache, head_dim 64 or 128): sets "
+          "prompt attention on the tensor cores where it can (CUDA, 16-bit KV cache, head_dim 64 "
+          "or 128): sets "
           "TANDEM_CUDA_TC_ATTENTION=1 for the backend");
 ABSL_FLAG(bool, pdl, false,
-          "CUDA: launch the decode path's kernels with programmatic dependent launch (sets TANDEM_CUDA_PDL=1)");
+          "CUDA: launch the decode path's kernels with programmatic dependent launch (sets "
+          "TANDEM_CUDA_PDL=1)");
 ABSL_FLAG(bool, fusion, true,
-          "CUDA: the fusions (bias and silu-mul in the GEMV; the q|k|v split, q/k norms, RoPE and the KV cache "
+          "CUDA: the fusions (bias and silu-mul in the GEMV; the q|k|v split, q/k norms, RoPE and "
+          "the KV cache "
           "write in one kernel); false sets TANDEM_CUDA_FUSION=0, for a side-by-side run");
-ABSL_FLAG(bool, gemv_norm, true,
-          "CUDA: the RMSNorm and the residual add inside the decode GEMV (with --fusion); false sets "
-          "TANDEM_CUDA_GEMV_NORM=0");
+ABSL_FLAG(
+    bool, gemv_norm, true,
+    "CUDA: the RMSNorm and the residual add inside the decode GEMV (with --fusion); false sets "
+    "TANDEM_CUDA_GEMV_NORM=0");
 ABSL_FLAG(bool, gemv_heads, true,
-          "CUDA: the q|k|v prologue run by the q|k|v GEMV's last block of each head (with --fusion, over a KV "
-          "cache of the weights' 16-bit type); false sets TANDEM_CUDA_GEMV_HEADS=0 (the prologue kernel instead)");
+          "CUDA: the q|k|v prologue run by the q|k|v GEMV's last block of each head (with "
+          "--fusion, over a KV "
+          "cache of the weights' 16-bit type); false sets TANDEM_CUDA_GEMV_HEADS=0 (the prologue "
+          "kernel instead)");
 ABSL_FLAG(int, gemv_columns, 0,
-          "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; 0: the backend's "
+          "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; "
+          "0: the backend's "
           "default)");
 ABSL_FLAG(int, grid_split_keys, 0,
-          "CUDA: keys of an attention split where the splits take blocks of their own (32, 64, 128 or 256; sets "
+          "CUDA: keys of an attention split where the splits take blocks of their own (32, 64, 128 "
+          "or 256; sets "
           "TANDEM_CUDA_GRID_SPLIT_KEYS; 0: the backend's default, 256)");
 ABSL_FLAG(std::string, sampling, "argmax",
-          "what a decode step returns per row: argmax (taken on the device, as greedy steps), host (the row's "
-          "logits copied to the host, as sampling without a device sampler), draw (a token drawn on the device "
-          "at temperature 1, as temperature and min-p steps), nucleus (256 candidates and the row's weight total, "
+          "what a decode step returns per row: argmax (taken on the device, as greedy steps), host "
+          "(the row's "
+          "logits copied to the host, as sampling without a device sampler), draw (a token drawn "
+          "on the device "
+          "at temperature 1, as temperature and min-p steps), nucleus (256 candidates and the "
+          "row's weight total, "
           "as top-p steps); draw and nucleus need a GPU backend (elsewhere rows come to the host)");
-ABSL_FLAG(int64_t, roofline_copy_mib, 1024, "CUDA: MiB the copy kernel of the bandwidth ceiling copies");
-ABSL_FLAG(int, roofline_gemm, 8192, "CUDA: m = n = k of the cuBLAS BF16 GEMM of the tensor-core ceiling");
+ABSL_FLAG(int64_t, roofline_copy_mib, 1024,
+          "CUDA: MiB the copy kernel of the bandwidth ceiling copies");
+ABSL_FLAG(int, roofline_gemm, 8192,
+          "CUDA: m = n = k of the cuBLAS BF16 GEMM of the tensor-core ceiling");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
-          "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); false on the CPU "
+          "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); "
+          "false on the CPU "
           "uses OpenBLAS GEMM for large batches");
 
 namespace tandem {
@@ -91,7 +111,8 @@ int Run() {
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   if (absl::GetFlag(FLAGS_roofline_copy_mib) < 1 || absl::GetFlag(FLAGS_roofline_gemm) < 16) {
-    std::fprintf(stderr, "forward_bench: --roofline-copy-mib must be >= 1 and --roofline-gemm >= 16\n");
+    std::fprintf(stderr,
+                 "forward_bench: --roofline-copy-mib must be >= 1 and --roofline-gemm >= 16\n");
     return 1;
   }
   if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
@@ -107,8 +128,10 @@ int Run() {
   }
   BackendOptions o;
   o.device = absl::GetFlag(FLAGS_device);
-  if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value()) o.batch_invariant = *b;
-  absl::StatusOr<std::optional<DType>> compute = ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype));
+  if (const absl::optional<bool> b = absl::GetFlag(FLAGS_batch_invariant); b.has_value())
+    o.batch_invariant = *b;
+  absl::StatusOr<std::optional<DType>> compute =
+      ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype));
   if (!compute.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(compute.status().message()).c_str());
     return 1;
@@ -145,7 +168,9 @@ int Run() {
     return 1;
   }
   const DType kv_dtype = model->KvCacheDType(requested_kv);
-  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(per_seq_blocks * batch, block_size, kv_dtype)).value();
+  auto kv = KvCacheStorage::Create(backend.get(),
+                                   model->KvGeometry(per_seq_blocks * batch, block_size, kv_dtype))
+                .value();
   std::mt19937 rng(1);
   std::vector<int32_t> prompt(prompt_len);
   for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
@@ -184,7 +209,9 @@ int Run() {
           d.mode = sampling == "draw" ? RowDraw::kDraw : RowDraw::kTotal;
           d.u = static_cast<double>((step * 7919 + s * 104729) % 1000003) / 1000003.0;
           in.sample_draws.push_back(d);
-          in.sample_top_k.push_back(sampling == "nucleus" ? std::min<int32_t>(LlamaModel::kMaxSampleTopK, c.vocab_size) : 0);
+          in.sample_top_k.push_back(
+              sampling == "nucleus" ? std::min<int32_t>(LlamaModel::kMaxSampleTopK, c.vocab_size)
+                                    : 0);
         }
       }
       if (!model->Forward(in, kv.get(), &logits, &argmax, nullptr, &samples).ok()) return false;
@@ -197,7 +224,9 @@ int Run() {
     for (int64_t s = 0; s < batch; ++s) {
       const auto t0 = Clock::now();
       if (!prefill(s)) return 1;
-      if (s == 0) best_prefill = std::min(best_prefill, std::chrono::duration<double>(Clock::now() - t0).count());
+      if (s == 0)
+        best_prefill =
+            std::min(best_prefill, std::chrono::duration<double>(Clock::now() - t0).count());
     }
     const auto t0 = Clock::now();
     if (!decode()) return 1;
@@ -207,23 +236,31 @@ int Run() {
   const bool measured_with_graphs = model->use_graphs();  // --profile-ops turns them off below
   std::printf("model=%s arch=%s dtype=%s weights=%.1f MB kv=%s backend=%s\n", dir.c_str(),
               c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
-              weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(), backend->device_description().c_str());
-  std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s%s\n", static_cast<long long>(prompt_len),
-              best_prefill, prompt_len / best_prefill,
-              absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda" ? " (attention on the tensor cores)" : "");
-  if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0) std::printf("gemv: %d output columns a warp\n", c);
+              weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(),
+              backend->device_description().c_str());
+  std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s%s\n",
+              static_cast<long long>(prompt_len), best_prefill, prompt_len / best_prefill,
+              absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda"
+                  ? " (attention on the tensor cores)"
+                  : "");
+  if (const int c = absl::GetFlag(FLAGS_gemv_columns); c != 0)
+    std::printf("gemv: %d output columns a warp\n", c);
   if (absl::GetFlag(FLAGS_pdl)) std::printf("pdl: programmatic dependent launch on\n");
   if (!absl::GetFlag(FLAGS_fusion)) std::printf("fusion: off\n");
   if (!absl::GetFlag(FLAGS_gemv_norm)) std::printf("gemv norm: off\n");
-  if (!absl::GetFlag(FLAGS_gemv_heads)) std::printf("gemv heads: off (the q|k|v prologue kernel)\n");
-  std::printf("decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f GB/s)%s%s\n",
-              static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
-              step_bytes / step_seconds / 1e9, measured_with_graphs ? ", CUDA graphs" : "",
-              sampling == "argmax" ? ", argmax on the device"
-              : sampling == "host" || !backend->SupportsSampling() ? ", logits to the host"
-              : sampling == "draw" ? ", tokens drawn on the device"
-                                   : ", top-p candidates on the device");
-  if (!model->graph_error().empty()) std::printf("graphs failed: %s\n", model->graph_error().c_str());
+  if (!absl::GetFlag(FLAGS_gemv_heads))
+    std::printf("gemv heads: off (the q|k|v prologue kernel)\n");
+  std::printf(
+      "decode:  batch %lld, %.2f ms/step = %.1f tokens/s (effective weight bandwidth %.2f "
+      "GB/s)%s%s\n",
+      static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
+      step_bytes / step_seconds / 1e9, measured_with_graphs ? ", CUDA graphs" : "",
+      sampling == "argmax"                                 ? ", argmax on the device"
+      : sampling == "host" || !backend->SupportsSampling() ? ", logits to the host"
+      : sampling == "draw"                                 ? ", tokens drawn on the device"
+                                                           : ", top-p candidates on the device");
+  if (!model->graph_error().empty())
+    std::printf("graphs failed: %s\n", model->graph_error().c_str());
   if (absl::GetFlag(FLAGS_profile_ops)) {
     // Once more, op by op with every op timed: sequence 0's prefill, then the decode steps.
     backend->SetOpProfiling(true);
@@ -238,13 +275,16 @@ int Run() {
       }
       (void)backend->OpProfileReport();
       if (!decode()) return 1;
-      std::printf("ops of one %lld-token prefill:\n%s", static_cast<long long>(prompt_len), prefill_ops.c_str());
-      std::printf("ops of %lld decode steps of batch %lld (op by op):\n%s", static_cast<long long>(decode_tokens),
-                  static_cast<long long>(batch), backend->OpProfileReport().c_str());
+      std::printf("ops of one %lld-token prefill:\n%s", static_cast<long long>(prompt_len),
+                  prefill_ops.c_str());
+      std::printf("ops of %lld decode steps of batch %lld (op by op):\n%s",
+                  static_cast<long long>(decode_tokens), static_cast<long long>(batch),
+                  backend->OpProfileReport().c_str());
     }
     backend->SetOpProfiling(false);
   }
-  // One line with every setting and figure of the run, for scripts (gpu_summary.py, gpu_runs_test.sh).
+  // One line with every setting and figure of the run, for scripts (gpu_summary.py,
+  // gpu_runs_test.sh).
   nlohmann::json record = {{"model", dir},
                            {"arch", c.architecture},
                            {"device", backend->name()},
@@ -271,23 +311,26 @@ int Run() {
                            {"graph_error", model->graph_error()}};
 #ifdef TANDEM_HAVE_CUDA
   if (backend->name() == "cuda") {
-    // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths), except
-    // the LM head, which it runs for the last token only.
-    const double params = step_bytes / dtype_bytes - static_cast<double>(c.vocab_size) * c.hidden_size;
+    // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths),
+    // except the LM head, which it runs for the last token only.
+    const double params =
+        step_bytes / dtype_bytes - static_cast<double>(c.vocab_size) * c.hidden_size;
     const int64_t copy_mib = absl::GetFlag(FLAGS_roofline_copy_mib);
     const int gemm = absl::GetFlag(FLAGS_roofline_gemm);
     auto bandwidth = cuda::MeasureCopyBandwidth(static_cast<size_t>(copy_mib) << 20);
     auto tflops = cuda::MeasureBf16GemmTflops(gemm, gemm, gemm);
     if (!bandwidth.ok() || !tflops.ok()) {
-      std::fprintf(stderr, "forward_bench: roofline measurement failed: %s\n",
-                   std::string((bandwidth.ok() ? tflops.status() : bandwidth.status()).message()).c_str());
+      std::fprintf(
+          stderr, "forward_bench: roofline measurement failed: %s\n",
+          std::string((bandwidth.ok() ? tflops.status() : bandwidth.status()).message()).c_str());
       return 1;
     }
     const double decode_pct = 100.0 * step_bytes / step_seconds / 1e9 / *bandwidth;
     const double prefill_pct = 100.0 * 2.0 * params * prompt_len / best_prefill / 1e12 / *tflops;
-    std::printf("roofline: copy kernel %.0f GB/s -> decode at %.1f%% of it; BF16 GEMM %.0f TFLOP/s -> "
-                "prefill at %.1f%% of it\n",
-                *bandwidth, decode_pct, *tflops, prefill_pct);
+    std::printf(
+        "roofline: copy kernel %.0f GB/s -> decode at %.1f%% of it; BF16 GEMM %.0f TFLOP/s -> "
+        "prefill at %.1f%% of it\n",
+        *bandwidth, decode_pct, *tflops, prefill_pct);
     record["copy_gb_s"] = *bandwidth;
     record["decode_roofline_pct"] = decode_pct;
     record["gemm_tflops"] = *tflops;

@@ -3,50 +3,58 @@
 // to a decode worker. Geometries of real presets; prints GB/s per geometry and prompt length.
 //   --device cpu (default): both ends in this process over loopback TCP, with a memcpy of the same
 //     bytes side by side (the ceiling of a copy through host memory on this machine).
-//   --device cuda: the receiver is a second process on the same GPU (this program again, with its own
-//     NCCL_HOSTID, as two workers sharing a GPU run), and each --transports entry is measured side by
-//     side: tcp (layers staged through host memory), nccl (the NCCL link: its socket transport, between
-//     two processes on one GPU) and cuda-ipc (the receiver maps the sender's staging).
+//   --device cuda: the receiver is a second process on the same GPU (this program again, with its
+//   own
+//     NCCL_HOSTID, as two workers sharing a GPU run), and each --transports entry is measured side
+//     by side: tcp (layers staged through host memory), nccl (the NCCL link: its socket transport,
+//     between two processes on one GPU) and cuda-ipc (the receiver maps the sender's staging).
 //
 //   kv_transfer_bench [--presets qwen2.5-0.5b,llama-3-8b] [--tokens 512,2048] [--iterations 5]
 //                     [--device cuda [--transports tcp,nccl,cuda-ipc]] [--two-processes]
 #include <sys/wait.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "cli/presets.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/create_backend.h"
 #include "common/base/command_line.h"
 #include "common/base/subprocess.h"
-#include "cli/presets.h"
+#include "common/transport/kv_control.h"
 #include "common/transport/kv_data_paths.h"
-#include "common/transport/tcp/tcp_kv_transport.h"
 
-ABSL_FLAG(std::vector<std::string>, presets, std::vector<std::string>({"qwen2.5-0.5b", "llama-3-8b"}),
+ABSL_FLAG(std::vector<std::string>, presets,
+          std::vector<std::string>({"qwen2.5-0.5b", "llama-3-8b"}),
           "model presets whose KV geometry is transferred");
-ABSL_FLAG(std::vector<std::string>, tokens, std::vector<std::string>({"512", "2048"}), "prompt lengths");
+ABSL_FLAG(std::vector<std::string>, tokens, std::vector<std::string>({"512", "2048"}),
+          "prompt lengths");
 ABSL_FLAG(int, iterations, 5, "transfers per measurement (the best is reported)");
 ABSL_FLAG(int, block_size, 16, "tokens per KV block");
-ABSL_FLAG(std::string, device, "cpu", "cpu (one process, loopback TCP) or cuda (two processes on one GPU)");
-ABSL_FLAG(std::vector<std::string>, transports, std::vector<std::string>({"tcp", "nccl", "cuda-ipc"}),
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu (one process, loopback TCP) or cuda (two processes on one GPU)");
+ABSL_FLAG(std::vector<std::string>, transports,
+          std::vector<std::string>({"tcp", "nccl", "cuda-ipc"}),
           "with --device cuda: the data paths measured side by side");
-ABSL_FLAG(bool, two_processes, false,
-          "the --device cuda layout (receiver in a second process) on any device; --device cpu with "
-          "--transports tcp checks it without a GPU");
-ABSL_FLAG(std::string, role, "", "internal: 'receiver' is the receiving process of a --device cuda run");
+ABSL_FLAG(
+    bool, two_processes, false,
+    "the --device cuda layout (receiver in a second process) on any device; --device cpu with "
+    "--transports tcp checks it without a GPU");
+ABSL_FLAG(std::string, role, "",
+          "internal: 'receiver' is the receiving process of a --device cuda run");
 ABSL_FLAG(std::string, ready_file, "", "internal: where the receiver writes its port");
-ABSL_FLAG(std::string, kv_dtype, "f32", "two-process runs: what the caches store, f32 or bf16 (half the bytes)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "two-process runs: what the caches store, f32 or bf16 (half the bytes)");
 
 namespace tandem {
 namespace {
@@ -58,9 +66,11 @@ absl::StatusOr<KvCacheGeometry> Geometry(const std::string& preset_name, int64_t
   if (!preset.ok()) return preset.status();
   const ModelConfig& c = preset->config;
   const int64_t bs = absl::GetFlag(FLAGS_block_size);
-  KvCacheGeometry g{c.num_hidden_layers, (tokens + bs - 1) / bs, bs, c.num_key_value_heads, c.head_dim};
+  KvCacheGeometry g{c.num_hidden_layers, (tokens + bs - 1) / bs, bs, c.num_key_value_heads,
+                    c.head_dim};
   const std::string dtype = absl::GetFlag(FLAGS_kv_dtype);
-  if (dtype != "f32" && dtype != "bf16") return absl::InvalidArgumentError("--kv-dtype must be f32 or bf16");
+  if (dtype != "f32" && dtype != "bf16")
+    return absl::InvalidArgumentError("--kv-dtype must be f32 or bf16");
   g.dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
   return g;
 }
@@ -89,7 +99,8 @@ struct GpuEnd {
   std::vector<int32_t> table;            // every block, in order
 };
 
-absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& transport, bool fill) {
+absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& transport,
+                                  bool fill) {
   GpuEnd e;
   auto backend = CreateBackend({.device = absl::GetFlag(FLAGS_device)});
   if (!backend.ok()) return backend.status();
@@ -99,7 +110,8 @@ absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& t
   e.storage = *std::move(storage);
   for (int64_t b = 0; b < g.num_blocks; ++b) e.table.push_back(static_cast<int32_t>(b));
   for (int64_t l = 0; l < g.num_layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) e.storage->WriteBlocks(kv == 1, l, e.table, LayerBytes(g, l, kv == 1, fill).data());
+    for (int kv = 0; kv < 2; ++kv)
+      e.storage->WriteBlocks(kv == 1, l, e.table, LayerBytes(g, l, kv == 1, fill).data());
   }
   if (transport != "tcp") {
     auto links = CreateKvLinkFactory(transport, e.storage.get());
@@ -109,7 +121,8 @@ absl::StatusOr<GpuEnd> MakeGpuEnd(const KvCacheGeometry& g, const std::string& t
   return e;
 }
 
-// The receiving process: expects warm-up + iterations transfers of every block, then checks the last.
+// The receiving process: expects warm-up + iterations transfers of every block, then checks the
+// last.
 int RunReceiver() {
   ::setenv("NCCL_HOSTID", "tandem-kv-bench-receiver", 1);
   const std::string transport = absl::GetFlag(FLAGS_transports).at(0);
@@ -122,9 +135,10 @@ int RunReceiver() {
     std::fprintf(stderr, "receiver: %s\n", end.status().ToString().c_str());
     return 1;
   }
-  TcpKvReceiver::Options o{"127.0.0.1", 0, end->storage.get(), {"bench", *g}, absl::Seconds(60)};
+  KvControlReceiver::Options o{
+      "127.0.0.1", 0, end->storage.get(), {"bench", *g}, absl::Seconds(60)};
   if (end->links != nullptr) o.link_factories = {end->links.get()};
-  auto receiver = TcpKvReceiver::Create(o);
+  auto receiver = KvControlReceiver::Create(o);
   if (!receiver.ok()) return 1;
   const int transfers = absl::GetFlag(FLAGS_iterations) + 1;
   for (int it = 0; it < transfers; ++it) {
@@ -147,7 +161,8 @@ int RunReceiver() {
     for (int kv = 0; kv < 2; ++kv) {
       end->storage->ReadBlocks(kv == 1, l, end->table, layer.data());
       if (layer != LayerBytes(*g, l, kv == 1, /*fill=*/true)) {
-        std::fprintf(stderr, "receiver: transferred KV differs from the source (layer %lld)\n", static_cast<long long>(l));
+        std::fprintf(stderr, "receiver: transferred KV differs from the source (layer %lld)\n",
+                     static_cast<long long>(l));
         return 1;
       }
     }
@@ -155,20 +170,25 @@ int RunReceiver() {
   return 0;
 }
 
-// One --device cuda measurement: best seconds per transfer (Begin to the receiver's acknowledgement).
-absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens, const std::string& transport) {
+// One --device cuda measurement: best seconds per transfer (Begin to the receiver's
+// acknowledgement).
+absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens,
+                                  const std::string& transport) {
   auto g = Geometry(preset, tokens);
   if (!g.ok()) return g.status();
   auto end = MakeGpuEnd(*g, transport, /*fill=*/true);
   if (!end.ok()) return end.status();
-  const std::string ready = absl::StrCat("/tmp/kv_transfer_bench_", ::getpid(), "_", transport, "_", tokens);
+  const std::string ready =
+      absl::StrCat("/tmp/kv_transfer_bench_", ::getpid(), "_", transport, "_", tokens);
   std::remove(ready.c_str());
   const int iterations = absl::GetFlag(FLAGS_iterations);
-  auto child = Subprocess::Spawn({ExecutableDir() + "/kv_transfer_bench", "--role=receiver", "--device=" + absl::GetFlag(FLAGS_device),
-                                  "--transports=" + transport, "--presets=" + preset, "--two-processes", absl::StrCat("--tokens=", tokens),
-                                  absl::StrCat("--iterations=", iterations), absl::StrCat("--block-size=", g->block_size),
-                                  "--ready-file=" + ready, "--kv-dtype=" + absl::GetFlag(FLAGS_kv_dtype)},
-                                 "");
+  auto child = Subprocess::Spawn(
+      {ExecutableDir() + "/kv_transfer_bench", "--role=receiver",
+       "--device=" + absl::GetFlag(FLAGS_device), "--transports=" + transport,
+       "--presets=" + preset, "--two-processes", absl::StrCat("--tokens=", tokens),
+       absl::StrCat("--iterations=", iterations), absl::StrCat("--block-size=", g->block_size),
+       "--ready-file=" + ready, "--kv-dtype=" + absl::GetFlag(FLAGS_kv_dtype)},
+      "");
   if (!child.ok()) return child.status();
   int port = 0;
   for (int i = 0; i < 1200 && port == 0; ++i) {
@@ -177,14 +197,16 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens, con
     if (port == 0) absl::SleepFor(absl::Milliseconds(100));
   }
   if (port == 0) return absl::DeadlineExceededError("the receiver did not start");
-  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), {"bench", *g}, absl::Seconds(60), end->links.get());
+  auto sender = KvControlSender::Connect(absl::StrCat("127.0.0.1:", port), {"bench", *g},
+                                         absl::Seconds(60), end->links.get());
   if (!sender.ok()) return sender.status();
   double best = 1e30;
   for (int it = 0; it <= iterations; ++it) {  // transfer 0 warms up
     const std::string id = absl::StrCat("r", it);
     const auto t0 = Clock::now();
     absl::Status s = (*sender)->Begin(id, tokens);
-    for (int32_t l = 0; s.ok() && l < g->num_layers; ++l) s = (*sender)->SendLayer(id, l, end->table, end->storage.get());
+    for (int32_t l = 0; s.ok() && l < g->num_layers; ++l)
+      s = (*sender)->SendLayer(id, l, end->table, end->storage.get());
     if (s.ok()) s = (*sender)->End(id, 1);
     if (!s.ok()) return s;
     if (it > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
@@ -199,7 +221,8 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens, con
 
 int RunGpu() {
   ::setenv("NCCL_HOSTID", "tandem-kv-bench-sender", 1);
-  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the pair talks over loopback (the receiver inherits it)
+  ::setenv("NCCL_SOCKET_IFNAME", "lo",
+           0);  // the pair talks over loopback (the receiver inherits it)
   const std::vector<std::string> transports = absl::GetFlag(FLAGS_transports);
   std::printf("%-14s %7s %10s", "geometry", "tokens", "MiB");
   for (const std::string& t : transports) std::printf(" %10s", (t + " GB/s").c_str());
@@ -214,11 +237,13 @@ int RunGpu() {
         return 2;
       }
       const double bytes = 2.0 * static_cast<double>(g->num_layers * g->bytes_per_layer());
-      std::printf("%-14s %7lld %10.1f", name.c_str(), static_cast<long long>(tokens), bytes / (1 << 20));
+      std::printf("%-14s %7lld %10.1f", name.c_str(), static_cast<long long>(tokens),
+                  bytes / (1 << 20));
       for (const std::string& transport : transports) {
         auto seconds = MeasureGpu(name, tokens, transport);
         if (!seconds.ok()) {
-          std::fprintf(stderr, "\n%s: %s\n", transport.c_str(), seconds.status().ToString().c_str());
+          std::fprintf(stderr, "\n%s: %s\n", transport.c_str(),
+                       seconds.status().ToString().c_str());
           return 1;
         }
         std::printf(" %10.2f", bytes / *seconds / 1e9);
@@ -232,7 +257,8 @@ int RunGpu() {
 
 int Run() {
   auto backend = CpuBackend::Create({}).value();
-  std::printf("%-14s %7s %10s %12s %12s %12s\n", "geometry", "tokens", "MiB", "TCP GB/s", "memcpy GB/s", "TCP/memcpy");
+  std::printf("%-14s %7s %10s %12s %12s %12s\n", "geometry", "tokens", "MiB", "TCP GB/s",
+              "memcpy GB/s", "TCP/memcpy");
   for (const std::string& name : absl::GetFlag(FLAGS_presets)) {
     auto preset = FindModelPreset(name);
     if (!preset.ok()) {
@@ -248,10 +274,15 @@ int Run() {
       auto src = KvCacheStorage::Create(backend.get(), g).value();
       auto dst = KvCacheStorage::Create(backend.get(), g).value();
       const int64_t floats = g.num_layers * g.elements_per_layer();
-      for (int64_t i = 0; i < floats; ++i) static_cast<float*>(src->k_data())[i] = static_cast<float*>(src->v_data())[i] = static_cast<float>(i % 1000);
+      for (int64_t i = 0; i < floats; ++i)
+        static_cast<float*>(src->k_data())[i] = static_cast<float*>(src->v_data())[i] =
+            static_cast<float>(i % 1000);
       const KvEndpointInfo info{"bench", g};
-      auto receiver = TcpKvReceiver::Create({"127.0.0.1", 0, dst.get(), info, absl::Seconds(30)}).value();
-      auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(30)).value();
+      auto receiver =
+          KvControlReceiver::Create({"127.0.0.1", 0, dst.get(), info, absl::Seconds(30)}).value();
+      auto sender = KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info,
+                                             absl::Seconds(30))
+                        .value();
       std::vector<int32_t> table(blocks);
       for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
       const double bytes = 2.0 * static_cast<double>(floats) * sizeof(float);
@@ -270,19 +301,23 @@ int Run() {
         if (!sender->End(id, 1).ok() || !receiver->Wait(id, absl::Seconds(30)).ok()) return 1;
         best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      if (std::memcmp(static_cast<float*>(src->k_data()), static_cast<float*>(dst->k_data()), floats * sizeof(float)) != 0) {
+      if (std::memcmp(static_cast<float*>(src->k_data()), static_cast<float*>(dst->k_data()),
+                      floats * sizeof(float)) != 0) {
         std::fprintf(stderr, "transferred KV differs from the source\n");
         return 1;
       }
       double copy_best = 1e30;
       for (int it = 0; it < absl::GetFlag(FLAGS_iterations); ++it) {
         const auto t0 = Clock::now();
-        std::memcpy(static_cast<float*>(dst->k_data()), static_cast<float*>(src->k_data()), floats * sizeof(float));
-        std::memcpy(static_cast<float*>(dst->v_data()), static_cast<float*>(src->v_data()), floats * sizeof(float));
+        std::memcpy(static_cast<float*>(dst->k_data()), static_cast<float*>(src->k_data()),
+                    floats * sizeof(float));
+        std::memcpy(static_cast<float*>(dst->v_data()), static_cast<float*>(src->v_data()),
+                    floats * sizeof(float));
         copy_best = std::min(copy_best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      std::printf("%-14s %7lld %10.1f %12.2f %12.2f %12.2f\n", name.c_str(), static_cast<long long>(tokens),
-                  bytes / (1 << 20), bytes / best / 1e9, bytes / copy_best / 1e9, copy_best / best);
+      std::printf("%-14s %7lld %10.1f %12.2f %12.2f %12.2f\n", name.c_str(),
+                  static_cast<long long>(tokens), bytes / (1 << 20), bytes / best / 1e9,
+                  bytes / copy_best / 1e9, copy_best / best);
       std::fflush(stdout);
     }
   }
@@ -295,6 +330,7 @@ int Run() {
 int main(int argc, char** argv) {
   tandem::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_role) == "receiver") return tandem::RunReceiver();
-  if (absl::GetFlag(FLAGS_device) != "cpu" || absl::GetFlag(FLAGS_two_processes)) return tandem::RunGpu();
+  if (absl::GetFlag(FLAGS_device) != "cpu" || absl::GetFlag(FLAGS_two_processes))
+    return tandem::RunGpu();
   return tandem::Run();
 }

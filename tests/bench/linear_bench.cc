@@ -31,9 +31,10 @@ void BM_Linear(benchmark::State& state, DType dtype) {
     benchmark::DoNotOptimize(out.data());
   }
   const double bytes = static_cast<double>(kRows * kCols * DTypeSize(dtype));
-  state.counters["weight_GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * n * kRows * kCols * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * kRows * kCols * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
 BENCHMARK_CAPTURE(BM_Linear, F32, DType::kF32)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();

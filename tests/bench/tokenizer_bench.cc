@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tokenizer_bench: %s\n", std::string(tok.status().message()).c_str());
     return 1;
   }
-  std::printf("load: %.3f s (vocabulary %lld)\n", std::chrono::duration<double>(Clock::now() - t0).count(),
+  std::printf("load: %.3f s (vocabulary %lld)\n",
+              std::chrono::duration<double>(Clock::now() - t0).count(),
               static_cast<long long>((*tok)->vocab_size()));
   for (size_t f = 1; f < files.size(); ++f) {
     std::ifstream in(files[f], std::ios::binary);
@@ -39,8 +40,8 @@ int main(int argc, char** argv) {
       tokens = (*tok)->Encode(text, false).size();
       best = std::min(best, std::chrono::duration<double>(Clock::now() - t).count());
     }
-    std::printf("encode %s: %.2f MB in %.3f s = %.2f MB/s (%zu tokens)\n", files[f].c_str(), text.size() / 1e6,
-                best, text.size() / 1e6 / best, tokens);
+    std::printf("encode %s: %.2f MB in %.3f s = %.2f MB/s (%zu tokens)\n", files[f].c_str(),
+                text.size() / 1e6, best, text.size() / 1e6 / best, tokens);
   }
   return 0;
 }

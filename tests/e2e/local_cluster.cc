@@ -70,7 +70,8 @@ LocalCluster::~LocalCluster() {
 absl::Status LocalCluster::Start() {
   const int port = FreePort();
   router_address_ = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::string> argv = {Binary("tandem-router", TANDEM_ROUTER_BIN), "--model=" + options_.model_dir, absl::StrCat("--port=", port),
+  std::vector<std::string> argv = {Binary("tandem-router", TANDEM_ROUTER_BIN),
+                                   "--model=" + options_.model_dir, absl::StrCat("--port=", port),
                                    "--bind-address=127.0.0.1"};
   if (options_.static_workers) {
     for (int i = 0; i < options_.prefill; ++i) {
@@ -91,14 +92,16 @@ absl::Status LocalCluster::Start() {
   for (const absl::Time end = absl::Now() + absl::Seconds(30);
        ReadFileFrom(dir_ + "/router.log").find("listening on") == std::string::npos;) {
     if (!router_->running() || absl::Now() > end) {
-      return absl::InternalError("the router did not start:\n" + ReadFileFrom(dir_ + "/router.log"));
+      return absl::InternalError("the router did not start:\n" +
+                                 ReadFileFrom(dir_ + "/router.log"));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  auto channel = grpc::CreateCustomChannel(router_address_, grpc::InsecureChannelCredentials(), args);
+  auto channel =
+      grpc::CreateCustomChannel(router_address_, grpc::InsecureChannelCredentials(), args);
   generation_ = v1::Generation::NewStub(channel);
   registration_ = v1::Registration::NewStub(channel);
   for (int i = 0; i < options_.prefill && !options_.static_workers; ++i) {
@@ -123,10 +126,12 @@ absl::StatusOr<std::string> LocalCluster::AddWorker(const std::string& role,
     const std::vector<std::string> live = Live();
     if (std::find(live.begin(), live.end(), *address) != live.end()) return address;
     if (!w.process->running()) {
-      return absl::InternalError(absl::StrCat(role, " worker exited during start-up:\n", ReadFileFrom(w.log)));
+      return absl::InternalError(
+          absl::StrCat(role, " worker exited during start-up:\n", ReadFileFrom(w.log)));
     }
     if (absl::Now() > end) {
-      return absl::DeadlineExceededError(absl::StrCat(role, " worker ", *address, " not live in time; router log:\n",
+      return absl::DeadlineExceededError(absl::StrCat(role, " worker ", *address,
+                                                      " not live in time; router log:\n",
                                                       ReadFileFrom(dir_ + "/router.log")));
     }
     absl::SleepFor(absl::Milliseconds(50));
@@ -137,12 +142,11 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role,
                                                       const std::vector<std::string>& extra_args) {
   const int port = FreePort();
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::string> argv = {role == "prefill" ? Binary("tandem-prefill-worker", TANDEM_PREFILL_WORKER_BIN)
-                                                    : Binary("tandem-decode-worker", TANDEM_DECODE_WORKER_BIN),
-                                   "--model=" + options_.model_dir,
-                                   absl::StrCat("--port=", port),
-                                   "--bind-address=127.0.0.1",
-                                   "--heartbeat-interval-ms=200"};
+  std::vector<std::string> argv = {role == "prefill"
+                                       ? Binary("tandem-prefill-worker", TANDEM_PREFILL_WORKER_BIN)
+                                       : Binary("tandem-decode-worker", TANDEM_DECODE_WORKER_BIN),
+                                   "--model=" + options_.model_dir, absl::StrCat("--port=", port),
+                                   "--bind-address=127.0.0.1", "--heartbeat-interval-ms=200"};
   if (!options_.static_workers) argv.push_back("--router=" + router_address_);
   if (role == "combined") argv.push_back("--combined");
   if (const std::string device = Env("TANDEM_E2E_DEVICE"); !device.empty()) {
@@ -157,13 +161,16 @@ absl::StatusOr<std::string> LocalCluster::SpawnWorker(const std::string& role,
       ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);  // the workers, all on this machine, inherit it
     }
   }
-  for (absl::string_view a : absl::StrSplit(Env(role == "prefill" ? "TANDEM_E2E_PREFILL_ARGS" : "TANDEM_E2E_DECODE_ARGS"),
-                                            ' ', absl::SkipEmpty())) {
+  for (absl::string_view a :
+       absl::StrSplit(Env(role == "prefill" ? "TANDEM_E2E_PREFILL_ARGS" : "TANDEM_E2E_DECODE_ARGS"),
+                      ' ', absl::SkipEmpty())) {
     argv.emplace_back(a);
   }
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
-  if (role == "prefill") argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
-  if (role != "prefill") argv.insert(argv.end(), options_.decode_args.begin(), options_.decode_args.end());
+  if (role == "prefill")
+    argv.insert(argv.end(), options_.prefill_args.begin(), options_.prefill_args.end());
+  if (role != "prefill")
+    argv.insert(argv.end(), options_.decode_args.begin(), options_.decode_args.end());
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   const std::string log = absl::StrCat(dir_, "/", role, "-", next_++, ".log");
   auto p = Subprocess::Spawn(argv, log);
@@ -178,12 +185,14 @@ absl::Status LocalCluster::WaitLive(size_t n, absl::Duration timeout) {
     if (Live().size() >= n) return absl::OkStatus();
     for (Proc& w : workers_) {
       if (!w.process->running() && w.process->pid() > 0 && Live().size() < n) {
-        return absl::InternalError(absl::StrCat(w.role, " worker exited during start-up:\n", ReadFileFrom(w.log)));
+        return absl::InternalError(
+            absl::StrCat(w.role, " worker exited during start-up:\n", ReadFileFrom(w.log)));
       }
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat("workers not live in time; router log:\n", ReadFileFrom(dir_ + "/router.log")));
+  return absl::DeadlineExceededError(
+      absl::StrCat("workers not live in time; router log:\n", ReadFileFrom(dir_ + "/router.log")));
 }
 
 std::vector<std::string> LocalCluster::workers(const std::string& role) const {
@@ -209,7 +218,8 @@ std::string LocalCluster::Log(const std::string& address) const {
 }
 
 absl::StatusOr<v1::WorkerInfo> LocalCluster::Status(const std::string& address) {
-  auto stub = v1::WorkerStatus::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::WorkerStatus::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(2));
   v1::WorkerInfo info;
@@ -231,9 +241,11 @@ bool LocalCluster::WaitIdle(absl::Duration timeout, std::string* why) {
         continue;
       }
       const v1::WorkerLoad& l = info->load();
-      if (l.free_blocks() != l.total_blocks() || l.running() != 0 || l.waiting() != 0 || l.pending_transfers() != 0) {
-        last += absl::StrCat(w.role, " ", w.address, ": free ", l.free_blocks(), "/", l.total_blocks(), " running ",
-                             l.running(), " waiting ", l.waiting(), " transfers ", l.pending_transfers(), "; ");
+      if (l.free_blocks() != l.total_blocks() || l.running() != 0 || l.waiting() != 0 ||
+          l.pending_transfers() != 0) {
+        last += absl::StrCat(w.role, " ", w.address, ": free ", l.free_blocks(), "/",
+                             l.total_blocks(), " running ", l.running(), " waiting ", l.waiting(),
+                             " transfers ", l.pending_transfers(), "; ");
       }
     }
     if (last.empty()) return true;

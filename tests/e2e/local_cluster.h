@@ -9,8 +9,9 @@
 //                                 (=cuda-ipc: over CUDA IPC; =tcp: the default);
 //   TANDEM_E2E_BIN_DIR=DIR        the router and workers from DIR instead of the build tree;
 //   TANDEM_E2E_PREFILL_ARGS, TANDEM_E2E_DECODE_ARGS   space-separated flags added to every prefill,
-//                                 and every decode or combined, worker (the run on the CUDA emulator,
-//                                 a thousand times slower than a GPU, lengthens the KV timeouts).
+//                                 and every decode or combined, worker (the run on the CUDA
+//                                 emulator, a thousand times slower than a GPU, lengthens the KV
+//                                 timeouts).
 #pragma once
 
 #include <map>
@@ -35,7 +36,8 @@ struct ClusterOptions {
   std::vector<std::string> worker_args = {};   // engine flags for every worker
   std::vector<std::string> prefill_args = {};  // for prefill workers only
   std::vector<std::string> decode_args = {};   // for decode and combined workers only
-  // Workers start without --router and the router lists them with --workers (polled, no heartbeats).
+  // Workers start without --router and the router lists them with --workers (polled, no
+  // heartbeats).
   bool static_workers = false;
 };
 
@@ -54,7 +56,8 @@ class LocalCluster {
   absl::Status Start();
   // Starts one more worker ("prefill", "decode" or "combined"), with `extra_args` after the role's
   // usual flags, and waits until it is live.
-  absl::StatusOr<std::string> AddWorker(const std::string& role, const std::vector<std::string>& extra_args = {});
+  absl::StatusOr<std::string> AddWorker(const std::string& role,
+                                        const std::vector<std::string>& extra_args = {});
 
   std::string router_address() const { return router_address_; }
   v1::Generation::Stub* generation() { return generation_.get(); }
@@ -75,7 +78,8 @@ class LocalCluster {
     std::string role, address, log;
     std::unique_ptr<Subprocess> process;
   };
-  absl::StatusOr<std::string> SpawnWorker(const std::string& role, const std::vector<std::string>& extra_args = {});
+  absl::StatusOr<std::string> SpawnWorker(const std::string& role,
+                                          const std::vector<std::string>& extra_args = {});
   absl::Status WaitLive(size_t n, absl::Duration timeout);
 
   ClusterOptions options_;

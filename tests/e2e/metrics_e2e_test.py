@@ -23,6 +23,9 @@ import time
 import urllib.parse
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from bench_util import free_port_run  # noqa: E402
+
 TANDEM, SRC, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 failures = []
 
@@ -53,7 +56,7 @@ model = os.path.join(WORK, "tiny-llama")
 subprocess.run([TANDEM, "make-model", "--preset", "tiny-llama", "--out", model, "--seed", "4"], check=True,
                capture_output=True)
 port = free_port()
-metrics_port = free_port()
+metrics_port = free_port_run(3)  # the router's and two workers' (consecutive, none ephemeral)
 ready = os.path.join(WORK, "ready")
 env = dict(os.environ, TANDEM_NUM_THREADS="1")
 up = subprocess.Popen([TANDEM, "up", "--model", model, "--port", str(port), "--metrics-port", str(metrics_port),

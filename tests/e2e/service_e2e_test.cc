@@ -42,7 +42,8 @@ struct StreamResult {
 
 // Streams one request to its end. `context` (optional) lets the caller cancel it.
 StreamResult Stream(v1::Generation::Stub* stub, const v1::GenerateRequest& req,
-                    absl::Time deadline = absl::InfiniteFuture(), grpc::ClientContext* context = nullptr) {
+                    absl::Time deadline = absl::InfiniteFuture(),
+                    grpc::ClientContext* context = nullptr) {
   StreamResult r;
   grpc::ClientContext own;
   grpc::ClientContext* ctx = context != nullptr ? context : &own;
@@ -64,7 +65,8 @@ StreamResult Stream(v1::Generation::Stub* stub, const v1::GenerateRequest& req,
   return r;
 }
 
-v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens, bool ignore_eos = true) {
+v1::GenerateRequest TokenRequest(const std::vector<int32_t>& prompt, int max_tokens,
+                                 bool ignore_eos = true) {
   v1::GenerateRequest g;
   *g.mutable_prompt_token_ids()->mutable_ids() = {prompt.begin(), prompt.end()};
   g.mutable_sampling()->set_temperature(0);
@@ -115,19 +117,22 @@ struct Expected {
 };
 
 // The in-process engine's outputs (same engine settings and device as the workers').
-std::vector<Expected> Reference(const std::string& model_dir, const std::vector<v1::GenerateRequest>& reqs,
+std::vector<Expected> Reference(const std::string& model_dir,
+                                const std::vector<v1::GenerateRequest>& reqs,
                                 std::optional<DType> kv_dtype) {
   auto backend = E2eBackend().value();
   auto model = LlamaModel::Load(model_dir, backend.get()).value();
   EngineOptions o;
   o.kv_cache_dtype = kv_dtype;
-  o.gpu_memory_utilization = 0.15;  // on a GPU, beside the cluster's workers (as LocalCluster gives them)
+  o.gpu_memory_utilization =
+      0.15;  // on a GPU, beside the cluster's workers (as LocalCluster gives them)
   auto engine = Engine::Create(model.get(), o).value();
   std::vector<Expected> out(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     EngineRequest r;
     r.id = absl::StrCat(i);
-    r.prompt_token_ids.assign(reqs[i].prompt_token_ids().ids().begin(), reqs[i].prompt_token_ids().ids().end());
+    r.prompt_token_ids.assign(reqs[i].prompt_token_ids().ids().begin(),
+                              reqs[i].prompt_token_ids().ids().end());
     r.params = rpc::FromProto(reqs[i].sampling());
     EXPECT_TRUE(engine->AddRequest(r).ok());
   }
@@ -148,8 +153,10 @@ void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, 
   std::mt19937 rng(77);
   std::vector<v1::GenerateRequest> reqs;
   for (int i = 0; i < num_requests; ++i) {
-    const int len = i % 10 == 0 ? 200 + static_cast<int>(rng() % 500) : 1 + static_cast<int>(rng() % 60);
-    v1::GenerateRequest g = TokenRequest(RandomPrompt(rng, len, 512), 1 + static_cast<int>(rng() % 24), i % 3 != 0);
+    const int len =
+        i % 10 == 0 ? 200 + static_cast<int>(rng() % 500) : 1 + static_cast<int>(rng() % 60);
+    v1::GenerateRequest g =
+        TokenRequest(RandomPrompt(rng, len, 512), 1 + static_cast<int>(rng() % 24), i % 3 != 0);
     g.set_request_id(absl::StrCat("eq-", i));
     g.mutable_sampling()->set_logprobs(3);
     if (i % 5 == 4) {  // seeded sampling must match too (the prefill worker draws the first token)
@@ -236,7 +243,8 @@ TEST_F(ServiceTest, HostStagedKvTransferGivesTheSameOutputs) {
 }
 
 TEST_F(ServiceTest, LayerwiseOverlapOffGivesTheSameOutputs) {
-  auto c = StartCluster({.prefill = 1, .decode = 1, .prefill_args = {"--layerwise-transfer=false"}});
+  auto c =
+      StartCluster({.prefill = 1, .decode = 1, .prefill_args = {"--layerwise-transfer=false"}});
   ExpectEquivalent(c->generation(), model_dir_, 30);
 }
 
@@ -266,9 +274,11 @@ TEST_F(ServiceTest, TextPromptStopStringsAndUnaryGenerate) {
   // A stop string taken from the middle of that text ends generation there.
   ASSERT_GT(full.text.size(), 12u);
   size_t cut = full.text.size() / 2;
-  while (cut < full.text.size() && (static_cast<unsigned char>(full.text[cut]) & 0xC0) == 0x80) ++cut;
+  while (cut < full.text.size() && (static_cast<unsigned char>(full.text[cut]) & 0xC0) == 0x80)
+    ++cut;
   size_t end = cut + 1;
-  while (end < full.text.size() && (static_cast<unsigned char>(full.text[end]) & 0xC0) == 0x80) ++end;
+  while (end < full.text.size() && (static_cast<unsigned char>(full.text[end]) & 0xC0) == 0x80)
+    ++end;
   const std::string stop = full.text.substr(cut, end - cut);
   g.mutable_sampling()->add_stop(stop);
   StreamResult stopped = Stream(c->generation(), g);
@@ -299,7 +309,9 @@ TEST_F(ServiceTest, ASlowReaderDoesNotStallOtherStreams) {
   absl::SleepFor(absl::Milliseconds(100));
   const absl::Time start = absl::Now();
   std::vector<StreamResult> fast(4);
-  ParallelFor(4, 4, [&](int i) { fast[i] = Stream(c->generation(), TokenRequest({6, 7, i}, 300)); });
+  ParallelFor(4, 4, [&](int i) {
+    fast[i] = Stream(c->generation(), TokenRequest({6, 7, i}, 300));
+  });
   const absl::Time fast_end = absl::Now();
   for (const StreamResult& r : fast) {
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();
@@ -318,7 +330,8 @@ TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
     for (const std::string& a : c->workers(role)) addresses.push_back(a);
   }
   for (const std::string& a : addresses) {
-    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(a, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     grpc::health::v1::HealthCheckRequest req;
     grpc::health::v1::HealthCheckResponse resp;
@@ -330,13 +343,15 @@ TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
 TEST_F(ServiceTest, EveryProcessServesReflectionSoGrpcurlWorks) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
   const std::vector<std::pair<std::string, std::vector<std::string>>> expected = {
-      {c->router_address(), {"tandem.v1.Generation", "tandem.v1.Registration", "grpc.health.v1.Health"}},
+      {c->router_address(),
+       {"tandem.v1.Generation", "tandem.v1.Registration", "grpc.health.v1.Health"}},
       {c->workers("prefill")[0], {"tandem.v1.Prefill", "tandem.v1.WorkerStatus"}},
       {c->workers("decode")[0], {"tandem.v1.Decode", "tandem.v1.WorkerStatus"}},
   };
   for (const auto& [address, services] : expected) {
     namespace refl = grpc::reflection::v1alpha;
-    auto stub = refl::ServerReflection::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto stub = refl::ServerReflection::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     auto stream = stub->ServerReflectionInfo(&ctx);
     refl::ServerReflectionRequest list;
@@ -369,11 +384,14 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
       {"empty prompt", [](auto& g) { g.set_prompt(""); }},
       {"empty token ids", [](auto& g) { g.mutable_prompt_token_ids()->clear_ids(); }},
       {"negative token id", [](auto& g) { g.mutable_prompt_token_ids()->set_ids(0, -1); }},
-      {"token id past the vocabulary", [](auto& g) { g.mutable_prompt_token_ids()->set_ids(0, 512); }},
-      {"prompt over the context", [](auto& g) {
+      {"token id past the vocabulary",
+       [](auto& g) { g.mutable_prompt_token_ids()->set_ids(0, 512); }},
+      {"prompt over the context",
+       [](auto& g) {
          for (int i = 0; i < 2100; ++i) g.mutable_prompt_token_ids()->add_ids(7);
        }},
-      {"prompt + max_tokens over the context", [](auto& g) { g.mutable_sampling()->set_max_tokens(2046); }},
+      {"prompt + max_tokens over the context",
+       [](auto& g) { g.mutable_sampling()->set_max_tokens(2046); }},
       {"unknown model", [](auto& g) { g.set_model("no-such-model"); }},
       {"negative temperature", [](auto& g) { g.mutable_sampling()->set_temperature(-1); }},
       {"NaN temperature", [](auto& g) { g.mutable_sampling()->set_temperature(std::nanf("")); }},
@@ -384,12 +402,14 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
       {"repetition_penalty 0", [](auto& g) { g.mutable_sampling()->set_repetition_penalty(0); }},
       {"presence_penalty 3", [](auto& g) { g.mutable_sampling()->set_presence_penalty(3); }},
       {"frequency_penalty -3", [](auto& g) { g.mutable_sampling()->set_frequency_penalty(-3); }},
-      {"logit_bias id outside", [](auto& g) {
+      {"logit_bias id outside",
+       [](auto& g) {
          auto* b = g.mutable_sampling()->add_logit_bias();
          b->set_token_id(9999);
          b->set_bias(1);
        }},
-      {"logit_bias 200", [](auto& g) {
+      {"logit_bias 200",
+       [](auto& g) {
          auto* b = g.mutable_sampling()->add_logit_bias();
          b->set_token_id(3);
          b->set_bias(200);
@@ -400,7 +420,8 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
       {"logprobs above the cap", [](auto& g) { g.mutable_sampling()->set_logprobs(21); }},
       {"prompt_logprobs -2", [](auto& g) { g.mutable_sampling()->set_prompt_logprobs(-2); }},
       {"empty stop string", [](auto& g) { g.mutable_sampling()->add_stop(""); }},
-      {"17 stop strings", [](auto& g) {
+      {"17 stop strings",
+       [](auto& g) {
          for (int i = 0; i < 17; ++i) g.mutable_sampling()->add_stop(absl::StrCat("s", i));
        }},
       {"control characters in the request id", [](auto& g) { g.set_request_id("a\nb"); }},
@@ -409,11 +430,14 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
     v1::GenerateRequest bad = good;
     mutate(bad);
     StreamResult r = Stream(c->generation(), bad);
-    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name << ": " << r.status.error_message();
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << name << ": " << r.status.error_message();
     EXPECT_FALSE(r.status.error_message().empty()) << name;
     v1::GenerateResponse unary;
     grpc::ClientContext ctx;
-    EXPECT_EQ(c->generation()->Generate(&ctx, bad, &unary).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
+    EXPECT_EQ(c->generation()->Generate(&ctx, bad, &unary).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << name;
     StreamResult ok = Stream(c->generation(), good);
     EXPECT_TRUE(ok.status.ok()) << "after " << name << ": " << ok.status.error_message();
     EXPECT_EQ(ok.ids.size(), 4u);
@@ -423,13 +447,17 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
 }
 
 TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
-  auto c = StartCluster({.prefill = 1, .decode = 1,
-                         .router_args = {"--max-concurrent-requests=2", "--max-queued-requests=2"}});
+  auto c =
+      StartCluster({.prefill = 1,
+                    .decode = 1,
+                    .router_args = {"--max-concurrent-requests=2", "--max-queued-requests=2"}});
   constexpr int kAdmitted = 4, kSent = 3 * kAdmitted;
   std::vector<StreamResult> results(kSent);
   std::vector<std::thread> threads;
   for (int i = 0; i < kSent; ++i) {
-    threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({5, 6, 7, i}, 600)); });
+    threads.emplace_back([&, i] {
+      results[i] = Stream(c->generation(), TokenRequest({5, 6, 7, i}, 600));
+    });
   }
   for (auto& t : threads) t.join();
   int ok = 0, refused = 0;
@@ -438,7 +466,8 @@ TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
       ++ok;
       EXPECT_EQ(r.ids.size(), 600u);
     } else {
-      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << r.status.error_message();
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << r.status.error_message();
       EXPECT_LT(r.end - r.start, absl::Milliseconds(50)) << "refusal took " << (r.end - r.start);
       ++refused;
     }
@@ -450,11 +479,14 @@ TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
 TEST_F(ServiceTest, KvPressureRefusesNewWorkInsteadOfFallingOver) {
   // 64 blocks of 16 tokens; above a quarter of them in use the decode worker reports itself full.
   // Heartbeats every 50 ms: on a GPU the long request holds the blocks for a few hundred ms only.
-  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--kv-cache-memory=1M"},
+  auto c = StartCluster({.prefill = 1,
+                         .decode = 1,
+                         .worker_args = {"--kv-cache-memory=1M"},
                          .decode_args = {"--kv-high-water=0.25", "--heartbeat-interval-ms=50"}});
   std::mt19937 rng(12);
   StreamResult first;
-  std::jthread t([&] { first = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 400, vocab_), 590)); });
+  std::jthread t(
+      [&] { first = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 400, vocab_), 590)); });
   bool full = false;
   for (const absl::Time end = absl::Now() + absl::Seconds(3); !full && absl::Now() < end;) {
     grpc::ClientContext ctx;
@@ -465,7 +497,8 @@ TEST_F(ServiceTest, KvPressureRefusesNewWorkInsteadOfFallingOver) {
   }
   ASSERT_TRUE(full) << "the decode worker never reported itself full";
   const StreamResult refused = Stream(c->generation(), TokenRequest({1, 2, 3}, 10));
-  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.status.error_message();
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.status.error_message();
   EXPECT_THAT(refused.status.error_message(), HasSubstr("high-water"));
   EXPECT_LT(refused.end - refused.start, absl::Milliseconds(50));
   t.join();
@@ -484,7 +517,8 @@ TEST_F(ServiceTest, CancellationAtEveryPhaseFreesTheBlocksOnBothWorkers) {
   std::mt19937 rng(5);
   const std::vector<int32_t> long_prompt = RandomPrompt(rng, 1500, vocab_);
   int cancelled = 0;
-  // From before the request reaches a worker, through chunked prefill and the transfer, into decode.
+  // From before the request reaches a worker, through chunked prefill and the transfer, into
+  // decode.
   for (int delay_ms : {0, 1, 2, 3, 5, 8, 12, 18, 25, 40, 60, 100, 200}) {
     std::vector<int32_t> prompt = long_prompt;
     prompt[0] = delay_ms;  // no prefix-cache shortcut between rounds
@@ -493,11 +527,13 @@ TEST_F(ServiceTest, CancellationAtEveryPhaseFreesTheBlocksOnBothWorkers) {
       absl::SleepFor(absl::Milliseconds(delay_ms));
       ctx.TryCancel();
     });
-    StreamResult r = Stream(c->generation(), TokenRequest(prompt, 400), absl::InfiniteFuture(), &ctx);
+    StreamResult r =
+        Stream(c->generation(), TokenRequest(prompt, 400), absl::InfiniteFuture(), &ctx);
     canceller.join();
     if (r.status.error_code() == grpc::StatusCode::CANCELLED) ++cancelled;
     std::string why;
-    EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << "cancelled after " << delay_ms << " ms: " << why;
+    EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why))
+        << "cancelled after " << delay_ms << " ms: " << why;
   }
   EXPECT_GE(cancelled, 10);
   // The cluster still serves.
@@ -509,12 +545,13 @@ TEST_F(ServiceTest, DeadlineOnALongRequestEndsItInTimeAndOrphansNothing) {
   std::mt19937 rng(6);
   // The deadline is a fraction of what the same work takes here unbounded (a GPU finishes it far
   // sooner than a CPU): at most 1 s, at least 100 ms.
-  const StreamResult full = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 1500, vocab_), 540));
+  const StreamResult full =
+      Stream(c->generation(), TokenRequest(RandomPrompt(rng, 1500, vocab_), 540));
   ASSERT_TRUE(full.status.ok()) << full.status.error_message();
   const absl::Duration deadline =
       std::clamp((full.end - full.start) / 3, absl::Milliseconds(100), absl::Seconds(1));
-  const StreamResult r =
-      Stream(c->generation(), TokenRequest(RandomPrompt(rng, 1500, vocab_), 540), absl::Now() + deadline);
+  const StreamResult r = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 1500, vocab_), 540),
+                                absl::Now() + deadline);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
       << r.status.error_message() << " (deadline " << deadline << ", the unbounded request took "
       << (full.end - full.start) << ")";
@@ -528,15 +565,17 @@ TEST_F(ServiceTest, DeadlineOnALongRequestEndsItInTimeAndOrphansNothing) {
 TEST_F(ServiceTest, KilledDecodeWorkerFailsOnlyItsStreamsAndIsRoutedAround) {
   auto c = StartCluster({.prefill = 2, .decode = 2});
   const std::string victim = c->workers("decode")[0];
-  // The kill lands a quarter into what one such stream takes here alone (at most 400 ms): mid-decode on
-  // a CPU or a GPU alike.
+  // The kill lands a quarter into what one such stream takes here alone (at most 400 ms):
+  // mid-decode on a CPU or a GPU alike.
   const StreamResult alone = Stream(c->generation(), TokenRequest({9, 8, 7, 100}, 1500));
   ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
   constexpr int kStreams = 8;
   std::vector<StreamResult> results(kStreams);
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
-    threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({9, 8, 7, i}, 1500)); });
+    threads.emplace_back([&, i] {
+      results[i] = Stream(c->generation(), TokenRequest({9, 8, 7, i}, 1500));
+    });
   }
   absl::SleepFor(std::min(absl::Milliseconds(400), (alone.end - alone.start) / 4));
   const absl::Time killed = absl::Now();
@@ -572,7 +611,8 @@ TEST_F(ServiceTest, KilledPrefillWorkerIsRetriedElsewhere) {
   for (int i = 0; i < 16; ++i) prompts.push_back(RandomPrompt(rng, 70, vocab_));
   std::vector<StreamResult> results(16);
   ParallelFor(16, 16, [&](int i) {
-    results[i] = Stream(c->generation(), TokenRequest(prompts[i], 8), absl::Now() + absl::Seconds(10));
+    results[i] =
+        Stream(c->generation(), TokenRequest(prompts[i], 8), absl::Now() + absl::Seconds(10));
   });
   for (const StreamResult& r : results) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   std::string why;
@@ -599,9 +639,10 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
   constexpr int kTransferTimeoutS = 4;
   for (const bool kill : {false, true}) {
     SCOPED_TRACE(kill ? "killed mid-transfer" : "hung mid-transfer");
-    auto c = StartCluster({.prefill = 0,
-                           .decode = 1,
-                           .decode_args = {absl::StrCat("--kv-transfer-timeout-s=", kTransferTimeoutS)}});
+    auto c = StartCluster(
+        {.prefill = 0,
+         .decode = 1,
+         .decode_args = {absl::StrCat("--kv-transfer-timeout-s=", kTransferTimeoutS)}});
     const std::string decode = c->workers("decode")[0];
     auto faulty = c->AddWorker("prefill", {"--fault-stop-after-kv-layer=0"});
     ASSERT_TRUE(faulty.ok()) << faulty.status();
@@ -616,7 +657,8 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
     std::mt19937 rng(kill ? 12 : 11);
     StreamResult hit;
     std::thread request([&] {
-      hit = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 64, vocab_), 8), absl::Now() + absl::Seconds(60));
+      hit = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 64, vocab_), 8),
+                   absl::Now() + absl::Seconds(60));
     });
     struct Joiner {
       std::thread& t;
@@ -626,11 +668,12 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
     } joiner{request};
     const absl::Time give_up = absl::Now() + absl::Seconds(60);
     while (!Stopped(victim->pid()) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
-    ASSERT_TRUE(Stopped(victim->pid())) << "the prefill worker never stopped mid-transfer:\n" << c->Log(*faulty);
+    ASSERT_TRUE(Stopped(victim->pid())) << "the prefill worker never stopped mid-transfer:\n"
+                                        << c->Log(*faulty);
     const absl::Time stopped = absl::Now();
     if (kill) victim->Signal(SIGKILL);
-    // The decode worker's pool comes back whole: at once for a dead peer, at the transfer timeout for a
-    // hung one.
+    // The decode worker's pool comes back whole: at once for a dead peer, at the transfer timeout
+    // for a hung one.
     std::string why;
     bool idle = false;
     while (!idle && absl::Now() < stopped + absl::Seconds(kTransferTimeoutS + 3)) {
@@ -639,8 +682,8 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
         const v1::WorkerLoad& l = info->load();
         idle = l.free_blocks() == l.total_blocks() && l.running() == 0 && l.waiting() == 0 &&
                l.pending_transfers() == 0;
-        why = absl::StrCat("free ", l.free_blocks(), "/", l.total_blocks(), " running ", l.running(), " transfers ",
-                           l.pending_transfers());
+        why = absl::StrCat("free ", l.free_blocks(), "/", l.total_blocks(), " running ",
+                           l.running(), " transfers ", l.pending_transfers());
       } else {
         why = std::string(info.status().message());
       }
@@ -649,9 +692,11 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
     const absl::Duration freed_after = absl::Now() - stopped;
     EXPECT_TRUE(idle) << "the decode worker still holds the transfer's blocks: " << why;
     if (kill) {
-      EXPECT_LT(freed_after, absl::Seconds(kTransferTimeoutS)) << "a dead peer waited for the timeout";
+      EXPECT_LT(freed_after, absl::Seconds(kTransferTimeoutS))
+          << "a dead peer waited for the timeout";
     }
-    // The request fails (or, once a healthy prefill worker is there, may be retried there); nothing else does.
+    // The request fails (or, once a healthy prefill worker is there, may be retried there); nothing
+    // else does.
     auto healthy = c->AddWorker("prefill");
     ASSERT_TRUE(healthy.ok()) << healthy.status();
     request.join();
@@ -669,7 +714,8 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
     EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(*faulty)));
     std::vector<StreamResult> after(4);
     ParallelFor(4, 4, [&](int i) {
-      after[i] = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, vocab_), 8), absl::Now() + absl::Seconds(30));
+      after[i] = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, vocab_), 8),
+                        absl::Now() + absl::Seconds(30));
     });
     for (const StreamResult& r : after) {
       EXPECT_TRUE(r.status.ok()) << r.status.error_message();
@@ -728,13 +774,15 @@ void HungWorkerTest(LocalCluster* c, const std::string& victim) {
     std::vector<absl::Time> deadlines(n);
     ParallelFor(n, n, [&](int i) {
       deadlines[i] = absl::Now() + absl::Seconds(8);
-      results[i] = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, 512), 8), deadlines[i]);
+      results[i] =
+          Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, 512), 8), deadlines[i]);
     });
     for (int i = 0; i < n; ++i) EXPECT_LT(results[i].end, deadlines[i] + absl::Milliseconds(200));
     return results;
   };
   for (const StreamResult& r : batch(8)) {
-    EXPECT_TRUE(r.status.ok() || r.status.error_code() == grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+    EXPECT_TRUE(r.status.ok() || r.status.error_code() == grpc::StatusCode::UNAVAILABLE)
+        << r.status.error_message();
   }
   EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(victim)));
   for (const StreamResult& r : batch(8)) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
@@ -754,9 +802,10 @@ TEST_F(ServiceTest, HungPrefillWorkerIsRoutedAround) {
 // A worker that stalls briefly (well within the heartbeat timeout) under frequent keepalive pings
 // delays its requests but fails none.
 TEST_F(ServiceTest, ABrieflyPausedPrefillDelaysButDoesNotFailRequests) {
-  auto c = StartCluster({.prefill = 1,
-                         .decode = 1,
-                         .router_args = {"--worker-keepalive-ms=100", "--worker-keepalive-timeout-ms=2500"}});
+  auto c = StartCluster(
+      {.prefill = 1,
+       .decode = 1,
+       .router_args = {"--worker-keepalive-ms=100", "--worker-keepalive-timeout-ms=2500"}});
   const std::string prefill = c->workers("prefill")[0];
   c->process(prefill)->Signal(SIGSTOP);
   std::thread resume([&] {
@@ -776,7 +825,9 @@ TEST_F(ServiceTest, SigtermDrainsInFlightStreams) {
   std::vector<StreamResult> results(6);
   std::vector<std::thread> threads;
   for (int i = 0; i < 6; ++i) {
-    threads.emplace_back([&, i] { results[i] = Stream(c->generation(), TokenRequest({3, 1, 4, i}, 800)); });
+    threads.emplace_back([&, i] {
+      results[i] = Stream(c->generation(), TokenRequest({3, 1, 4, i}, 800));
+    });
   }
   absl::SleepFor(absl::Milliseconds(300));
   c->process(victim)->Signal(SIGTERM);

@@ -1,11 +1,12 @@
 // Seeded random fuzzing of the encoder and the incremental decoder on real tokenizers:
 //   tokenizer_fuzz [--iterations N] [--seed S] TOKENIZER_DIR...
-// For each tokenizer and each random input (a mix of ASCII, whitespace runs, digits, CJK, emoji with
-// ZWJ, combining marks, special-token text and invalid bytes): Encode must finish, return valid ids,
-// and Decode must return valid UTF-8; for valid input the byte-level tokenizers must round-trip the
-// normalised text (byte-level tokenizers); streaming the ids through IncrementalDetokenizer must reproduce Decode exactly.
-// Random id sequences (including byte tokens that form invalid UTF-8) are streamed too. Prints
-// "N passed, M failed" and exits non-zero on any failure.
+// For each tokenizer and each random input (a mix of ASCII, whitespace runs, digits, CJK, emoji
+// with ZWJ, combining marks, special-token text and invalid bytes): Encode must finish, return
+// valid ids, and Decode must return valid UTF-8; for valid input the byte-level tokenizers must
+// round-trip the normalised text (byte-level tokenizers); streaming the ids through
+// IncrementalDetokenizer must reproduce Decode exactly. Random id sequences (including byte tokens
+// that form invalid UTF-8) are streamed too. Prints "N passed, M failed" and exits non-zero on any
+// failure.
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -24,13 +25,59 @@ ABSL_FLAG(uint64_t, seed, 1, "random seed");
 namespace tandem {
 namespace {
 
-const std::vector<std::string> kFragments = {
-    "Hello", " world", "The quick brown fox", "DON'T", " we'Ll", "   ", "\t\t", "\n\n\n", "\r\n", " \u00A0 ",
-    "\u3000", "123", "4567890123", "3.14159", "1,000,000", "日本語", "中文文本", "한국어", "العربية",
-    "हिन्दी", "ไทย", "Привет", "Ελληνικά", "🙂", "👨\u200D👩\u200D👧", "👍🏽", "🇯🇵", "e\u0301", "\uFB01",
-    "Ｆｕｌｌ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "\u200B", "\u200C", "\u2028", "\uE000", "<|endoftext|>", "<|im_start|>", "<s>",
-    "</s>", "<bos>", "<|begin_of_text|>", "int main() {\n  return 0;\n}", "def f(x):\n\treturn x", "{\"a\": [1, 2]}",
-    "'s", "'t", "...", "!!!", "--", "__init__", "\\n", "\x01\x02", "\x7F"};
+const std::vector<std::string> kFragments = {"Hello",
+                                             " world",
+                                             "The quick brown fox",
+                                             "DON'T",
+                                             " we'Ll",
+                                             "   ",
+                                             "\t\t",
+                                             "\n\n\n",
+                                             "\r\n",
+                                             " \u00A0 ",
+                                             "\u3000",
+                                             "123",
+                                             "4567890123",
+                                             "3.14159",
+                                             "1,000,000",
+                                             "日本語",
+                                             "中文文本",
+                                             "한국어",
+                                             "العربية",
+                                             "हिन्दी",
+                                             "ไทย",
+                                             "Привет",
+                                             "Ελληνικά",
+                                             "🙂",
+                                             "👨\u200D👩\u200D👧",
+                                             "👍🏽",
+                                             "🇯🇵",
+                                             "e\u0301",
+                                             "\uFB01",
+                                             "Ｆｕｌｌ",
+                                             "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+                                             "\u200B",
+                                             "\u200C",
+                                             "\u2028",
+                                             "\uE000",
+                                             "<|endoftext|>",
+                                             "<|im_start|>",
+                                             "<s>",
+                                             "</s>",
+                                             "<bos>",
+                                             "<|begin_of_text|>",
+                                             "int main() {\n  return 0;\n}",
+                                             "def f(x):\n\treturn x",
+                                             "{\"a\": [1, 2]}",
+                                             "'s",
+                                             "'t",
+                                             "...",
+                                             "!!!",
+                                             "--",
+                                             "__init__",
+                                             "\\n",
+                                             "\x01\x02",
+                                             "\x7F"};
 
 std::string RandomText(std::mt19937_64& rng) {
   std::string s;
@@ -78,7 +125,8 @@ std::string Show(const std::string& s) {
   return out;
 }
 
-void StreamCheck(const Tokenizer& tok, const std::vector<int32_t>& ids, Counts* c, const std::string& label) {
+void StreamCheck(const Tokenizer& tok, const std::vector<int32_t>& ids, Counts* c,
+                 const std::string& label) {
   IncrementalDetokenizer detok(&tok, /*skip_special_tokens=*/false);
   std::string streamed;
   for (int32_t id : ids) {
@@ -91,11 +139,13 @@ void StreamCheck(const Tokenizer& tok, const std::vector<int32_t>& ids, Counts* 
     streamed += *delta;
   }
   auto rest = detok.Finish();
-  Check(rest.ok(), c, label + ": Finish failed: " + (rest.ok() ? "" : std::string(rest.status().message())));
+  Check(rest.ok(), c,
+        label + ": Finish failed: " + (rest.ok() ? "" : std::string(rest.status().message())));
   if (rest.ok()) streamed += *rest;
   auto whole = tok.Decode(ids, false);
   Check(whole.ok() && streamed == *whole, c,
-        label + ": streamed \"" + Show(streamed) + "\" != decoded \"" + (whole.ok() ? Show(*whole) : "?") + "\"");
+        label + ": streamed \"" + Show(streamed) + "\" != decoded \"" +
+            (whole.ok() ? Show(*whole) : "?") + "\"");
 }
 
 int Run(const std::vector<std::string>& dirs) {
@@ -115,12 +165,14 @@ int Run(const std::vector<std::string>& dirs) {
       const std::string text = RandomText(rng);
       const auto t = std::chrono::steady_clock::now();
       const std::vector<int32_t> ids = tok.Encode(text, it % 2 == 0);
-      worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+      worst = std::max(worst,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
       bool ids_ok = true;
       for (int32_t id : ids) ids_ok &= tok.IsValidId(id);
       Check(ids_ok, &counts, dir + ": Encode returned an invalid id for \"" + Show(text) + "\"");
       auto decoded = tok.Decode(ids, false);
-      Check(decoded.ok() && unicode::IsValidUtf8(*decoded), &counts, dir + ": Decode failed or invalid UTF-8");
+      Check(decoded.ok() && unicode::IsValidUtf8(*decoded), &counts,
+            dir + ": Decode failed or invalid UTF-8");
       if (byte_level && it % 2 == 1 && unicode::IsValidUtf8(text) && decoded.ok()) {
         // A byte-level tokenizer covers every byte, so decoding gives back the normalised text. NFC
         // is the only normaliser such tokenizers use (Qwen). SentencePiece-style tokenizers are
@@ -143,7 +195,8 @@ int Run(const std::vector<std::string>& dirs) {
       for (int b = 0; b < 4; ++b) {
         char name[8];
         std::snprintf(name, sizeof name, "<0x%02X>", static_cast<int>(0x80 + rng() % 0x80));
-        if (auto byte_id = tok.TokenToId(name)) random_ids.insert(random_ids.begin() + rng() % (random_ids.size() + 1), *byte_id);
+        if (auto byte_id = tok.TokenToId(name))
+          random_ids.insert(random_ids.begin() + rng() % (random_ids.size() + 1), *byte_id);
       }
       StreamCheck(tok, random_ids, &counts, dir + " random ids");
     }
@@ -151,7 +204,8 @@ int Run(const std::vector<std::string>& dirs) {
     Check(worst < 1.0, &counts, dir + ": an encode took " + std::to_string(worst) + " s");
     std::printf("tokenizer_fuzz: %s: %d inputs in %.2f s (slowest encode %.4f s)\n", dir.c_str(),
                 absl::GetFlag(FLAGS_iterations),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), worst);
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                worst);
   }
   std::printf("%d passed, %d failed\n", counts.passed, counts.failed);
   return counts.failed == 0 ? 0 : 1;

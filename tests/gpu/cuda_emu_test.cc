@@ -1,6 +1,6 @@
-// The CUDA emulator itself (tests/support/cuda_emu): kernels written as for the device, held to what
-// the CUDA programming guide says they compute, and to the launches and captures the device refuses.
-// The backend's own kernels are tested on the emulator by cuda_backend_emu_test.
+// The CUDA emulator itself (tests/support/cuda_emu): kernels written as for the device, held to
+// what the CUDA programming guide says they compute, and to the launches and captures the device
+// refuses. The backend's own kernels are tested on the emulator by cuda_backend_emu_test.
 #include "tests/support/cuda_emu/cuda_emu.h"
 
 #include <algorithm>
@@ -39,10 +39,10 @@ __global__ void WarpOps(int* out) {
   const int lane = threadIdx.x;
   const int v = 100 + lane;
   int* o = out + lane * 6;
-  o[0] = __shfl_sync(0xffffffffu, v, 5);               // lane 5's value
-  o[1] = __shfl_down_sync(0xffffffffu, v, 3);          // lane + 3, or its own past the end
-  o[2] = __shfl_up_sync(0xffffffffu, v, 3);            // lane - 3, or its own before the start
-  o[3] = __shfl_xor_sync(0xffffffffu, v, 1, 16);       // neighbour within a half-warp
+  o[0] = __shfl_sync(0xffffffffu, v, 5);          // lane 5's value
+  o[1] = __shfl_down_sync(0xffffffffu, v, 3);     // lane + 3, or its own past the end
+  o[2] = __shfl_up_sync(0xffffffffu, v, 3);       // lane - 3, or its own before the start
+  o[3] = __shfl_xor_sync(0xffffffffu, v, 1, 16);  // neighbour within a half-warp
   o[4] = static_cast<int>(__ballot_sync(0xffffffffu, lane % 3 == 0));
   o[5] = static_cast<int>(__match_any_sync(0xffffffffu, lane / 8));
 }
@@ -89,7 +89,8 @@ __global__ void ShuffleOutsideMask(int* out) {
   out[threadIdx.x] = __shfl_sync(mask, int(threadIdx.x), 20);
 }
 
-// Dynamic shared memory starts as 0xff bytes; reports the first word, then writes and reads it back.
+// Dynamic shared memory starts as 0xff bytes; reports the first word, then writes and reads it
+// back.
 __global__ void SharedScratch(unsigned* out) {
   TANDEM_DYNAMIC_SHARED(unsigned, scratch, 16);
   if (threadIdx.x == 0) out[0] = scratch[0];
@@ -102,7 +103,8 @@ __global__ void AddOne(int* p) { p[threadIdx.x] += 1; }
 
 // out[block] = the order blocks finished in (as a kernel's "last block to finish" counts them).
 __global__ void BlockTurn(unsigned* count, int* out) {
-  if (threadIdx.x == 0) out[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)] = int(atomicAdd(count, 1u));
+  if (threadIdx.x == 0)
+    out[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)] = int(atomicAdd(count, 1u));
 }
 
 // Thread 0 reads what the last thread writes, with no barrier between: a race.
@@ -118,7 +120,8 @@ template <typename T>
 T* Device(const std::vector<T>& host) {
   void* p = nullptr;
   EXPECT_EQ(cudaMalloc(&p, host.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
   return static_cast<T*>(p);
 }
 template <typename T>
@@ -137,7 +140,9 @@ TEST(CudaEmulatorTest, BlockReductionSumsEveryBlock) {
   ASSERT_EQ(Launch(BlockSum, kBlocks, kThreads, 0, nullptr, din, dout), cudaSuccess);
   const std::vector<int> out = Host(dout, kBlocks);
   for (int b = 0; b < kBlocks; ++b) {
-    EXPECT_EQ(out[b], std::accumulate(in.begin() + b * kThreads, in.begin() + (b + 1) * kThreads, 0)) << b;
+    EXPECT_EQ(out[b],
+              std::accumulate(in.begin() + b * kThreads, in.begin() + (b + 1) * kThreads, 0))
+        << b;
   }
   cudaFree(din);
   cudaFree(dout);
@@ -192,7 +197,9 @@ TEST(CudaEmulatorTest, LaunchLimitsAreTheDevicesOwn) {
   // Beyond 48 KiB of dynamic shared memory only after cudaFuncSetAttribute asks for it.
   EXPECT_EQ(Launch(SharedScratch, 1, 128, 64 << 10, nullptr, dout), cudaErrorInvalidValue);
   cudaGetLastError();
-  ASSERT_EQ(cudaFuncSetAttribute(SharedScratch, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10), cudaSuccess);
+  ASSERT_EQ(
+      cudaFuncSetAttribute(SharedScratch, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+      cudaSuccess);
   ASSERT_EQ(Launch(SharedScratch, 1, 128, 64 << 10, nullptr, dout), cudaSuccess);
   const std::vector<unsigned> out = Host(dout, 1 + 128);
   EXPECT_EQ(out[0], 0xffffffffu) << "dynamic shared memory starts as 0xff bytes";
@@ -239,7 +246,8 @@ TEST(CudaEmulatorTest, TheThreadOrderExposesAMissingBarrier) {
   ASSERT_TRUE(tandem_emu::SetSchedule("reverse"));
   ASSERT_EQ(Launch(MissingBarrier, 1, 64, 0, nullptr, 42, dout), cudaSuccess);
   const int reverse = Host(dout, 1)[0];
-  EXPECT_EQ((std::set<int>{forward, reverse}), (std::set<int>{-1, 42})) << forward << " and " << reverse;
+  EXPECT_EQ((std::set<int>{forward, reverse}), (std::set<int>{-1, 42}))
+      << forward << " and " << reverse;
   ASSERT_TRUE(tandem_emu::SetSchedule("random"));
   std::set<int> seen;
   for (int i = 0; i < 40; ++i) {
@@ -282,9 +290,9 @@ TEST(CudaEmulatorTest, BlocksRunInTheScheduleOrder) {
   ASSERT_TRUE(tandem_emu::SetSchedule("forward"));
 }
 
-// Deferred streams: a copy on a non-blocking stream is not ordered after a kernel on the legacy stream
-// (it sees the old bytes until the device is synchronised); on a blocking stream it is; a launch's
-// failure comes back from the synchronisation.
+// Deferred streams: a copy on a non-blocking stream is not ordered after a kernel on the legacy
+// stream (it sees the old bytes until the device is synchronised); on a blocking stream it is; a
+// launch's failure comes back from the synchronisation.
 TEST(CudaEmulatorTest, DeferredStreamsShowAMissingSynchronisation) {
   ASSERT_FALSE(tandem_emu::SetStreams("lazy"));
   ASSERT_TRUE(tandem_emu::SetStreams("deferred"));
@@ -294,18 +302,22 @@ TEST(CudaEmulatorTest, DeferredStreamsShowAMissingSynchronisation) {
   ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
   std::vector<int> out(32, 0);
   ASSERT_EQ(Launch(AddOne, 1, 32, 0, nullptr, d), cudaSuccess);  // queued on the legacy stream
-  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost, non_blocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost, non_blocking),
+            cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(non_blocking), cudaSuccess);
   EXPECT_EQ(out, std::vector<int>(32, 1)) << "not ordered after the legacy stream's kernel";
-  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost, blocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), d, 32 * sizeof(int), cudaMemcpyDeviceToHost, blocking),
+            cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(blocking), cudaSuccess);
   EXPECT_EQ(out, std::vector<int>(32, 2)) << "a blocking stream waits for the legacy stream";
   ASSERT_EQ(Launch(AddOne, 1, 32, 0, non_blocking, d), cudaSuccess);
-  EXPECT_EQ(Host(d, 32), std::vector<int>(32, 2)) << "cudaMemcpy does not wait for a non-blocking stream";
+  EXPECT_EQ(Host(d, 32), std::vector<int>(32, 2))
+      << "cudaMemcpy does not wait for a non-blocking stream";
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(Host(d, 32), std::vector<int>(32, 3));
   int* dout = Device(std::vector<int>(64, 0));
-  ASSERT_EQ(Launch(DivergentBarriers, 1, 64, 0, non_blocking, dout), cudaSuccess) << "the failure comes later";
+  ASSERT_EQ(Launch(DivergentBarriers, 1, 64, 0, non_blocking, dout), cudaSuccess)
+      << "the failure comes later";
   EXPECT_EQ(cudaStreamSynchronize(non_blocking), cudaErrorLaunchFailure);
   cudaGetLastError();
   ASSERT_TRUE(tandem_emu::SetStreams("eager"));
@@ -331,9 +343,10 @@ TEST(CudaEmulatorTest, MemoryIsAccountedAndBounded) {
   cudaGetLastError();
 }
 
-// Async work (emu/async_work.h, what the emulated NCCL's sends and receives are): the stream is held
-// until the op completes, its later work waits behind it, events recorded after it are not ready, and
-// the host's waits block; the enqueuing thread itself is never blocked. In both stream modes.
+// Async work (emu/async_work.h, what the emulated NCCL's sends and receives are): the stream is
+// held until the op completes, its later work waits behind it, events recorded after it are not
+// ready, and the host's waits block; the enqueuing thread itself is never blocked. In both stream
+// modes.
 TEST(CudaEmulatorTest, AsyncWorkHoldsItsStreamUntilItCompletes) {
   for (const char* mode : {"eager", "deferred"}) {
     SCOPED_TRACE(mode);
@@ -348,12 +361,15 @@ TEST(CudaEmulatorTest, AsyncWorkHoldsItsStreamUntilItCompletes) {
     ASSERT_EQ(cudaEventRecord(before, s), cudaSuccess);
     auto op = std::make_shared<tandem_emu::AsyncOp>();
     std::vector<int> seen_at_start;
-    ASSERT_EQ(tandem_emu::EnqueueAsync(s, [&] {
-                seen_at_start.assign(d, d + 32);  // (device memory is host memory here)
-                return op;
-              }),
+    ASSERT_EQ(tandem_emu::EnqueueAsync(s,
+                                       [&] {
+                                         seen_at_start.assign(
+                                             d, d + 32);  // (device memory is host memory here)
+                                         return op;
+                                       }),
               cudaSuccess);
-    EXPECT_EQ(seen_at_start, std::vector<int>(32, 1)) << "the op starts after the work queued before it";
+    EXPECT_EQ(seen_at_start, std::vector<int>(32, 1))
+        << "the op starts after the work queued before it";
     ASSERT_EQ(Launch(AddOne, 1, 32, 0, s, d), cudaSuccess);  // behind the op
     ASSERT_EQ(cudaEventRecord(after, s), cudaSuccess);
     EXPECT_EQ(cudaEventQuery(before), cudaSuccess);
@@ -379,7 +395,8 @@ TEST(CudaEmulatorTest, AsyncWorkHoldsItsStreamUntilItCompletes) {
     ASSERT_EQ(cudaMemGetInfo(&free_held, &total), cudaSuccess);
     ASSERT_EQ(cudaFreeAsync(scratch, s), cudaSuccess);  // behind the op
     ASSERT_EQ(cudaMemGetInfo(&free_now, &total), cudaSuccess);
-    EXPECT_EQ(free_now, free_held) << "a stream-ordered free ran before the op it follows completed";
+    EXPECT_EQ(free_now, free_held)
+        << "a stream-ordered free ran before the op it follows completed";
     quick->Complete();
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     ASSERT_EQ(cudaMemGetInfo(&free_now, &total), cudaSuccess);
@@ -388,8 +405,9 @@ TEST(CudaEmulatorTest, AsyncWorkHoldsItsStreamUntilItCompletes) {
     cudaStream_t capturing = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&capturing, cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaStreamBeginCapture(capturing, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    EXPECT_EQ(tandem_emu::EnqueueAsync(capturing, [] { return std::make_shared<tandem_emu::AsyncOp>(); }),
-              cudaErrorStreamCaptureUnsupported);
+    EXPECT_EQ(
+        tandem_emu::EnqueueAsync(capturing, [] { return std::make_shared<tandem_emu::AsyncOp>(); }),
+        cudaErrorStreamCaptureUnsupported);
     cudaGraph_t graph = nullptr;
     EXPECT_EQ(cudaStreamEndCapture(capturing, &graph), cudaErrorStreamCaptureInvalidated);
     cudaGetLastError();

@@ -1,6 +1,6 @@
-// The whole forward pass of every tiny preset on the CUDA backend against the CPU backend (F32, BF16,
-// F16, BF16 computed in F16 or with split GEMM inputs), decode graphs against op by op, and the
-// fusions against the unfused kernels, bit for bit.
+// The whole forward pass of every tiny preset on the CUDA backend against the CPU backend (F32,
+// BF16, F16, BF16 computed in F16 or with split GEMM inputs), decode graphs against op by op, and
+// the fusions against the unfused kernels, bit for bit.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -27,14 +27,14 @@
 #include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
-#include "common/engine/engine.h"
 #include "common/base/argmax.h"
+#include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
-#include "tests/unit/tiny_models.h"
 #include "tests/gpu/cuda_test_util.h"
+#include "tests/unit/tiny_models.h"
 
 namespace tandem::cuda_test {
 namespace {
@@ -52,10 +52,12 @@ uint64_t KernelsRun() {
 #endif
 }
 
-// Prefill in chunks of 16 then 8 single-token decode steps; logits of every row. `kernels` (nullable):
-// the kernels each step ran, on the emulator.
-std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std::vector<int32_t>& tokens,
-                             std::vector<uint64_t>* kernels = nullptr, DType kv_dtype = DType::kF32) {
+// Prefill in chunks of 16 then 8 single-token decode steps; logits of every row. `kernels`
+// (nullable): the kernels each step ran, on the emulator.
+std::vector<float> AllLogits(Backend* backend, const std::string& dir,
+                             const std::vector<int32_t>& tokens,
+                             std::vector<uint64_t>* kernels = nullptr,
+                             DType kv_dtype = DType::kF32) {
   auto model = LlamaModel::Load(dir, backend);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
@@ -80,8 +82,8 @@ std::vector<float> AllLogits(Backend* backend, const std::string& dir, const std
 }
 
 // `dtype`: the checkpoint's; `compute`: the GPU's compute type (unset: the checkpoint's).
-void CompareModels(const std::string& preset, DType dtype, std::optional<DType> compute = std::nullopt,
-                   bool split_inputs = false) {
+void CompareModels(const std::string& preset, DType dtype,
+                   std::optional<DType> compute = std::nullopt, bool split_inputs = false) {
   const std::string dir = testing_util::TinyModel(preset, 7, dtype);
   auto cpu = CpuBackend::Create({}).value();
   CudaBackend::Options options;
@@ -108,43 +110,50 @@ void CompareModels(const std::string& preset, DType dtype, std::optional<DType> 
       max_logit_diff = std::max(max_logit_diff, std::fabs(x[i] - y[i]));
     }
     for (int64_t i = 0; i < vocab; ++i) {
-      max_dp = std::max(max_dp, static_cast<float>(std::fabs(std::exp(x[i] - mx) / sx - std::exp(y[i] - my) / sy)));
+      max_dp = std::max(max_dp, static_cast<float>(std::fabs(std::exp(x[i] - mx) / sx -
+                                                             std::exp(y[i] - my) / sy)));
     }
     std::vector<float> sorted(x, x + vocab);
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    const int64_t top_x = std::max_element(x, x + vocab) - x, top_y = std::max_element(y, y + vocab) - y;
+    const int64_t top_x = std::max_element(x, x + vocab) - x,
+                  top_y = std::max_element(y, y + vocab) - y;
     const float margin = sorted[0] - sorted[1];
     if (margin > (dtype == DType::kF32 ? 1e-3f : 0.1f)) {
       ++clear_rows;
       EXPECT_EQ(top_x, top_y) << preset << " row " << r << " margin " << margin;
     }
   }
-  const std::string computed =
-      absl::StrCat(compute.has_value() ? absl::StrCat(" computed in ", std::string(DTypeName(*compute))) : "",
-                   split_inputs ? ", GEMM inputs split" : "");
-  std::printf("%s %s%s: max |Δlogit| %.3g, max |Δp| %.3g, top-1 checked on %d of %zu rows\n", preset.c_str(),
-              std::string(DTypeName(dtype)).c_str(), computed.c_str(), max_logit_diff, max_dp, clear_rows,
-              tokens.size());
+  const std::string computed = absl::StrCat(
+      compute.has_value() ? absl::StrCat(" computed in ", std::string(DTypeName(*compute))) : "",
+      split_inputs ? ", GEMM inputs split" : "");
+  std::printf("%s %s%s: max |Δlogit| %.3g, max |Δp| %.3g, top-1 checked on %d of %zu rows\n",
+              preset.c_str(), std::string(DTypeName(dtype)).c_str(), computed.c_str(),
+              max_logit_diff, max_dp, clear_rows, tokens.size());
   if (dtype == DType::kF32) {
     EXPECT_LE(max_logit_diff, 2e-3f) << preset;
   }
-  // In BF16 the GPU rounds each GEMM's activations to BF16 (tensor cores), the CPU keeps them in f32
-  // against the same BF16 weights: on these small random models with peaked distributions that parts
-  // the probabilities by up to ~1.7e-2 (seen on an H200). The 1e-2 bound against transformers in BF16,
-  // which rounds where the GPU does, is checked by tests/gpu/hf_forward_check.py.
-  // In F16 (an F16 checkpoint, or BF16 weights cast to F16) activations keep 11 significant bits to
-  // BF16's 8: about 1e-3 here (emulated). Split into two 16-bit terms they keep about 16, and the
-  // GPU is as close to the CPU as in F32: about 1e-5 (emulated).
+  // In BF16 the GPU rounds each GEMM's activations to BF16 (tensor cores), the CPU keeps them in
+  // f32 against the same BF16 weights: on these small random models with peaked distributions that
+  // parts the probabilities by up to ~1.7e-2 (seen on an H200). The 1e-2 bound against transformers
+  // in BF16, which rounds where the GPU does, is checked by tests/gpu/hf_forward_check.py. In F16
+  // (an F16 checkpoint, or BF16 weights cast to F16) activations keep 11 significant bits to BF16's
+  // 8: about 1e-3 here (emulated). Split into two 16-bit terms they keep about 16, and the GPU is
+  // as close to the CPU as in F32: about 1e-5 (emulated).
   const bool f16 = compute.value_or(dtype) == DType::kF16;
-  EXPECT_LE(max_dp, dtype == DType::kF32 ? 1e-2f : split_inputs ? 1e-4f : f16 ? 5e-3f : 3e-2f) << preset;
+  EXPECT_LE(max_dp, dtype == DType::kF32 ? 1e-2f
+                    : split_inputs       ? 1e-4f
+                    : f16                ? 5e-3f
+                                         : 3e-2f)
+      << preset;
   EXPECT_TRUE(gpu->CheckErrors().ok());
 }
 
 // Five prompts of 300 to 900 tokens (emulated: 16 to 64, and 780), up to four 256-key attention
 // splits; then decode steps of all five (a graph batch of 8), of three (4) and of all five again (a
 // replay), the contexts growing: logits and argmax of every step, in order.
-std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs, size_t* num_graphs,
-                                             int64_t* replays, bool batch_invariant = true,
+std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs,
+                                             size_t* num_graphs, int64_t* replays,
+                                             bool batch_invariant = true,
                                              DType kv_dtype = DType::kF32) {
   CudaBackend::Options o;
   o.batch_invariant = batch_invariant;
@@ -157,16 +166,32 @@ std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs
   std::vector<std::vector<int32_t>> tables(5);
   std::vector<std::vector<float>> outputs;
   std::mt19937 rng(9);
+  // The sequences' cached tokens: seeded values written into every block (what the decode steps
+  // attend over is all that matters here, not which prompt made it; computing 780-token prompts
+  // op by op twice per preset was most of this test's time on the emulator).
+  const KvCacheGeometry& g = kv->geometry();
+  std::vector<int32_t> all_blocks(g.num_blocks);
+  std::iota(all_blocks.begin(), all_blocks.end(), 0);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<float> f32(static_cast<size_t>(g.elements_per_layer()));
+  std::vector<uint16_t> h16(f32.size());
+  for (int64_t l = 0; l < g.num_layers; ++l) {
+    for (bool v : {false, true}) {
+      for (size_t e = 0; e < f32.size(); ++e) {
+        f32[e] = value(rng);
+        if (kv_dtype != DType::kF32)
+          h16[e] = kv_dtype == DType::kBF16 ? F32ToBf16(f32[e]) : F32ToF16(f32[e]);
+      }
+      kv->WriteBlocks(v, l, all_blocks,
+                      kv_dtype == DType::kF32 ? static_cast<const void*>(f32.data()) : h16.data());
+    }
+  }
   for (int64_t i = 0; i < 5; ++i) {
     for (int b = 0; b < 64; ++b) tables[i].push_back(static_cast<int32_t>(64 * i + b));
-    ForwardInput in;
     len[i] = kEmulated ? (i == 4 ? 780 : 16 * (i + 1)) : 300 + 150 * i;
-    for (int64_t t = 0; t < len[i]; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
-    in.seqs.push_back({len[i], 0, tables[i]});
-    std::vector<float> ignored;
-    EXPECT_TRUE(model->Forward(in, kv.get(), &ignored).ok());
   }
-  for (std::vector<int64_t> who : {std::vector<int64_t>{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {1, 3, 4}, {0, 1, 2, 3, 4}}) {
+  for (std::vector<int64_t> who :
+       {std::vector<int64_t>{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {1, 3, 4}, {0, 1, 2, 3, 4}}) {
     ForwardInput in;
     in.allow_graph = true;
     for (size_t k = 0; k < who.size(); ++k) {
@@ -203,13 +228,14 @@ TEST_P(CudaForwardTest, DecodeGraphsMatchOpByOpBitForBit) {
   for (size_t i = 0; i < eager.size(); ++i) EXPECT_EQ(eager[i], replayed[i]) << "decode step " << i;
 }
 
-// The fusions (TANDEM_CUDA_FUSION: bias and silu · up in the GEMV; the q|k|v split, q/k norms, RoPE
-// and the cache write in one kernel) change no bit of a forward pass. On the emulator, which counts
-// kernels, a step runs per layer: one fewer for RoPE, three more for the split of several tokens, two
-// for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens) one for silu · up, one for the
-// attention bias and two for the residual adds and norms it takes in, elsewhere four for the GEMM inputs
-// that the norms, attention and silu · up write already rounded; and over a cache of the weights' 16-bit
-// type, where the GEMV runs, the prologue kernel too (the q|k|v GEMV's last blocks run it).
+// The fusions (CudaTunings::fusion, --cuda-fusion: bias and silu · up in the GEMV; the q|k|v split,
+// q/k norms, RoPE and the cache write in one kernel) change no bit of a forward pass. On the
+// emulator, which counts kernels, a step runs per layer: one fewer for RoPE, three more for the
+// split of several tokens, two for Qwen3's norms; where the GEMV runs (up to kGemvMaxRows tokens)
+// one for silu · up, one for the attention bias and two for the residual adds and norms it takes
+// in, elsewhere four for the GEMM inputs that the norms, attention and silu · up write already
+// rounded; and over a cache of the weights' 16-bit type, where the GEMV runs, the prologue kernel
+// too (the q|k|v GEMV's last blocks run it).
 TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   std::vector<int32_t> tokens(44);
@@ -220,10 +246,12 @@ TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
     std::vector<uint64_t> kernels[3];
     std::vector<float> logits[3];
     for (int fusion : {0, 1, 2}) {
-      ::setenv("TANDEM_CUDA_FUSION", fusion > 0 ? "1" : "0", 1);
+      // Off through the options (--cuda-fusion=false), the prologue's through the environment
+      // variable, which overrides the options.
+      CudaBackend::Options o;
+      o.tunings.fusion = fusion > 0;
       if (fusion == 2) ::setenv("TANDEM_CUDA_GEMV_HEADS", "0", 1);
-      auto backend = CudaBackend::Create({});
-      ::unsetenv("TANDEM_CUDA_FUSION");
+      auto backend = CudaBackend::Create(o);
       ::unsetenv("TANDEM_CUDA_GEMV_HEADS");
       ASSERT_TRUE(backend.ok()) << backend.status();
       logits[fusion] = AllLogits(backend->get(), dir, tokens, &kernels[fusion], kv_dtype);
@@ -235,39 +263,48 @@ TEST_P(CudaForwardTest, FusionsChangeNoBitAndRunFewerKernels) {
     if (!kEmulated) continue;
     auto cpu = CpuBackend::Create({}).value();
     const ModelConfig c = LlamaModel::Load(dir, cpu.get()).value()->config();
-    const std::vector<int64_t> step_tokens = {16, 16, 8, 1, 1, 1, 1};  // prompt chunks, then decode steps
+    const std::vector<int64_t> step_tokens = {16, 16, 8, 1,
+                                              1,  1,  1};  // prompt chunks, then decode steps
     ASSERT_EQ(kernels[0].size(), step_tokens.size());
     for (size_t i = 0; i < kernels[0].size(); ++i) {
       const bool gemv = step_tokens[i] <= cuda::kGemvMaxRows;
-      const int64_t saved = 1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
-                            (gemv ? 3 + (c.attention_bias ? 1 : 0) + (kv_dtype == DType::kBF16 ? 1 : 0) : 4);
+      const int64_t saved =
+          1 + (step_tokens[i] > 1 ? 3 : 0) + (c.qk_norm ? 2 : 0) +
+          (gemv ? 3 + (c.attention_bias ? 1 : 0) + (kv_dtype == DType::kBF16 ? 1 : 0) : 4);
       // Every row wants logits: with the GEMV the first and the final norm go into the projections;
       // with cuBLAS the final norm rounds the LM head's input.
-      EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]), saved * c.num_hidden_layers + (gemv ? 2 : 1))
+      EXPECT_EQ(int64_t(kernels[0][i] - kernels[1][i]),
+                saved * c.num_hidden_layers + (gemv ? 2 : 1))
           << "step " << i << ", " << DTypeName(kv_dtype) << " cache";
-      EXPECT_EQ(int64_t(kernels[2][i] - kernels[1][i]), gemv && kv_dtype == DType::kBF16 ? c.num_hidden_layers : 0)
+      EXPECT_EQ(int64_t(kernels[2][i] - kernels[1][i]),
+                gemv && kv_dtype == DType::kBF16 ? c.num_hidden_layers : 0)
           << "step " << i << ", " << DTypeName(kv_dtype) << " cache: the prologue kernel a layer";
       if (i == 3) {
-        std::printf("%s decode step, %lld layers, %s cache: %llu kernels fused, %llu unfused\n", GetParam().c_str(),
-                    static_cast<long long>(c.num_hidden_layers), std::string(DTypeName(kv_dtype)).c_str(),
-                    static_cast<unsigned long long>(kernels[1][i]), static_cast<unsigned long long>(kernels[0][i]));
+        std::printf("%s decode step, %lld layers, %s cache: %llu kernels fused, %llu unfused\n",
+                    GetParam().c_str(), static_cast<long long>(c.num_hidden_layers),
+                    std::string(DTypeName(kv_dtype)).c_str(),
+                    static_cast<unsigned long long>(kernels[1][i]),
+                    static_cast<unsigned long long>(kernels[0][i]));
       }
     }
   }
 }
 
-// The same without --batch-invariant: decode steps of up to 8 rows run the GEMV with its fused norms,
-// biases, activations and residual adds, and the q|k|v prologue kernel, captured in graphs and
-// replayed: the bits of the same steps op by op (the GEMV's rows do not depend on the padding rows).
-// Mistral's steps keep an f32 cache (the prologue kernel in the graphs); the others a BF16 one, as on a
-// GPU by default (the q|k|v GEMV's last blocks running the prologue, its counters reset at each replay).
+// The same without --batch-invariant: decode steps of up to 8 rows run the GEMV with its fused
+// norms, biases, activations and residual adds, and the q|k|v prologue kernel, captured in graphs
+// and replayed: the bits of the same steps op by op (the GEMV's rows do not depend on the padding
+// rows). Mistral's steps keep an f32 cache (the prologue kernel in the graphs); the others a BF16
+// one, as on a GPU by default (the q|k|v GEMV's last blocks running the prologue, its counters
+// reset at each replay).
 TEST_P(CudaForwardTest, FusedDecodeGraphsMatchOpByOpBitForBit) {
   const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
   const DType kv_dtype = GetParam() == "tiny-mistral" ? DType::kF32 : DType::kBF16;
   size_t eager_graphs = 0, graphs = 0;
   int64_t eager_replays = 0, replays = 0;
-  const auto eager = DecodeScript(dir, false, &eager_graphs, &eager_replays, /*batch_invariant=*/false, kv_dtype);
-  const auto replayed = DecodeScript(dir, true, &graphs, &replays, /*batch_invariant=*/false, kv_dtype);
+  const auto eager =
+      DecodeScript(dir, false, &eager_graphs, &eager_replays, /*batch_invariant=*/false, kv_dtype);
+  const auto replayed =
+      DecodeScript(dir, true, &graphs, &replays, /*batch_invariant=*/false, kv_dtype);
   EXPECT_EQ(graphs, 2u);
   EXPECT_EQ(replays, 2);
   ASSERT_EQ(eager.size(), replayed.size());
@@ -283,7 +320,8 @@ TEST_P(CudaForwardTest, BF16WeightsComputedInF16MatchTheCpuEightTimesCloser) {
   CudaBackend::Options o;
   o.compute_dtype = DType::kF16;
   auto gpu = CudaBackend::Create(o).value();
-  auto model = LlamaModel::Load(testing_util::TinyModel(GetParam(), 7, DType::kBF16), gpu.get()).value();
+  auto model =
+      LlamaModel::Load(testing_util::TinyModel(GetParam(), 7, DType::kBF16), gpu.get()).value();
   EXPECT_EQ(model->KvCacheDType(std::nullopt), DType::kF16);
 }
 
@@ -291,15 +329,18 @@ TEST_P(CudaForwardTest, SplitGemmInputsOverBF16WeightsMatchTheCpuAsF32Does) {
   CompareModels(GetParam(), DType::kBF16, std::nullopt, /*split_inputs=*/true);
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest, testing_util::TinyPresets(), testing_util::PresetName);
+INSTANTIATE_TEST_SUITE_P(Presets, CudaForwardTest, testing_util::TinyPresets(),
+                         testing_util::PresetName);
 
 #ifdef TANDEM_CUDA_EMULATED
 // A step's host calls as a line, for failure messages: U upload, L launch, R read, W wait.
 std::string Pattern(const std::vector<tandem_emu::HostCallEntry>& log) {
   std::string out;
   for (const auto& e : log) {
-    out += e.kind == tandem_emu::HostCall::kUpload ? 'U' : e.kind == tandem_emu::HostCall::kLaunch ? 'L'
-           : e.kind == tandem_emu::HostCall::kRead ? 'R' : 'W';
+    out += e.kind == tandem_emu::HostCall::kUpload   ? 'U'
+           : e.kind == tandem_emu::HostCall::kLaunch ? 'L'
+           : e.kind == tandem_emu::HostCall::kRead   ? 'R'
+                                                     : 'W';
   }
   for (const auto& e : log) {
     if (e.kind == tandem_emu::HostCall::kWait) out += std::string(" ") + e.what;
@@ -312,29 +353,39 @@ std::string Pattern(const std::vector<tandem_emu::HostCallEntry>& log) {
 // it reads the step's results, and then enqueues nothing more; `reads` copies come back (one for
 // greedy rows' tokens, one for sampled rows' candidates). The step's inputs go up before its first
 // launch, while the device is idle.
-void ExpectWaitsOnlyToRead(const std::vector<tandem_emu::HostCallEntry>& log, int reads, const std::string& step) {
+void ExpectWaitsOnlyToRead(const std::vector<tandem_emu::HostCallEntry>& log, int reads,
+                           const std::string& step) {
   using tandem_emu::HostCall;
   const std::string pattern = Pattern(log);
-  const auto first_launch = std::find_if(log.begin(), log.end(), [](const auto& e) { return e.kind == HostCall::kLaunch; });
+  const auto first_launch = std::find_if(log.begin(), log.end(),
+                                         [](const auto& e) { return e.kind == HostCall::kLaunch; });
   ASSERT_NE(first_launch, log.end()) << step << ": " << pattern;
-  const auto first_read = std::find_if(first_launch, log.end(), [](const auto& e) { return e.kind == HostCall::kRead; });
+  const auto first_read = std::find_if(first_launch, log.end(),
+                                       [](const auto& e) { return e.kind == HostCall::kRead; });
   ASSERT_NE(first_read, log.end()) << step << ": " << pattern;
   for (auto e = first_launch; e != first_read; ++e) {
-    EXPECT_EQ(e->kind, HostCall::kLaunch) << step << ": a host " << (e->kind == HostCall::kWait ? "wait" : "upload")
-                                          << " (" << e->what << ") inside the step: " << pattern;
+    EXPECT_EQ(e->kind, HostCall::kLaunch)
+        << step << ": a host " << (e->kind == HostCall::kWait ? "wait" : "upload") << " ("
+        << e->what << ") inside the step: " << pattern;
   }
   for (auto e = first_read; e != log.end(); ++e) {
-    EXPECT_NE(e->kind, HostCall::kLaunch) << step << ": " << e->what << " enqueued after the step's results were read: "
-                                          << pattern;
+    EXPECT_NE(e->kind, HostCall::kLaunch)
+        << step << ": " << e->what << " enqueued after the step's results were read: " << pattern;
   }
-  EXPECT_EQ(std::count_if(log.begin(), log.end(), [](const auto& e) { return e.kind == HostCall::kRead; }), reads)
+  EXPECT_EQ(std::count_if(log.begin(), log.end(),
+                          [](const auto& e) { return e.kind == HostCall::kRead; }),
+            reads)
       << step << ": " << pattern;
 }
 
 TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
   auto backend = CudaBackend::Create({}).value();
-  auto model = LlamaModel::Load(testing_util::TinyModel("tiny-qwen3", 7, DType::kBF16), backend.get()).value();
-  auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 16, model->KvCacheDType(std::nullopt))).value();
+  auto model =
+      LlamaModel::Load(testing_util::TinyModel("tiny-qwen3", 7, DType::kBF16), backend.get())
+          .value();
+  auto kv = KvCacheStorage::Create(backend.get(),
+                                   model->KvGeometry(64, 16, model->KvCacheDType(std::nullopt)))
+                .value();
   const int64_t vocab = model->config().vocab_size;
   std::vector<std::vector<int32_t>> tables = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}};
   std::vector<int64_t> len = {0, 0, 0};
@@ -342,13 +393,13 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
   struct Step {
     std::string name;
     bool graphs = true;
-    std::vector<size_t> seqs = {0, 1};    // which sequences, one new token each
-    int64_t prompt = 0;                   // and a prompt chunk of this many tokens first
-    size_t prompt_seq = 2;                // of this sequence
-    std::vector<bool> sampled = {};       // rows that want top-8 candidates (the others their argmax)
-    std::vector<bool> logprobs = {};      // greedy rows that want their token's logprobs (top 2)
-    bool layer_listener = false;          // the prefill role's per-layer callback
-    int reads = 1;                        // copies back expected
+    std::vector<size_t> seqs = {0, 1};  // which sequences, one new token each
+    int64_t prompt = 0;                 // and a prompt chunk of this many tokens first
+    size_t prompt_seq = 2;              // of this sequence
+    std::vector<bool> sampled = {};     // rows that want top-8 candidates (the others their argmax)
+    std::vector<bool> logprobs = {};    // greedy rows that want their token's logprobs (top 2)
+    bool layer_listener = false;        // the prefill role's per-layer callback
+    int reads = 1;                      // copies back expected
     bool log = true;
   };
   auto run = [&](const Step& st) {
@@ -356,7 +407,8 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
     ForwardInput in;
     in.allow_graph = true;
     if (st.prompt > 0) {
-      for (int64_t t = 0; t < st.prompt; ++t) in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
+      for (int64_t t = 0; t < st.prompt; ++t)
+        in.token_ids.push_back(static_cast<int32_t>(rng() % vocab));
       in.seqs.push_back({st.prompt, len[st.prompt_seq], tables[st.prompt_seq]});
       len[st.prompt_seq] += st.prompt;
       in.logits_rows.push_back(static_cast<int32_t>(st.prompt - 1));
@@ -372,7 +424,8 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
       const bool sampled = k < st.sampled.size() && st.sampled[k];
       in.argmax_only.push_back(sampled ? 0 : 1);
       in.sample_top_k.push_back(sampled ? 8 : 0);
-      in.logprob_tokens.push_back(k < st.logprobs.size() && st.logprobs[k] ? -1 : ForwardInput::kNoLogprobs);
+      in.logprob_tokens.push_back(
+          k < st.logprobs.size() && st.logprobs[k] ? -1 : ForwardInput::kNoLogprobs);
     }
     if (st.sampled.empty()) in.sample_top_k.clear();
     if (st.logprobs.empty()) in.logprob_tokens.clear();
@@ -394,7 +447,8 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
     if (!in.logprob_tokens.empty()) {
       ASSERT_EQ(lp.size(), in.logits_rows.size()) << st.name;
       for (size_t r = 0; r < lp.size(); ++r) {
-        EXPECT_EQ(lp[r].has_value(), in.logprob_tokens[r] != ForwardInput::kNoLogprobs) << st.name << " row " << r;
+        EXPECT_EQ(lp[r].has_value(), in.logprob_tokens[r] != ForwardInput::kNoLogprobs)
+            << st.name << " row " << r;
         if (lp[r].has_value()) {
           EXPECT_EQ(lp[r]->token, argmax[r]) << st.name << " row " << r;
         }
@@ -402,23 +456,42 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
     }
     if (st.log) ExpectWaitsOnlyToRead(calls, st.reads, st.name);
   };
-  run({.name = "prompt of sequence 0", .graphs = false, .seqs = {}, .prompt = 16, .prompt_seq = 0, .log = false});
-  run({.name = "prompt of sequence 1", .graphs = false, .seqs = {}, .prompt = 24, .prompt_seq = 1, .log = false});
+  run({.name = "prompt of sequence 0",
+       .graphs = false,
+       .seqs = {},
+       .prompt = 16,
+       .prompt_seq = 0,
+       .log = false});
+  run({.name = "prompt of sequence 1",
+       .graphs = false,
+       .seqs = {},
+       .prompt = 24,
+       .prompt_seq = 1,
+       .log = false});
   run({.name = "greedy, captured", .log = false});
   run({.name = "greedy, a graph replayed"});
   run({.name = "greedy, op by op", .graphs = false});
-  // The first step of a kind allocates its buffers (and zeroes them: a memset enqueued before the step).
+  // The first step of a kind allocates its buffers (and zeroes them: a memset enqueued before the
+  // step).
   run({.name = "top-k, the sampling buffer's first use", .sampled = {true, true}, .log = false});
   run({.name = "top-k, a graph replayed", .sampled = {true, true}});
   run({.name = "top-k and greedy, a graph replayed", .sampled = {true, false}, .reads = 2});
   run({.name = "top-k, op by op", .graphs = false, .sampled = {true, true}});
-  run({.name = "greedy with logprobs, the logprobs buffer's first use", .logprobs = {true, true}, .log = false});
+  run({.name = "greedy with logprobs, the logprobs buffer's first use",
+       .logprobs = {true, true},
+       .log = false});
   run({.name = "greedy with logprobs, a graph replayed", .logprobs = {true, true}, .reads = 2});
-  run({.name = "top-k and greedy with logprobs, a graph replayed", .sampled = {true, false}, .logprobs = {false, true},
+  run({.name = "top-k and greedy with logprobs, a graph replayed",
+       .sampled = {true, false},
+       .logprobs = {false, true},
        .reads = 3});
   run({.name = "a prompt chunk beside a decode row", .seqs = {0}, .prompt = 8});
-  run({.name = "a prompt chunk, the prefill role's layer callbacks", .seqs = {}, .prompt = 8, .layer_listener = true});
-  EXPECT_EQ(model->graph_replays(), 7) << "one graph, captured by the first decode step, replayed by the others";
+  run({.name = "a prompt chunk, the prefill role's layer callbacks",
+       .seqs = {},
+       .prompt = 8,
+       .layer_listener = true});
+  EXPECT_EQ(model->graph_replays(), 7)
+      << "one graph, captured by the first decode step, replayed by the others";
   EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
   EXPECT_TRUE(backend->CheckErrors().ok());
 }

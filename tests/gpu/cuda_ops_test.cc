@@ -1,6 +1,6 @@
 // The CUDA backend's ops against the CPU backend: embedding, norms, GEMMs and the GEMV with its
-// fused prologues and epilogues, 16-bit compute types, rounding handoffs, block copies, marks, memory,
-// tunings, profiling, RoPE and the elementwise ops (tolerances: cuda_test_util.h).
+// fused prologues and epilogues, 16-bit compute types, rounding handoffs, block copies, marks,
+// memory, tunings, profiling, RoPE and the elementwise ops (tolerances: cuda_test_util.h).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -27,14 +27,14 @@
 #include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
-#include "common/engine/engine.h"
 #include "common/base/argmax.h"
+#include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
-#include "tests/unit/tiny_models.h"
 #include "tests/gpu/cuda_test_util.h"
+#include "tests/unit/tiny_models.h"
 
 namespace tandem::cuda_test {
 namespace {
@@ -77,11 +77,13 @@ TEST_F(CudaBackendTest, LinearMatchesInEveryDtypeAndBatch) {
         auto x = Random(n * cols, 6 + n);
         std::vector<float> x_ref = x;
         float* xg = Up(x);
-        // The GPU feeds 16-bit weights' GEMMs with activations rounded to the same type (its GEMV for
-        // a few rows keeps them in f32).
+        // The GPU feeds 16-bit weights' GEMMs with activations rounded to the same type (its GEMV
+        // for a few rows keeps them in f32).
         if (!cuda::GemvCovers(n, dt, cols, xg, wg.data)) {
-          if (dt == DType::kBF16) for (float& v : x_ref) v = Bf16ToF32(F32ToBf16(v));
-          if (dt == DType::kF16) for (float& v : x_ref) v = F16ToF32(F32ToF16(v));
+          if (dt == DType::kBF16)
+            for (float& v : x_ref) v = Bf16ToF32(F32ToBf16(v));
+          if (dt == DType::kF16)
+            for (float& v : x_ref) v = F16ToF32(F32ToF16(v));
         }
         std::vector<float> ref(n * rows);
         cpu_->Linear(x_ref.data(), n, wc, with_bias ? &bc : nullptr, ref.data());
@@ -95,10 +97,12 @@ TEST_F(CudaBackendTest, LinearMatchesInEveryDtypeAndBatch) {
 }
 
 // The decode GEMV on model-sized shapes (odd column counts, the unrolled loop and its tail) against
-// a double-precision product of the same rounded weights and f32 activations; every row the same bits
-// whatever the number of rows beside it.
+// a double-precision product of the same rounded weights and f32 activations; every row the same
+// bits whatever the number of rows beside it.
 TEST_F(CudaBackendTest, GemvMatchesADoubleProductAndIsTheSameForEveryRowCount) {
-  struct Shape { int64_t m, k; };
+  struct Shape {
+    int64_t m, k;
+  };
   for (const Shape sh : {Shape{1000, 896}, Shape{333, 4096}, Shape{70, 8}, Shape{9, 1160}}) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       const auto w = Random(sh.m * sh.k, 31, 0.05f);
@@ -127,34 +131,40 @@ TEST_F(CudaBackendTest, GemvMatchesADoubleProductAndIsTheSameForEveryRowCount) {
           }
         }
         // f32 accumulation of k exact products: well under k · 2^-24 of the sum of magnitudes.
-        EXPECT_LE(worst, 1e-6 * std::sqrt(double(sh.k))) << DTypeName(dt) << " m " << sh.m << " k " << sh.k << " n " << n;
+        EXPECT_LE(worst, 1e-6 * std::sqrt(double(sh.k)))
+            << DTypeName(dt) << " m " << sh.m << " k " << sh.k << " n " << n;
         if (n == 1) alone = got;
         EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + sh.m), alone)
             << "row 0 alone vs with " << n - 1 << " others: " << DTypeName(dt) << " k " << sh.k;
         // Two or four columns a warp: the same bits.
         for (int columns : {2, 4}) {
           float* other = Zeros(n * sh.m);
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, other, nullptr, columns), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, other, nullptr, columns),
+                    cudaSuccess);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          EXPECT_EQ(Down(other, n * sh.m), got) << columns << " columns a warp: " << DTypeName(dt) << " m " << sh.m
-                                                << " k " << sh.k << " n " << n;
+          EXPECT_EQ(Down(other, n * sh.m), got) << columns << " columns a warp: " << DTypeName(dt)
+                                                << " m " << sh.m << " k " << sh.k << " n " << n;
         }
       }
     }
   }
-  EXPECT_EQ(cuda::LaunchGemv(nullptr, 1, DType::kBF16, nullptr, 8, 8, nullptr, nullptr, 3), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchGemv(nullptr, 1, DType::kBF16, nullptr, 8, 8, nullptr, nullptr, 3),
+            cudaErrorInvalidValue);
   // Outside its shapes Linear goes to cuBLAS: k not a multiple of 8, more rows than it takes, F32.
   EXPECT_FALSE(cuda::GemvCovers(1, DType::kBF16, 100, nullptr, nullptr));
   EXPECT_FALSE(cuda::GemvCovers(cuda::kGemvMaxRows + 1, DType::kBF16, 64, nullptr, nullptr));
   EXPECT_FALSE(cuda::GemvCovers(1, DType::kF32, 64, nullptr, nullptr));
 }
 
-// The GEMV's epilogues (gemv.h) give the bits of the plain GEMV followed by the kernel they replace: the
-// bias add, and silu · up over a [2m][k] gate|up weight; in every row count and columns a warp. Through
-// the backend, LinearSiluMul matches the CPU's Linear then SiluMulPacked.
+// The GEMV's epilogues (gemv.h) give the bits of the plain GEMV followed by the kernel they
+// replace: the bias add, and silu · up over a [2m][k] gate|up weight; in every row count and
+// columns a warp. Through the backend, LinearSiluMul matches the CPU's Linear then SiluMulPacked.
 TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
-  struct Shape { int64_t m, k; };
-  const std::vector<int64_t> rows = kEmulated ? std::vector<int64_t>{1, 3, 8} : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8};
+  struct Shape {
+    int64_t m, k;
+  };
+  const std::vector<int64_t> rows =
+      kEmulated ? std::vector<int64_t>{1, 3, 8} : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8};
   for (const Shape sh : {Shape{1000, 896}, Shape{333, 1024}, Shape{9, 1160}}) {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       const auto w = Random(2 * sh.m * sh.k, 51, 0.05f), x = Random(cuda::kGemvMaxRows * sh.k, 52),
@@ -163,28 +173,38 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
       float *xg = Up(x), *bg = Up(bias);
       for (int64_t n : rows) {
         for (int columns : {1, 2, 4}) {
-          const std::string what = absl::StrCat(std::string(DTypeName(dt)), " m ", sh.m, " k ", sh.k, " n ", n, " columns ", columns);
+          const std::string what = absl::StrCat(std::string(DTypeName(dt)), " m ", sh.m, " k ",
+                                                sh.k, " n ", n, " columns ", columns);
           // The bias: the first m rows of the weight.
           float *plain = Zeros(n * sh.m), *fused = Zeros(n * sh.m);
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, plain, nullptr, columns), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, plain, nullptr, columns),
+                    cudaSuccess);
           ASSERT_EQ(cuda::LaunchAddBias(plain, bg, n, sh.m, nullptr), cudaSuccess);
           cuda::GemvEpilogue with_bias;
           with_bias.bias = bg;
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, fused, nullptr, columns, with_bias), cudaSuccess);
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (launched on the legacy stream; Down reads on the backend's)
+          ASSERT_EQ(
+              cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, fused, nullptr, columns, with_bias),
+              cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(),
+                    cudaSuccess);  // (launched on the legacy stream; Down reads on the backend's)
           EXPECT_EQ(Down(fused, n * sh.m), Down(plain, n * sh.m)) << "bias, " << what;
           // silu · up: all 2m rows, then the packed activation.
-          float *gate_up = Zeros(n * 2 * sh.m), *separate = Zeros(n * sh.m), *silu = Zeros(n * sh.m);
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, 2 * sh.m, sh.k, gate_up, nullptr, columns), cudaSuccess);
+          float *gate_up = Zeros(n * 2 * sh.m), *separate = Zeros(n * sh.m),
+                *silu = Zeros(n * sh.m);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, 2 * sh.m, sh.k, gate_up, nullptr, columns),
+                    cudaSuccess);
           ASSERT_EQ(cuda::LaunchSiluMulPacked(gate_up, n, sh.m, separate, nullptr), cudaSuccess);
           cuda::GemvEpilogue silu_mul;
           silu_mul.silu_mul = true;
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, silu, nullptr, columns, silu_mul), cudaSuccess);
+          ASSERT_EQ(
+              cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, silu, nullptr, columns, silu_mul),
+              cudaSuccess);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           EXPECT_EQ(Down(silu, n * sh.m), Down(separate, n * sh.m)) << "silu-mul, " << what;
           if (columns != 1) continue;  // the norm and the accumulation take one column a warp
           // The norm prologue, with each epilogue: RmsNorm then the GEMV.
-          const DeviceWeight nw = gpu_->UploadWeight(View(Random(sh.k, 55), 1, sh.k, DType::kF32)).value();
+          const DeviceWeight nw =
+              gpu_->UploadWeight(View(Random(sh.k, 55), 1, sh.k, DType::kF32)).value();
           cuda::GemvPrologue norm;
           norm.norm = static_cast<const float*>(nw.data);
           norm.eps = 1e-5f;
@@ -192,20 +212,25 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
           ASSERT_EQ(cuda::LaunchRmsNorm(xg, norm.norm, norm.eps, n, sh.k, h, nullptr), cudaSuccess);
           for (const cuda::GemvEpilogue& e : {cuda::GemvEpilogue{}, with_bias, silu_mul}) {
             float *two = Zeros(n * sh.m), *one = Zeros(n * sh.m);
-            ASSERT_EQ(cuda::LaunchGemv(h, n, dt, wg.data, sh.m, sh.k, two, nullptr, 1, e), cudaSuccess);
-            ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, one, nullptr, 1, e, norm), cudaSuccess);
+            ASSERT_EQ(cuda::LaunchGemv(h, n, dt, wg.data, sh.m, sh.k, two, nullptr, 1, e),
+                      cudaSuccess);
+            ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, one, nullptr, 1, e, norm),
+                      cudaSuccess);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             EXPECT_EQ(Down(one, n * sh.m), Down(two, n * sh.m))
-                << "norm prologue, bias " << (e.bias != nullptr) << " silu " << e.silu_mul << ", " << what;
+                << "norm prologue, bias " << (e.bias != nullptr) << " silu " << e.silu_mul << ", "
+                << what;
           }
           // The residual add: out += the GEMV.
           const std::vector<float> residual = Random(n * sh.m, 56);
           float *acc = Up(residual), *sum = Up(residual);
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, plain, nullptr, 1), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, plain, nullptr, 1),
+                    cudaSuccess);
           ASSERT_EQ(cuda::LaunchAdd(sum, plain, n * sh.m, nullptr), cudaSuccess);
           cuda::GemvEpilogue accumulate;
           accumulate.accumulate = true;
-          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, acc, nullptr, 1, accumulate), cudaSuccess);
+          ASSERT_EQ(cuda::LaunchGemv(xg, n, dt, wg.data, sh.m, sh.k, acc, nullptr, 1, accumulate),
+                    cudaSuccess);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           EXPECT_EQ(Down(acc, n * sh.m), Down(sum, n * sh.m)) << "accumulate, " << what;
         }
@@ -213,34 +238,41 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
       // The backend's ops against the CPU's.
       const DeviceWeight wc = cpu_->UploadWeight(View(w, 2 * sh.m, sh.k, dt)).value();
       {
-        const std::vector<float> nv = Random(sh.k, 57), res = Random(sh.m * 2 * 2, 58), xn = Random(2 * sh.k, 59);
+        const std::vector<float> nv = Random(sh.k, 57), res = Random(sh.m * 2 * 2, 58),
+                                 xn = Random(2 * sh.k, 59);
         const DeviceWeight ng = gpu_->UploadWeight(View(nv, 1, sh.k, DType::kF32)).value();
         const DeviceWeight nc = cpu_->UploadWeight(View(nv, 1, sh.k, DType::kF32)).value();
         ASSERT_TRUE(gpu_->FusesNormsIntoLinear(2, wg));
         std::vector<float> h(2 * sh.k), scratch(2 * 2 * sh.m), ref(2 * sh.m), x_ref = xn;
-        cpu_->RmsNormLinear(x_ref.data(), 2, nc, 1e-5f, wc, nullptr, /*silu_mul=*/true, h.data(), scratch.data(),
-                            ref.data());
+        cpu_->RmsNormLinear(x_ref.data(), 2, nc, 1e-5f, wc, nullptr, /*silu_mul=*/true, h.data(),
+                            scratch.data(), ref.data());
         float* out = Zeros(2 * sh.m);
-        gpu_->RmsNormLinear(Up(xn), 2, ng, 1e-5f, wg, nullptr, /*silu_mul=*/true, Zeros(2 * sh.k), Zeros(4 * sh.m), out);
-        EXPECT_LE(MaxRelDiff(Down(out, 2 * sh.m), ref), 1e-4f) << "RmsNormLinear, " << DTypeName(dt);
+        gpu_->RmsNormLinear(Up(xn), 2, ng, 1e-5f, wg, nullptr, /*silu_mul=*/true, Zeros(2 * sh.k),
+                            Zeros(4 * sh.m), out);
+        EXPECT_LE(MaxRelDiff(Down(out, 2 * sh.m), ref), 1e-4f)
+            << "RmsNormLinear, " << DTypeName(dt);
         std::vector<float> acc_ref = res;
         cpu_->LinearResidual(xn.data(), 2, wc, scratch.data(), acc_ref.data());
         float* acc = Up(res);
         gpu_->LinearResidual(Up(xn), 2, wg, Zeros(4 * sh.m), acc);
-        EXPECT_LE(MaxRelDiff(Down(acc, 4 * sh.m), acc_ref), 1e-4f) << "LinearResidual, " << DTypeName(dt);
+        EXPECT_LE(MaxRelDiff(Down(acc, 4 * sh.m), acc_ref), 1e-4f)
+            << "LinearResidual, " << DTypeName(dt);
       }
       for (int64_t n : {int64_t{1}, cuda::kGemvMaxRows, cuda::kGemvMaxRows + 3}) {
         const auto xn = Random(n * sh.k, 54 + n);
         std::vector<float> x_ref = xn, scratch(n * 2 * sh.m), ref(n * sh.m);
         float* xng = Up(xn);
-        if (!cuda::GemvCovers(n, dt, sh.k, xng, wg.data)) {  // cuBLAS: activations rounded to the weights' type
-          for (float& v : x_ref) v = dt == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : F16ToF32(F32ToF16(v));
+        if (!cuda::GemvCovers(n, dt, sh.k, xng,
+                              wg.data)) {  // cuBLAS: activations rounded to the weights' type
+          for (float& v : x_ref)
+            v = dt == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : F16ToF32(F32ToF16(v));
         }
         cpu_->Linear(x_ref.data(), n, wc, nullptr, scratch.data());
         cpu_->SiluMulPacked(scratch.data(), n, sh.m, ref.data());
         float* out = Zeros(n * sh.m);
         gpu_->LinearSiluMul(xng, n, wg, Zeros(n * 2 * sh.m), out);
-        EXPECT_LE(MaxRelDiff(Down(out, n * sh.m), ref), 1e-4f) << DTypeName(dt) << " m " << sh.m << " n " << n;
+        EXPECT_LE(MaxRelDiff(Down(out, n * sh.m), ref), 1e-4f)
+            << DTypeName(dt) << " m " << sh.m << " n " << n;
       }
     }
   }
@@ -257,8 +289,8 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
   EXPECT_FALSE(cuda::GemvTakes({}, {}, 3));
   EXPECT_TRUE(cuda::GemvTakes(accumulate, {}, 1));
   EXPECT_TRUE(cuda::GemvTakes({}, norm, 1));
-  EXPECT_EQ(cuda::LaunchGemv(reinterpret_cast<const float*>(16), 1, DType::kBF16, reinterpret_cast<const void*>(16), 8,
-                             8, nullptr, nullptr, 1, both),
+  EXPECT_EQ(cuda::LaunchGemv(reinterpret_cast<const float*>(16), 1, DType::kBF16,
+                             reinterpret_cast<const void*>(16), 8, 8, nullptr, nullptr, 1, both),
             cudaErrorInvalidValue);
 }
 
@@ -283,23 +315,25 @@ TEST_F(CudaBackendTest, SplitGemmInputsGiveAboutTheF32ProductInEitherShape) {
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t j = 0; j < m; ++j) {
         double exact = 0;
-        for (int64_t i = 0; i < k; ++i) exact += double(Bf16ToF32(F32ToBf16(wv[j * k + i]))) * xv[r * k + i];
+        for (int64_t i = 0; i < k; ++i)
+          exact += double(Bf16ToF32(F32ToBf16(wv[j * k + i]))) * xv[r * k + i];
         worst_split = std::max(worst_split, std::fabs(got[r * m + j] - exact));
         worst_plain = std::max(worst_plain, std::fabs(plain[r * m + j] - exact));
       }
     }
-    std::printf("n=%lld: max |error| split %.3g, BF16-rounded inputs %.3g\n", static_cast<long long>(n), worst_split,
-                worst_plain);
+    std::printf("n=%lld: max |error| split %.3g, BF16-rounded inputs %.3g\n",
+                static_cast<long long>(n), worst_split, worst_plain);
     EXPECT_LE(worst_split, 2e-4) << n;
     EXPECT_GT(worst_plain, 20 * worst_split) << n;  // (what splitting is for)
   }
 }
 
 // KV blocks to and from the host for the TCP transfer's staging: one gather or scatter on the copy
-// stream, in index order; a gather after the ops enqueued before it (the emulator's deferred streams,
-// emu.cuda_backend.ops_reversed, see old bytes without that order).
+// stream, in index order; a gather after the ops enqueued before it (the emulator's deferred
+// streams, emu.cuda_backend.ops_reversed, see old bytes without that order).
 TEST_F(CudaBackendTest, BlocksGatherToAndScatterFromTheHostInIndexOrder) {
-  const size_t floats = 16 * 2 * 64 / 2, bytes = floats * sizeof(float);  // a BF16 block of 16 tokens, 2 heads of 64
+  const size_t floats = 16 * 2 * 64 / 2,
+               bytes = floats * sizeof(float);  // a BF16 block of 16 tokens, 2 heads of 64
   const int64_t blocks = 12;
   const std::vector<float> initial = Random(blocks * floats, 91);
   float* cache = Up(initial);
@@ -324,15 +358,18 @@ TEST_F(CudaBackendTest, BlocksGatherToAndScatterFromTheHostInIndexOrder) {
   for (size_t j = 0; j < odd.size(); ++j) odd[j] = std::byte(0x40 + j);
   gpu_->ScatterFromHost(base, {1, 0}, 3, odd.data());
   gpu_->GatherToHost(base, {0, 1}, 3, back.data(), true);
-  EXPECT_EQ(std::vector<std::byte>(back.begin(), back.begin() + 3), std::vector<std::byte>(odd.begin() + 3, odd.end()));
-  EXPECT_EQ(std::vector<std::byte>(back.begin() + 3, back.end()), std::vector<std::byte>(odd.begin(), odd.begin() + 3));
+  EXPECT_EQ(std::vector<std::byte>(back.begin(), back.begin() + 3),
+            std::vector<std::byte>(odd.begin() + 3, odd.end()));
+  EXPECT_EQ(std::vector<std::byte>(back.begin() + 3, back.end()),
+            std::vector<std::byte>(odd.begin(), odd.begin() + 3));
   EXPECT_TRUE(gpu_->CheckErrors().ok());
 }
 
 // A KV transfer waits on a mark taken as its layer was enqueued, while later layers compute.
 TEST_F(CudaBackendTest, AMarkWaitsForTheWorkBeforeItAlone) {
   const int64_t n = kEmulated ? 8 : 2048, d = kEmulated ? 64 : 4096;
-  const DeviceWeight w = gpu_->UploadWeight(View(Random(d * d, 81, 0.02f), d, d, DType::kBF16)).value();
+  const DeviceWeight w =
+      gpu_->UploadWeight(View(Random(d * d, 81, 0.02f), d, d, DType::kBF16)).value();
   float *x = Up(Random(n * d, 82)), *out = Zeros(n * d);
   gpu_->Linear(x, n, w, nullptr, out);
   const std::shared_ptr<WorkMark> first = gpu_->Mark();
@@ -352,12 +389,12 @@ TEST_F(CudaBackendTest, AMarkWaitsForTheWorkBeforeItAlone) {
 }
 
 // The norms and silu · up write their output rounded for a cuBLAS GEMM that reads it next (steps of
-// more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input, and
-// an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
+// more rows than the GEMV takes): that GEMM gives the bits of one over a fresh copy of its input,
+// and an op between the two (here an Add that changes the input) makes the GEMM convert it afresh.
 TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
   const int64_t n = 40, d = 256, m = 96;
-  const std::vector<float> wv = Random(m * d, 71, 0.05f), norm = Random(d, 72), xv = Random(n * d, 73),
-                           yv = Random(n * d, 74), zv = Random(n * d, 75);
+  const std::vector<float> wv = Random(m * d, 71, 0.05f), norm = Random(d, 72),
+                           xv = Random(n * d, 73), yv = Random(n * d, 74), zv = Random(n * d, 75);
   const DeviceWeight w = gpu_->UploadWeight(View(wv, m, d, DType::kBF16)).value();
   const DeviceWeight nw = gpu_->UploadWeight(View(norm, 1, d, DType::kF32)).value();
   // GEMM over a fresh device copy of `input`.
@@ -371,7 +408,8 @@ TEST_F(CudaBackendTest, RoundedGemmInputsServeOnlyTheOpRightAfter) {
     gpu_->AddRmsNorm(x, Up(yv), nw, 1e-6f, n, d, h);
     if (between) gpu_->Add(h, Up(zv), n * d);
     gpu_->Linear(h, n, w, nullptr, out);
-    EXPECT_EQ(Down(out, n * m), fresh(Down(h, n * d))) << (between ? "an Add between" : "right after");
+    EXPECT_EQ(Down(out, n * m), fresh(Down(h, n * d)))
+        << (between ? "an Add between" : "right after");
   }
   // silu · up, and the plain norm.
   float *gu = Up(Random(n * 2 * d, 76)), *act = Zeros(n * d), *out = Zeros(n * m);
@@ -393,7 +431,8 @@ TEST_F(CudaBackendTest, ComputeDTypeCastsSixteenBitWeightsAndRefusesWhatF16Canno
   EXPECT_EQ(f16->StoredWeightDType(DType::kF32), DType::kF32);
   EXPECT_EQ(gpu_->StoredWeightDType(DType::kBF16), DType::kBF16);
   EXPECT_NE(f16->device_description().find("16-bit weights and GEMMs in F16"), std::string::npos);
-  // BF16 values F16 holds exactly (2^-14..65504), and ones below that, which round to F16's subnormals.
+  // BF16 values F16 holds exactly (2^-14..65504), and ones below that, which round to F16's
+  // subnormals.
   std::vector<float> values = Random(4 * 64, 31);
   values[0] = 65280.f;  // the largest BF16 value below F16's 65504 (the next, 65536, is beyond it)
   values[1] = -3.0e-6f;
@@ -410,14 +449,17 @@ TEST_F(CudaBackendTest, ComputeDTypeCastsSixteenBitWeightsAndRefusesWhatF16Canno
       EXPECT_EQ(F16ToF32(back[i]), bf16) << i;  // exact in F16's normal range
     }
   }
-  // Every BF16 value F16 can hold, through the upload's vector path: the bits of the scalar conversion.
+  // Every BF16 value F16 can hold, through the upload's vector path: the bits of the scalar
+  // conversion.
   std::vector<float> every;
   for (uint32_t bits = 0; bits < 65536; ++bits) {
     const float f = Bf16ToF32(static_cast<uint16_t>(bits));
     if (std::fabs(f) <= 65504.f) every.push_back(f);
   }
   every.resize(every.size() / 64 * 64);
-  const DeviceWeight all = f16->UploadWeight(View(every, static_cast<int64_t>(every.size() / 64), 64, DType::kBF16)).value();
+  const DeviceWeight all =
+      f16->UploadWeight(View(every, static_cast<int64_t>(every.size() / 64), 64, DType::kBF16))
+          .value();
   std::vector<uint16_t> all_back(every.size());
   f16->CopyToHost(all_back.data(), all.data, all_back.size() * 2);
   int64_t differ = 0;
@@ -443,23 +485,29 @@ TEST_F(CudaBackendTest, ComputeDTypeCastsSixteenBitWeightsAndRefusesWhatF16Canno
 }
 
 TEST_F(CudaBackendTest, BadTuningVariablesAreRefusedAtStart) {
-  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"TANDEM_CUDA_FUSION", "2"}, {"TANDEM_CUDA_GEMV_NORM", "yes"}, {"TANDEM_CUDA_GEMV_HEADS", "on"},
-           {"TANDEM_CUDA_GEMV_COLUMNS", "3"}, {"TANDEM_CUDA_GRID_SPLIT_KEYS", "48"}}) {
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, const char*>>{{"TANDEM_CUDA_FUSION", "2"},
+                                                        {"TANDEM_CUDA_GEMV_NORM", "yes"},
+                                                        {"TANDEM_CUDA_GEMV_HEADS", "on"},
+                                                        {"TANDEM_CUDA_GEMV_COLUMNS", "3"},
+                                                        {"TANDEM_CUDA_GRID_SPLIT_KEYS", "48"}}) {
     ::setenv(name, value, 1);
     auto backend = CudaBackend::Create({});
     ::unsetenv(name);
     ASSERT_FALSE(backend.ok()) << name;
     EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(backend.status().message()).find(name), std::string::npos) << backend.status();
+    EXPECT_NE(std::string(backend.status().message()).find(name), std::string::npos)
+        << backend.status();
   }
   ::setenv("TANDEM_CUDA_GEMV_NORM", "0", 1);
   auto off = CudaBackend::Create({});
   ::unsetenv("TANDEM_CUDA_GEMV_NORM");
   ASSERT_TRUE(off.ok()) << off.status();
-  const DeviceWeight w = (*off)->UploadWeight(View(Random(64 * 64, 1), 64, 64, DType::kBF16)).value();
+  const DeviceWeight w =
+      (*off)->UploadWeight(View(Random(64 * 64, 1), 64, 64, DType::kBF16)).value();
   EXPECT_FALSE((*off)->FusesNormsIntoLinear(1, w));
-  EXPECT_TRUE(gpu_->FusesNormsIntoLinear(1, gpu_->UploadWeight(View(Random(64 * 64, 1), 64, 64, DType::kBF16)).value()));
+  EXPECT_TRUE(gpu_->FusesNormsIntoLinear(
+      1, gpu_->UploadWeight(View(Random(64 * 64, 1), 64, 64, DType::kBF16)).value()));
 }
 
 TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
@@ -488,8 +536,9 @@ TEST_F(CudaBackendTest, OpProfilingTimesEachOpOutsideCaptures) {
   EXPECT_EQ(gpu_->OpProfileReport(), "");
 }
 
-// Buffers come from the stream-ordered pool and go back in the stream's order: once freed, the memory
-// counts as free again (the plan that sizes the KV pool reads it), and none is taken inside a capture.
+// Buffers come from the stream-ordered pool and go back in the stream's order: once freed, the
+// memory counts as free again (the plan that sizes the KV pool reads it), and none is taken inside
+// a capture.
 TEST_F(CudaBackendTest, FreedBuffersCountAsFreeAgainAndNoneIsAllocatedInACapture) {
   const DeviceMemory before = gpu_->Memory().value();
   constexpr size_t kBytes = size_t{64} << 20;
@@ -502,7 +551,8 @@ TEST_F(CudaBackendTest, FreedBuffersCountAsFreeAgainAndNoneIsAllocatedInACapture
   }
   const DeviceMemory after = gpu_->Memory().value();
   EXPECT_EQ(after.own_bytes, before.own_bytes);
-  EXPECT_GE(after.free_bytes, before.free_bytes - (int64_t{2} << 20)) << "the freed buffer stayed in the pool";
+  EXPECT_GE(after.free_bytes, before.free_bytes - (int64_t{2} << 20))
+      << "the freed buffer stayed in the pool";
   ASSERT_TRUE(gpu_->BeginCapture().ok());
   auto refused = gpu_->Allocate(4096);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
@@ -526,7 +576,8 @@ TEST_F(CudaBackendTest, BatchInvariantLinearGivesEveryRowTheSameBitsAloneOrBatch
     for (int64_t r : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{130}, n - 1}) {
       inv->Linear(xb->f32() + r * cols, 1, wg, nullptr, one->f32());
       inv->CopyToHost(alone.data(), one->data(), alone.size() * 4);
-      EXPECT_EQ(std::vector<float>(batched.begin() + r * rows, batched.begin() + (r + 1) * rows), alone)
+      EXPECT_EQ(std::vector<float>(batched.begin() + r * rows, batched.begin() + (r + 1) * rows),
+                alone)
           << DTypeName(dt) << " row " << r;
     }
   }
@@ -540,7 +591,8 @@ TEST_F(CudaBackendTest, RopeMatches) {
     std::vector<int32_t> pos(n);
     for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i * 173 % 4000);
     std::vector<float> inv(hd / 2);
-    for (int64_t i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
+    for (int64_t i = 0; i < hd / 2; ++i)
+      inv[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / hd));
     float *qg = Up(q), *kg = Up(k);
     gpu_->Rope(qg, kg, Up(pos), Up(inv), n, hq, hk, hd);
     cpu_->Rope(q.data(), k.data(), pos.data(), inv.data(), n, hq, hk, hd);
@@ -612,7 +664,8 @@ TEST_F(CudaBackendTest, BadLaunchBecomesTheStickyError) {
   md.num_seqs = 1;
   md.num_tokens = 1;
   auto buf = other->Allocate(1 << 20).value();
-  other->PagedAttention(buf->f32(), buf->f32(), buf->f32(), buf->f32(), buf->f32(), g, 0, md, 1, 1.f, buf->f32());
+  other->PagedAttention(buf->f32(), buf->f32(), buf->f32(), buf->f32(), buf->f32(), g, 0, md, 1,
+                        1.f, buf->f32());
   const absl::Status s = other->CheckErrors();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("paged attention"), std::string_view::npos) << s;

@@ -26,19 +26,20 @@
 #include "common/backend/cuda/prefill_attention.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
-#include "common/engine/engine.h"
 #include "common/base/argmax.h"
+#include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
-#include "tests/unit/tiny_models.h"
 #include "tests/gpu/cuda_test_util.h"
+#include "tests/unit/tiny_models.h"
 
 namespace tandem::cuda_test {
 namespace {
 TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t d = 151936;  // Qwen 2.5's vocabulary: many elements per thread
   std::vector<float> x = Random(6 * d, 31);
   x[0 * d + 70000] = x[0 * d + 150000] = x[0 * d + 5] = 50.f;  // ties: the lowest id wins
@@ -62,17 +63,18 @@ TEST_F(CudaBackendTest, ArgmaxRowsMatchesTheCpu) {
 }
 
 // Top-k candidates on the device (radix select, then a bitonic sort) against a plain sort (value,
-// then lower id; NaN as -inf; -0 equal to +0), on a Qwen-sized vocabulary and a small one, for k from 1
-// to 256 and per-row k (0 skips a row, leaving its outputs alone): rows with ties around the cut, NaN,
-// an -inf tail, +inf, signed zeros and a row of one value. The sampler finishing from the candidates
-// gives the token it gives from the whole row.
-// The engine sampling where the logits are (every kind of step) against the same engine on the same
-// GPU sampling on the host (EngineOptions::device_sampling false), over a tiny F32 model: greedy (with a
-// penalty) and top-k requests give the host's tokens exactly, and logprobs within 1e-5; top-p, min-p
-// and temperature requests (the device's expf and sums round differently) the host's tokens in nearly
-// every request.
+// then lower id; NaN as -inf; -0 equal to +0), on a Qwen-sized vocabulary and a small one, for k
+// from 1 to 256 and per-row k (0 skips a row, leaving its outputs alone): rows with ties around the
+// cut, NaN, an -inf tail, +inf, signed zeros and a row of one value. The sampler finishing from the
+// candidates gives the token it gives from the whole row. The engine sampling where the logits are
+// (every kind of step) against the same engine on the same GPU sampling on the host
+// (EngineOptions::device_sampling false), over a tiny F32 model: greedy (with a penalty) and top-k
+// requests give the host's tokens exactly, and logprobs within 1e-5; top-p, min-p and temperature
+// requests (the device's expf and sums round differently) the host's tokens in nearly every
+// request.
 TEST_F(CudaBackendTest, EngineSamplingOnTheDeviceMatchesTheHostSampler) {
-  auto model = LlamaModel::Load(testing_util::TinyModel("tiny-qwen2", 3, DType::kF32), gpu_.get()).value();
+  auto model =
+      LlamaModel::Load(testing_util::TinyModel("tiny-qwen2", 3, DType::kF32), gpu_.get()).value();
   struct Case {
     float temperature;
     int32_t top_k;
@@ -82,17 +84,19 @@ TEST_F(CudaBackendTest, EngineSamplingOnTheDeviceMatchesTheHostSampler) {
     int32_t logprobs;
     bool exact;
   };
-  const std::vector<Case> cases = {{0.f, 0, 1.f, 0.f, 1.3f, -1, true},   {0.8f, 20, 1.f, 0.f, 1.f, -1, true},
-                                   {0.8f, 40, 0.9f, 0.05f, 1.2f, -1, true}, {1.f, 10, 1.f, 0.f, 1.f, 3, true},
-                                   {1.f, 0, 0.9f, 0.f, 1.f, -1, false},  {0.3f, 0, 0.5f, 0.f, 1.f, -1, false},
-                                   {1.f, 0, 1.f, 0.f, 1.f, -1, false},   {0.7f, 0, 1.f, 0.1f, 1.f, 2, false}};
+  const std::vector<Case> cases = {
+      {0.f, 0, 1.f, 0.f, 1.3f, -1, true},      {0.8f, 20, 1.f, 0.f, 1.f, -1, true},
+      {0.8f, 40, 0.9f, 0.05f, 1.2f, -1, true}, {1.f, 10, 1.f, 0.f, 1.f, 3, true},
+      {1.f, 0, 0.9f, 0.f, 1.f, -1, false},     {0.3f, 0, 0.5f, 0.f, 1.f, -1, false},
+      {1.f, 0, 1.f, 0.f, 1.f, -1, false},      {0.7f, 0, 1.f, 0.1f, 1.f, 2, false}};
   std::vector<EngineRequest> reqs;
   std::mt19937 rng(5);
   for (int i = 0; i < 32; ++i) {
     const Case& c = cases[i % cases.size()];
     EngineRequest r;
     r.id = std::to_string(i);
-    for (int t = 0; t < 5 + i * 3; ++t) r.prompt_token_ids.push_back(static_cast<int32_t>(rng() % 500));
+    for (int t = 0; t < 5 + i * 3; ++t)
+      r.prompt_token_ids.push_back(static_cast<int32_t>(rng() % 500));
     r.params.temperature = c.temperature;
     r.params.top_k = c.top_k;
     r.params.top_p = c.top_p;
@@ -141,23 +145,29 @@ TEST_F(CudaBackendTest, EngineSamplingOnTheDeviceMatchesTheHostSampler) {
     for (size_t t = 0; t < got_lp.size(); ++t) {
       EXPECT_EQ(got_lp[t].token_id, want_lp[t].token_id);
       EXPECT_EQ(got_lp[t].rank, want_lp[t].rank);
-      EXPECT_NEAR(got_lp[t].logprob, want_lp[t].logprob, 1e-5) << "request " << id << " token " << t;
+      EXPECT_NEAR(got_lp[t].logprob, want_lp[t].logprob, 1e-5)
+          << "request " << id << " token " << t;
     }
   }
-  EXPECT_GE(inexact_same, inexact - 2) << inexact_same << " of " << inexact << " top-p/temperature requests alike";
+  EXPECT_GE(inexact_same, inexact - 2)
+      << inexact_same << " of " << inexact << " top-p/temperature requests alike";
 }
 
 TEST_F(CudaBackendTest, TopKRowsMatchAPlainSortAndTheSampler) {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
   for (const int64_t d : {int64_t{151936}, int64_t{300}}) {
     const int64_t n = 7;
     std::vector<float> x = Random(n * d, 33);
-    for (int64_t j = 0; j < d; j += 97) x[j] = 4.f;                          // row 0: many ties around the cut
-    for (int64_t j = 0; j < d; j += 3) x[1 * d + j] = nan;                  // row 1: a third NaN
-    for (int64_t j = 0; j < d; ++j) x[2 * d + j] = j < d - 10 ? -inf : 1.f;  // row 2: ten finite, -inf by id
-    x[3 * d + 77] = inf;                                                     // row 3: +inf first
-    for (int64_t j = 0; j < d; ++j) x[4 * d + j] = j % 2 ? 0.f : -0.f;       // row 4: signed zeros, all equal
-    for (int64_t j = 0; j < d; ++j) x[5 * d + j] = static_cast<float>(j % 7) - 3.f;  // row 5: 7 values
+    for (int64_t j = 0; j < d; j += 97) x[j] = 4.f;         // row 0: many ties around the cut
+    for (int64_t j = 0; j < d; j += 3) x[1 * d + j] = nan;  // row 1: a third NaN
+    for (int64_t j = 0; j < d; ++j)
+      x[2 * d + j] = j < d - 10 ? -inf : 1.f;  // row 2: ten finite, -inf by id
+    x[3 * d + 77] = inf;                       // row 3: +inf first
+    for (int64_t j = 0; j < d; ++j)
+      x[4 * d + j] = j % 2 ? 0.f : -0.f;  // row 4: signed zeros, all equal
+    for (int64_t j = 0; j < d; ++j)
+      x[5 * d + j] = static_cast<float>(j % 7) - 3.f;  // row 5: 7 values
     const float* xg = Up(x);
     for (const int32_t k : {1, 40, 64, 256}) {
       // Per-row k: the full width, a smaller one, and a skipped row.
@@ -176,15 +186,18 @@ TEST_F(CudaBackendTest, TopKRowsMatchAPlainSortAndTheSampler) {
         auto key = [&](int32_t t) { return std::isnan(row[t]) ? -inf : row[t]; };
         std::vector<int32_t> order(static_cast<size_t>(d));
         std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int32_t a, int32_t b) { return key(a) > key(b); });
         for (int32_t j = 0; j < k; ++j) {
           if (j >= row_k[i]) {  // beyond the row's own k (all of a skipped row's): left alone
             ASSERT_EQ(ids[i * k + j], -7) << "row " << i << " entry " << j;
             ASSERT_EQ(vals[i * k + j], 42.f) << "row " << i << " entry " << j;
             continue;
           }
-          ASSERT_EQ(ids[i * k + j], order[j]) << "d " << d << " k " << k << " row " << i << " rank " << j;
-          ASSERT_EQ(vals[i * k + j], key(order[j])) << "d " << d << " k " << k << " row " << i << " rank " << j;
+          ASSERT_EQ(ids[i * k + j], order[j])
+              << "d " << d << " k " << k << " row " << i << " rank " << j;
+          ASSERT_EQ(vals[i * k + j], key(order[j]))
+              << "d " << d << " k " << k << " row " << i << " rank " << j;
         }
         if (row_k[i] < 40) continue;
         SamplingParams p;
@@ -207,9 +220,12 @@ TEST_F(CudaBackendTest, TopKRowsMatchAPlainSortAndTheSampler) {
       const float* row6 = x.data() + 6 * d;
       std::vector<int32_t> order(static_cast<size_t>(d));
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row6[a] > row6[b]; });
-      for (int32_t j = 0; j < k; ++j) ASSERT_EQ(all_ids[6 * k + j], order[j]) << "d " << d << " k " << k;
-      for (int32_t j = 0; j < k; ++j) ASSERT_EQ(all_ids[0 * k + j], ids[0 * k + j]) << "d " << d << " k " << k;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return row6[a] > row6[b]; });
+      for (int32_t j = 0; j < k; ++j)
+        ASSERT_EQ(all_ids[6 * k + j], order[j]) << "d " << d << " k " << k;
+      for (int32_t j = 0; j < k; ++j)
+        ASSERT_EQ(all_ids[0 * k + j], ids[0 * k + j]) << "d " << d << " k " << k;
     }
   }
 }
@@ -240,7 +256,8 @@ TEST_F(CudaBackendTest, LogitEditsMatchTheHostBitForBit) {
     s.AppendLogitEdits(static_cast<int32_t>(i), &edits);
   }
   std::vector<float> want = x;
-  for (const LogitEdit& e : edits) want[e.row * d + e.token] = ApplyLogitEdit(want[e.row * d + e.token], e);
+  for (const LogitEdit& e : edits)
+    want[e.row * d + e.token] = ApplyLogitEdit(want[e.row * d + e.token], e);
   float* xg = Up(x);
   gpu_->ApplyLogitEdits(xg, d, Up(edits), static_cast<int64_t>(edits.size()));
   std::vector<float> got(x.size());
@@ -254,11 +271,11 @@ TEST_F(CudaBackendTest, LogitEditsMatchTheHostBitForBit) {
 }
 
 // Weight totals and whole-row draws on the device against the host definitions (RowWeightTotal,
-// DrawFromRow): totals within 5e-7 relative (the device's expf is within 2 ulp, glibc's within 1); a
-// drawn token either the host's or one whose interval of the host's running sums lies within 1e-6 of
-// the sum from u × sum (exp and the sums round differently on the device), and the host's in most rows.
-// Rows: peaked, flat, min-p cut, NaN, all -inf, +inf, u at 0 and just below 1, min_p 1, rows asking for
-// nothing; vocabularies down to 1 token (warps with empty spans).
+// DrawFromRow): totals within 5e-7 relative (the device's expf is within 2 ulp, glibc's within 1);
+// a drawn token either the host's or one whose interval of the host's running sums lies within 1e-6
+// of the sum from u × sum (exp and the sums round differently on the device), and the host's in
+// most rows. Rows: peaked, flat, min-p cut, NaN, all -inf, +inf, u at 0 and just below 1, min_p 1,
+// rows asking for nothing; vocabularies down to 1 token (warps with empty spans).
 TEST_F(CudaBackendTest, SampleRowsMatchTheHostDefinitions) {
   const float inf = std::numeric_limits<float>::infinity();
   for (const int64_t d : {int64_t{151936}, int64_t{1000}, int64_t{33}, int64_t{1}}) {
@@ -275,14 +292,14 @@ TEST_F(CudaBackendTest, SampleRowsMatchTheHostDefinitions) {
     }
     if (d > 3) x[7 * d + 3] = std::numeric_limits<float>::quiet_NaN();
     for (int64_t j = 0; j < d; ++j) x[10 * d + j] = -inf;  // row 10: nothing to weigh (token 0)
-    if (d > 123) x[11 * d + 123] = inf;                     // row 11: +inf (its argmax)
+    if (d > 123) x[11 * d + 123] = inf;                    // row 11: +inf (its argmax)
     draws[10].mode = draws[11].mode = RowDraw::kDraw;
-    draws[12].u = 0;                 // the first token with weight
-    draws[13].u = 1 - 0x1.0p-53;     // the last
+    draws[12].u = 0;              // the first token with weight
+    draws[13].u = 1 - 0x1.0p-53;  // the last
     draws[13].mode = RowDraw::kDraw;
-    draws[15].min_p = 1.f;           // only the most likely tokens
+    draws[15].min_p = 1.f;  // only the most likely tokens
     draws[15].mode = RowDraw::kDraw;
-    draws[16].mode = draws[17].mode = RowDraw::kNone;  // asked for nothing: left alone
+    draws[16].mode = draws[17].mode = RowDraw::kNone;      // asked for nothing: left alone
     for (int64_t j = 0; j < d; ++j) x[19 * d + j] = -inf;  // row 19: a total of nothing to weigh
     draws[19].mode = RowDraw::kTotal;
     std::vector<int32_t> tokens(static_cast<size_t>(n), -1);
@@ -346,8 +363,8 @@ TEST_F(CudaBackendTest, LogprobsMatchTheSampler) {
     auto region = gpu_->Allocate(static_cast<size_t>(n * (4 + 2 * top_k)) * 4).value();
     auto* r = static_cast<int32_t*>(region->data());
     gpu_->CopyToDevice(r, tokens.data(), n * sizeof(int32_t));
-    gpu_->Logprobs(Up(x), n, d, r, top_k, r + n, reinterpret_cast<float*>(r + 2 * n), r + 3 * n, r + 4 * n,
-                   reinterpret_cast<float*>(r + 4 * n + n * top_k));
+    gpu_->Logprobs(Up(x), n, d, r, top_k, r + n, reinterpret_cast<float*>(r + 2 * n), r + 3 * n,
+                   r + 4 * n, reinterpret_cast<float*>(r + 4 * n + n * top_k));
     std::vector<int32_t> host(static_cast<size_t>(n * (4 + 2 * top_k)));
     gpu_->CopyToHost(host.data(), r, host.size() * 4);
     for (int64_t i = 0; i < n; ++i) {

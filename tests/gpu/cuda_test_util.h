@@ -1,13 +1,14 @@
 // What the CUDA backend's tests share (cuda_*_test.cc: ops, attention, sampling, the forward pass):
-// the fixture with a CUDA and a CPU backend, random inputs and an attention batch over a paged cache.
-// The CPU backend is the reference. Exit code 77 (ctest: skipped, label "gpu") without a device.
+// the fixture with a CUDA and a CPU backend, random inputs and an attention batch over a paged
+// cache. The CPU backend is the reference. Exit code 77 (ctest: skipped, label "gpu") without a
+// device.
 //
-// Tolerances: ops that round the same way (embedding, gather, add) must match exactly; f32 arithmetic
-// in another order (norm, rope, silu, SGEMM, attention) within 1e-4 of unit-scale values; GEMMs over
-// 16-bit weights are compared against the CPU on the same 16-bit-rounded activations. The whole model
-// in F32 agrees within 2e-3 on logits of magnitude ~10 and on every greedy choice; in BF16 (activations
-// rounded for the tensor cores) within |Δp| ≤ 3e-2 and the same top-1 wherever the CPU's margin is
-// clear (cuda_forward_test.cc says why).
+// Tolerances: ops that round the same way (embedding, gather, add) must match exactly; f32
+// arithmetic in another order (norm, rope, silu, SGEMM, attention) within 1e-4 of unit-scale
+// values; GEMMs over 16-bit weights are compared against the CPU on the same 16-bit-rounded
+// activations. The whole model in F32 agrees within 2e-3 on logits of magnitude ~10 and on every
+// greedy choice; in BF16 (activations rounded for the tensor cores) within |Δp| ≤ 3e-2 and the same
+// top-1 wherever the CPU's margin is clear (cuda_forward_test.cc says why).
 #pragma once
 
 #include <algorithm>
@@ -25,7 +26,6 @@
 #include "gtest/gtest.h"
 
 namespace tandem::cuda_test {
-
 
 // Built against the CUDA emulator (tests/support/cuda_emu, ctest emu.*): the same tests on the CPU,
 // where the two costliest sweeps (prompt attention's configurations, the decode script's prompt
@@ -54,7 +54,6 @@ inline float MaxRelDiff(const std::vector<float>& a, const std::vector<float>& b
   return d;
 }
 
-
 // A mixed batch over a shuffled paged cache: a fresh prefill, decodes over 300- and 700-token
 // contexts (two splits of the split-KV kernels), a chunk after a cached prefix, a short one.
 struct AttentionCase {
@@ -66,7 +65,8 @@ struct AttentionCase {
   struct Seq {
     int64_t cached, fresh;
   };
-  AttentionCase(int64_t hd, int64_t num_q_heads, int64_t num_kv_heads, const std::vector<Seq>& seqs) : hq(num_q_heads) {
+  AttentionCase(int64_t hd, int64_t num_q_heads, int64_t num_kv_heads, const std::vector<Seq>& seqs)
+      : hq(num_q_heads) {
     g.num_layers = 2;
     g.num_blocks = 128;
     g.block_size = 16;
@@ -77,13 +77,15 @@ struct AttentionCase {
     std::shuffle(perm.begin(), perm.end(), std::mt19937(static_cast<uint32_t>(hd)));
     size_t next_block = 0;
     for (const Seq& s : seqs) {
-      const int64_t context = s.cached + s.fresh, nblocks = (context + g.block_size - 1) / g.block_size;
+      const int64_t context = s.cached + s.fresh,
+                    nblocks = (context + g.block_size - 1) / g.block_size;
       const size_t first = blocks.size();
       for (int64_t b = 0; b < nblocks; ++b) blocks.push_back(perm[next_block++]);
       for (int64_t i = 0; i < s.fresh; ++i) {
         const int64_t p = s.cached + i;
         positions.push_back(static_cast<int32_t>(p));
-        slots.push_back(static_cast<int32_t>(blocks[first + p / g.block_size] * g.block_size + p % g.block_size));
+        slots.push_back(static_cast<int32_t>(blocks[first + p / g.block_size] * g.block_size +
+                                             p % g.block_size));
       }
       seq_indptr.push_back(seq_indptr.back() + static_cast<int32_t>(s.fresh));
       context_lens.push_back(static_cast<int32_t>(context));
@@ -157,7 +159,8 @@ class CudaBackendTest : public ::testing::Test {
     return host;
   }
   // A checkpoint tensor [rows][cols] (a vector when rows == 1) of `f32` stored as `dtype` (values
-  // rounded to it); its bytes live as long as the fixture, as the CPU backend maps 2-D weights in place.
+  // rounded to it); its bytes live as long as the fixture, as the CPU backend maps 2-D weights in
+  // place.
   TensorView View(const std::vector<float>& f32, int64_t rows, int64_t cols, DType dtype) {
     auto bytes = std::make_shared<std::vector<uint16_t>>();
     TensorView t;
@@ -176,7 +179,8 @@ class CudaBackendTest : public ::testing::Test {
     return t;
   }
   // Both backends' copies of that weight.
-  std::pair<DeviceWeight, DeviceWeight> Weights(const std::vector<float>& f32, int64_t rows, int64_t cols, DType dtype) {
+  std::pair<DeviceWeight, DeviceWeight> Weights(const std::vector<float>& f32, int64_t rows,
+                                                int64_t cols, DType dtype) {
     const TensorView t = View(f32, rows, cols, dtype);
     return {cpu_->UploadWeight(t).value(), gpu_->UploadWeight(t).value()};
   }
@@ -186,6 +190,5 @@ class CudaBackendTest : public ::testing::Test {
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
   std::vector<std::shared_ptr<std::vector<uint16_t>>> host_bytes_;
 };
-
 
 }  // namespace tandem::cuda_test

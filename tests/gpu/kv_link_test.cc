@@ -1,13 +1,14 @@
-// A GPU KV data path (KvLink) between two processes on one GPU, as a prefill and a decode worker use
-// it: --link=nccl (NCCL, each process with its own NCCL_HOSTID) or --link=cuda-ipc (the receiver maps
-// the sender's staging). TcpKvReceiver with the link factory here, TcpKvSender in a child process (this
-// binary run with --sender). Checks every moved value exactly (more blocks than one chunk holds,
-// shuffled on both ends), that a cancelled transfer's layers are drained without desynchronising the
-// pair, that a cancel mid-transfer keeps what landed before it and nothing after, that a killed sender
-// fails only its transfer within the I/O timeout, that a receive from a peer that joined but never
-// sends (alive: no error to see) ends at its deadline with the link aborted and holds up no other work
-// of the device meanwhile, that a join nobody answers times out, and that rendezvous given up leave
-// no threads or descriptors. Exit code 77 (ctest: skipped, label "gpu") without a device.
+// A GPU KV data path (KvLink) between two processes on one GPU, as a prefill and a decode worker
+// use it: --link=nccl (NCCL, each process with its own NCCL_HOSTID) or --link=cuda-ipc (the
+// receiver maps the sender's staging). KvControlReceiver with the link factory here,
+// KvControlSender in a child process (this binary run with --sender). Checks every moved value
+// exactly (more blocks than one chunk holds, shuffled on both ends), that a cancelled transfer's
+// layers are drained without desynchronising the pair, that a cancel mid-transfer keeps what landed
+// before it and nothing after, that a killed sender fails only its transfer within the I/O timeout,
+// that a receive from a peer that joined but never sends (alive: no error to see) ends at its
+// deadline with the link aborted and holds up no other work of the device meanwhile, that a join
+// nobody answers times out, and that rendezvous given up leave no threads or descriptors. Exit code
+// 77 (ctest: skipped, label "gpu") without a device.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -31,8 +32,8 @@
 #include "common/backend/create_backend.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/base/subprocess.h"
+#include "common/transport/kv_control.h"
 #include "common/transport/kv_data_paths.h"
-#include "common/transport/tcp/tcp_kv_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -44,13 +45,15 @@ using ::testing::HasSubstr;
 // The link under test: "nccl" or "cuda-ipc" (--link; the sender is told the same).
 std::string link_kind = "nccl";
 
-// 700 blocks of 16 tokens × 2 heads × 64: a 600-block layer moves in three chunks (at most 256 blocks
-// each, on both links).
-const KvCacheGeometry kGeometry = {/*num_layers=*/3, /*num_blocks=*/700, /*block_size=*/16, /*num_kv_heads=*/2,
+// 700 blocks of 16 tokens × 2 heads × 64: a 600-block layer moves in three chunks (at most 256
+// blocks each, on both links).
+const KvCacheGeometry kGeometry = {/*num_layers=*/3, /*num_blocks=*/700, /*block_size=*/16,
+                                   /*num_kv_heads=*/2,
                                    /*head_dim=*/64};
 constexpr int32_t kReserved = 600;
 
-// The sender's cache content, known to both processes: element i of block b of layer l of K (kv 0) or V.
+// The sender's cache content, known to both processes: element i of block b of layer l of K (kv 0)
+// or V.
 float Value(int kv, int64_t layer, int64_t block, int64_t i) {
   uint32_t h = static_cast<uint32_t>(((kv * 7 + layer) * 100003 + block) * 1000003 + i);
   h ^= h >> 16;
@@ -108,9 +111,12 @@ int Fail(const std::string& what, const absl::Status& s) {
   return 1;
 }
 
-absl::Status SendAll(TcpKvSender* sender, KvCacheStorage* storage, const std::string& id,
+absl::Status SendAll(KvControlSender* sender, KvCacheStorage* storage, const std::string& id,
                      const std::vector<int32_t>& blocks, int32_t token) {
-  if (absl::Status s = sender->Begin(id, static_cast<int64_t>(blocks.size()) * kGeometry.block_size); !s.ok()) return s;
+  if (absl::Status s =
+          sender->Begin(id, static_cast<int64_t>(blocks.size()) * kGeometry.block_size);
+      !s.ok())
+    return s;
   for (int32_t l = 0; l < kGeometry.num_layers; ++l) {
     if (absl::Status s = sender->SendLayer(id, l, blocks, storage); !s.ok()) return s;
   }
@@ -130,53 +136,65 @@ void Touch(const std::string& path) {
   if (std::FILE* f = std::fopen(path.c_str(), "w")) std::fclose(f);
 }
 
-// mode "transfer": r1 (600 blocks), r2 (cancelled by the receiver beforehand), r3. mode "pause": layer
-// 0 of r1, then `dir`/layer0, then waits for `dir`/go (or to be killed), then the rest of r1, whose
-// End the receiver must refuse (it cancelled r1 meanwhile).
-// mode "silent": joins the link whose rendezvous the receiver wrote to `dir`/rendezvous as rank 0,
-// writes `dir`/joined, sends nothing, and exits once `dir`/go appears.
+// mode "transfer": r1 (600 blocks), r2 (cancelled by the receiver beforehand), r3. mode "pause":
+// layer 0 of r1, then `dir`/layer0, then waits for `dir`/go (or to be killed), then the rest of r1,
+// whose End the receiver must refuse (it cancelled r1 meanwhile). mode "silent": joins the link
+// whose rendezvous the receiver wrote to `dir`/rendezvous as rank 0, writes `dir`/joined, sends
+// nothing, and exits once `dir`/go appears.
 int RunSender(const std::string& mode, int port, const std::string& dir) {
   ::setenv("NCCL_HOSTID", "tandem-nccl-link-test-sender", 1);  // before any NCCL call
   auto device = MakeDevice(/*fill=*/true);
   if (!device.ok()) return Fail("device", device.status());
   if (mode == "silent") {
-    if (!WaitForFile(dir + "/rendezvous", absl::Seconds(60))) return Fail("rendezvous", absl::DeadlineExceededError("none"));
+    if (!WaitForFile(dir + "/rendezvous", absl::Seconds(60)))
+      return Fail("rendezvous", absl::DeadlineExceededError("none"));
     std::ifstream in(dir + "/rendezvous", std::ios::binary);
-    const std::string rendezvous((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string rendezvous((std::istreambuf_iterator<char>(in)),
+                                 std::istreambuf_iterator<char>());
     auto link = device->links->Join(rendezvous, 0, absl::Seconds(30));
     if (!link.ok()) return Fail("join", link.status());
     Touch(dir + "/joined");
-    if (!WaitForFile(dir + "/go", absl::Seconds(120))) return Fail("go", absl::DeadlineExceededError("no go"));
+    if (!WaitForFile(dir + "/go", absl::Seconds(120)))
+      return Fail("go", absl::DeadlineExceededError("no go"));
     return 0;
   }
   const absl::StatusOr<DeviceMemory> memory_before = device->backend->Memory();
   if (!memory_before.ok()) return Fail("memory", memory_before.status());
-  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", port), kInfo, absl::Seconds(20), device->links.get());
+  auto sender = KvControlSender::Connect(absl::StrCat("127.0.0.1:", port), kInfo, absl::Seconds(20),
+                                         device->links.get());
   if (!sender.ok()) return Fail("connect", sender.status());
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
   if (mode == "pause") {
     if (absl::Status s = (*sender)->Begin("r1", 64); !s.ok()) return Fail("begin", s);
-    if (absl::Status s = (*sender)->SendLayer("r1", 0, src, device->storage.get()); !s.ok()) return Fail("layer", s);
+    if (absl::Status s = (*sender)->SendLayer("r1", 0, src, device->storage.get()); !s.ok())
+      return Fail("layer", s);
     Touch(dir + "/layer0");
-    if (!WaitForFile(dir + "/go", absl::Seconds(120))) return Fail("go", absl::DeadlineExceededError("no go"));
+    if (!WaitForFile(dir + "/go", absl::Seconds(120)))
+      return Fail("go", absl::DeadlineExceededError("no go"));
     for (int32_t l = 1; l < kGeometry.num_layers; ++l) {
-      if (absl::Status s = (*sender)->SendLayer("r1", l, src, device->storage.get()); !s.ok()) return Fail("layer", s);
+      if (absl::Status s = (*sender)->SendLayer("r1", l, src, device->storage.get()); !s.ok())
+        return Fail("layer", s);
     }
-    if (absl::Status s = (*sender)->End("r1", 11); s.ok() || s.message().find("no reservation") == std::string::npos) {
+    if (absl::Status s = (*sender)->End("r1", 11);
+        s.ok() || s.message().find("no reservation") == std::string::npos) {
       return Fail("r1 should have been refused after the cancel", s);
     }
     return 0;
   }
-  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r1", src, 11); !s.ok()) return Fail("r1", s);
+  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r1", src, 11); !s.ok())
+    return Fail("r1", s);
   // r2 was cancelled by the receiver: it drains the layers and refuses the end.
-  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r2", Shuffled(kGeometry.num_blocks, 40, 2), 12);
+  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r2",
+                               Shuffled(kGeometry.num_blocks, 40, 2), 12);
       s.ok() || s.message().find("no reservation") == std::string::npos) {
     return Fail("r2 should have been refused for want of a reservation", s);
   }
-  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r3", {5, 6, 7}, 13); !s.ok()) return Fail("r3", s);
+  if (absl::Status s = SendAll(sender->get(), device->storage.get(), "r3", {5, 6, 7}, 13); !s.ok())
+    return Fail("r3", s);
   if (link_kind == "cuda-ipc") {
-    // The staging the receiver mapped (4 MiB here) is freed once the receiver has closed its end, which
-    // it does when the control connection closes: promptly, not after the sender's release wait (2 s).
+    // The staging the receiver mapped (4 MiB here) is freed once the receiver has closed its end,
+    // which it does when the control connection closes: promptly, not after the sender's release
+    // wait (2 s).
     const absl::Time t0 = absl::Now();
     sender->reset();
     const absl::Duration took = absl::Now() - t0;
@@ -185,8 +203,10 @@ int RunSender(const std::string& mode, int port, const std::string& dir) {
     const int64_t kept = memory_before->free_bytes - after->free_bytes;
     std::fprintf(stderr, "sender: closing the link took %s; %lld bytes of device memory not back\n",
                  absl::FormatDuration(took).c_str(), static_cast<long long>(kept));
-    if (took > absl::Milliseconds(1500)) return Fail("teardown", absl::DeadlineExceededError("waited for the release"));
-    if (kept > (int64_t{1} << 20)) return Fail("teardown", absl::InternalError("the staging was not freed"));
+    if (took > absl::Milliseconds(1500))
+      return Fail("teardown", absl::DeadlineExceededError("waited for the release"));
+    if (kept > (int64_t{1} << 20))
+      return Fail("teardown", absl::InternalError("the staging was not freed"));
   }
   return 0;
 }
@@ -202,13 +222,13 @@ class KvLinkTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete device_; }
 
-  std::unique_ptr<TcpKvReceiver> Receiver(absl::Duration io_timeout) {
-    TcpKvReceiver::Options o;
+  std::unique_ptr<KvControlReceiver> Receiver(absl::Duration io_timeout) {
+    KvControlReceiver::Options o;
     o.storage = device_->storage.get();
     o.info = kInfo;
     o.io_timeout = io_timeout;
     o.link_factories = {device_->links.get()};
-    return TcpKvReceiver::Create(o).value();
+    return KvControlReceiver::Create(o).value();
   }
   void SetUp() override {
     // Every block zero again; a directory for the sender's markers.
@@ -224,12 +244,15 @@ class KvLinkTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
   Subprocess SpawnSender(const std::string& mode, int port) {
-    return Subprocess::Spawn(
-               {ExecutableDir() + "/kv_link_test", "--sender", mode, absl::StrCat(port), dir_, "--link=" + link_kind}, "")
+    return Subprocess::Spawn({ExecutableDir() + "/kv_link_test", "--sender", mode,
+                              absl::StrCat(port), dir_, "--link=" + link_kind},
+                             "")
         .value();
   }
-  // Block `dst` of layers [first, last) (default: every layer) holds the sender's block `src`, K and V.
-  static bool Holds(int32_t dst, int32_t src, int64_t first = 0, int64_t last = kGeometry.num_layers) {
+  // Block `dst` of layers [first, last) (default: every layer) holds the sender's block `src`, K
+  // and V.
+  static bool Holds(int32_t dst, int32_t src, int64_t first = 0,
+                    int64_t last = kGeometry.num_layers) {
     const int64_t e = kGeometry.elements_per_block();
     std::vector<float> host(e);
     for (int kv = 0; kv < 2; ++kv) {
@@ -282,7 +305,8 @@ TEST_F(KvLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrained
   EXPECT_EQ(*t3, 13);
   auto status = child.Wait(absl::Seconds(60));
   ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "the sender failed: see its stderr above";
   for (size_t i = 0; i < src.size(); ++i) ASSERT_TRUE(Holds(dst[i], src[i])) << "block " << dst[i];
   EXPECT_TRUE(Holds(spare[1], 5) && Holds(spare[2], 6) && Holds(spare[3], 7));
   EXPECT_TRUE(IsZero(spare[0]));  // the cancelled transfer's block
@@ -296,15 +320,16 @@ TEST_F(KvLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   ASSERT_TRUE(receiver->Expect("r1", dst).ok());
   Subprocess child = SpawnSender("pause", receiver->port());
   ASSERT_TRUE(WaitForFile(dir_ + "/layer0", absl::Seconds(60)));
-  // The sender's marker means layer 0 was sent; the receiver lands it just after its receive completes
-  // (a cancel before that drops it, by design). Wait until it is here.
+  // The sender's marker means layer 0 was sent; the receiver lands it just after its receive
+  // completes (a cancel before that drops it, by design). Wait until it is here.
   const auto layer0_landed = [&] {
     for (size_t i = 0; i < dst.size(); ++i) {
       if (!Holds(dst[i], src[i], 0, 1)) return false;
     }
     return true;
   };
-  for (const absl::Time end = absl::Now() + absl::Seconds(20); !layer0_landed() && absl::Now() < end;) {
+  for (const absl::Time end = absl::Now() + absl::Seconds(20);
+       !layer0_landed() && absl::Now() < end;) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_TRUE(layer0_landed()) << "layer 0 was sent but never landed";
@@ -314,10 +339,13 @@ TEST_F(KvLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   Touch(dir_ + "/go");
   auto status = child.Wait(absl::Seconds(60));
   ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "the sender failed: see its stderr above";
   for (size_t i = 0; i < dst.size(); ++i) {
-    ASSERT_TRUE(Holds(dst[i], src[i], 0, 1)) << "layer 0, landed before the cancel, was lost: block " << dst[i];
-    ASSERT_TRUE(IsZero(dst[i], 1, kGeometry.num_layers)) << "a layer landed after the cancel, block " << dst[i];
+    ASSERT_TRUE(Holds(dst[i], src[i], 0, 1))
+        << "layer 0, landed before the cancel, was lost: block " << dst[i];
+    ASSERT_TRUE(IsZero(dst[i], 1, kGeometry.num_layers))
+        << "a layer landed after the cancel, block " << dst[i];
   }
 }
 
@@ -335,8 +363,8 @@ TEST_F(KvLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
 }
 
 // The peer joined and lives, but never sends: nothing fails on its own, so the receive's deadline
-// must end it, abort the communicator (a later call fails at once) and leave no thread waiting. While
-// it waits, the device's other work (here: memory allocated and freed) must not wait for it.
+// must end it, abort the communicator (a later call fails at once) and leave no thread waiting.
+// While it waits, the device's other work (here: memory allocated and freed) must not wait for it.
 TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   auto rendezvous = device_->links->NewRendezvous();
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
@@ -368,7 +396,8 @@ TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   // a free that synchronised the whole device would wait for the receive's deadline.
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time alloc0 = absl::Now();
-  absl::Status allocated;  // (checked after the join: a failed ASSERT here would leave the thread running)
+  absl::Status
+      allocated;  // (checked after the join: a failed ASSERT here would leave the thread running)
   for (int round = 0; round < 3 && allocated.ok(); ++round) {
     allocated = device_->backend->Allocate(size_t{4} << 20).status();
   }
@@ -376,7 +405,8 @@ TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   const absl::Duration alloc_took = absl::Now() - alloc0;
   receive.join();
   EXPECT_TRUE(allocated.ok()) << allocated;
-  EXPECT_LT(alloc_took, absl::Milliseconds(500)) << "freeing device memory waited for another stream's receive";
+  EXPECT_LT(alloc_took, absl::Milliseconds(500))
+      << "freeing device memory waited for another stream's receive";
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("aborted"));
   EXPECT_GE(took, absl::Milliseconds(1900));
@@ -392,17 +422,19 @@ TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   Touch(dir_ + "/go");
   auto status = child.Wait(absl::Seconds(60));
   ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the silent peer failed: see its stderr above";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "the silent peer failed: see its stderr above";
 }
 
-// Any process on the machine can see the CUDA IPC rendezvous' socket (/proc/net/unix) and connect to
-// it first. One that does not know the secret, which travels only in the KV handshake reply, is turned
-// away, and the sender joins after it.
+// Any process on the machine can see the CUDA IPC rendezvous' socket (/proc/net/unix) and connect
+// to it first. One that does not know the secret, which travels only in the KV handshake reply, is
+// turned away, and the sender joins after it.
 TEST_F(KvLinkTest, ACudaIpcRendezvousTurnsAwayConnectionsWithoutItsSecret) {
   if (link_kind != "cuda-ipc") GTEST_SKIP() << "the CUDA IPC link's rendezvous only";
   auto rendezvous = device_->links->NewRendezvous();
   ASSERT_TRUE(rendezvous.ok()) << rendezvous.status();
-  const std::string name = rendezvous->substr(0, rendezvous->rfind('-'));  // the secret follows the last '-'
+  const std::string name =
+      rendezvous->substr(0, rendezvous->rfind('-'));  // the secret follows the last '-'
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path + 1, name.data(), name.size());
@@ -411,7 +443,8 @@ TEST_F(KvLinkTest, ACudaIpcRendezvousTurnsAwayConnectionsWithoutItsSecret) {
                       static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
             0);
   const std::string garbage(512, 'x');  // a hello's worth and more, without the secret
-  ASSERT_EQ(::send(stranger, garbage.data(), garbage.size(), MSG_NOSIGNAL), static_cast<ssize_t>(garbage.size()));
+  ASSERT_EQ(::send(stranger, garbage.data(), garbage.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(garbage.size()));
   {
     std::ofstream out(dir_ + "/rendezvous.tmp", std::ios::binary);
     out << *rendezvous;
@@ -421,14 +454,17 @@ TEST_F(KvLinkTest, ACudaIpcRendezvousTurnsAwayConnectionsWithoutItsSecret) {
   auto link = device_->links->Join(*rendezvous, 1, absl::Seconds(60));
   ASSERT_TRUE(link.ok()) << link.status();
   char byte;
-  const ssize_t got = ::recv(stranger, &byte, 1, 0);  // closed (reset: the rest of its bytes unread)
-  EXPECT_TRUE(got == 0 || (got < 0 && errno == ECONNRESET)) << "the stranger's connection was not closed";
+  const ssize_t got =
+      ::recv(stranger, &byte, 1, 0);  // closed (reset: the rest of its bytes unread)
+  EXPECT_TRUE(got == 0 || (got < 0 && errno == ECONNRESET))
+      << "the stranger's connection was not closed";
   ::close(stranger);
   link->reset();  // unmaps the sender's staging, which it may then free
   Touch(dir_ + "/go");
   auto status = child.Wait(absl::Seconds(60));
   ASSERT_TRUE(status.has_value());
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << "the sender failed: see its stderr above";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "the sender failed: see its stderr above";
 }
 
 TEST_F(KvLinkTest, AJoinNobodyAnswersTimesOut) {
@@ -438,21 +474,24 @@ TEST_F(KvLinkTest, AJoinNobodyAnswersTimesOut) {
   auto link = device_->links->Join(*rendezvous, 1, absl::Seconds(2));
   EXPECT_EQ(link.status().code(), absl::StatusCode::kDeadlineExceeded) << link.status();
   EXPECT_LT(absl::Now() - t0, absl::Seconds(4));
-  EXPECT_EQ(device_->links->Join("too short", 0, absl::Seconds(1)).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->links->Join("too short", 0, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Entries of a /proc/self directory: the process's threads (task) or descriptors (fd).
 int CountEntries(const char* dir) {
   int n = 0;
-  for (auto it = std::filesystem::directory_iterator(dir); it != std::filesystem::directory_iterator(); ++it) ++n;
+  for (auto it = std::filesystem::directory_iterator(dir);
+       it != std::filesystem::directory_iterator(); ++it)
+    ++n;
   return n;
 }
 
-// What NewRendezvous starts waits for the ranks: NCCL's bootstrap root (a thread and a socket, with no
-// timeout of its own), the CUDA IPC link's listening socket. A rendezvous nobody joins, or that only
-// this end joins, is given up (Abandon) without leaving them behind: after a first round (NCCL's
-// one-time threads), three more leave at most one thread and two descriptors. Then, for the record,
-// the same rounds without Abandon.
+// What NewRendezvous starts waits for the ranks: NCCL's bootstrap root (a thread and a socket, with
+// no timeout of its own), the CUDA IPC link's listening socket. A rendezvous nobody joins, or that
+// only this end joins, is given up (Abandon) without leaving them behind: after a first round
+// (NCCL's one-time threads), three more leave at most one thread and two descriptors. Then, for the
+// record, the same rounds without Abandon.
 TEST_F(KvLinkTest, AbandonedRendezvousLeaveNoThreadsOrSockets) {
   auto round = [&](bool abandon) {
     auto nobody = device_->links->NewRendezvous();
@@ -470,17 +509,20 @@ TEST_F(KvLinkTest, AbandonedRendezvousLeaveNoThreadsOrSockets) {
   for (int i = 0; i < 3; ++i) round(true);
   const absl::Duration took = absl::Now() - t0;
   absl::SleepFor(absl::Milliseconds(500));  // roots that were let go exit
-  const int threads_after = CountEntries("/proc/self/task"), fds_after = CountEntries("/proc/self/fd");
+  const int threads_after = CountEntries("/proc/self/task"),
+            fds_after = CountEntries("/proc/self/fd");
   std::printf("abandoned rendezvous: 3 rounds in %s; threads %d -> %d, descriptors %d -> %d\n",
               absl::FormatDuration(took).c_str(), threads, threads_after, fds, fds_after);
   EXPECT_LE(threads_after, threads + 1);
   EXPECT_LE(fds_after, fds + 2);
-  const absl::Duration stand_in_limit = absl::Seconds(5);  // NcclKvLinkFactory::kStandInTimeout (in the plugin)
+  const absl::Duration stand_in_limit =
+      absl::Seconds(5);  // NcclKvLinkFactory::kStandInTimeout (in the plugin)
   EXPECT_LT(took, 3 * (absl::Milliseconds(500) + 2 * stand_in_limit));
   for (int i = 0; i < 3; ++i) round(false);
   absl::SleepFor(absl::Milliseconds(500));
-  std::printf("the same 3 rounds without Abandon: threads %d -> %d, descriptors %d -> %d\n", threads_after,
-              CountEntries("/proc/self/task"), fds_after, CountEntries("/proc/self/fd"));
+  std::printf("the same 3 rounds without Abandon: threads %d -> %d, descriptors %d -> %d\n",
+              threads_after, CountEntries("/proc/self/task"), fds_after,
+              CountEntries("/proc/self/fd"));
 }
 
 }  // namespace
@@ -512,7 +554,8 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (auto b = tandem::CreateBackend({.device = "cuda"}); !b.ok()) {
     const std::string why(b.status().message());
-    std::printf("%s: %s\n", why.find("no CUDA device") != std::string::npos ? "SKIPPED" : "FAILED", why.c_str());
+    std::printf("%s: %s\n", why.find("no CUDA device") != std::string::npos ? "SKIPPED" : "FAILED",
+                why.c_str());
     return why.find("no CUDA device") != std::string::npos ? 77 : 1;
   }
   return RUN_ALL_TESTS();

@@ -14,6 +14,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from bench_util import free_port_run  # noqa: E402
+
 TANDEM, WORK = sys.argv[1], sys.argv[2]
 failures = []
 
@@ -42,7 +45,7 @@ env = dict(os.environ, TANDEM_NUM_THREADS="1")
 up_out_path = os.path.join(WORK, "up.out")
 up_out = open(up_out_path, "w")
 up = subprocess.Popen([TANDEM, "up", "--model", model, "--port", str(port), "--prefill", "2", "--decode", "1",
-                       "--ready-file", ready, "--log-dir", logs, "--metrics-port", str(free_port())],
+                       "--ready-file", ready, "--log-dir", logs, "--metrics-port", str(free_port_run(4))],
                       stdout=up_out, stderr=subprocess.PIPE, text=True, env=env)
 deadline = time.time() + 60
 while not os.path.exists(ready) and time.time() < deadline and up.poll() is None:

@@ -55,7 +55,8 @@ TEST_F(ClusterTest, RegistrationIsChecked) {
   EXPECT_EQ(cluster_.max_model_len(), 1024);
   EXPECT_EQ(cluster_.ChoosePrefill({1, 2, 3}, {}).value().address, "p:1");
   EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).value().address, "d:1");
-  EXPECT_EQ(cluster_.ChooseDecode({3, 8}, true, {}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cluster_.ChooseDecode({3, 8}, true, {}).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST_F(ClusterTest, FullAndDrainingWorkersTakeNothingNewAndAllFullIsRefused) {
@@ -63,15 +64,18 @@ TEST_F(ClusterTest, FullAndDrainingWorkersTakeNothingNewAndAllFullIsRefused) {
   ASSERT_TRUE(cluster_.Register(Worker("d:2", v1::WORKER_ROLE_DECODE)).ok());
   ASSERT_TRUE(cluster_.Heartbeat("d:1", Load(90, /*kv_full=*/true)).ok());
   ASSERT_TRUE(cluster_.Heartbeat("d:2", Load(10)).ok());
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).value().address, "d:2");
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).value().address, "d:2");
   ASSERT_TRUE(cluster_.Heartbeat("d:2", Load(2, /*kv_full=*/true)).ok());
-  EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).status().code(),
+            absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(cluster_.Heartbeat("d:1", Load(90, false, /*draining=*/true)).ok());
   EXPECT_TRUE(cluster_.IsHealthy("d:1"));  // draining: its streams continue
   EXPECT_EQ(cluster_.num_live(v1::WORKER_ROLE_DECODE), 1);
   cluster_.MarkUnhealthy("d:2");
   EXPECT_FALSE(cluster_.IsHealthy("d:2"));
-  EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(cluster_.ChooseDecode({3, 8}, false, {}).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 TEST_F(ClusterTest, AssignmentsSpreadRequestsBetweenHeartbeats) {

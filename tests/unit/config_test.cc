@@ -81,7 +81,8 @@ TEST(ConfigTest, ParsesMistral) {
 }
 
 TEST(ConfigTest, RefusesUnsupportedArchitectureByName) {
-  auto c = ParseModelConfig(R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 5})", "x/config.json");
+  auto c = ParseModelConfig(R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 5})",
+                            "x/config.json");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("GPT2LMHeadModel"));
@@ -96,10 +97,10 @@ TEST(ConfigTest, RefusesBadFields) {
   const std::string base = R"("architectures": ["LlamaForCausalLM"], "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4)";
   const std::vector<Case> cases = {
-      {"{" + base + "}", "vocab_size"},                                          // missing
-      {"{" + base + R"(, "vocab_size": -3})", "vocab_size"},                    // negative
-      {"{" + base + R"(, "vocab_size": 1e30})", "vocab_size"},                  // not an integer
-      {"{" + base + R"(, "vocab_size": 99999999999999})", "out of range"},      // absurd
+      {"{" + base + "}", "vocab_size"},                                     // missing
+      {"{" + base + R"(, "vocab_size": -3})", "vocab_size"},                // negative
+      {"{" + base + R"(, "vocab_size": 1e30})", "vocab_size"},              // not an integer
+      {"{" + base + R"(, "vocab_size": 99999999999999})", "out of range"},  // absurd
       {"{" + base + R"(, "vocab_size": 10, "num_key_value_heads": 3})", "multiple"},
       {"{" + base + R"(, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn"}})", "yarn"},
       {"{" + base + R"(, "vocab_size": 10, "tie_word_embeddings": "yes"})", "tie_word_embeddings"},

@@ -59,14 +59,16 @@ TEST_P(LinearTest, MatchesDoubleReference) {
     for (int64_t j = 0; j < rows; ++j) {
       double ref = bias_v[j];
       for (int64_t k = 0; k < cols; ++k) ref += double(x.f32[i * cols + k]) * w.f32[j * cols + k];
-      // f32 accumulation of 203 products of N(0,1) values: error well under 1e-4 relative to sqrt(203).
+      // f32 accumulation of 203 products of N(0,1) values: error well under 1e-4 relative to
+      // sqrt(203).
       ASSERT_NEAR(out[i * rows + j], ref, 2e-4 * std::sqrt(cols)) << "row " << i << " col " << j;
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
-                         ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kF16,
+                                                              DType::kBF16),
                                             ::testing::Values(1, 3, 8, 9, 40)),
                          [](const auto& info) {
                            return std::string(DTypeName(std::get<0>(info.param))) + "_n" +
@@ -75,13 +77,14 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
 
 TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {
   auto b = CpuBackend::Create({}).value();
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<std::vector<float>> rows = {
       {0.f, 3.f, 1.f, 3.f, 2.f, -1.f, 0.5f, 3.f, 0.f, 0.f, 1.f},  // ties: the first 3
       {nan, 1.f, nan, 2.f, nan, 2.f, 0.f, 0.f, 0.f, 0.f, 0.f},    // NaN never wins
       {-inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf},
       {nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan},
-      {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, inf},   // the tail past the 8-wide lanes
+      {1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, inf},  // the tail past the 8-wide lanes
   };
   std::vector<float> x;
   for (const auto& r : rows) x.insert(x.end(), r.begin(), r.end());
@@ -155,26 +158,35 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
   std::vector<char> kc(g.bytes_per_layer()), vc(g.bytes_per_layer());
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
-  std::vector<float> q(n * heads * hd), k(n * kv_heads * hd), v(n * kv_heads * hd), out(n * heads * hd);
-  for (auto* vec : {&q, &k, &v}) for (auto& e : *vec) e = dist(rng);
+  std::vector<float> q(n * heads * hd), k(n * kv_heads * hd), v(n * kv_heads * hd),
+      out(n * heads * hd);
+  for (auto* vec : {&q, &k, &v})
+    for (auto& e : *vec) e = dist(rng);
   const auto round = [&](float x) {
-    return dtype == DType::kBF16 ? Bf16ToF32(F32ToBf16(x)) : dtype == DType::kF16 ? F16ToF32(F32ToF16(x)) : x;
+    return dtype == DType::kBF16  ? Bf16ToF32(F32ToBf16(x))
+           : dtype == DType::kF16 ? F16ToF32(F32ToF16(x))
+                                  : x;
   };
   std::vector<int32_t> table = {3, 1, 0};
-  std::vector<int32_t> seq_indptr = {0, 5}, positions = {0, 1, 2, 3, 4}, ctx = {5}, bptr = {0, 3}, slots;
+  std::vector<int32_t> seq_indptr = {0, 5}, positions = {0, 1, 2, 3, 4}, ctx = {5}, bptr = {0, 3},
+                       slots;
   for (int32_t p : positions) slots.push_back(table[p / bs] * bs + p % bs);
-  AttentionMetadata md{1, n, 5, seq_indptr.data(), positions.data(), ctx.data(), bptr.data(),
-                       table.data(), slots.data()};
+  AttentionMetadata md{
+      1,           n, 5, seq_indptr.data(), positions.data(), ctx.data(), bptr.data(), table.data(),
+      slots.data()};
   const float scale = 1 / std::sqrt(float(hd));
-  backend->PagedAttention(q.data(), k.data(), v.data(), kc.data(), vc.data(), g, 0, md, heads, scale,
-                          out.data());
+  backend->PagedAttention(q.data(), k.data(), v.data(), kc.data(), vc.data(), g, 0, md, heads,
+                          scale, out.data());
   // Token p's keys sit at its slot, rounded to the cache's type.
   for (int64_t p = 0; p < n; ++p) {
     std::vector<float> stored(kv_heads * hd);
-    ConvertToF32(dtype, kc.data() + slots[p] * kv_heads * hd * g.bytes_per_element(), stored.data(), stored.size());
-    for (int64_t i = 0; i < kv_heads * hd; ++i) ASSERT_EQ(stored[i], round(k[p * kv_heads * hd + i])) << p;
+    ConvertToF32(dtype, kc.data() + slots[p] * kv_heads * hd * g.bytes_per_element(), stored.data(),
+                 stored.size());
+    for (int64_t i = 0; i < kv_heads * hd; ++i)
+      ASSERT_EQ(stored[i], round(k[p * kv_heads * hd + i])) << p;
   }
-  for (auto* vec : {&k, &v}) for (auto& e : *vec) e = round(e);
+  for (auto* vec : {&k, &v})
+    for (auto& e : *vec) e = round(e);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kh = h / (heads / kv_heads);
@@ -182,7 +194,8 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
       double mx = -1e30, sum = 0;
       for (int64_t p = 0; p <= t; ++p) {
         double s = 0;
-        for (int64_t i = 0; i < hd; ++i) s += q[(t * heads + h) * hd + i] * k[(p * kv_heads + kh) * hd + i];
+        for (int64_t i = 0; i < hd; ++i)
+          s += q[(t * heads + h) * hd + i] * k[(p * kv_heads + kh) * hd + i];
         w[p] = s * scale;
         mx = std::max(mx, w[p]);
       }
@@ -196,8 +209,11 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CacheTypes, CpuPagedAttentionTest, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
-                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(DTypeName(i.param)); });
+INSTANTIATE_TEST_SUITE_P(CacheTypes, CpuPagedAttentionTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& i) {
+                           return std::string(DTypeName(i.param));
+                         });
 
 }  // namespace
 }  // namespace tandem

@@ -1,7 +1,7 @@
 // The CUDA plugin as processes use it, on any machine: it loads (with the CUDA runtime, cuBLAS and
-// NCCL) into a process that then still starts the metrics HTTP server, the failure that linking those
-// libraries caused (common/backend/cuda_plugin.h); its factories refuse what they cannot serve with
-// clear errors. Without a GPU nothing runs on a device here; tests/gpu/ covers that.
+// NCCL) into a process that then still starts the metrics HTTP server, the failure that linking
+// those libraries caused (common/backend/cuda_plugin.h); its factories refuse what they cannot
+// serve with clear errors. Without a GPU nothing runs on a device here; tests/gpu/ covers that.
 #include "common/backend/cuda_plugin.h"
 
 #include "common/backend/cpu/cpu_backend.h"
@@ -19,7 +19,8 @@ using ::testing::HasSubstr;
 #ifdef TANDEM_HAVE_CUDA
 
 TEST(CudaPluginTest, LoadsAndTheMetricsServerStillStartsAfterwards) {
-  ASSERT_TRUE(CudaPluginSymbol("TandemCreateCudaBackend").ok()) << CudaPluginSymbol("TandemCreateCudaBackend").status();
+  ASSERT_TRUE(CudaPluginSymbol("TandemCreateCudaBackend").ok())
+      << CudaPluginSymbol("TandemCreateCudaBackend").status();
   ASSERT_TRUE(CudaPluginSymbol("TandemCreateNcclKvLinkFactory").ok());
   // Touch the backend factory too, so the CUDA runtime initialises (it fails without a device).
   (void)CreateBackend({.device = "cuda"});

@@ -1,17 +1,17 @@
 // Disaggregated prefill and decode in one process: a prefill-role engine computes prompts and hands
 // requests out; their KV travels over the TCP transport (loopback) into blocks a decode-role engine
-// reserved; the decode engine admits each request with its first token and finishes it. Outputs must
-// be token-identical to the combined engine, and every block returns to both pools.
+// reserved; the decode engine admits each request with its first token and finishes it. Outputs
+// must be token-identical to the combined engine, and every block returns to both pools.
 #include <filesystem>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/backend/cpu/cpu_backend.h"
-#include "common/engine/engine.h"
 #include "cli/presets.h"
 #include "cli/random_model.h"
-#include "common/transport/tcp/tcp_kv_transport.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/engine/engine.h"
+#include "common/transport/kv_control.h"
 #include "gtest/gtest.h"
 #include "tests/unit/tiny_models.h"
 
@@ -48,7 +48,8 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
     EngineRequest r;
     r.id = absl::StrCat("r", i);
     r.prompt_token_ids.resize(3 + rng() % 30);
-    for (auto& t : r.prompt_token_ids) t = static_cast<int32_t>(rng() % model_->config().vocab_size);
+    for (auto& t : r.prompt_token_ids)
+      t = static_cast<int32_t>(rng() % model_->config().vocab_size);
     r.params.temperature = 0;
     r.params.ignore_eos = true;
     r.params.max_tokens = 2 + static_cast<int32_t>(rng() % 8);
@@ -68,8 +69,12 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
   auto prefill = MakeEngine(SchedulerRole::kPrefill);
   auto decode = MakeEngine(SchedulerRole::kDecode);
   const KvEndpointInfo info{"tiny", model_->KvGeometry(0, 4)};
-  auto receiver = TcpKvReceiver::Create({"127.0.0.1", 0, decode->kv_storage(), info, absl::Seconds(5)}).value();
-  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(5)).value();
+  auto receiver =
+      KvControlReceiver::Create({"127.0.0.1", 0, decode->kv_storage(), info, absl::Seconds(5)})
+          .value();
+  auto sender =
+      KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(5))
+          .value();
 
   // The decode side reserves blocks before the prefill starts (backpressure lives here).
   for (const auto& r : reqs) {
@@ -89,7 +94,8 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
       ASSERT_EQ(o.new_token_ids.size(), 1u);
       ASSERT_TRUE(sender->Begin(r.id, static_cast<int64_t>(r.prompt_token_ids.size())).ok());
       for (int32_t l = 0; l < model_->config().num_hidden_layers; ++l) {
-        ASSERT_TRUE(sender->SendLayer(r.id, l, prefill->block_table(r.id), prefill->kv_storage()).ok());
+        ASSERT_TRUE(
+            sender->SendLayer(r.id, l, prefill->block_table(r.id), prefill->kv_storage()).ok());
       }
       ASSERT_TRUE(sender->End(r.id, o.new_token_ids[0]).ok());
       ASSERT_TRUE(prefill->Release(r.id).ok());
@@ -120,7 +126,8 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
   EngineRequest r;
   r.id = "r";
   r.prompt_token_ids.resize(29);
-  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i) r.prompt_token_ids[i] = static_cast<int32_t>((i * 37) % 500);
+  for (size_t i = 0; i < r.prompt_token_ids.size(); ++i)
+    r.prompt_token_ids[i] = static_cast<int32_t>((i * 37) % 500);
   r.params.temperature = 0;
   r.params.ignore_eos = true;
   r.params.max_tokens = 5;
@@ -129,14 +136,19 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
   std::vector<int32_t> expected;
   while (combined->HasWork()) {
     const std::vector<RequestOutput> outs = combined->Step().value();
-    for (const auto& o : outs) expected.insert(expected.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    for (const auto& o : outs)
+      expected.insert(expected.end(), o.new_token_ids.begin(), o.new_token_ids.end());
   }
 
   auto prefill = MakeEngine(SchedulerRole::kPrefill);
   auto decode = MakeEngine(SchedulerRole::kDecode);
   const KvEndpointInfo info{"tiny", model_->KvGeometry(0, 4)};
-  auto receiver = TcpKvReceiver::Create({"127.0.0.1", 0, decode->kv_storage(), info, absl::Seconds(5)}).value();
-  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(5)).value();
+  auto receiver =
+      KvControlReceiver::Create({"127.0.0.1", 0, decode->kv_storage(), info, absl::Seconds(5)})
+          .value();
+  auto sender =
+      KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info, absl::Seconds(5))
+          .value();
   auto blocks = decode->Reserve("r", 29);
   ASSERT_TRUE(blocks.ok());
   ASSERT_TRUE(receiver->Expect("r", *blocks).ok());
@@ -146,7 +158,10 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
       if (layer == 0) {
         ASSERT_TRUE(sender->Begin(id, 29).ok());
       }
-      ASSERT_TRUE(sender->SendLayer(id, static_cast<int32_t>(layer), prefill->block_table(id), prefill->kv_storage()).ok());
+      ASSERT_TRUE(sender
+                      ->SendLayer(id, static_cast<int32_t>(layer), prefill->block_table(id),
+                                  prefill->kv_storage())
+                      .ok());
       layers_sent.push_back(layer);
     }
   });
@@ -167,7 +182,8 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
   EXPECT_EQ(layers_sent, all_layers);  // one send per layer, in order, during the completing step
   while (decode->HasWork()) {
     const std::vector<RequestOutput> outs = decode->Step().value();
-    for (const auto& o : outs) got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    for (const auto& o : outs)
+      got.insert(got.end(), o.new_token_ids.begin(), o.new_token_ids.end());
   }
   EXPECT_EQ(got, expected);
   EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);

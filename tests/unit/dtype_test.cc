@@ -30,7 +30,7 @@ TEST(DTypeTest, F16KnownValues) {
   EXPECT_EQ(F32ToF16(1.0f), 0x3c00);
   EXPECT_EQ(F32ToF16(-2.0f), 0xc000);
   EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);
-  EXPECT_EQ(F32ToF16(1e6f), 0x7c00);                 // overflow → inf
+  EXPECT_EQ(F32ToF16(1e6f), 0x7c00);                   // overflow → inf
   EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
   EXPECT_EQ(F16ToF32(0x3555), 0.333251953125f);
   EXPECT_TRUE(std::isnan(F16ToF32(0x7e00)));

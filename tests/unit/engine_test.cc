@@ -9,12 +9,12 @@
 #include <numeric>
 #include <random>
 
-#include "common/backend/cpu/cpu_backend.h"
 #include "cli/presets.h"
 #include "cli/random_model.h"
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/base/argmax.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/base/argmax.h"
 #include "tests/unit/forwarding_backend.h"
 #include "tests/unit/tiny_models.h"
 
@@ -30,12 +30,14 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     model_ = LlamaModel::Load(MakeModel(GetParam()), backend_.get()).value();
   }
 
-  std::unique_ptr<Engine> MakeEngine(int64_t kv_blocks, int64_t budget, int64_t chunk, bool caching = true,
-                                     int64_t max_seqs = 64, DType kv_dtype = DType::kF32) {
+  std::unique_ptr<Engine> MakeEngine(int64_t kv_blocks, int64_t budget, int64_t chunk,
+                                     bool caching = true, int64_t max_seqs = 64,
+                                     DType kv_dtype = DType::kF32) {
     EngineOptions o;
     o.block_size = 4;
     o.kv_cache_dtype = kv_dtype;
-    o.kv_cache_memory = kv_blocks * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4, kv_dtype));
+    o.kv_cache_memory =
+        kv_blocks * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4, kv_dtype));
     o.enable_prefix_caching = caching;
     o.scheduler.max_num_batched_tokens = budget;
     o.scheduler.max_prefill_chunk = chunk;
@@ -55,7 +57,8 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
   }
 
   // Runs the engine until idle; returns each request's tokens (and its outputs).
-  std::map<std::string, std::vector<int32_t>> RunAll(Engine* e, std::map<std::string, std::vector<RequestOutput>>* all = nullptr) {
+  std::map<std::string, std::vector<int32_t>> RunAll(
+      Engine* e, std::map<std::string, std::vector<RequestOutput>>* all = nullptr) {
     std::map<std::string, std::vector<int32_t>> tokens;
     for (int guard = 0; e->HasWork() && guard < 100000; ++guard) {
       auto outs = e->Step();
@@ -109,7 +112,8 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     EXPECT_GT(together->stats().preemptions, 0) << "the test should force preemption";
     EXPECT_EQ(together->stats().free_blocks, together_blocks);
     for (const auto& r : reqs) {
-      auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false, 64, kv_dtype);
+      auto alone = MakeEngine(/*kv_blocks=*/64, /*budget=*/512, /*chunk=*/0, /*caching=*/false, 64,
+                              kv_dtype);
       ASSERT_TRUE(alone->AddRequest(r).ok());
       const auto solo = RunAll(alone.get());
       ASSERT_EQ(batched.at(r.id), solo.at(r.id)) << r.id;
@@ -119,10 +123,10 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
 
   // `reqs` through an engine of 64 blocks of 4 tokens over this preset loaded on `backend`; budget
   // and chunk 0: the scheduler's defaults.
-  std::map<std::string, std::vector<int32_t>> RunOn(Backend* backend, const std::vector<EngineRequest>& reqs,
-                                                     int64_t budget = 0, int64_t chunk = 0,
-                                                     std::map<std::string, std::vector<RequestOutput>>* all = nullptr,
-                                                     EngineStats* stats = nullptr) {
+  std::map<std::string, std::vector<int32_t>> RunOn(
+      Backend* backend, const std::vector<EngineRequest>& reqs, int64_t budget = 0,
+      int64_t chunk = 0, std::map<std::string, std::vector<RequestOutput>>* all = nullptr,
+      EngineStats* stats = nullptr) {
     auto model = LlamaModel::Load(MakeModel(GetParam()), backend).value();
     EngineOptions o;
     o.block_size = 4;
@@ -168,8 +172,9 @@ class RowCountingBackend : public ForwardingBackend {
 };
 
 // Backend::Logprobs as the CUDA backend computes it, here with the sampler's own ComputeLogprobs.
-void HostLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
-                  float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
+void HostLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
+                  int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
+                  float* top_logprobs) {
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits + i * d;
     if (tokens[i] == -2) continue;  // asked for nothing
@@ -185,27 +190,30 @@ void HostLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* toke
   }
 }
 
-// A backend that computes logprobs where the logits are: the engine's device-logprobs path on the CPU.
+// A backend that computes logprobs where the logits are: the engine's device-logprobs path on the
+// CPU.
 class DeviceLogprobsBackend final : public RowCountingBackend {
  public:
   bool SupportsLogprobs() const override { return true; }
-  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
-                float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override {
+  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
+                int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
+                float* top_logprobs) override {
     ++calls;
     HostLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs);
   }
 };
 
-// A backend that samples where the logits are, as the CUDA one does, here on the host: candidates by
-// a plain sort, edits by ApplyLogitEdit, totals and draws by the sampler's definitions
+// A backend that samples where the logits are, as the CUDA one does, here on the host: candidates
+// by a plain sort, edits by ApplyLogitEdit, totals and draws by the sampler's definitions
 // (RowWeightTotal, DrawFromRow): the engine's device sampling path on the CPU.
 class DeviceSamplingBackend final : public RowCountingBackend {
  public:
   bool SupportsSampling() const override { return true; }
   // With logprobs where the logits are too (the CUDA backend has both).
   bool SupportsLogprobs() const override { return with_logprobs; }
-  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
-                float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override {
+  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
+                int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
+                float* top_logprobs) override {
     ++logprob_calls;
     HostLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs);
   }
@@ -215,12 +223,16 @@ class DeviceSamplingBackend final : public RowCountingBackend {
                 float* values) override {
     ++calls;
     for (int64_t i = 0; i < n; ++i) {
-      const int32_t own_k = row_k != nullptr ? std::min(row_k[i], k) : k;  // the row's own candidates
+      const int32_t own_k =
+          row_k != nullptr ? std::min(row_k[i], k) : k;  // the row's own candidates
       const float* row = x + i * d;
-      auto key = [&](int32_t t) { return std::isnan(row[t]) ? -std::numeric_limits<float>::infinity() : row[t]; };
+      auto key = [&](int32_t t) {
+        return std::isnan(row[t]) ? -std::numeric_limits<float>::infinity() : row[t];
+      };
       std::vector<int32_t> order(static_cast<size_t>(d));
       std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return key(a) > key(b); });
       for (int32_t j = 0; j < own_k; ++j) {
         ids[i * k + j] = order[j];
         values[i * k + j] = key(order[j]);
@@ -239,10 +251,12 @@ class DeviceSamplingBackend final : public RowCountingBackend {
     std::vector<float> weights(static_cast<size_t>(d));
     for (int64_t i = 0; i < n; ++i) {
       const float* row = logits + i * d;
-      if (draws[i].mode == RowDraw::kTotal) totals[i] = RowWeightTotal(row, d, draws[i].inv_temperature);
+      if (draws[i].mode == RowDraw::kTotal)
+        totals[i] = RowWeightTotal(row, d, draws[i].inv_temperature);
       if (draws[i].mode == RowDraw::kDraw) {
         ++device_draws;
-        tokens[i] = DrawFromRow(row, d, draws[i].inv_temperature, draws[i].min_p, draws[i].u, weights.data());
+        tokens[i] = DrawFromRow(row, d, draws[i].inv_temperature, draws[i].min_p, draws[i].u,
+                                weights.data());
       }
     }
   }
@@ -251,10 +265,10 @@ class DeviceSamplingBackend final : public RowCountingBackend {
 };
 
 // Seeded sampling of every kind on the device: top-k (with top-p and min-p), top-p alone (a narrow
-// nucleus served by its candidates, a wide one by its row), temperature and min-p over the whole row,
-// and greedy, each with and without logits processors (penalties, bias, min_tokens): the same tokens
-// as sampling the whole rows on the host. Only the wide nucleus copies rows back.
-// A sampling configuration of the device-sampling tests, and a request set to it with `seed`.
+// nucleus served by its candidates, a wide one by its row), temperature and min-p over the whole
+// row, and greedy, each with and without logits processors (penalties, bias, min_tokens): the same
+// tokens as sampling the whole rows on the host. Only the wide nucleus copies rows back. A sampling
+// configuration of the device-sampling tests, and a request set to it with `seed`.
 struct SamplingCase {
   float temperature;
   int32_t top_k;
@@ -272,13 +286,17 @@ void Sampled(EngineRequest& r, const SamplingCase& c, uint64_t seed) {
 TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
   using Case = SamplingCase;
   const std::vector<Case> cases = {
-      {0.6f, 3, 1.f, 0.f},  {0.9f, 10, 0.8f, 0.f}, {1.2f, 300, 1.f, 0.f},   // 300: over the device limit
-      {1.5f, 24, 1.f, 0.1f}, {0.5f, 0, 0.05f, 0.f}, {20.f, 0, 0.99f, 0.f},  // top-p: narrow, wide (flattened) nucleus
-      {1.f, 0, 1.f, 0.f},    {0.7f, 0, 1.f, 0.05f}, {0.f, 0, 1.f, 0.f},     // whole-row draws, greedy
+      {0.6f, 3, 1.f, 0.f},   {0.9f, 10, 0.8f, 0.f},
+      {1.2f, 300, 1.f, 0.f},  // 300: over the device limit
+      {1.5f, 24, 1.f, 0.1f}, {0.5f, 0, 0.05f, 0.f},
+      {20.f, 0, 0.99f, 0.f},  // top-p: narrow, wide (flattened) nucleus
+      {1.f, 0, 1.f, 0.f},    {0.7f, 0, 1.f, 0.05f},
+      {0.f, 0, 1.f, 0.f},  // whole-row draws, greedy
   };
   std::vector<EngineRequest> plain, processed;
   for (size_t i = 0; i < cases.size(); ++i) {
-    EngineRequest r = Request("r" + std::to_string(i), 4 + 5 * static_cast<int>(i), 70 + i, /*max_tokens=*/8);
+    EngineRequest r =
+        Request("r" + std::to_string(i), 4 + 5 * static_cast<int>(i), 70 + i, /*max_tokens=*/8);
     Sampled(r, cases[i], 90 + i);
     plain.push_back(r);
     // The same with every kind of processor.
@@ -314,13 +332,16 @@ TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
   for (const auto& [id, t] : host) tokens += static_cast<int64_t>(t.size());
   EXPECT_EQ(off_stats.sampled_on_host + off_stats.sampled_on_device, tokens);
   const int64_t plain_greedy = static_cast<int64_t>(host.at("r8").size());  // case 8: temperature 0
-  const int64_t over_limit = static_cast<int64_t>(host.at("r2").size() + host.at("p2").size());  // top_k 300
-  EXPECT_EQ(off_stats.sampled_on_device, plain_greedy) << "only the plain greedy request's argmax on the device";
+  const int64_t over_limit =
+      static_cast<int64_t>(host.at("r2").size() + host.at("p2").size());  // top_k 300
+  EXPECT_EQ(off_stats.sampled_on_device, plain_greedy)
+      << "only the plain greedy request's argmax on the device";
   EngineStats on_stats;
   DeviceSamplingBackend on;
   RunOn(&on, all, 0, 0, nullptr, &on_stats);
   EXPECT_EQ(on_stats.sampled_on_host + on_stats.sampled_on_device, tokens);
-  EXPECT_EQ(on_stats.sampled_on_host, over_limit) << "the two requests over the device's top-k limit";
+  EXPECT_EQ(on_stats.sampled_on_host, over_limit)
+      << "the two requests over the device's top-k limit";
   EXPECT_GT(on_stats.sampling_row_copies, 0);
   EXPECT_EQ(off_stats.sampling_row_copies, 0);
   // Each request on its own: rows come back only for the request over the device's top-k limit and
@@ -332,17 +353,18 @@ TEST_P(EngineTest, SamplingWhereTheLogitsAreMatchesTheHostPath) {
     EXPECT_EQ(got.at(r.id), host.at(r.id)) << r.id;
     const bool over_limit = r.params.top_k == 300, wide = r.params.top_p == 0.99f;
     if (over_limit || wide) {
-      EXPECT_GT(alone.row_copies, 0) << r.id << (wide ? ": the nucleus should be wider than 256 candidates" : "");
+      EXPECT_GT(alone.row_copies, 0)
+          << r.id << (wide ? ": the nucleus should be wider than 256 candidates" : "");
     } else {
       EXPECT_EQ(alone.row_copies, 0) << r.id;
     }
   }
 }
 
-// Sampled requests that want logprobs, on a device that samples and computes logprobs: the tokens are
-// sampled there, and their logprobs (of the raw logits, rank and top entries) computed there after, the
-// same as the host path gives them; only a request whose processors edit its rows (the logprobs must
-// see the raw row) and the wide nucleus bring rows back.
+// Sampled requests that want logprobs, on a device that samples and computes logprobs: the tokens
+// are sampled there, and their logprobs (of the raw logits, rank and top entries) computed there
+// after, the same as the host path gives them; only a request whose processors edit its rows (the
+// logprobs must see the raw row) and the wide nucleus bring rows back.
 TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
   struct Case {
     float temperature;
@@ -351,11 +373,13 @@ TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
     float min_p;
     float repetition;
   };
-  const std::vector<Case> cases = {{0.7f, 5, 1.f, 0.f, 1.f},   {0.5f, 0, 0.05f, 0.f, 1.f}, {20.f, 0, 0.99f, 0.f, 1.f},
-                                   {1.f, 0, 1.f, 0.05f, 1.f},  {0.9f, 0, 1.f, 0.f, 1.f},   {0.9f, 8, 1.f, 0.f, 1.3f}};
+  const std::vector<Case> cases = {{0.7f, 5, 1.f, 0.f, 1.f},   {0.5f, 0, 0.05f, 0.f, 1.f},
+                                   {20.f, 0, 0.99f, 0.f, 1.f}, {1.f, 0, 1.f, 0.05f, 1.f},
+                                   {0.9f, 0, 1.f, 0.f, 1.f},   {0.9f, 8, 1.f, 0.f, 1.3f}};
   std::vector<EngineRequest> reqs;
   for (size_t i = 0; i < cases.size(); ++i) {
-    EngineRequest r = Request("r" + std::to_string(i), 6 + 5 * static_cast<int>(i), 80 + i, /*max_tokens=*/6);
+    EngineRequest r =
+        Request("r" + std::to_string(i), 6 + 5 * static_cast<int>(i), 80 + i, /*max_tokens=*/6);
     Sampled(r, {cases[i].temperature, cases[i].top_k, cases[i].top_p, cases[i].min_p}, 40 + i);
     r.params.repetition_penalty = cases[i].repetition;
     r.params.logprobs = i % 2 == 0 ? 3 : 0;
@@ -367,10 +391,13 @@ TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
     return all;
   };
   auto same = [](const LogprobEntry& a, const LogprobEntry& b) {
-    if (a.token_id != b.token_id || a.rank != b.rank || std::fabs(a.logprob - b.logprob) > 1e-6f) return false;
+    if (a.token_id != b.token_id || a.rank != b.rank || std::fabs(a.logprob - b.logprob) > 1e-6f)
+      return false;
     if (a.top.size() != b.top.size()) return false;
     for (size_t i = 0; i < a.top.size(); ++i) {
-      if (a.top[i].token_id != b.top[i].token_id || std::fabs(a.top[i].logprob - b.top[i].logprob) > 1e-6f) return false;
+      if (a.top[i].token_id != b.top[i].token_id ||
+          std::fabs(a.top[i].logprob - b.top[i].logprob) > 1e-6f)
+        return false;
     }
     return true;
   };
@@ -394,7 +421,8 @@ TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
     }
     EXPECT_EQ(got_tokens, want_tokens) << r.id;
     ASSERT_EQ(got_lp.size(), want_lp.size()) << r.id;
-    for (size_t i = 0; i < got_lp.size(); ++i) EXPECT_TRUE(same(got_lp[i], want_lp[i])) << r.id << " token " << i;
+    for (size_t i = 0; i < got_lp.size(); ++i)
+      EXPECT_TRUE(same(got_lp[i], want_lp[i])) << r.id << " token " << i;
     const bool edited = r.params.repetition_penalty != 1.f, wide = r.params.top_p == 0.99f;
     if (edited || wide) {
       EXPECT_GT(device.row_copies, 0) << r.id;
@@ -406,8 +434,8 @@ TEST_P(EngineTest, LogprobsOfTokensSampledWhereTheLogitsAreMatchTheHostPath) {
 }
 
 TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
-  // Greedy requests with logprobs and prompt logprobs, and a sampled one (whose logprobs stay on the
-  // host): the same tokens, logprobs, ranks and top entries either way.
+  // Greedy requests with logprobs and prompt logprobs, and a sampled one (whose logprobs stay on
+  // the host): the same tokens, logprobs, ranks and top entries either way.
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 4; ++i) {
     EngineRequest r = Request("r" + std::to_string(i), 5 + 7 * i, 40 + i, /*max_tokens=*/6);
@@ -435,9 +463,12 @@ TEST_P(EngineTest, LogprobsComputedWhereTheLogitsAreMatchTheHostPath) {
   EXPECT_EQ(greedy_only.row_copies, 0);
   ASSERT_EQ(host_outs.size(), device_outs.size());
   auto same = [](const LogprobEntry& a, const LogprobEntry& b) {
-    if (a.token_id != b.token_id || a.logprob != b.logprob || a.rank != b.rank || a.top.size() != b.top.size()) return false;
+    if (a.token_id != b.token_id || a.logprob != b.logprob || a.rank != b.rank ||
+        a.top.size() != b.top.size())
+      return false;
     for (size_t i = 0; i < a.top.size(); ++i) {
-      if (a.top[i].token_id != b.top[i].token_id || a.top[i].logprob != b.top[i].logprob) return false;
+      if (a.top[i].token_id != b.top[i].token_id || a.top[i].logprob != b.top[i].logprob)
+        return false;
     }
     return true;
   };
@@ -717,8 +748,10 @@ TEST_P(EngineTest, SeededSamplingContinuesAcrossTheHandOff) {
     for (size_t b = 0; b < src.size(); ++b) {
       const int64_t from = l * g.elements_per_layer() + src[b] * g.elements_per_block();
       const int64_t to = l * g.elements_per_layer() + dst[b] * g.elements_per_block();
-      std::copy_n(static_cast<float*>(prefill->kv_storage()->k_data()) + from, g.elements_per_block(), static_cast<float*>(decode->kv_storage()->k_data()) + to);
-      std::copy_n(static_cast<float*>(prefill->kv_storage()->v_data()) + from, g.elements_per_block(), static_cast<float*>(decode->kv_storage()->v_data()) + to);
+      std::copy_n(static_cast<float*>(prefill->kv_storage()->k_data()) + from,
+                  g.elements_per_block(), static_cast<float*>(decode->kv_storage()->k_data()) + to);
+      std::copy_n(static_cast<float*>(prefill->kv_storage()->v_data()) + from,
+                  g.elements_per_block(), static_cast<float*>(decode->kv_storage()->v_data()) + to);
     }
   }
   ASSERT_TRUE(decode->AdmitPrefilled(r, first[0]).ok());

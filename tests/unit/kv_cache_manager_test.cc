@@ -19,7 +19,8 @@ std::vector<int32_t> Tokens(int32_t first, int32_t n) {
   return t;
 }
 
-std::unique_ptr<KvCacheManager> Manager(int32_t blocks, int32_t block_size = 4, bool caching = true) {
+std::unique_ptr<KvCacheManager> Manager(int32_t blocks, int32_t block_size = 4,
+                                        bool caching = true) {
   return KvCacheManager::Create({blocks, block_size, caching, 0}).value();
 }
 
@@ -83,7 +84,8 @@ TEST(KvCacheManagerTest, EvictsLeastRecentlyFreedCachedBlocksFirst) {
   m->Free("a");                       // queue: 1 0
   m->Free("b");                       // queue: 1 0 3 2
   EXPECT_THAT(m->pool().FreeQueue(), ElementsAre(1, 0, 3, 2));
-  // A new 4-token request takes block 1, evicting a's second block; a's first block is still cached.
+  // A new 4-token request takes block 1, evicting a's second block; a's first block is still
+  // cached.
   ASSERT_TRUE(m->Allocate("c", 4));
   EXPECT_THAT(m->BlockTable("c"), ElementsAre(1));
   EXPECT_FALSE(m->pool().is_cached(1));

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/backend/cpu/cpu_backend.h"
-#include "common/transport/tcp/tcp_kv_transport.h"
+#include "common/transport/kv_control.h"
 #include "gtest/gtest.h"
 #include "tests/unit/loopback_kv_link.h"
 
@@ -30,7 +30,8 @@ class KvTransferLanesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = CpuBackend::Create({}).value();
-    geometry_ = {/*num_layers=*/2, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2, /*head_dim=*/8};
+    geometry_ = {/*num_layers=*/2, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2,
+                 /*head_dim=*/8};
     src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     std::mt19937 rng(2);
@@ -39,13 +40,16 @@ class KvTransferLanesTest : public ::testing::Test {
       static_cast<float*>(src_->v_data())[i] = static_cast<float>(rng() % 1000);
     }
     info_ = {"m", geometry_};
-    receiver_ = TcpKvReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
+    receiver_ =
+        KvControlReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
     address_ = absl::StrCat("127.0.0.1:", receiver_->port());
-    lanes_ = std::make_unique<KvTransferLanes>(KvTransferLanes::Options{info_, src_.get(), absl::Seconds(2)});
+    lanes_ = std::make_unique<KvTransferLanes>(
+        KvTransferLanes::Options{info_, src_.get(), absl::Seconds(2)});
   }
 
   // Sends a whole transfer of `blocks` and returns End's status.
-  absl::Status Transfer(const std::string& address, const std::string& id, std::vector<int32_t> blocks) {
+  absl::Status Transfer(const std::string& address, const std::string& id,
+                        std::vector<int32_t> blocks) {
     lanes_->Begin(address, id, 4);
     for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes_->SendLayer(address, id, l, blocks);
     return Ended(lanes_.get(), address, id);
@@ -55,7 +59,7 @@ class KvTransferLanesTest : public ::testing::Test {
   KvCacheGeometry geometry_;
   std::unique_ptr<KvCacheStorage> src_, dst_;
   KvEndpointInfo info_;
-  std::unique_ptr<TcpKvReceiver> receiver_;
+  std::unique_ptr<KvControlReceiver> receiver_;
   std::string address_;
   std::unique_ptr<KvTransferLanes> lanes_;
 };
@@ -67,8 +71,12 @@ TEST_F(KvTransferLanesTest, DeliversInOrderAndReportsTheAcknowledgement) {
   const int64_t e = geometry_.elements_per_block();
   for (int64_t l = 0; l < geometry_.num_layers; ++l) {
     const int64_t base = l * geometry_.elements_per_layer();
-    EXPECT_TRUE(std::equal(static_cast<float*>(src_->k_data()) + base + 1 * e, static_cast<float*>(src_->k_data()) + base + 2 * e, static_cast<float*>(dst_->k_data()) + base + 6 * e));
-    EXPECT_TRUE(std::equal(static_cast<float*>(src_->v_data()) + base + 1 * e, static_cast<float*>(src_->v_data()) + base + 2 * e, static_cast<float*>(dst_->v_data()) + base + 6 * e));
+    EXPECT_TRUE(std::equal(static_cast<float*>(src_->k_data()) + base + 1 * e,
+                           static_cast<float*>(src_->k_data()) + base + 2 * e,
+                           static_cast<float*>(dst_->k_data()) + base + 6 * e));
+    EXPECT_TRUE(std::equal(static_cast<float*>(src_->v_data()) + base + 1 * e,
+                           static_cast<float*>(src_->v_data()) + base + 2 * e,
+                           static_cast<float*>(dst_->v_data()) + base + 6 * e));
   }
 }
 
@@ -78,9 +86,9 @@ TEST_F(KvTransferLanesTest, DeliversInOrderAndReportsTheAcknowledgement) {
 TEST_F(KvTransferLanesTest, AnIdleLaneDropsADeadReceiversLinkAndThenRetires) {
   LoopbackKvHub hub;
   LoopbackKvLinkFactory src_link(src_.get(), &hub), dst_link(dst_.get(), &hub);
-  TcpKvReceiver::Options ro{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  KvControlReceiver::Options ro{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
   ro.link_factories = {&dst_link};
-  auto receiver = TcpKvReceiver::Create(ro).value();
+  auto receiver = KvControlReceiver::Create(ro).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   KvTransferLanes::Options lo{info_, src_.get(), absl::Seconds(2), {&src_link}};
   lo.idle_check = absl::Milliseconds(50);
@@ -96,13 +104,15 @@ TEST_F(KvTransferLanesTest, AnIdleLaneDropsADeadReceiversLinkAndThenRetires) {
   EXPECT_EQ(lanes.lanes(), 1u) << "a lane with a live connection retired";
   receiver.reset();  // the decode worker dies
   const absl::Time gone = absl::Now();
-  while (hub.live_links.load() > 0 && absl::Now() - gone < absl::Seconds(3)) absl::SleepFor(absl::Milliseconds(5));
+  while (hub.live_links.load() > 0 && absl::Now() - gone < absl::Seconds(3))
+    absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(hub.live_links.load(), 0) << "the lane kept a dead receiver's link";
   EXPECT_LT(absl::Now() - gone, absl::Milliseconds(500));
-  while (lanes.lanes() > 0 && absl::Now() - gone < absl::Seconds(3)) absl::SleepFor(absl::Milliseconds(5));
+  while (lanes.lanes() > 0 && absl::Now() - gone < absl::Seconds(3))
+    absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(lanes.lanes(), 0u) << "an idle lane with no connection kept its thread";
   // A new lane for the next decode worker (the retired thread is joined on the way).
-  auto again = TcpKvReceiver::Create(ro).value();
+  auto again = KvControlReceiver::Create(ro).value();
   const std::string address2 = absl::StrCat("127.0.0.1:", again->port());
   ASSERT_TRUE(again->Expect("b", {3}).ok());
   lanes.Begin(address2, "b", 4);
@@ -134,8 +144,8 @@ TEST_F(KvTransferLanesTest, CancelledTransfersEndWithCancelled) {
 }
 
 TEST_F(KvTransferLanesTest, ARefusedTransferLeavesTheOthersOnItsConnectionAlone) {
-  // "b" is begun, then "x" (a reservation the decode worker dropped: a cancelled request) is refused
-  // at its End. The connection is sound: "b" goes on over it and completes.
+  // "b" is begun, then "x" (a reservation the decode worker dropped: a cancelled request) is
+  // refused at its End. The connection is sound: "b" goes on over it and completes.
   ASSERT_TRUE(receiver_->Expect("b", {4}).ok());
   lanes_->Begin(address_, "b", 4);
   lanes_->SendLayer(address_, "b", 0, {1});
@@ -163,8 +173,9 @@ TEST_F(KvTransferLanesTest, ALayerRefusedBeforeTheWireStillEndsTheTransferAtTheR
 }
 
 TEST_F(KvTransferLanesTest, ALostConnectionFailsEveryTransferBegunOnIt) {
-  // "a"'s layer names more blocks than the receiver's pool holds: the receiver drops the connection.
-  // "b", begun on it, fails at once with that cause, and sends nothing more over a new connection.
+  // "a"'s layer names more blocks than the receiver's pool holds: the receiver drops the
+  // connection. "b", begun on it, fails at once with that cause, and sends nothing more over a new
+  // connection.
   ASSERT_TRUE(receiver_->Expect("a", {4}).ok());
   ASSERT_TRUE(receiver_->Expect("b", {5}).ok());
   lanes_->Begin(address_, "b", 4);

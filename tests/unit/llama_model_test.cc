@@ -6,15 +6,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
 
-#include "common/backend/cpu/cpu_backend.h"
 #include "cli/presets.h"
 #include "cli/random_model.h"
+#include "common/backend/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/tiny_models.h"
@@ -166,7 +166,8 @@ TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
   ASSERT_EQ(argmax.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     const float* row = full.data() + i * vocab;
-    const int32_t expected = static_cast<int32_t>(std::max_element(row, row + vocab) - row);  // first maximum
+    const int32_t expected =
+        static_cast<int32_t>(std::max_element(row, row + vocab) - row);  // first maximum
     EXPECT_EQ(argmax[i], expected) << i;
   }
   // Mixed: the logits come back whole, and the ids too.
@@ -175,9 +176,12 @@ TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
   ASSERT_TRUE(model_->Forward(in, kv3.get(), &logits, &argmax).ok());
   EXPECT_EQ(logits, full);
   ASSERT_EQ(argmax.size(), 3u);
-  EXPECT_EQ(argmax[1], static_cast<int32_t>(std::max_element(full.data() + vocab, full.data() + 2 * vocab) - (full.data() + vocab)));
+  EXPECT_EQ(argmax[1],
+            static_cast<int32_t>(std::max_element(full.data() + vocab, full.data() + 2 * vocab) -
+                                 (full.data() + vocab)));
   in.argmax_only = {1};
-  EXPECT_EQ(model_->Forward(in, kv3.get(), &logits, &argmax).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model_->Forward(in, kv3.get(), &logits, &argmax).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
@@ -192,13 +196,17 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
   auto run = [&](bool graph_layout, std::vector<float>* logits, std::vector<int32_t>* argmax) {
     auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(64, 4)).value();
     const int64_t floats = kv->geometry().num_layers * kv->geometry().elements_per_layer();
-    std::fill(static_cast<float*>(kv->k_data()), static_cast<float*>(kv->k_data()) + floats, 0.f);  // so that any stray write shows
+    std::fill(static_cast<float*>(kv->k_data()), static_cast<float*>(kv->k_data()) + floats,
+              0.f);  // so that any stray write shows
     std::fill(static_cast<float*>(kv->v_data()), static_cast<float*>(kv->v_data()) + floats, 0.f);
     for (int64_t i = 0; i < seqs; ++i) {
       ForwardInput prefill;
-      prefill.token_ids = RandomTokens(static_cast<int>(3 + i), vocab, static_cast<uint32_t>(20 + i));
-      prefill.seqs.push_back({3 + i, 0, {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1), static_cast<int32_t>(5 * i + 2),
-                                         static_cast<int32_t>(5 * i + 3)}});
+      prefill.token_ids =
+          RandomTokens(static_cast<int>(3 + i), vocab, static_cast<uint32_t>(20 + i));
+      prefill.seqs.push_back({3 + i,
+                              0,
+                              {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1),
+                               static_cast<int32_t>(5 * i + 2), static_cast<int32_t>(5 * i + 3)}});
       std::vector<float> ignored;
       EXPECT_TRUE(model->Forward(prefill, kv.get(), &ignored).ok());
     }
@@ -206,16 +214,20 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
     decode.allow_graph = true;
     for (int64_t i = 0; i < seqs; ++i) {
       decode.token_ids.push_back(static_cast<int32_t>((7 * i + 1) % vocab));
-      decode.seqs.push_back({1, 3 + i, {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1), static_cast<int32_t>(5 * i + 2),
-                                        static_cast<int32_t>(5 * i + 3)}});
+      decode.seqs.push_back({1,
+                             3 + i,
+                             {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1),
+                              static_cast<int32_t>(5 * i + 2), static_cast<int32_t>(5 * i + 3)}});
       decode.logits_rows.push_back(static_cast<int32_t>(i));
       decode.argmax_only.push_back(i % 2);
     }
     model->set_graph_layout_for_testing(graph_layout);
     EXPECT_TRUE(model->Forward(decode, kv.get(), logits, argmax).ok());
     model->set_graph_layout_for_testing(false);
-    std::vector<float> cache(static_cast<float*>(kv->k_data()), static_cast<float*>(kv->k_data()) + floats);
-    cache.insert(cache.end(), static_cast<float*>(kv->v_data()), static_cast<float*>(kv->v_data()) + floats);
+    std::vector<float> cache(static_cast<float*>(kv->k_data()),
+                             static_cast<float*>(kv->k_data()) + floats);
+    cache.insert(cache.end(), static_cast<float*>(kv->v_data()),
+                 static_cast<float*>(kv->v_data()) + floats);
     return cache;
   };
   std::vector<float> logits_a, logits_b;
@@ -231,13 +243,15 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
 TEST_P(ModelTest, FusedProjectionsGiveTheSameLogits) {
   // q|k|v and gate|up stacked into one weight each (what the CUDA backend runs): a prompt in two
   // chunks, then single-token steps (the fused path's pointer offsets instead of column copies).
-  auto fused = LlamaModel::Load(MakeModel(GetParam()), backend_.get(), /*fuse_projections=*/true).value();
+  auto fused =
+      LlamaModel::Load(MakeModel(GetParam()), backend_.get(), /*fuse_projections=*/true).value();
   const int64_t vocab = model_->config().vocab_size;
   const auto tokens = RandomTokens(24, vocab, 17);
   auto run = [&](LlamaModel* m) {
     auto kv = Cache(8, 8);
     std::vector<float> all, step;
-    for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 13}, {13, 20}, {20, 21}, {21, 22}, {22, 24}}) {
+    for (auto [begin, end] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 13}, {13, 20}, {20, 21}, {21, 22}, {22, 24}}) {
       ForwardInput in;
       in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
       in.seqs.push_back({end - begin, begin, {0, 1, 2}});
@@ -290,15 +304,37 @@ TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {
   };
   const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
   std::vector<std::pair<std::function<void(ForwardInput&)>, std::string>> cases = {
-      {[](ForwardInput& in) { in.sample_draws = {RowDraw{}, RowDraw{}}; }, "one entry per logits row"},
+      {[](ForwardInput& in) {
+         in.sample_draws = {RowDraw{}, RowDraw{}};
+       },
+       "one entry per logits row"},
       {[](ForwardInput& in) { in.sample_draws = {RowDraw{7}}; }, "mode 7"},
-      {[](ForwardInput& in) { in.sample_draws = {RowDraw{RowDraw::kDraw, 1.f, 0.f, 0, 1.0}}; }, "u in [0, 1)"},
-      {[](ForwardInput& in) { in.sample_draws = {RowDraw{RowDraw::kTotal, 0.f}}; }, "1/temperature > 0"},
-      {[](ForwardInput& in) { in.sample_draws = {RowDraw{RowDraw::kDraw, 1.f, 1.5f}}; }, "min_p in [0, 1]"},
-      {[&](ForwardInput& in) { in.logit_edits = {LogitEdit{0, vocab}}; }, "outside the step's logits"},
-      {[](ForwardInput& in) { in.logit_edits = {LogitEdit{1, 0}}; }, "outside the step's logits"},
-      {[](ForwardInput& in) { in.logit_edits = {LogitEdit{0, 3}, LogitEdit{0, 3}}; }, "two logit edits of row 0, token 3"},
-      {[](ForwardInput& in) { in.sample_top_k = {LlamaModel::kMaxSampleTopK + 1}; }, "sample_top_k must be in"},
+      {[](ForwardInput& in) {
+         in.sample_draws = {RowDraw{RowDraw::kDraw, 1.f, 0.f, 0, 1.0}};
+       },
+       "u in [0, 1)"},
+      {[](ForwardInput& in) {
+         in.sample_draws = {RowDraw{RowDraw::kTotal, 0.f}};
+       },
+       "1/temperature > 0"},
+      {[](ForwardInput& in) {
+         in.sample_draws = {RowDraw{RowDraw::kDraw, 1.f, 1.5f}};
+       },
+       "min_p in [0, 1]"},
+      {[&](ForwardInput& in) {
+         in.logit_edits = {LogitEdit{0, vocab}};
+       },
+       "outside the step's logits"},
+      {[](ForwardInput& in) {
+         in.logit_edits = {LogitEdit{1, 0}};
+       },
+       "outside the step's logits"},
+      {[](ForwardInput& in) {
+         in.logit_edits = {LogitEdit{0, 3}, LogitEdit{0, 3}};
+       },
+       "two logit edits of row 0, token 3"},
+      {[](ForwardInput& in) { in.sample_top_k = {LlamaModel::kMaxSampleTopK + 1}; },
+       "sample_top_k must be in"},
   };
   for (auto& [mutate, needle] : cases) {
     ForwardInput in = one_row();
@@ -348,7 +384,8 @@ std::string RewriteCheckpoint(const std::string& src, const std::string& name,
   const std::string dst = ::testing::TempDir() + "/tandem_bad_" + name;
   fs::remove_all(dst);
   fs::create_directories(dst);
-  for (const char* f : {"config.json", "tokenizer.json"}) fs::copy_file(src + "/" + f, dst + "/" + f);
+  for (const char* f : {"config.json", "tokenizer.json"})
+    fs::copy_file(src + "/" + f, dst + "/" + f);
   auto ckpt = Checkpoint::Open(src).value();
   std::vector<TensorToWrite> tensors;
   for (const auto& [tname, view] : ckpt->tensors()) {
@@ -371,7 +408,9 @@ absl::Status LoadStatus(const std::string& dir) {
 
 TEST(ModelLoadTest, MissingTensorIsNamed) {
   const std::string dir = RewriteCheckpoint(MakeModel("tiny-qwen2"), "missing", [](auto& ts) {
-    std::erase_if(ts, [](const TensorToWrite& t) { return t.name == "model.layers.1.self_attn.k_proj.bias"; });
+    std::erase_if(ts, [](const TensorToWrite& t) {
+      return t.name == "model.layers.1.self_attn.k_proj.bias";
+    });
   });
   absl::Status s = LoadStatus(dir);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);

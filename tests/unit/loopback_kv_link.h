@@ -2,9 +2,9 @@
 // of a pair meet in a shared hub by rendezvous token and hand layers over through a queue with
 // NCCL's pairing rules: each send waits until its matching receive took it, sizes must agree, and a
 // torn-down or aborted end fails the other's calls. Received layers land through the owner's
-// `land`, as the NCCL link's staged receives do. Faults on demand: sends that stall (a hung peer) or
-// arrive late, joins that never complete. Counts live links, so tests can see communicators created lazily,
-// reused, and torn down.
+// `land`, as the NCCL link's staged receives do. Faults on demand: sends that stall (a hung peer)
+// or arrive late, joins that never complete. Counts live links, so tests can see communicators
+// created lazily, reused, and torn down.
 #pragma once
 
 #include <atomic>
@@ -29,7 +29,8 @@ class LoopbackKvHub {
     bool joined[2] = {false, false};
     bool aborted = false;
     std::string why;
-    std::deque<std::vector<char>> queue;  // layers sent and not yet received: [2][blocks][block bytes]
+    std::deque<std::vector<char>>
+        queue;  // layers sent and not yet received: [2][blocks][block bytes]
     int64_t sent = 0, taken = 0;
   };
   std::shared_ptr<Pair> Get(const std::string& token) {
@@ -63,9 +64,14 @@ class LoopbackKvHub {
 
 class LoopbackKvLink final : public KvLink {
  public:
-  LoopbackKvLink(std::shared_ptr<LoopbackKvHub::Pair> pair, KvCacheStorage* storage, LoopbackKvHub* hub,
-                 const std::atomic<bool>* stall_sends, const std::atomic<int>* send_delay_ms)
-      : pair_(std::move(pair)), storage_(storage), hub_(hub), stall_sends_(stall_sends), send_delay_ms_(send_delay_ms) {
+  LoopbackKvLink(std::shared_ptr<LoopbackKvHub::Pair> pair, KvCacheStorage* storage,
+                 LoopbackKvHub* hub, const std::atomic<bool>* stall_sends,
+                 const std::atomic<int>* send_delay_ms)
+      : pair_(std::move(pair)),
+        storage_(storage),
+        hub_(hub),
+        stall_sends_(stall_sends),
+        send_delay_ms_(send_delay_ms) {
     ++hub_->live_links;
   }
   ~LoopbackKvLink() override {
@@ -73,8 +79,9 @@ class LoopbackKvLink final : public KvLink {
     --hub_->live_links;
   }
 
-  absl::Status SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
-                         WorkMark* /*ready: the CPU backend's work is done when enqueued*/) override {
+  absl::Status SendLayer(
+      int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
+      WorkMark* /*ready: the CPU backend's work is done when enqueued*/) override {
     const absl::Time deadline = absl::Now() + timeout;
     const int64_t e = storage_->geometry().bytes_per_block();
     std::vector<char> data(2 * blocks.size() * e);
@@ -127,7 +134,8 @@ class LoopbackKvLink final : public KvLink {
     *out = std::move(pair_->queue.front());
     pair_->queue.pop_front();
     ++pair_->taken;
-    const size_t expected = 2 * static_cast<size_t>(num_blocks) * storage_->geometry().bytes_per_block();
+    const size_t expected =
+        2 * static_cast<size_t>(num_blocks) * storage_->geometry().bytes_per_block();
     if (out->size() != expected) {
       AbortLocked("sizes of a send and its receive differ");
       return absl::DataLossError("loopback link: sizes of a send and its receive differ");
@@ -158,7 +166,8 @@ class LoopbackKvLinkFactory final : public KvLinkFactory {
       : storage_(storage), hub_(hub), name_(std::move(name)) {}
   std::string name() const override { return name_; }
   absl::StatusOr<std::string> NewRendezvous() override { return hub_->NewToken(); }
-  absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& token, int rank, absl::Duration timeout) override {
+  absl::StatusOr<std::unique_ptr<KvLink>> Join(const std::string& token, int rank,
+                                               absl::Duration timeout) override {
     if (rank != 0 && rank != 1) return absl::InvalidArgumentError("rank must be 0 or 1");
     ++hub_->joins;
     std::shared_ptr<LoopbackKvHub::Pair> pair = hub_->Get(token);
@@ -169,10 +178,13 @@ class LoopbackKvLinkFactory final : public KvLinkFactory {
       pair->joined[rank] = false;
       return absl::DeadlineExceededError("loopback link: the peer did not join in time");
     }
-    return std::unique_ptr<KvLink>(new LoopbackKvLink(pair, storage_, hub_, &stall_sends_, &send_delay_ms_));
+    return std::unique_ptr<KvLink>(
+        new LoopbackKvLink(pair, storage_, hub_, &stall_sends_, &send_delay_ms_));
   }
 
-  void Abandon(const std::string& token, const std::vector<int>& ranks) override { hub_->RecordAbandoned(token, ranks); }
+  void Abandon(const std::string& token, const std::vector<int>& ranks) override {
+    hub_->RecordAbandoned(token, ranks);
+  }
 
   std::atomic<bool> stall_sends_{false};  // sends hang until their timeout
   std::atomic<int> send_delay_ms_{0};     // sends hand their layer over this late

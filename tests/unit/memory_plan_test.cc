@@ -1,16 +1,16 @@
 // The KV memory plan of a backend that reports device memory (as CUDA does): weights, then a
 // profiled activation peak, then the KV block pool from gpu_memory_utilization. The device here is
 // the CPU backend under an accounting wrapper that counts every byte the model and engine allocate
-// against a pretend capacity, so the plan's arithmetic and its promise (the largest step never takes
-// memory past the budget) are checked without a GPU.
+// against a pretend capacity, so the plan's arithmetic and its promise (the largest step never
+// takes memory past the budget) are checked without a GPU.
 #include <algorithm>
 #include <memory>
 
 #include "common/backend/cpu/cpu_backend.h"
-#include "tests/unit/forwarding_backend.h"
 #include "common/engine/engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/forwarding_backend.h"
 #include "tests/unit/tiny_models.h"
 
 namespace tandem {
@@ -37,11 +37,13 @@ class AccountingBackend final : public ForwardingBackend {
   void set_others(int64_t bytes) { others_ = bytes; }
 
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override {
-    if (used_ + others_ + static_cast<int64_t>(bytes) > capacity_) return absl::ResourceExhaustedError("pretend device is full");
+    if (used_ + others_ + static_cast<int64_t>(bytes) > capacity_)
+      return absl::ResourceExhaustedError("pretend device is full");
     auto inner = cpu_->Allocate(bytes);
     if (!inner.ok()) return inner.status();
     Charge(static_cast<int64_t>(bytes));
-    return std::unique_ptr<DeviceBuffer>(new Counted(std::move(*inner), this, static_cast<int64_t>(bytes)));
+    return std::unique_ptr<DeviceBuffer>(
+        new Counted(std::move(*inner), this, static_cast<int64_t>(bytes)));
   }
   absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& t) override {
     Charge(static_cast<int64_t>(t.nbytes));
@@ -106,7 +108,8 @@ TEST_F(MemoryPlanTest, KvPoolFillsTheBudgetLeftByWeightsAndActivations) {
   // The profile grew the activation buffers before the pool was sized: weights + activations + KV.
   EXPECT_GT(backend_->used() - weights_ - kv_bytes, 0) << "no activation memory was profiled";
   EXPECT_LE(backend_->used(), budget);
-  EXPECT_GT(backend_->used() + per_block, budget) << "the pool leaves a whole block of the budget unused";
+  EXPECT_GT(backend_->used() + per_block, budget)
+      << "the pool leaves a whole block of the budget unused";
 }
 
 // Runs `requests` to completion; returns the largest step in tokens.

@@ -55,7 +55,8 @@ TEST(PrefillPolicyTest, OverloadedAffinityWorkerIsSkipped) {
   }
   policy.SetWorkers(workers);
   EXPECT_NE(policy.Choose(p).value(), home);
-  for (auto& w : workers) w.healthy = w.id == home;  // only the overloaded one left: it still serves
+  for (auto& w : workers)
+    w.healthy = w.id == home;  // only the overloaded one left: it still serves
   policy.SetWorkers(workers);
   EXPECT_EQ(policy.Choose(p).value(), home);
   for (auto& w : workers) w.healthy = false;
@@ -111,7 +112,8 @@ TEST(DecodePolicyTest, IdleEqualWorkersTakeTurnsAsLoadIsCounted) {
   for (int i = 0; i < 10; ++i) {
     const std::string chosen = ChooseDecodeWorker(w, {10, 10}).value();
     ++count[chosen];
-    ++w[chosen == "w0" ? 0 : 1].running;  // what the router's own accounting adds between heartbeats
+    ++w[chosen == "w0" ? 0 : 1]
+          .running;  // what the router's own accounting adds between heartbeats
   }
   EXPECT_EQ(count["w0"], 5);
   EXPECT_EQ(count["w1"], 5);

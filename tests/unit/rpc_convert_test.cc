@@ -63,7 +63,8 @@ TEST(RpcConvertTest, LogprobsAndFinishReasons) {
   EXPECT_EQ(r.rank, 2);
   ASSERT_EQ(r.top.size(), 2u);
   EXPECT_EQ(r.top[1].token_id, 1);
-  for (const FinishReason reason : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
+  for (const FinishReason reason :
+       {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
     EXPECT_EQ(FinishReasonName(ToProto(reason)), tandem::FinishReasonName(reason));
   }
   EXPECT_EQ(FinishReasonName(ToProto(FinishReason::kStop)), "stop");
@@ -72,9 +73,10 @@ TEST(RpcConvertTest, LogprobsAndFinishReasons) {
 }
 
 TEST(RpcStatusTest, CodesAndMessagesMapBothWays) {
-  for (absl::StatusCode c : {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
-                             absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded,
-                             absl::StatusCode::kCancelled, absl::StatusCode::kNotFound}) {
+  for (absl::StatusCode c :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded,
+        absl::StatusCode::kCancelled, absl::StatusCode::kNotFound}) {
     const absl::Status s(c, "why");
     const grpc::Status g = ToGrpc(s);
     EXPECT_EQ(static_cast<int>(g.error_code()), static_cast<int>(c));

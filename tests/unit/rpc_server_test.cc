@@ -24,7 +24,8 @@ class SilentDecode final : public v1::Decode::CallbackService {
   ~SilentDecode() override {
     for (auto& t : threads_) t.join();
   }
-  grpc::ServerWriteReactor<v1::DecodeEvent>* Decode(grpc::CallbackServerContext*, const v1::DecodeRequest*) override {
+  grpc::ServerWriteReactor<v1::DecodeEvent>* Decode(grpc::CallbackServerContext*,
+                                                    const v1::DecodeRequest*) override {
     std::shared_ptr<ServerStream<v1::DecodeEvent>> stream;
     auto* reactor = ServerStream<v1::DecodeEvent>::Start(nullptr, &stream);
     threads_.emplace_back([stream, this] {
@@ -100,7 +101,8 @@ TEST(WriteThreadTest, TasksPostedDuringAHoldRunWhenItEnds) {
       WriteThread::Hold nested(&thread);
       thread.Post([&] { ran.Notify(); });
     }
-    EXPECT_FALSE(ran.WaitForNotificationWithTimeout(absl::Milliseconds(200))) << "ran inside the outer hold";
+    EXPECT_FALSE(ran.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+        << "ran inside the outer hold";
   }
   EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
@@ -113,7 +115,8 @@ class WriteThreadDecode final : public v1::Decode::CallbackService {
   ~WriteThreadDecode() override {
     for (auto& t : threads_) t.join();
   }
-  grpc::ServerWriteReactor<v1::DecodeEvent>* Decode(grpc::CallbackServerContext*, const v1::DecodeRequest*) override {
+  grpc::ServerWriteReactor<v1::DecodeEvent>* Decode(grpc::CallbackServerContext*,
+                                                    const v1::DecodeRequest*) override {
     std::shared_ptr<ServerStream<v1::DecodeEvent>> stream;
     auto* reactor = ServerStream<v1::DecodeEvent>::Start(nullptr, &stream, write_thread_);
     threads_.emplace_back([stream, this] {
@@ -143,8 +146,8 @@ TEST(WriteThreadTest, AStreamsWritesAndFinishGoOutFromTheWriteThreadInOrder) {
   WriteThreadDecode service(&write_thread);
   auto server = StartServer({"127.0.0.1:0", {&service}, {"tandem.v1.Decode"}});
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::Decode::NewStub(
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Decode::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port),
+                                                      grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   auto reader = stub->Decode(&ctx, v1::DecodeRequest());
   std::atomic<int> received{0};

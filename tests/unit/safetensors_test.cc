@@ -606,18 +606,10 @@ TEST_F(SafetensorsTest, MutatedHeadersNeverCrash) {
       // Mostly the header (and its length prefix); occasionally the data region.
       const size_t pos = rng() % (8 + header_len);
       switch (rng() % 4) {
-        case 0:
-          bytes[pos] = static_cast<char>(bytes[pos] ^ (1 << (rng() % 8)));
-          break;
-        case 1:
-          bytes[pos] = static_cast<char>(rng() & 0xff);
-          break;
-        case 2:
-          bytes[pos] = kInteresting[rng() % kInteresting.size()];
-          break;
-        case 3:
-          bytes.resize(rng() % bytes.size());
-          break;
+        case 0: bytes[pos] = static_cast<char>(bytes[pos] ^ (1 << (rng() % 8))); break;
+        case 1: bytes[pos] = static_cast<char>(rng() & 0xff); break;
+        case 2: bytes[pos] = kInteresting[rng() % kInteresting.size()]; break;
+        case 3: bytes.resize(rng() % bytes.size()); break;
       }
       if (bytes.empty()) break;
     }

@@ -427,12 +427,14 @@ std::vector<float> RandomLogits(int64_t vocab, float stddev, uint64_t seed) {
   return logits;
 }
 
-// Token ids most likely first, NaN as -inf, equal logits by id (a plain sort: Backend::TopKRows' order).
+// Token ids most likely first, NaN as -inf, equal logits by id (a plain sort: Backend::TopKRows'
+// order).
 std::vector<int32_t> LikelihoodOrder(const std::vector<float>& row) {
   std::vector<int32_t> order(row.size());
   std::iota(order.begin(), order.end(), 0);
   auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return key(a) > key(b); });
   return order;
 }
 
@@ -574,8 +576,8 @@ SamplingParams Seeded(uint64_t seed) {
 }
 
 // Sampling from the row's top-k candidates alone (as a GPU selects them) gives the same tokens, and
-// the same draws, as sampling the whole row: over vocabularies, k, top-p, min-p and temperatures, on
-// rows with tied logits, NaN and -inf. The candidates come from a plain sort here, not from the
+// the same draws, as sampling the whole row: over vocabularies, k, top-p, min-p and temperatures,
+// on rows with tied logits, NaN and -inf. The candidates come from a plain sort here, not from the
 // sampler's own selection.
 TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
   std::mt19937 rng(5);
@@ -601,14 +603,16 @@ TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
               const std::vector<float> row = QuantisedRow(rng, vocab, 0.25f, -5.f);
               auto key = [&](int32_t t) { return std::isnan(row[t]) ? -kInf : row[t]; };
               const std::vector<int32_t> order = LikelihoodOrder(row);
-              const size_t width = std::min<size_t>(256, order.size());  // more than k, as a batch's widest row
+              const size_t width =
+                  std::min<size_t>(256, order.size());  // more than k, as a batch's widest row
               std::vector<int32_t> ids(order.begin(), order.begin() + width);
               std::vector<float> values;
               for (int32_t t : ids) values.push_back(key(t));
               const int32_t want = whole.Sample(row);
               const int32_t got = from_top.SampleFromTopK(ids, values, ws);
-              ASSERT_EQ(got, want) << "vocab " << vocab << " k " << k << " top_p " << top_p << " min_p " << min_p
-                                   << " temperature " << temperature << " step " << step;
+              ASSERT_EQ(got, want)
+                  << "vocab " << vocab << " k " << k << " top_p " << top_p << " min_p " << min_p
+                  << " temperature " << temperature << " step " << step;
               whole.Accept(want);
               from_top.Accept(got);
             }
@@ -639,15 +643,16 @@ TEST(SequenceSamplerTest, SampleFromTopKMatchesTheWholeRow) {
   SamplingParams penalised = no_k;
   penalised.top_k = 5;
   penalised.repetition_penalty = 1.3f;
-  const DeviceSamplingPlan p = SequenceSampler(penalised, std::vector<int32_t>{1, 2}, 100, {}).DevicePlan(256);
+  const DeviceSamplingPlan p =
+      SequenceSampler(penalised, std::vector<int32_t>{1, 2}, 100, {}).DevicePlan(256);
   EXPECT_EQ(p.kind, Kind::kTopK);
   EXPECT_TRUE(p.edits);
   EXPECT_FALSE(SequenceSampler(no_k, {}, 100, {}).DevicePlan(256).edits);
 }
 
-// A step's logits processors as LogitEdits, applied to the raw row, give bit for bit the row a plain
-// implementation of vLLM's processors gives (min_tokens, bias, repetition, presence and frequency, in
-// that order); sampling from it (SampleProcessed) gives Sample()'s token and draw.
+// A step's logits processors as LogitEdits, applied to the raw row, give bit for bit the row a
+// plain implementation of vLLM's processors gives (min_tokens, bias, repetition, presence and
+// frequency, in that order); sampling from it (SampleProcessed) gives Sample()'s token and draw.
 TEST(SequenceSamplerTest, LogitEditsReproduceTheProcessors) {
   std::mt19937 rng(11);
   constexpr int64_t kVocab = 400;
@@ -685,7 +690,8 @@ TEST(SequenceSamplerTest, LogitEditsReproduceTheProcessors) {
       }
       for (const LogitBias& b : p.logit_bias) want[b.token_id] += b.bias;
       if (p.repetition_penalty != 1.f) {
-        for (int32_t t : seen) want[t] = want[t] > 0 ? want[t] / p.repetition_penalty : want[t] * p.repetition_penalty;
+        for (int32_t t : seen)
+          want[t] = want[t] > 0 ? want[t] / p.repetition_penalty : want[t] * p.repetition_penalty;
       }
       for (const auto& [t, c] : counts) {
         want[t] -= p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
@@ -701,9 +707,11 @@ TEST(SequenceSamplerTest, LogitEditsReproduceTheProcessors) {
       }
       EXPECT_EQ(edited.DevicePlan(256).edits, !edits.empty());
       for (int64_t t = 0; t < kVocab; ++t) {
-        if (std::isnan(row[t]) && !tokens.count(static_cast<int32_t>(t))) continue;  // an unedited NaN stays NaN
+        if (std::isnan(row[t]) && !tokens.count(static_cast<int32_t>(t)))
+          continue;  // an unedited NaN stays NaN
         ASSERT_EQ(std::bit_cast<uint32_t>(got[t]), std::bit_cast<uint32_t>(want[t]))
-            << "config " << config << " step " << step << " token " << t << ": " << got[t] << " vs " << want[t];
+            << "config " << config << " step " << step << " token " << t << ": " << got[t] << " vs "
+            << want[t];
       }
       const int32_t token = whole.Sample(row, ws);
       ASSERT_EQ(edited.SampleProcessed(got, ws), token) << "config " << config << " step " << step;
@@ -715,8 +723,9 @@ TEST(SequenceSamplerTest, LogitEditsReproduceTheProcessors) {
   }
 }
 
-// Rows that sample over the whole vocabulary (temperature, min-p): the device's draw, as DrawFromRow
-// defines it with the uniform DrawForDevice takes, is Sample()'s token, step after step.
+// Rows that sample over the whole vocabulary (temperature, min-p): the device's draw, as
+// DrawFromRow defines it with the uniform DrawForDevice takes, is Sample()'s token, step after
+// step.
 TEST(SequenceSamplerTest, DrawFromRowIsTheWholeRowSample) {
   std::mt19937 rng(21);
   for (float min_p : {0.f, 0.02f, 0.3f}) {
@@ -733,14 +742,16 @@ TEST(SequenceSamplerTest, DrawFromRowIsTheWholeRowSample) {
       for (int step = 0; step < 30; ++step) {
         std::vector<float> row = RandomLogits(kVocab, 2.f, rng());
         row[rng() % kVocab] = kNaN;
-        if (step == 7) std::fill(row.begin(), row.end(), -kInf);  // nothing to weigh: the argmax (0)
+        if (step == 7)
+          std::fill(row.begin(), row.end(), -kInf);  // nothing to weigh: the argmax (0)
         const int32_t want = whole.Sample(row);
         std::vector<LogitEdit> edits;
         device.AppendLogitEdits(0, &edits);
         for (const LogitEdit& e : edits) row[e.token] = ApplyLogitEdit(row[e.token], e);
-        const int32_t got = DrawFromRow(row.data(), kVocab, device.inv_temperature(), min_p, device.DrawForDevice(),
-                                        weights.data());
-        ASSERT_EQ(got, want) << "min_p " << min_p << " temperature " << temperature << " step " << step;
+        const int32_t got = DrawFromRow(row.data(), kVocab, device.inv_temperature(), min_p,
+                                        device.DrawForDevice(), weights.data());
+        ASSERT_EQ(got, want) << "min_p " << min_p << " temperature " << temperature << " step "
+                             << step;
         whole.Accept(want);
         device.Accept(got);
       }
@@ -770,11 +781,13 @@ TEST(SequenceSamplerTest, SampleFromNucleusMatchesTheWholeRow) {
           SamplingWorkspace ws;
           for (int step = 0; step < 6; ++step) {
             // Ties, spread widely or narrowly.
-            const std::vector<float> row = QuantisedRow(rng, vocab, step % 2 == 0 ? 0.5f : 0.05f, 0.f);
+            const std::vector<float> row =
+                QuantisedRow(rng, vocab, step % 2 == 0 ? 0.5f : 0.05f, 0.f);
             const std::vector<int32_t> order = LikelihoodOrder(row);
             std::vector<int32_t> ids(order.begin(), order.begin() + plan.k);
             std::vector<float> values;
-            for (int32_t t : ids) values.push_back(row[t]);  // NaN given as is: the sampler reads it as -inf
+            for (int32_t t : ids)
+              values.push_back(row[t]);  // NaN given as is: the sampler reads it as -inf
             const double total = RowWeightTotal(row.data(), vocab, device.inv_temperature());
             const int32_t want = whole.Sample(row);
             std::optional<int32_t> got = device.SampleFromNucleus(ids, values, total, ws);

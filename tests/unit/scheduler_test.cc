@@ -24,7 +24,8 @@ std::unique_ptr<SchedRequest> Req(const std::string& id, int32_t first, int n) {
 }
 
 struct Fixture {
-  explicit Fixture(int32_t blocks, SchedulerConfig c = {}, int32_t block_size = 4, bool caching = true) {
+  explicit Fixture(int32_t blocks, SchedulerConfig c = {}, int32_t block_size = 4,
+                   bool caching = true) {
     kv = KvCacheManager::Create({blocks, block_size, caching, 0}).value();
     sched = Scheduler::Create(c, kv.get()).value();
   }
@@ -157,7 +158,8 @@ TEST(SchedulerTest, PrefillRoleHandsOutAndDecodeRoleAdmits) {
   auto table = decode.sched->Reserve("r", 6);
   ASSERT_TRUE(table.ok());
   EXPECT_THAT(*table, ElementsAre(0, 1));
-  EXPECT_EQ(decode.sched->Reserve("other", 6).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(decode.sched->Reserve("other", 6).status().code(),
+            absl::StatusCode::kResourceExhausted);
   auto r = Req("r", 0, 7);  // prompt of 6 plus the first token
   r->prompt_len = 6;
   ASSERT_TRUE(decode.sched->AdmitPrefilled(std::move(r)).ok());
@@ -179,7 +181,8 @@ TEST(SchedulerTest, RandomAddsAbortsAndFinishesReturnThePoolToBaseline) {
     const int op = rng() % 4;
     if (op == 0) {
       const std::string id = "r" + std::to_string(i);
-      if (f.sched->AddRequest(Req(id, static_cast<int32_t>(rng() % 2) * 40, 1 + rng() % 30)).ok()) ids.push_back(id);
+      if (f.sched->AddRequest(Req(id, static_cast<int32_t>(rng() % 2) * 40, 1 + rng() % 30)).ok())
+        ids.push_back(id);
     } else if (op == 1 && !ids.empty()) {
       const size_t k = rng() % ids.size();
       f.sched->Finish(ids[k]);  // abort in whatever state it is

@@ -9,7 +9,8 @@ namespace tandem {
 namespace {
 
 // Feeds `deltas` and returns (emitted text, matched stop or "").
-std::pair<std::string, std::string> Feed(StopStringMatcher& m, const std::vector<std::string>& deltas) {
+std::pair<std::string, std::string> Feed(StopStringMatcher& m,
+                                         const std::vector<std::string>& deltas) {
   std::string out, matched;
   for (const auto& d : deltas) {
     auto r = m.Add(d);
@@ -36,12 +37,14 @@ TEST(StopStringsTest, MatchSplitAcrossDeltasIsCaughtAndNotLeaked) {
 
 TEST(StopStringsTest, HeldTextIsReleasedWhenTheMatchFails) {
   StopStringMatcher m({"world"});
-  EXPECT_EQ(Feed(m, {"Hello wo", "nderful"}), std::make_pair(std::string("Hello wonderful"), std::string()));
+  EXPECT_EQ(Feed(m, {"Hello wo", "nderful"}),
+            std::make_pair(std::string("Hello wonderful"), std::string()));
 }
 
 TEST(StopStringsTest, EarliestStopWinsAndIncludeStop) {
   StopStringMatcher a({"END", "\n\n"});
-  EXPECT_EQ(Feed(a, {"line one\n", "\nline END"}), std::make_pair(std::string("line one"), std::string("\n\n")));
+  EXPECT_EQ(Feed(a, {"line one\n", "\nline END"}),
+            std::make_pair(std::string("line one"), std::string("\n\n")));
   StopStringMatcher b({"END"}, /*include_stop=*/true);
   EXPECT_EQ(Feed(b, {"abc E", "ND tail"}).first, "abc END");
 }

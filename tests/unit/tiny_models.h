@@ -26,8 +26,8 @@ inline std::string PresetName(const ::testing::TestParamInfo<std::string>& info)
 
 // DIR of a random model of `preset` (created on first use).
 inline std::string TinyModel(const std::string& preset, uint64_t seed, DType dtype = DType::kBF16) {
-  const std::string dir = ::testing::TempDir() + "/tandem_" + preset + "_s" + std::to_string(seed) + "_" +
-                          std::string(DTypeName(dtype));
+  const std::string dir = ::testing::TempDir() + "/tandem_" + preset + "_s" + std::to_string(seed) +
+                          "_" + std::string(DTypeName(dtype));
   if (!std::filesystem::exists(dir + "/config.json")) {
     RandomModelOptions o;
     o.config = FindModelPreset(preset).value().config;

@@ -13,9 +13,9 @@
 namespace tandem {
 namespace {
 
+using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using nlohmann::json;
 using tokenizer_internal::Piece;
 using tokenizer_internal::SplitBehavior;
 using tokenizer_internal::SplitPiece;
@@ -46,9 +46,13 @@ TEST(SplitPieceTest, Behaviors) {
 }
 
 TEST(UnicodeTest, LossyConversionUsesMaximalSubparts) {
-  EXPECT_EQ(unicode::ToValidUtf8("a\xE6\x97" "b"), "a\xEF\xBF\xBD" "b");  // one U+FFFD for E6 97
+  EXPECT_EQ(unicode::ToValidUtf8("a\xE6\x97"
+                                 "b"),
+            "a\xEF\xBF\xBD"
+            "b");  // one U+FFFD for E6 97
   EXPECT_EQ(unicode::ToValidUtf8("\xFF\xFE"), "\xEF\xBF\xBD\xEF\xBF\xBD");
-  EXPECT_EQ(unicode::ToValidUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+  EXPECT_EQ(unicode::ToValidUtf8("\xED\xA0\x80"),
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
   EXPECT_EQ(unicode::CompletePrefixLength("ab\xE6\x97"), 2u);
   EXPECT_EQ(unicode::CompletePrefixLength("ab\xE6\x97\xA5"), 5u);
   EXPECT_EQ(unicode::Normalize("e\xCC\x81", unicode::Form::kNfc), "\xC3\xA9");
@@ -58,23 +62,31 @@ TEST(UnicodeTest, LossyConversionUsesMaximalSubparts) {
 
 // A tiny byte-level BPE: vocabulary of a few characters and merges, GPT-2 style.
 json ByteLevelTokenizer() {
-  json vocab = {{"h", 0}, {"e", 1}, {"l", 2}, {"o", 3}, {"Ġ", 4}, {"w", 5}, {"r", 6}, {"d", 7},
-                {"he", 8}, {"ll", 9}, {"hell", 10}, {"hello", 11}, {"Ġw", 12}, {"or", 13}, {"Ġwor", 14},
-                {"Ġworld", 15}, {"ld", 16}, {"!", 17}};
+  json vocab = {{"h", 0},   {"e", 1},   {"l", 2},     {"o", 3},       {"Ġ", 4},     {"w", 5},
+                {"r", 6},   {"d", 7},   {"he", 8},    {"ll", 9},      {"hell", 10}, {"hello", 11},
+                {"Ġw", 12}, {"or", 13}, {"Ġwor", 14}, {"Ġworld", 15}, {"ld", 16},   {"!", 17}};
   json merges = {"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"};
-  return {{"version", "1.0"},
-          {"added_tokens",
-           {{{"id", 18}, {"content", "<|eot|>"}, {"special", true}, {"normalized", false}},
-            {{"id", 19}, {"content", "[X]"}, {"special", false}, {"lstrip", true}, {"rstrip", true},
-             {"normalized", false}}}},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"post_processor",
-           {{"type", "TemplateProcessing"},
-            {"single", {{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-            {"special_tokens", {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {18}}, {"tokens", {"<|eot|>"}}}}}}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  return {
+      {"version", "1.0"},
+      {"added_tokens",
+       {{{"id", 18}, {"content", "<|eot|>"}, {"special", true}, {"normalized", false}},
+        {{"id", 19},
+         {"content", "[X]"},
+         {"special", false},
+         {"lstrip", true},
+         {"rstrip", true},
+         {"normalized", false}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens",
+         {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {18}}, {"tokens", {"<|eot|>"}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
 }
 
 TEST(TokenizerTest, ByteLevelBpeMergesAndTemplates) {
@@ -121,8 +133,13 @@ json SentencePieceTokenizer() {
               {{"type", "ByteFallback"}},
               {{"type", "Fuse"}},
               {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
-                     {"vocab", vocab}, {"merges", merges}}}};
+          {"model",
+           {{"type", "BPE"},
+            {"unk_token", "<unk>"},
+            {"fuse_unk", true},
+            {"byte_fallback", true},
+            {"vocab", vocab},
+            {"merges", merges}}}};
 }
 
 TEST(TokenizerTest, SentencePieceByteFallback) {
@@ -132,34 +149,44 @@ TEST(TokenizerTest, SentencePieceByteFallback) {
   EXPECT_THAT(ids, ElementsAre(1, 6, 2, 7 + 0xC3, 7 + 0xA9));
   EXPECT_EQ(t->Decode(ids, true).value(), "hi é");
   // An incomplete byte sequence decodes to one U+FFFD per byte, as the reference's ByteFallback.
-  EXPECT_EQ(t->Decode(std::vector<int32_t>{6, 7 + 0xE6, 7 + 0x97}, false).value(), "hi\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(t->Decode(std::vector<int32_t>{6, 7 + 0xE6, 7 + 0x97}, false).value(),
+            "hi\xEF\xBF\xBD\xEF\xBF\xBD");
 }
 
 TEST(TokenizerTest, WordPieceStyleBpeWithPrefixSuffixAndIgnoreMerges) {
   // continuing_subword_prefix "##" and end_of_word_suffix "</w>": "low" → l ##o ##w</w>, merged.
-  json vocab = {{"l", 0}, {"##o", 1}, {"##w</w>", 2}, {"lo", 3}, {"low</w>", 4}, {"[UNK]", 5},
-                {"o", 6}, {"w</w>", 7}, {"lower", 8}};
+  json vocab = {{"l", 0},     {"##o", 1}, {"##w</w>", 2}, {"lo", 3},   {"low</w>", 4},
+                {"[UNK]", 5}, {"o", 6},   {"w</w>", 7},   {"lower", 8}};
   json j = {{"pre_tokenizer", {{"type", "WhitespaceSplit"}}},
-            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"l ##o", "lo ##w</w>"}},
-                       {"continuing_subword_prefix", "##"}, {"end_of_word_suffix", "</w>"},
-                       {"unk_token", "[UNK]"}, {"fuse_unk", true}}}};
+            {"model",
+             {{"type", "BPE"},
+              {"vocab", vocab},
+              {"merges", {"l ##o", "lo ##w</w>"}},
+              {"continuing_subword_prefix", "##"},
+              {"end_of_word_suffix", "</w>"},
+              {"unk_token", "[UNK]"},
+              {"fuse_unk", true}}}};
   auto t = Tokenizer::FromJson(j.dump(), "wp").value();
   EXPECT_THAT(t->Encode("low", false), ElementsAre(4));
-  EXPECT_THAT(t->Encode("lo", false), ElementsAre(0, 5));  // "##o</w>" is unknown → [UNK]
-  EXPECT_THAT(t->Encode("xyz", false), ElementsAre(5));    // fused unknowns
+  EXPECT_THAT(t->Encode("lo", false), ElementsAre(0, 5));     // "##o</w>" is unknown → [UNK]
+  EXPECT_THAT(t->Encode("xyz", false), ElementsAre(5));       // fused unknowns
   EXPECT_THAT(t->Encode("lower", false), ElementsAre(3, 5));  // lo + fused [UNK]s: no "lower"...
   j["model"]["ignore_merges"] = true;
   j["model"]["end_of_word_suffix"] = nullptr;
   auto ignoring = Tokenizer::FromJson(j.dump(), "wp").value();
-  EXPECT_THAT(ignoring->Encode("lower", false), ElementsAre(8));  // ...but ignore_merges takes the word whole
+  EXPECT_THAT(ignoring->Encode("lower", false),
+              ElementsAre(8));  // ...but ignore_merges takes the word whole
 }
 
 TEST(TokenizerTest, AddedTokenSingleWordAndNormalized) {
   json j = ByteLevelTokenizer();
   j["normalizer"] = {{"type", "Lowercase"}};
-  j["added_tokens"] = {
-      {{"id", 18}, {"content", "hell"}, {"special", false}, {"single_word", true}, {"normalized", true}},
-      {{"id", 19}, {"content", "WOR"}, {"special", false}, {"normalized", false}}};
+  j["added_tokens"] = {{{"id", 18},
+                        {"content", "hell"},
+                        {"special", false},
+                        {"single_word", true},
+                        {"normalized", true}},
+                       {{"id", 19}, {"content", "WOR"}, {"special", false}, {"normalized", false}}};
   auto t = Tokenizer::FromJson(j.dump(), "t").value();
   // "HELL" is matched after lowercasing (normalized), but only as a whole word.
   EXPECT_THAT(t->Encode("HELL world", false), ElementsAre(18, 15));
@@ -173,7 +200,10 @@ TEST(TokenizerTest, MetaspaceAndDigitsAndPunctuation) {
   json j = {{"pre_tokenizer",
              {{"type", "Sequence"},
               {"pretokenizers",
-               {{{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}, {"split", true}},
+               {{{"type", "Metaspace"},
+                 {"replacement", "▁"},
+                 {"prepend_scheme", "first"},
+                 {"split", true}},
                 {{"type", "Digits"}, {"individual_digits", true}},
                 {{"type", "Punctuation"}}}}}},
             {"decoder", {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "first"}}},
@@ -210,11 +240,17 @@ TEST(TokenizerTest, RefusesUnsupportedPartsByName) {
   };
   const std::vector<Case> cases = {
       {"normalizer", {{"type", "BertNormalizer"}}, "unsupported normalizer type 'BertNormalizer'"},
-      {"pre_tokenizer", {{"type", "UnicodeScripts"}}, "unsupported pre_tokenizer type 'UnicodeScripts'"},
+      {"pre_tokenizer",
+       {{"type", "UnicodeScripts"}},
+       "unsupported pre_tokenizer type 'UnicodeScripts'"},
       {"decoder", {{"type", "WordPiece"}}, "unsupported decoder type 'WordPiece'"},
       {"post_processor", {{"type", "Magic"}}, "unsupported post_processor type 'Magic'"},
-      {"model", {{"type", "Unigram"}, {"vocab", json::array()}}, "unsupported model type 'Unigram'"},
-      {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}}, "does not compile"},
+      {"model",
+       {{"type", "Unigram"}, {"vocab", json::array()}},
+       "unsupported model type 'Unigram'"},
+      {"pre_tokenizer",
+       {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}},
+       "does not compile"},
   };
   for (const Case& c : cases) {
     json j = ByteLevelTokenizer();
@@ -226,7 +262,8 @@ TEST(TokenizerTest, RefusesUnsupportedPartsByName) {
   }
   json bad_merge = ByteLevelTokenizer();
   bad_merge["model"]["merges"].push_back("x y");
-  EXPECT_THAT(Tokenizer::FromJson(bad_merge.dump(), "t").status().message(), HasSubstr("missing from the vocabulary"));
+  EXPECT_THAT(Tokenizer::FromJson(bad_merge.dump(), "t").status().message(),
+              HasSubstr("missing from the vocabulary"));
   EXPECT_THAT(Tokenizer::FromJson("{", "t").status().message(), HasSubstr("invalid JSON"));
   EXPECT_EQ(Tokenizer::Load("/nonexistent/dir").status().code(), absl::StatusCode::kNotFound);
 }

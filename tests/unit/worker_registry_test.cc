@@ -12,8 +12,7 @@ using ::testing::HasSubstr;
 
 class WorkerRegistryTest : public ::testing::Test {
  protected:
-  WorkerRegistryTest()
-      : registry_({"model-A", absl::Seconds(3), [this] { return now_; }}) {}
+  WorkerRegistryTest() : registry_({"model-A", absl::Seconds(3), [this] { return now_; }}) {}
   WorkerRegistration Worker(const std::string& address, WorkerRole role) {
     WorkerRegistration w;
     w.address = address;
@@ -66,7 +65,8 @@ TEST_F(WorkerRegistryTest, RefusesOtherModelsAndGeometries) {
   auto odd = Worker("d1:1", WorkerRole::kDecode);
   odd.head_dim = 128;
   EXPECT_EQ(registry_.Register(odd).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(registry_.Register(Worker("", WorkerRole::kDecode)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.Register(Worker("", WorkerRole::kDecode)).code(),
+            absl::StatusCode::kInvalidArgument);
   // A decode worker whose KV cache stores another type than the prefill worker's: refused, naming
   // the flag; a combined worker exchanges no KV, so its cache type is its own business.
   auto bf16 = Worker("d2:1", WorkerRole::kDecode);

@@ -18,7 +18,8 @@ namespace {
 
 class HostBuffer final : public DeviceBuffer {
  public:
-  explicit HostBuffer(size_t bytes) : bytes_(bytes), data_(new (std::align_val_t(64)) std::byte[bytes]) {}
+  explicit HostBuffer(size_t bytes)
+      : bytes_(bytes), data_(new (std::align_val_t(64)) std::byte[bytes]) {}
   ~HostBuffer() override { ::operator delete[](data_, std::align_val_t(64)); }
   void* data() override { return data_; }
   size_t size() const override { return bytes_; }
@@ -43,19 +44,28 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& op
 
 std::string CpuBackend::device_description() const {
   return absl::StrCat("cpu (", pool_->num_threads(), " threads, ",
-                      cpu::HaveAvx512() ? "avx512" : cpu::HaveAvx2() ? "avx2+fma" : "portable", " kernels, ", batch_invariant_ ? "batch-invariant Linear" : "OpenBLAS GEMM", ")");
+                      cpu::HaveAvx512() ? "avx512"
+                      : cpu::HaveAvx2() ? "avx2+fma"
+                                        : "portable",
+                      " kernels, ", batch_invariant_ ? "batch-invariant Linear" : "OpenBLAS GEMM",
+                      ")");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
   try {
     return std::unique_ptr<DeviceBuffer>(new HostBuffer(std::max<size_t>(bytes, 64)));
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
   }
 }
 
-void CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
-void CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
 
 absl::StatusOr<DeviceWeight> CpuBackend::UploadWeight(const TensorView& t) {
   DeviceWeight w;
@@ -70,8 +80,8 @@ absl::StatusOr<DeviceWeight> CpuBackend::UploadWeight(const TensorView& t) {
     return w;
   }
   if (t.shape.size() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(t.file, ": tensor ", t.name, " has rank ", t.shape.size(), ", expected 1 or 2"));
+    return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor ", t.name, " has rank ",
+                                                   t.shape.size(), ", expected 1 or 2"));
   }
   // 2-D weights stay in the mapping, in their own dtype.
   w.dtype = t.dtype;
@@ -95,16 +105,17 @@ void CpuBackend::Embedding(const DeviceWeight& table, const int32_t* ids, int64_
 void CpuBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n,
                          int64_t d, float* out) {
   const float* w = static_cast<const float*>(weight.data);
-  pool_->ParallelFor(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float* xi = x + i * d;
-      double ss = 0;
-      for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
-      const float inv = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
-      float* oi = out + i * d;
-      for (int64_t j = 0; j < d; ++j) oi[j] = xi[j] * inv * w[j];
-    }
-  });
+  pool_->ParallelFor(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)),
+                     [&](int64_t b, int64_t e) {
+                       for (int64_t i = b; i < e; ++i) {
+                         const float* xi = x + i * d;
+                         double ss = 0;
+                         for (int64_t j = 0; j < d; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+                         const float inv = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
+                         float* oi = out + i * d;
+                         for (int64_t j = 0; j < d; ++j) oi[j] = xi[j] * inv * w[j];
+                       }
+                     });
 }
 
 void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
@@ -208,7 +219,8 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
       return;
     }
     auto* d = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < token_stride; ++i) d[i] = g.dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
+    for (int64_t i = 0; i < token_stride; ++i)
+      d[i] = g.dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
   };
   for (int64_t t = 0; t < md.num_tokens; ++t) {
     const int64_t slot = md.slot_mapping[t];
@@ -234,7 +246,8 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
       float max_score = -INFINITY;
       for (int64_t p = 0; p < len; ++p) {
         const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        const float sc = cpu::Dot(qv, kc + (slot * token_stride + kh * hd) * es, g.dtype, hd) * scale;
+        const float sc =
+            cpu::Dot(qv, kc + (slot * token_stride + kh * hd) * es, g.dtype, hd) * scale;
         scores[p] = sc;
         max_score = std::max(max_score, sc);
       }
@@ -281,8 +294,10 @@ void CpuBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out)
   });
 }
 
-void CpuBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) {
-  for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * cols, x + t * stride + offset, cols * sizeof(float));
+void CpuBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset,
+                             int64_t cols, float* out) {
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(out + t * cols, x + t * stride + offset, cols * sizeof(float));
 }
 
 void CpuBackend::Add(float* x, const float* y, int64_t n) {

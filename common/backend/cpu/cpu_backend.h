@@ -38,19 +38,21 @@ class CpuBackend final : public Backend {
               float* out) override;
   void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
             int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
-  void PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
-                      void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+  void PagedAttention(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
+                      const KvCacheGeometry& geometry, int64_t layer,
                       const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                       float* out) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
-  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;
+  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols,
+                   float* out) override;
   void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
 
  private:
-  CpuBackend(ThreadPool* pool, bool batch_invariant) : pool_(pool), batch_invariant_(batch_invariant) {}
+  CpuBackend(ThreadPool* pool, bool batch_invariant)
+      : pool_(pool), batch_invariant_(batch_invariant) {}
   ThreadPool* pool_;
   bool batch_invariant_;
 };

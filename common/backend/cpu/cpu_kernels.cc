@@ -14,17 +14,21 @@ namespace {
 struct Avx2Bf16 {
   __attribute__((target("avx2,fma,f16c"))) static __m256 Load(const void* w, int64_t i) {
     const auto* p = static_cast<const uint16_t*>(w) + i;
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
-  static float Scalar(const void* w, int64_t i) { return Bf16ToF32(static_cast<const uint16_t*>(w)[i]); }
+  static float Scalar(const void* w, int64_t i) {
+    return Bf16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
 };
 struct Avx2F16 {
   __attribute__((target("avx2,fma,f16c"))) static __m256 Load(const void* w, int64_t i) {
     const auto* p = static_cast<const uint16_t*>(w) + i;
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  static float Scalar(const void* w, int64_t i) { return F16ToF32(static_cast<const uint16_t*>(w)[i]); }
+  static float Scalar(const void* w, int64_t i) {
+    return F16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
 };
 struct Avx2F32 {
   __attribute__((target("avx2,fma,f16c"))) static __m256 Load(const void* w, int64_t i) {
@@ -35,17 +39,21 @@ struct Avx2F32 {
 struct Avx512Bf16 {
   __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
     const auto* p = static_cast<const uint16_t*>(w) + i;
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
   }
-  static float Scalar(const void* w, int64_t i) { return Bf16ToF32(static_cast<const uint16_t*>(w)[i]); }
+  static float Scalar(const void* w, int64_t i) {
+    return Bf16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
 };
 struct Avx512F16 {
   __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
     const auto* p = static_cast<const uint16_t*>(w) + i;
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
-  static float Scalar(const void* w, int64_t i) { return F16ToF32(static_cast<const uint16_t*>(w)[i]); }
+  static float Scalar(const void* w, int64_t i) {
+    return F16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
 };
 struct Avx512F32 {
   __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
@@ -55,8 +63,8 @@ struct Avx512F32 {
 };
 
 template <typename L, int T>
-__attribute__((target("avx2,fma,f16c"))) void DotRowsAvx2(const float* const* x, const void* w, int64_t n,
-                                                          float* out) {
+__attribute__((target("avx2,fma,f16c"))) void DotRowsAvx2(const float* const* x, const void* w,
+                                                          int64_t n, float* out) {
   __m256 acc0[T], acc1[T];
   for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
   int64_t i = 0;
@@ -79,8 +87,8 @@ __attribute__((target("avx2,fma,f16c"))) void DotRowsAvx2(const float* const* x,
 }
 
 template <typename L, int T>
-__attribute__((target("avx512f"))) void DotRowsAvx512(const float* const* x, const void* w, int64_t n,
-                                                      float* out) {
+__attribute__((target("avx512f"))) void DotRowsAvx512(const float* const* x, const void* w,
+                                                      int64_t n, float* out) {
   __m512 acc0[T], acc1[T];
   for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
   int64_t i = 0;
@@ -127,7 +135,8 @@ __attribute__((target("avx2"))) void Bf16ToF32Avx2(const uint16_t* src, float* d
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                        __builtin_cpu_supports("f16c");
 // Off when TANDEM_DISABLE_AVX512 is set (to compare the two paths on one machine).
-const bool kHaveAvx512 = __builtin_cpu_supports("avx512f") && std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
+const bool kHaveAvx512 =
+    __builtin_cpu_supports("avx512f") && std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
 
 }  // namespace
 

@@ -10,7 +10,8 @@
 namespace tandem {
 
 void MaybeReexecWithFasterOpenBlasCore(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("TANDEM_KEEP_OPENBLAS_CORE") != nullptr) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr ||
+      std::getenv("TANDEM_KEEP_OPENBLAS_CORE") != nullptr) {
     return;
   }
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
@@ -24,7 +25,8 @@ void MaybeReexecWithFasterOpenBlasCore(char** argv) {
   setenv("OPENBLAS_CORETYPE", "Haswell", 1);
   execv("/proc/self/exe", argv);
   // execv failed: carry on with the slower kernels.
-  std::fprintf(stderr, "note: could not re-exec with OPENBLAS_CORETYPE=Haswell; using %s kernels\n", core);
+  std::fprintf(stderr, "note: could not re-exec with OPENBLAS_CORETYPE=Haswell; using %s kernels\n",
+               core);
 }
 
 }  // namespace tandem

@@ -1,5 +1,5 @@
-// Activation arithmetic shared by the kernels that apply it, so that a fused kernel gives the same bits
-// as the separate one it replaces.
+// Activation arithmetic shared by the kernels that apply it, so that a fused kernel gives the same
+// bits as the separate one it replaces.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -41,13 +41,14 @@ absl::Status EnvChoice(const char* name, std::initializer_list<int> choices, int
     }
   }
   const std::vector<int> all(choices);
-  return absl::InvalidArgumentError(absl::StrCat(name, " must be ", absl::StrJoin(all.begin(), all.end() - 1, ", "),
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be ",
+                                                 absl::StrJoin(all.begin(), all.end() - 1, ", "),
                                                  " or ", all.back(), ", not '", p, "'"));
 }
 
 // Memory from the backend's stream's pool (cudaMallocAsync), given back in that stream's order: a
-// plain cudaFree would wait for the whole device, a transfer stream's NCCL receive from a stalled peer
-// included. The buffer keeps the stream alive until its free is enqueued.
+// plain cudaFree would wait for the whole device, a transfer stream's NCCL receive from a stalled
+// peer included. The buffer keeps the stream alive until its free is enqueued.
 class CudaBuffer final : public DeviceBuffer {
  public:
   CudaBuffer(void* data, size_t bytes, LiveBytes live, std::shared_ptr<CUstream_st> stream)
@@ -69,7 +70,8 @@ class CudaBuffer final : public DeviceBuffer {
 };
 
 absl::Status CudaStatus(cudaError_t e, const char* what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
 // An event recorded on the backend's stream, polled (so that a hung device ends the wait at its
@@ -79,13 +81,16 @@ class CudaWorkMark final : public WorkMark {
   CudaWorkMark(int device, cudaEvent_t event) : device_(device), event_(event) {}
   ~CudaWorkMark() override { cudaEventDestroy(event_); }
   absl::Status Wait(absl::Time deadline) override {
-    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
-    for (absl::Duration pause = absl::Microseconds(20);; pause = std::min(pause * 2, absl::Microseconds(500))) {
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess)
+      return CudaStatus(e, "cudaSetDevice");
+    for (absl::Duration pause = absl::Microseconds(20);;
+         pause = std::min(pause * 2, absl::Microseconds(500))) {
       const cudaError_t e = cudaEventQuery(event_);
       if (e == cudaSuccess) return absl::OkStatus();
       if (e != cudaErrorNotReady) return CudaStatus(e, "waiting for the work before a mark");
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError("the device did not finish the work before a mark in time");
+        return absl::DeadlineExceededError(
+            "the device did not finish the work before a mark in time");
       }
       absl::SleepFor(pause);
     }
@@ -97,21 +102,22 @@ class CudaWorkMark final : public WorkMark {
 };
 
 // Device memory freed when the last DeviceWeight copy referring to it goes.
-absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes, cudaStream_t stream,
-                                                  const LiveBytes& live) {
+absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes,
+                                                  cudaStream_t stream, const LiveBytes& live) {
   void* dev = nullptr;
   const size_t held = std::max<size_t>(bytes, 1);
   if (cudaError_t e = cudaMalloc(&dev, held); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory for a weight: ",
-                                                     cudaGetErrorString(e)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot allocate ", bytes, " bytes of GPU memory for a weight: ", cudaGetErrorString(e)));
   }
   *live += static_cast<int64_t>(held);
   std::shared_ptr<void> owner(dev, [live, held](void* p) {
     cudaFree(p);
     *live -= static_cast<int64_t>(held);
   });
-  if (cudaError_t e = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, stream); e != cudaSuccess) {
+  if (cudaError_t e = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, stream);
+      e != cudaSuccess) {
     return CudaStatus(e, "uploading a weight");
   }
   return owner;
@@ -122,16 +128,20 @@ absl::StatusOr<std::shared_ptr<void>> UploadBytes(const void* src, size_t bytes,
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& options) {
   if (options.compute_dtype.has_value() && *options.compute_dtype != DType::kBF16 &&
       *options.compute_dtype != DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat("the CUDA backend's compute type is BF16 or F16, not ",
-                                                   std::string(DTypeName(*options.compute_dtype))));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend's compute type is BF16 or F16, not ",
+                     std::string(DTypeName(*options.compute_dtype))));
   }
   const int count = cuda::DeviceCount();
-  if (count == 0) return absl::FailedPreconditionError("--device cuda: no CUDA device is visible (no driver or no GPU)");
+  if (count == 0)
+    return absl::FailedPreconditionError(
+        "--device cuda: no CUDA device is visible (no driver or no GPU)");
   if (options.device < 0 || options.device >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
   }
-  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
+  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess)
+    return CudaStatus(e, "cudaSetDevice");
   auto description = cuda::DeviceDescription(options.device);
   if (!description.ok()) return description.status();
   cudaStream_t stream = nullptr;
@@ -143,17 +153,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
     cudaStreamDestroy(stream);
     return absl::InternalError(absl::StrCat("cublasCreate: ", cublasGetStatusString(s)));
   }
-  // The default math mode keeps SGEMM in exact FP32 (no TF32) and lets 16-bit GEMMs use the tensor cores.
+  // The default math mode keeps SGEMM in exact FP32 (no TF32) and lets 16-bit GEMMs use the tensor
+  // cores.
   if (cublasStatus_t s = cublasSetStream(cublas, stream); s != CUBLAS_STATUS_SUCCESS) {
     cublasDestroy(cublas);
     cudaStreamDestroy(stream);
     return absl::InternalError(absl::StrCat("cublasSetStream: ", cublasGetStatusString(s)));
   }
-  auto backend = std::unique_ptr<CudaBackend>(
-      new CudaBackend(options.device, options.batch_invariant,
-                      absl::StrCat("cuda:", options.device, " ", *description,
-                                   options.batch_invariant ? ", batch-invariant Linear" : ""),
-                      std::shared_ptr<CUstream_st>(stream, [](cudaStream_t s) { cudaStreamDestroy(s); }), cublas));
+  auto backend = std::unique_ptr<CudaBackend>(new CudaBackend(
+      options.device, options.batch_invariant,
+      absl::StrCat("cuda:", options.device, " ", *description,
+                   options.batch_invariant ? ", batch-invariant Linear" : ""),
+      std::shared_ptr<CUstream_st>(stream, [](cudaStream_t s) { cudaStreamDestroy(s); }), cublas));
   backend->compute_dtype_ = options.compute_dtype;
   backend->split_gemm_inputs_ = options.split_gemm_inputs;
   // cuBLAS's workspace, fixed up front: a GEMM inside a graph capture must not allocate.
@@ -166,49 +177,65 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
       s != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat("cublasSetWorkspace: ", cublasGetStatusString(s)));
   }
-  if (cudaError_t e = cudaStreamCreateWithFlags(&backend->copy_stream_, cudaStreamNonBlocking); e != cudaSuccess) {
+  if (cudaError_t e = cudaStreamCreateWithFlags(&backend->copy_stream_, cudaStreamNonBlocking);
+      e != cudaSuccess) {
     return CudaStatus(e, "cudaStreamCreate (copies)");
   }
-  if (cudaError_t e = cudaEventCreateWithFlags(&backend->copy_after_, cudaEventDisableTiming); e != cudaSuccess) {
+  if (cudaError_t e = cudaEventCreateWithFlags(&backend->copy_after_, cudaEventDisableTiming);
+      e != cudaSuccess) {
     return CudaStatus(e, "cudaEventCreate (copies)");
   }
-  if (EnvIsOne("TANDEM_CUDA_OP_PROFILE")) backend->SetOpProfiling(true);
-  // Output columns a GEMV warp computes (gemv.h; 1, 2 or 4, the same bits): 1 until a GPU run has
-  // compared them.
-  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GEMV_COLUMNS", {1, 2, 4}, &backend->gemv_columns_));
-  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GRID_SPLIT_KEYS", {32, 64, 128, 256}, &backend->grid_split_keys_));
-  // 0/1 switches (unset: the default).
-  for (auto [name, value] : {std::pair<const char*, bool*>{"TANDEM_CUDA_FUSION", &backend->fusion_},
-                             {"TANDEM_CUDA_GEMV_NORM", &backend->gemv_norm_},
-                             {"TANDEM_CUDA_GEMV_HEADS", &backend->gemv_heads_}}) {
+  // The tunings (cuda_tunings.h): the options', each overridden by its environment variable when
+  // that is set (benchmarks compare settings that way).
+  CudaTunings t = options.tunings;
+  RETURN_IF_ERROR(ValidateCudaTunings(t));
+  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GEMV_COLUMNS", {1, 2, 4}, &t.gemv_columns));
+  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GRID_SPLIT_KEYS", {32, 64, 128, 256}, &t.grid_split_keys));
+  for (auto [name, value] : {std::pair<const char*, bool*>{"TANDEM_CUDA_FUSION", &t.fusion},
+                             {"TANDEM_CUDA_GEMV_NORM", &t.gemv_norm},
+                             {"TANDEM_CUDA_GEMV_HEADS", &t.gemv_heads}}) {
     int on = *value;
     RETURN_IF_ERROR(EnvChoice(name, {0, 1}, &on));
     *value = on == 1;
   }
-  // The q|k|v GEMV's per-head counters (GemvEpilogue::head_counters), zero, fixed up front (graphs).
-  if (cudaError_t e = cudaMalloc(&backend->head_counters_, kHeadCounters * sizeof(unsigned)); e != cudaSuccess) {
+  if (EnvIsOne("TANDEM_CUDA_TC_ATTENTION")) t.tensor_core_attention = true;
+  if (EnvIsOne("TANDEM_CUDA_PDL")) t.programmatic_launch = true;
+  if (EnvIsOne("TANDEM_CUDA_OP_PROFILE")) t.op_profile = true;
+  backend->gemv_columns_ = t.gemv_columns;
+  backend->grid_split_keys_ = t.grid_split_keys;
+  backend->fusion_ = t.fusion;
+  backend->gemv_norm_ = t.gemv_norm;
+  backend->gemv_heads_ = t.gemv_heads;
+  backend->tensor_core_prefill_ = t.tensor_core_attention;
+  if (t.programmatic_launch) cuda::RequestProgrammaticLaunch();
+  if (t.op_profile) backend->SetOpProfiling(true);
+  // The q|k|v GEMV's per-head counters (GemvEpilogue::head_counters), zero, fixed up front
+  // (graphs).
+  if (cudaError_t e = cudaMalloc(&backend->head_counters_, kHeadCounters * sizeof(unsigned));
+      e != cudaSuccess) {
     return CudaStatus(e, "allocating the q|k|v GEMV's counters");
   }
   *backend->live_bytes_ += kHeadCounters * sizeof(unsigned);
-  if (cudaError_t e = cudaMemsetAsync(backend->head_counters_, 0, kHeadCounters * sizeof(unsigned), stream);
+  if (cudaError_t e =
+          cudaMemsetAsync(backend->head_counters_, 0, kHeadCounters * sizeof(unsigned), stream);
       e != cudaSuccess) {
     return CudaStatus(e, "zeroing the q|k|v GEMV's counters");
   }
-  // Prompt attention on the tensor cores (prefill_attention_tc.cu): off until a GPU run has checked it.
-  backend->tensor_core_prefill_ = EnvIsOne("TANDEM_CUDA_TC_ATTENTION");
   // The tunings off their defaults, in the description (workers log it, forward_bench records it).
   std::vector<std::string> tunings;
   if (!backend->fusion_) tunings.push_back("fusion off");
   if (backend->fusion_ && !backend->gemv_norm_) tunings.push_back("GEMV norm off");
   if (backend->fusion_ && !backend->gemv_heads_) tunings.push_back("GEMV heads off");
-  if (backend->gemv_columns_ != 1) tunings.push_back(absl::StrCat("GEMV columns ", backend->gemv_columns_));
+  if (backend->gemv_columns_ != 1)
+    tunings.push_back(absl::StrCat("GEMV columns ", backend->gemv_columns_));
   if (backend->grid_split_keys_ != 256 && !backend->batch_invariant_) {
     tunings.push_back(absl::StrCat("grid splits of ", backend->grid_split_keys_, " keys"));
   }
   if (cuda::ProgrammaticLaunchOn()) tunings.push_back("programmatic dependent launch");
   if (backend->tensor_core_prefill_) tunings.push_back("tensor-core prompt attention");
   if (options.compute_dtype.has_value()) {
-    tunings.push_back(absl::StrCat("16-bit weights and GEMMs in ", std::string(DTypeName(*options.compute_dtype))));
+    tunings.push_back(absl::StrCat("16-bit weights and GEMMs in ",
+                                   std::string(DTypeName(*options.compute_dtype))));
   }
   if (options.split_gemm_inputs) tunings.push_back("GEMM inputs split into two 16-bit terms");
   if (!tunings.empty()) backend->description_ += absl::StrCat(", ", absl::StrJoin(tunings, ", "));
@@ -272,34 +299,40 @@ std::string CudaBackend::OpProfileReport() {
 
 absl::StatusOr<DeviceMemory> CudaBackend::Memory() {
   Bind();
-  // Memory freed in this stream's order (scratch, buffers) is the pool's until its frees have run and
-  // the pool has given it back: then it counts as free.
+  // Memory freed in this stream's order (scratch, buffers) is the pool's until its frees have run
+  // and the pool has given it back: then it counts as free.
   Check(cudaStreamSynchronize(stream_), "synchronising the stream");
   cudaMemPool_t pool = nullptr;
   if (cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, device_); e != cudaSuccess) {
     return CudaStatus(e, "cudaDeviceGetDefaultMemPool");
   }
-  if (cudaError_t e = cudaMemPoolTrimTo(pool, 0); e != cudaSuccess) return CudaStatus(e, "cudaMemPoolTrimTo");
+  if (cudaError_t e = cudaMemPoolTrimTo(pool, 0); e != cudaSuccess)
+    return CudaStatus(e, "cudaMemPoolTrimTo");
   size_t free_bytes = 0, total_bytes = 0;
-  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) return CudaStatus(e, "cudaMemGetInfo");
-  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes), live_bytes_->load()};
+  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess)
+    return CudaStatus(e, "cudaMemGetInfo");
+  return DeviceMemory{static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes),
+                      live_bytes_->load()};
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaBackend::Allocate(size_t bytes) {
   Bind();
   void* dev = nullptr;
   bytes = std::max<size_t>(bytes, 256);
-  // (Inside a capture the allocation would become the graph's own, and the wait below would end it.)
-  if (capturing_) return absl::FailedPreconditionError("allocating GPU memory while capturing a graph");
+  // (Inside a capture the allocation would become the graph's own, and the wait below would end
+  // it.)
+  if (capturing_)
+    return absl::FailedPreconditionError("allocating GPU memory while capturing a graph");
   if (cudaError_t e = cudaMallocAsync(&dev, bytes, stream_); e != cudaSuccess) {
     cudaGetLastError();  // out-of-memory is not sticky; clear it
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes of GPU memory: ", cudaGetErrorString(e)));
   }
-  auto buffer = std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes, live_bytes_, stream_owner_));
-  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns. Both the
-  // allocation and the zeroing are in this stream's order: work on other streams must wait for them
-  // (KvCacheStorage::Create does, before KV copies and transfers touch the cache).
+  auto buffer =
+      std::unique_ptr<DeviceBuffer>(new CudaBuffer(dev, bytes, live_bytes_, stream_owner_));
+  // Zeroed, like fresh host pages: unused KV slots and padding never hold NaN bit patterns. Both
+  // the allocation and the zeroing are in this stream's order: work on other streams must wait for
+  // them (KvCacheStorage::Create does, before KV copies and transfers touch the cache).
   Check(cudaMemsetAsync(dev, 0, bytes, stream_), "cudaMemset");
   return buffer;
 }
@@ -350,16 +383,19 @@ CudaBackend::CopyStaging CudaBackend::StageCopy(const std::vector<int32_t>& inde
     *live_bytes_ += static_cast<int64_t>(want);
   }
   CopyStaging s{static_cast<int32_t*>(copy_staging_),
-                reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) + copy_staging_bytes_ - total)};
-  Check(cudaMemcpyAsync(s.index, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, copy_stream_),
+                reinterpret_cast<float*>(static_cast<std::byte*>(copy_staging_) +
+                                         copy_staging_bytes_ - total)};
+  Check(cudaMemcpyAsync(s.index, index.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                        copy_stream_),
         "KV copy index");
   return s;
 }
 
-void CudaBackend::GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
-                               bool after_enqueued_work) {
+void CudaBackend::GatherToHost(const std::byte* src, const std::vector<int32_t>& index,
+                               size_t bytes, void* host_out, bool after_enqueued_work) {
   if (index.empty() || bytes == 0) return;
-  if (bytes % sizeof(float) != 0) return Backend::GatherToHost(src, index, bytes, host_out, after_enqueued_work);
+  if (bytes % sizeof(float) != 0)
+    return Backend::GatherToHost(src, index, bytes, host_out, after_enqueued_work);
   Bind();
   std::lock_guard<std::mutex> lock(copy_mu_);
   const size_t n = index.size(), total = n * bytes;
@@ -370,10 +406,12 @@ void CudaBackend::GatherToHost(const std::byte* src, const std::vector<int32_t>&
   }
   const CopyStaging s = StageCopy(index, total);
   if (s.pieces == nullptr) return;
-  Check(cuda::LaunchGatherRows(reinterpret_cast<const float*>(src), s.index, static_cast<int64_t>(n),
-                               static_cast<int64_t>(bytes / sizeof(float)), s.pieces, copy_stream_),
-        "gathering blocks");
-  Check(cudaMemcpyAsync(host_out, s.pieces, total, cudaMemcpyDeviceToHost, copy_stream_), "gathered blocks to host");
+  Check(
+      cuda::LaunchGatherRows(reinterpret_cast<const float*>(src), s.index, static_cast<int64_t>(n),
+                             static_cast<int64_t>(bytes / sizeof(float)), s.pieces, copy_stream_),
+      "gathering blocks");
+  Check(cudaMemcpyAsync(host_out, s.pieces, total, cudaMemcpyDeviceToHost, copy_stream_),
+        "gathered blocks to host");
   Check(cudaStreamSynchronize(copy_stream_), "gathered blocks to host");
 }
 
@@ -386,8 +424,10 @@ void CudaBackend::ScatterFromHost(std::byte* dst, const std::vector<int32_t>& in
   const size_t n = index.size(), total = n * bytes;
   const CopyStaging s = StageCopy(index, total);
   if (s.pieces == nullptr) return;
-  Check(cudaMemcpyAsync(s.pieces, host_in, total, cudaMemcpyHostToDevice, copy_stream_), "blocks to device");
-  Check(cuda::LaunchScatterBlocks(s.pieces, s.index, static_cast<int64_t>(n), static_cast<int64_t>(bytes / sizeof(float)),
+  Check(cudaMemcpyAsync(s.pieces, host_in, total, cudaMemcpyHostToDevice, copy_stream_),
+        "blocks to device");
+  Check(cuda::LaunchScatterBlocks(s.pieces, s.index, static_cast<int64_t>(n),
+                                  static_cast<int64_t>(bytes / sizeof(float)),
                                   reinterpret_cast<float*>(dst), copy_stream_),
         "scattering blocks");
   Check(cudaStreamSynchronize(copy_stream_), "blocks to device");
@@ -410,35 +450,41 @@ namespace {
 
 // BF16 → F16, 8 values a step with F16C (the hardware's round to nearest even, subnormals included:
 // F32ToF16's results without its branches, which a model of billions of weights notices at load).
-// Returns how many values it converted: it stops before the last n % 8 and before the first group of 8
-// holding a value not within ±65504 (infinities and NaN included), which the exact pass below takes.
-__attribute__((target("avx2,f16c"))) size_t Bf16ToF16Vector(const uint16_t* in, size_t n, uint16_t* out) {
+// Returns how many values it converted: it stops before the last n % 8 and before the first group
+// of 8 holding a value not within ±65504 (infinities and NaN included), which the exact pass below
+// takes.
+__attribute__((target("avx2,f16c"))) size_t Bf16ToF16Vector(const uint16_t* in, size_t n,
+                                                            uint16_t* out) {
   const __m256 limit = _mm256_set1_ps(65504.f);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))), 16));
-    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), limit, _CMP_NLE_UQ)) != 0) break;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))), 16));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v, abs_mask), limit, _CMP_NLE_UQ)) != 0)
+      break;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   return i;
 }
 
-// `t`'s 16-bit values in the other 16-bit type `to`, into `out` [t.nbytes / 2]. F16 holds every BF16
-// value of magnitude 2^-14..65504 exactly (smaller ones round to its subnormals); a value beyond 65504
-// is refused, naming the tensor.
+// `t`'s 16-bit values in the other 16-bit type `to`, into `out` [t.nbytes / 2]. F16 holds every
+// BF16 value of magnitude 2^-14..65504 exactly (smaller ones round to its subnormals); a value
+// beyond 65504 is refused, naming the tensor.
 absl::Status CastHalfWeight(const TensorView& t, DType to, uint16_t* out) {
   const auto* in = reinterpret_cast<const uint16_t*>(t.data);
   const size_t n = t.nbytes / 2;
   static const bool f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  const size_t vectored = f16c && t.dtype == DType::kBF16 && to == DType::kF16 ? Bf16ToF16Vector(in, n, out) : 0;
+  const size_t vectored =
+      f16c && t.dtype == DType::kBF16 && to == DType::kF16 ? Bf16ToF16Vector(in, n, out) : 0;
   for (size_t i = vectored; i < n; ++i) {
     const float f = t.dtype == DType::kBF16 ? Bf16ToF32(in[i]) : F16ToF32(in[i]);
     if (to == DType::kF16 && std::isfinite(f) && std::fabs(f) > 65504.f) {
-      return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor ", t.name, " holds ", f,
-                                                     ", beyond F16's range (65504): it cannot run with "
-                                                     "--compute-dtype=f16; use auto or bf16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(t.file, ": tensor ", t.name, " holds ", f,
+                       ", beyond F16's range (65504): it cannot run with "
+                       "--compute-dtype=f16; use auto or bf16"));
     }
     out[i] = to == DType::kF16 ? F32ToF16(f) : F32ToBf16(f);
   }
@@ -450,15 +496,16 @@ absl::Status CastHalfWeight(const TensorView& t, DType to, uint16_t* out) {
 absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
   Bind();
   DeviceWeight w;
-  std::vector<float> host;      // outlives the copy (synchronised below)
-  std::vector<uint16_t> cast;   // the same, for a 16-bit tensor cast to the compute type
+  std::vector<float> host;     // outlives the copy (synchronised below)
+  std::vector<uint16_t> cast;  // the same, for a 16-bit tensor cast to the compute type
   if (t.shape.size() == 1) {
     w.rows = 1;
     w.cols = t.shape[0];
     w.dtype = DType::kF32;
     host.resize(static_cast<size_t>(std::max<int64_t>(w.cols, 1)));
     ConvertToF32(t.dtype, t.data, host.data(), static_cast<size_t>(w.cols));
-    auto owner = UploadBytes(host.data(), static_cast<size_t>(w.cols) * sizeof(float), stream_, live_bytes_);
+    auto owner =
+        UploadBytes(host.data(), static_cast<size_t>(w.cols) * sizeof(float), stream_, live_bytes_);
     if (!owner.ok()) return owner.status();
     w.owner = *std::move(owner);
   } else if (t.shape.size() == 2) {
@@ -479,12 +526,13 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
     if (!owner.ok()) return owner.status();
     w.owner = *std::move(owner);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(t.file, ": tensor ", t.name, " has rank ", t.shape.size(), ", expected 1 or 2"));
+    return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor ", t.name, " has rank ",
+                                                   t.shape.size(), ", expected 1 or 2"));
   }
   w.data = w.owner.get();
   // The host source (the vector, or a mapping the caller may unmap) must outlive the copy.
-  if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess) return CudaStatus(e, "uploading a weight");
+  if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+    return CudaStatus(e, "uploading a weight");
   return w;
 }
 
@@ -492,9 +540,11 @@ absl::Status CudaBackend::BeginCapture() {
   Bind();
   RETURN_IF_ERROR(CheckErrors());
   if (capturing_) return absl::FailedPreconditionError("already capturing");
-  // Other threads copy on this stream (a KV transfer's staged layers): they wait while it is captured.
+  // Other threads copy on this stream (a KV transfer's staged layers): they wait while it is
+  // captured.
   capture_lock_ = std::unique_lock<std::mutex>(capture_mu_);
-  if (cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); e != cudaSuccess) {
+  if (cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+      e != cudaSuccess) {
     cudaGetLastError();  // a failed capture must not fail the next launch
     capture_lock_.unlock();
     return CudaStatus(e, "cudaStreamBeginCapture");
@@ -517,13 +567,14 @@ absl::StatusOr<int64_t> CudaBackend::EndCapture() {
   }
   cudaGraphExec_t exec = nullptr;
   if (failed.ok()) {
-    if (cudaError_t i = cudaGraphInstantiate(&exec, graph, 0); i != cudaSuccess) failed = CudaStatus(i, "cudaGraphInstantiate");
+    if (cudaError_t i = cudaGraphInstantiate(&exec, graph, 0); i != cudaSuccess)
+      failed = CudaStatus(i, "cudaGraphInstantiate");
   }
   if (graph != nullptr) cudaGraphDestroy(graph);
   if (!failed.ok()) {
-    // Nothing captured ever ran, the backend was sound when the capture began (BeginCapture checked),
-    // and no other thread used it meanwhile (copies wait for captures): forget what the capture
-    // recorded, so the failure costs graphs, not the backend.
+    // Nothing captured ever ran, the backend was sound when the capture began (BeginCapture
+    // checked), and no other thread used it meanwhile (copies wait for captures): forget what the
+    // capture recorded, so the failure costs graphs, not the backend.
     cudaGetLastError();
     std::lock_guard<std::mutex> lock(mu_);
     error_ = absl::OkStatus();
@@ -551,12 +602,14 @@ void CudaBackend::DropGraphs() {
 
 void* CudaBackend::Scratch(ScratchSlot slot, size_t bytes, bool optional) {
   if (bytes <= scratch_bytes_[slot]) return scratch_[slot];
-  if (capturing_) {  // allocation would break the capture: the caller should have run the work before
-    if (!optional) Check(cudaErrorStreamCaptureUnsupported, "growing scratch memory while capturing a graph");
+  if (capturing_) {  // allocation would break the capture: the caller should have run the work
+                     // before
+    if (!optional)
+      Check(cudaErrorStreamCaptureUnsupported, "growing scratch memory while capturing a graph");
     return nullptr;
   }
-  // An optional buffer that could not be had at this size is not tried again (each try would cost the
-  // graphs below and a failed cudaMalloc).
+  // An optional buffer that could not be had at this size is not tried again (each try would cost
+  // the graphs below and a failed cudaMalloc).
   if (optional && scratch_refused_[slot] != 0 && bytes >= scratch_refused_[slot]) return nullptr;
   if (scratch_[slot]) {
     DropGraphs();  // they point at the memory about to be freed

@@ -1,13 +1,14 @@
-// The CUDA backend: the Backend interface on one NVIDIA GPU. Weights stay in their checkpoint dtype on
-// the device (BF16/F16/F32); activations are f32 as the interface defines, the paged KV cache f32,
-// BF16 or F16 (KvCacheGeometry::dtype).
-// Linear runs on cuBLAS: 16-bit weights take their activations rounded to the same 16-bit type and
-// multiply on the tensor cores with f32 accumulation; F32 weights use SGEMM (no TF32). A decode step's
-// few rows (up to cuda::kGemvMaxRows) over 16-bit weights go through this backend's GEMV instead
-// (gemv.h: one pass over the weights, f32 activations), except in the batch-invariant mode. The other ops
-// are this backend's own kernels (kernels.cu; attention: paged_attention.cu and the prompt kernels of
+// The CUDA backend: the Backend interface on one NVIDIA GPU. Weights stay in their checkpoint dtype
+// on the device (BF16/F16/F32); activations are f32 as the interface defines, the paged KV cache
+// f32, BF16 or F16 (KvCacheGeometry::dtype). Linear runs on cuBLAS: 16-bit weights take their
+// activations rounded to the same 16-bit type and multiply on the tensor cores with f32
+// accumulation; F32 weights use SGEMM (no TF32). A decode step's few rows (up to
+// cuda::kGemvMaxRows) over 16-bit weights go through this backend's GEMV instead (gemv.h: one pass
+// over the weights, f32 activations), except in the batch-invariant mode. The other ops are this
+// backend's own kernels (kernels.cu; attention: paged_attention.cu and the prompt kernels of
 // prefill_attention.h). Every op is enqueued on one stream; CopyToHost waits
-// for it. A failed launch or cuBLAS call is kept as the backend's sticky error (Backend::CheckErrors).
+// for it. A failed launch or cuBLAS call is kept as the backend's sticky error
+// (Backend::CheckErrors).
 //
 // Thread-compatible: one thread drives a backend at a time (the engine loop).
 #pragma once
@@ -26,8 +27,9 @@
 #include "common/backend/backend.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
-#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/op_profiler.h"
+#include "common/backend/cuda/paged_attention.h"
+#include "common/backend/cuda_tunings.h"
 
 namespace tandem {
 
@@ -36,30 +38,33 @@ class CudaBackend final : public Backend {
   struct Options {
     int device = 0;  // CUDA device ordinal
     // Every Linear runs as GEMMs of exactly kInvariantRows activation rows (the last chunk padded),
-    // so a row's result never depends on how many rows share the batch: a sequence gets bit-identical
-    // logits alone or batched (what the service's equivalence tests need). Costs compute at small
-    // batches; off by default.
+    // so a row's result never depends on how many rows share the batch: a sequence gets
+    // bit-identical logits alone or batched (what the service's equivalence tests need). Costs
+    // compute at small batches; off by default.
     bool batch_invariant = false;
     // The 16-bit type of the GEMMs: 16-bit weights are cast to it at upload, and GEMM inputs are
     // rounded to it (unset: each weight's own type). F16 over BF16 weights (as vLLM's --dtype half)
-    // rounds activations 8× finer than BF16 at the same speed: BF16 keeps 8 significant bits, F16 11.
-    // But F16 ends at 65504: a weight beyond it is refused at upload, and an activation beyond it
-    // becomes infinite (models with such activations need BF16).
+    // rounds activations 8× finer than BF16 at the same speed: BF16 keeps 8 significant bits,
+    // F16 11. But F16 ends at 65504: a weight beyond it is refused at upload, and an activation
+    // beyond it becomes infinite (models with such activations need BF16).
     std::optional<DType> compute_dtype = std::nullopt;
     // Each GEMM input over 16-bit weights is split into two 16-bit terms, hi = round(x) and
     // lo = round(x - hi), and the GEMM runs on both, accumulating in f32: activations keep about 16
     // significant bits (as f32 does to the tiny presets' logprobs: max |Δp| 1.5e-5 against the CPU,
-    // where rounding to BF16 alone moves them by up to 1.45e-2), with no range limit beyond the type's,
-    // for twice the GEMM arithmetic: steps of more than kSplitPairRows rows (prefill) run each GEMM
-    // twice; steps of up to that many run one GEMM of twice the columns, reading the weights once
-    // (decode is bound by those reads); the GEMV's steps keep f32 activations already, unchanged.
+    // where rounding to BF16 alone moves them by up to 1.45e-2), with no range limit beyond the
+    // type's, for twice the GEMM arithmetic: steps of more than kSplitPairRows rows (prefill) run
+    // each GEMM twice; steps of up to that many run one GEMM of twice the columns, reading the
+    // weights once (decode is bound by those reads); the GEMV's steps keep f32 activations already,
+    // unchanged.
     bool split_gemm_inputs = false;
+    // Kernel choices GPU runs decide (cuda_tunings.h); TANDEM_CUDA_* variables override them.
+    CudaTunings tunings = {};
   };
   static constexpr int64_t kInvariantRows = 64;
   // Split GEMM inputs (Options::split_gemm_inputs) of up to this many rows run as one GEMM of 2n
-  // columns (the weights read once, as decode steps are bound by); more, as two GEMMs (prefill, bound
-  // by arithmetic, where the [2n][m] output would be large).
-  // (And while that output stays within kSplitPairOutputBytes: an LM head's rows are wide.)
+  // columns (the weights read once, as decode steps are bound by); more, as two GEMMs (prefill,
+  // bound by arithmetic, where the [2n][m] output would be large). (And while that output stays
+  // within kSplitPairOutputBytes: an LM head's rows are wide.)
   static constexpr int64_t kSplitPairRows = 128;
   static constexpr int64_t kSplitPairOutputBytes = int64_t{64} << 20;
   // FAILED_PRECONDITION when there is no driver or no such device.
@@ -77,12 +82,13 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(size_t bytes) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;
-  // On a stream of their own (the copy stream): the index and the pieces through device staging, one
-  // gather or scatter kernel, one copy each way and one wait, instead of a copy and a wait of the
-  // backend's stream a piece.
-  void GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes, void* host_out,
-                    bool after_enqueued_work) override;
-  void ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes, const void* host_in) override;
+  // On a stream of their own (the copy stream): the index and the pieces through device staging,
+  // one gather or scatter kernel, one copy each way and one wait, instead of a copy and a wait of
+  // the backend's stream a piece.
+  void GatherToHost(const std::byte* src, const std::vector<int32_t>& index, size_t bytes,
+                    void* host_out, bool after_enqueued_work) override;
+  void ScatterFromHost(std::byte* dst, const std::vector<int32_t>& index, size_t bytes,
+                       const void* host_in) override;
   // On the thread that enqueues ops (null while it captures a graph).
   std::shared_ptr<WorkMark> Mark() override;
   absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) override;
@@ -94,32 +100,39 @@ class CudaBackend final : public Backend {
               float* out) override;
   void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
             int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
-  void PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
-                      void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
+  void PagedAttention(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
+                      const KvCacheGeometry& geometry, int64_t layer,
                       const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                       float* out) override;
-  // The attention kernels' arguments for PagedAttention's (the launch mode and workspace left to the
-  // caller); tests launch them in each mode.
-  static cuda::PagedAttentionArgs AttentionArgs(const float* q, const float* k, const float* v, void* k_cache,
-                                                void* v_cache, const KvCacheGeometry& geometry, int64_t layer,
-                                                const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
-                                                float* out);
-  // The split, the q/k norms, RoPE and the cache write in one kernel (paged_attention.h: LaunchQkvPrologue).
-  void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& geometry,
-                    int64_t layer, const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+  // The attention kernels' arguments for PagedAttention's (the launch mode and workspace left to
+  // the caller); tests launch them in each mode.
+  static cuda::PagedAttentionArgs AttentionArgs(const float* q, const float* k, const float* v,
+                                                void* k_cache, void* v_cache,
+                                                const KvCacheGeometry& geometry, int64_t layer,
+                                                const AttentionMetadata& metadata,
+                                                int64_t num_q_heads, float scale, float* out);
+  // The split, the q/k norms, RoPE and the cache write in one kernel (paged_attention.h:
+  // LaunchQkvPrologue).
+  void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
+                    const KvCacheGeometry& geometry, int64_t layer,
+                    const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
                     float* out) override;
-  // Where the GEMV takes the rows: one kernel, silu · up applied as it writes (gemv.h: GemvEpilogue).
-  void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) override;
+  // Where the GEMV takes the rows: one kernel, silu · up applied as it writes (gemv.h:
+  // GemvEpilogue).
+  void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch,
+                     float* out) override;
   // The GEMV's shapes (fusions on, one column a warp, not batch-invariant): the norm as the GEMV's
   // prologue, the residual add as its epilogue (gemv.h).
   bool FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const override;
-  void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps, const DeviceWeight& w,
-                     const DeviceWeight* bias, bool silu_mul, float* h, float* scratch, float* out) override;
-  void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) override;
+  void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,
+                     const DeviceWeight& w, const DeviceWeight* bias, bool silu_mul, float* h,
+                     float* scratch, float* out) override;
+  void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch,
+                      float* x) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
-  void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
-                  float* out) override;
+  void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n,
+                  int64_t d, float* out) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
   bool SupportsSampling() const override { return true; }
@@ -129,9 +142,11 @@ class CudaBackend final : public Backend {
   void SampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws, int32_t* tokens,
                   double* totals) override;
   bool SupportsLogprobs() const override { return true; }
-  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
-                float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) override;
-  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) override;
+  void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
+                int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
+                float* top_logprobs) override;
+  void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols,
+                   float* out) override;
   void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
   bool PrefersFusedProjections() const override { return true; }
   void SetOpProfiling(bool on) override;
@@ -149,19 +164,25 @@ class CudaBackend final : public Backend {
   void DropGraphs() override;
 
  private:
-  CudaBackend(int device, bool batch_invariant, std::string description, std::shared_ptr<CUstream_st> stream,
-              cublasHandle_t cublas)
-      : device_(device), batch_invariant_(batch_invariant), description_(std::move(description)),
-        stream_owner_(std::move(stream)), stream_(stream_owner_.get()), cublas_(cublas) {}
+  CudaBackend(int device, bool batch_invariant, std::string description,
+              std::shared_ptr<CUstream_st> stream, cublasHandle_t cublas)
+      : device_(device),
+        batch_invariant_(batch_invariant),
+        description_(std::move(description)),
+        stream_owner_(std::move(stream)),
+        stream_(stream_owner_.get()),
+        cublas_(cublas) {}
   // Makes this backend's device current on the calling thread.
   void Bind();
   // Keeps the first failure; later ops still enqueue (their results are discarded by the caller).
   void Check(cudaError_t e, const char* what);
   void Check(cublasStatus_t s, const char* what);
-  // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on failure.
+  // Device scratch `slot` of at least `bytes` (kept and grown); nullptr (and a sticky error) on
+  // failure.
   enum ScratchSlot {
     kHalfInput,
-    kHalfInputLow,  // split GEMM inputs' lo term ([n][k]), or hi and lo ([2n][k]) for a GEMM of few rows
+    kHalfInputLow,  // split GEMM inputs' lo term ([n][k]), or hi and lo ([2n][k]) for a GEMM of few
+                    // rows
     kSplitOutput,   // a split GEMM of few rows: [2n][m], W·hi then W·lo
     kPaddedInput,
     kPaddedOutput,
@@ -170,48 +191,55 @@ class CudaBackend final : public Backend {
   };
   // `optional`: failing to allocate is not an error of the backend (the caller has a fallback).
   void* Scratch(ScratchSlot slot, size_t bytes, bool optional = false);
-  // Launches the attention kernels for `a` in this backend's mode, with split workspace where it pays.
+  // Launches the attention kernels for `a` in this backend's mode, with split workspace where it
+  // pays.
   void Attend(cuda::PagedAttentionArgs a);
-  // QkvAttention's projection (in.w) as the GEMV that runs the prologue p (whose qkv is in.qkv) on each
-  // head as it completes; false, with nothing launched, where the GEMV does not take it.
+  // QkvAttention's projection (in.w) as the GEMV that runs the prologue p (whose qkv is in.qkv) on
+  // each head as it completes; false, with nothing launched, where the GEMV does not take it.
   bool ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda::QkvPrologueArgs& p);
-  // Whether the GEMV runs x [n][w.cols] · w^T with this epilogue and prologue: its shapes and rules, and
-  // with a norm prologue (of norm_cols elements, w.cols) or a residual add, FusesNormsIntoLinear.
-  bool FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w, const cuda::GemvEpilogue& epilogue,
-                     const cuda::GemvPrologue& prologue, int64_t norm_cols) const;
+  // Whether the GEMV runs x [n][w.cols] · w^T with this epilogue and prologue: its shapes and
+  // rules, and with a norm prologue (of norm_cols elements, w.cols) or a residual add,
+  // FusesNormsIntoLinear.
+  bool FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w,
+                     const cuda::GemvEpilogue& epilogue, const cuda::GemvPrologue& prologue,
+                     int64_t norm_cols) const;
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
   // Where an op producing `out` [n][d] also writes the 16-bit copy a GEMM reading it next would
-  // convert (in the GEMM input scratch), recorded in rounded_; none (data null) when no GEMM of 16-bit
-  // weights is likely to read it (the GEMV takes n rows, fusions off, batch-invariant) or no scratch.
+  // convert (in the GEMM input scratch), recorded in rounded_; none (data null) when no GEMM of
+  // 16-bit weights is likely to read it (the GEMV takes n rows, fusions off, batch-invariant) or no
+  // scratch.
   cuda::RoundedCopy RoundOutput(const float* out, int64_t n, int64_t d);
 
   int device_;
   bool batch_invariant_;
   std::optional<DType> compute_dtype_;  // Options::compute_dtype
   bool split_gemm_inputs_ = false;      // Options::split_gemm_inputs
-  bool tensor_core_prefill_ = false;  // TANDEM_CUDA_TC_ATTENTION=1
-  int gemv_columns_ = 1;              // TANDEM_CUDA_GEMV_COLUMNS
+  bool tensor_core_prefill_ = false;    // TANDEM_CUDA_TC_ATTENTION=1
+  int gemv_columns_ = 1;                // TANDEM_CUDA_GEMV_COLUMNS
   // Keys of a split where attention's splits take blocks of their own (PagedAttentionArgs::
   // grid_split_keys): TANDEM_CUDA_GRID_SPLIT_KEYS (32, 64, 128 or 256), 256 until a GPU run has
   // compared them; always 256 with batch_invariant (a token's bits then match the in-block mode's).
   int grid_split_keys_ = 256;
-  // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in one
-  // kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits either way).
+  // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in
+  // one kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits
+  // either way).
   bool fusion_ = true;
-  // The norms and residual adds inside the GEMV (FusesNormsIntoLinear): TANDEM_CUDA_GEMV_NORM=0 turns
-  // only these off (each GEMV block recomputes its rows' norm: for a GPU run to weigh).
+  // The norms and residual adds inside the GEMV (FusesNormsIntoLinear): TANDEM_CUDA_GEMV_NORM=0
+  // turns only these off (each GEMV block recomputes its rows' norm: for a GPU run to weigh).
   bool gemv_norm_ = true;
   // The q|k|v prologue run by the q|k|v GEMV's last block of each head (ProjectQkvWithPrologue):
   // TANDEM_CUDA_GEMV_HEADS=0 turns only this off (the prologue kernel then runs after the GEMV).
   bool gemv_heads_ = true;
   static constexpr int64_t kHeadCounters = 4096;
   unsigned* head_counters_ = nullptr;  // [kHeadCounters], zero between launches
-  // The 16-bit type of the 2-D weights uploaded (kF32: none yet, or both 16-bit types: no rounded copies).
+  // The 16-bit type of the 2-D weights uploaded (kF32: none yet, or both 16-bit types: no rounded
+  // copies).
   DType gemm_dtype_ = DType::kF32;
   bool gemm_dtype_mixed_ = false;
-  // The rounded copy the last op wrote of its output (RoundOutput): good for the op right after it on
-  // the same thread only, which Bind()'s per-thread op count tells (a Gemm of `of` then converts nothing).
+  // The rounded copy the last op wrote of its output (RoundOutput): good for the op right after it
+  // on the same thread only, which Bind()'s per-thread op count tells (a Gemm of `of` then converts
+  // nothing).
   struct RoundedOutput {
     const float* of = nullptr;
     int64_t count = 0;
@@ -221,15 +249,15 @@ class CudaBackend final : public Backend {
     uint64_t op = 0;
   } rounded_;
   std::string description_;
-  // The compute stream, destroyed with the last of this backend and the buffers allocated on it (each
-  // is freed in its order: CudaBuffer). Its memory (buffers, scratch; the copy staging on the copy
-  // stream) comes from the stream-ordered pool, so that growing or freeing it never waits for other
-  // streams of the device; weights are cudaMalloc'd once.
+  // The compute stream, destroyed with the last of this backend and the buffers allocated on it
+  // (each is freed in its order: CudaBuffer). Its memory (buffers, scratch; the copy staging on the
+  // copy stream) comes from the stream-ordered pool, so that growing or freeing it never waits for
+  // other streams of the device; weights are cudaMalloc'd once.
   std::shared_ptr<CUstream_st> stream_owner_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
-  // Bytes this backend holds in device memory (buffers and weights decrement it when freed, which may
-  // be after the backend is gone: hence shared).
+  // Bytes this backend holds in device memory (buffers and weights decrement it when freed, which
+  // may be after the backend is gone: hence shared).
   std::shared_ptr<std::atomic<int64_t>> live_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   void* scratch_[kNumScratch] = {};
   size_t scratch_bytes_[kNumScratch] = {};
@@ -239,7 +267,7 @@ class CudaBackend final : public Backend {
   // Held from BeginCapture to EndCapture (one thread); copies from other threads take it.
   std::mutex capture_mu_;
   std::unique_lock<std::mutex> capture_lock_;
-  std::vector<cudaGraphExec_t> graphs_;  // by id; nullptr once dropped
+  std::vector<cudaGraphExec_t> graphs_;         // by id; nullptr once dropped
   std::unique_ptr<cuda::OpProfiler> profiler_;  // set while ops are being timed
   std::mutex mu_;
   absl::Status error_;  // guarded by mu_
@@ -250,8 +278,8 @@ class CudaBackend final : public Backend {
   cudaEvent_t copy_after_ = nullptr;
   void* copy_staging_ = nullptr;
   size_t copy_staging_bytes_ = 0;
-  // Device staging for `index` (copied there on the copy stream) and `total` bytes of pieces, grown as
-  // needed (copy_mu_ held); pieces null when it cannot be had.
+  // Device staging for `index` (copied there on the copy stream) and `total` bytes of pieces, grown
+  // as needed (copy_mu_ held); pieces null when it cannot be had.
   struct CopyStaging {
     int32_t* index = nullptr;
     float* pieces = nullptr;

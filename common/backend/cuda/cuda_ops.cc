@@ -1,8 +1,8 @@
-// The CUDA backend's ops (Backend's compute interface): each binds the device, records its profiling
-// scope and enqueues its kernels or cuBLAS GEMMs on the backend's stream; failures become the sticky
-// error CheckErrors reports. What the backend owns (memory, weights, copies, graphs) is in
-// cuda_backend.cc. A GEMM whose input the op before it wrote already rounded to the GEMM's 16-bit type
-// takes that copy instead of converting again (RoundOutput).
+// The CUDA backend's ops (Backend's compute interface): each binds the device, records its
+// profiling scope and enqueues its kernels or cuBLAS GEMMs on the backend's stream; failures become
+// the sticky error CheckErrors reports. What the backend owns (memory, weights, copies, graphs) is
+// in cuda_backend.cc. A GEMM whose input the op before it wrote already rounded to the GEMM's
+// 16-bit type takes that copy instead of converting again (RoundOutput).
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -17,8 +17,8 @@
 namespace tandem {
 
 namespace {
-// Ops begun on this thread, by any CUDA backend (Bind), so that a rounded output is taken only by the
-// op right after its producer.
+// Ops begun on this thread, by any CUDA backend (Bind), so that a rounded output is taken only by
+// the op right after its producer.
 thread_local uint64_t ops_begun = 0;
 }  // namespace
 
@@ -26,29 +26,32 @@ void CudaBackend::Bind() {
   ++ops_begun;
   // The current device is per host thread, and the engine loop is not the thread that created us.
   int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess || current != device_) Check(cudaSetDevice(device_), "cudaSetDevice");
+  if (cudaGetDevice(&current) != cudaSuccess || current != device_)
+    Check(cudaSetDevice(device_), "cudaSetDevice");
 }
 
 void CudaBackend::Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "embedding", 0, stream_);
-  Check(cuda::LaunchEmbedding(table.dtype, table.data, table.cols, ids, n, out, stream_), "embedding");
+  Check(cuda::LaunchEmbedding(table.dtype, table.data, table.cols, ids, n, out, stream_),
+        "embedding");
 }
 
-void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
-                          float* out) {
+void CudaBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n,
+                          int64_t d, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "rms_norm", 0, stream_);
-  Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_, RoundOutput(out, n, d)),
+  Check(cuda::LaunchRmsNorm(x, static_cast<const float*>(weight.data), eps, n, d, out, stream_,
+                            RoundOutput(out, n, d)),
         "rms norm");
 }
 
-void CudaBackend::AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
-                             float* out) {
+void CudaBackend::AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps,
+                             int64_t n, int64_t d, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "add_rms_norm", 0, stream_);
-  Check(cuda::LaunchAddRmsNorm(x, y, static_cast<const float*>(weight.data), eps, n, d, out, stream_,
-                               RoundOutput(out, n, d)),
+  Check(cuda::LaunchAddRmsNorm(x, y, static_cast<const float*>(weight.data), eps, n, d, out,
+                               stream_, RoundOutput(out, n, d)),
         "add + rms norm");
 }
 
@@ -58,8 +61,8 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
   const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nn = static_cast<int>(n);
   const float alpha = 1.f, beta = 0.f;
   if (w.dtype == DType::kF32) {
-    Check(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, static_cast<const float*>(w.data), k, x, k,
-                      &beta, out, m),
+    Check(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha,
+                      static_cast<const float*>(w.data), k, x, k, &beta, out, m),
           "cublasSgemm");
     return;
   }
@@ -68,45 +71,55 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
   const RoundedOutput& r = rounded_;
   const bool rounded = r.data == xh && r.of == x && r.count == n * k && r.dtype == w.dtype &&
                        r.thread == std::this_thread::get_id() && r.op + 1 == ops_begun;
-  if (!rounded) Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
+  if (!rounded)
+    Check(cuda::LaunchConvertF32(w.dtype, x, n * k, xh, stream_), "converting GEMM input");
   const cudaDataType type = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
-  // Split inputs (the part of x that rounding to `type` lost, through the same weights, added to the
-  // result), few rows (memory-bound): hi and lo as the 2n columns of one GEMM, so the weights are read
-  // once, then the two halves of its output summed.
+  // Split inputs (the part of x that rounding to `type` lost, through the same weights, added to
+  // the result), few rows (memory-bound): hi and lo as the 2n columns of one GEMM, so the weights
+  // are read once, then the two halves of its output summed.
   if (split_gemm_inputs_ && n <= kSplitPairRows &&
       2 * n * m * static_cast<int64_t>(sizeof(float)) <= kSplitPairOutputBytes) {
-    auto* pair = static_cast<std::byte*>(Scratch(kHalfInputLow, static_cast<size_t>(2 * n) * k * 2));
-    auto* both = static_cast<float*>(Scratch(kSplitOutput, static_cast<size_t>(2 * n) * m * sizeof(float)));
+    auto* pair =
+        static_cast<std::byte*>(Scratch(kHalfInputLow, static_cast<size_t>(2 * n) * k * 2));
+    auto* both =
+        static_cast<float*>(Scratch(kSplitOutput, static_cast<size_t>(2 * n) * m * sizeof(float)));
     if (!pair || !both) return;
-    Check(cudaMemcpyAsync(pair, xh, static_cast<size_t>(n) * k * 2, cudaMemcpyDeviceToDevice, stream_),
+    Check(cudaMemcpyAsync(pair, xh, static_cast<size_t>(n) * k * 2, cudaMemcpyDeviceToDevice,
+                          stream_),
           "splitting GEMM input");
-    Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, pair + static_cast<size_t>(n) * k * 2, stream_),
+    Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh,
+                                          pair + static_cast<size_t>(n) * k * 2, stream_),
           "splitting GEMM input");
-    Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * nn, k, &alpha, w.data, type, k, pair, type, k, &beta,
-                       both, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx (split input)");
-    Check(cudaMemcpyAsync(out, both, static_cast<size_t>(n) * m * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+    Check(
+        cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * nn, k, &alpha, w.data, type, k, pair,
+                     type, k, &beta, both, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx (split input)");
+    Check(cudaMemcpyAsync(out, both, static_cast<size_t>(n) * m * sizeof(float),
+                          cudaMemcpyDeviceToDevice, stream_),
           "split GEMM output");
     Check(cuda::LaunchAdd(out, both + n * m, n * m, stream_), "split GEMM output");
     return;
   }
-  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type, k, &beta, out,
-                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, xh, type,
+                     k, &beta, out, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   if (!split_gemm_inputs_) return;
-  // Split inputs, many rows (compute-bound): a second GEMM over lo accumulating into the first's output.
+  // Split inputs, many rows (compute-bound): a second GEMM over lo accumulating into the first's
+  // output.
   void* lo = Scratch(kHalfInputLow, static_cast<size_t>(n) * k * 2);
   if (!lo) return;
-  Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, lo, stream_), "splitting GEMM input");
+  Check(cuda::LaunchConvertF32Remainder(w.dtype, x, n * k, xh, lo, stream_),
+        "splitting GEMM input");
   const float one = 1.f;
-  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, lo, type, k, &one, out,
-                     CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  Check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w.data, type, k, lo, type,
+                     k, &one, out, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx (low term)");
 }
 
 cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t d) {
   rounded_ = {};
-  if (!fusion_ || batch_invariant_ || n <= cuda::kGemvMaxRows || gemm_dtype_ == DType::kF32 || gemm_dtype_mixed_) {
+  if (!fusion_ || batch_invariant_ || n <= cuda::kGemvMaxRows || gemm_dtype_ == DType::kF32 ||
+      gemm_dtype_mixed_) {
     return {};
   }
   void* data = Scratch(kHalfInput, static_cast<size_t>(n * d) * 2, /*optional=*/true);
@@ -115,20 +128,23 @@ cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t 
   return {data, gemm_dtype_};
 }
 
-void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias, float* out) {
+void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+                         float* out) {
   Bind();
   if (n == 0) return;
   const int64_t m = w.rows, k = w.cols;
   const bool gemv = !batch_invariant_ && cuda::GemvCovers(n, w.dtype, k, x, w.data);
-  cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat(gemv ? "gemv " : "gemm ", m, "x", k, n > 1 ? " (batched)" : "") : "",
-                   m * k * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
+  cuda::OpScope op(
+      profiler_.get(), capturing_,
+      profiler_ ? absl::StrCat(gemv ? "gemv " : "gemm ", m, "x", k, n > 1 ? " (batched)" : "") : "",
+      m * k * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
   if (gemv) {
     // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations, the
     // bias added as each column is written.
     cuda::GemvEpilogue epilogue;
     if (fusion_ && bias != nullptr) epilogue.bias = static_cast<const float*>(bias->data);
-    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, gemv_columns_, epilogue), "gemv");
+    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, gemv_columns_, epilogue),
+          "gemv");
     if (epilogue.bias != nullptr) return;
   } else if (!batch_invariant_) {
     Gemm(x, n, w, out);
@@ -145,27 +161,33 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
       auto* op = static_cast<float*>(Scratch(kPaddedOutput, c * m * sizeof(float)));
       if (!xp || !op) return;
       Check(cudaMemsetAsync(xp, 0, c * k * sizeof(float), stream_), "padding GEMM input");
-      Check(cudaMemcpyAsync(xp, x + r0 * k, rows * k * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+      Check(cudaMemcpyAsync(xp, x + r0 * k, rows * k * sizeof(float), cudaMemcpyDeviceToDevice,
+                            stream_),
             "padding GEMM input");
       Gemm(xp, c, w, op);
-      Check(cudaMemcpyAsync(out + r0 * m, op, rows * m * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+      Check(cudaMemcpyAsync(out + r0 * m, op, rows * m * sizeof(float), cudaMemcpyDeviceToDevice,
+                            stream_),
             "GEMM output");
     }
   }
-  if (bias) Check(cuda::LaunchAddBias(out, static_cast<const float*>(bias->data), n, m, stream_), "bias");
+  if (bias)
+    Check(cuda::LaunchAddBias(out, static_cast<const float*>(bias->data), n, m, stream_), "bias");
 }
 
-void CudaBackend::Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
-                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
+void CudaBackend::Rope(float* q, float* k, const int32_t* positions, const float* inv_freq,
+                       int64_t n, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "rope", 0, stream_);
-  Check(cuda::LaunchRope(q, k, positions, inv_freq, n, num_q_heads, num_kv_heads, head_dim, stream_), "rope");
+  Check(
+      cuda::LaunchRope(q, k, positions, inv_freq, n, num_q_heads, num_kv_heads, head_dim, stream_),
+      "rope");
 }
 
-cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float* k, const float* v, void* k_cache,
-                                                    void* v_cache, const KvCacheGeometry& g, int64_t layer,
-                                                    const AttentionMetadata& md, int64_t num_q_heads, float scale,
-                                                    float* out) {
+cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float* k, const float* v,
+                                                    void* k_cache, void* v_cache,
+                                                    const KvCacheGeometry& g, int64_t layer,
+                                                    const AttentionMetadata& md,
+                                                    int64_t num_q_heads, float scale, float* out) {
   cuda::PagedLayer pl;
   pl.k_cache = static_cast<std::byte*>(k_cache) + layer * g.bytes_per_layer();
   pl.v_cache = static_cast<std::byte*>(v_cache) + layer * g.bytes_per_layer();
@@ -193,9 +215,10 @@ cuda::PagedAttentionArgs CudaBackend::AttentionArgs(const float* q, const float*
   return a;
 }
 
-void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, void* k_cache, void* v_cache,
-                                 const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
-                                 int64_t num_q_heads, float scale, float* out) {
+void CudaBackend::PagedAttention(const float* q, const float* k, const float* v, void* k_cache,
+                                 void* v_cache, const KvCacheGeometry& g, int64_t layer,
+                                 const AttentionMetadata& md, int64_t num_q_heads, float scale,
+                                 float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
   Attend(AttentionArgs(q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out));
@@ -210,23 +233,25 @@ void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
   // splits merge in-block, with the same bits. A captured launch is split for the context its graph
   // serves (the metadata's max_context_len).
-  if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a); floats > 0 && floats <= (int64_t{16} << 20)) {
-    a.workspace = static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float),
-                                              /*optional=*/true));
+  if (const int64_t floats = cuda::SplitAttentionWorkspaceFloats(a);
+      floats > 0 && floats <= (int64_t{16} << 20)) {
+    a.workspace =
+        static_cast<float*>(Scratch(kAttentionPartials, static_cast<size_t>(floats) * sizeof(float),
+                                    /*optional=*/true));
     a.workspace_floats = a.workspace != nullptr ? floats : 0;
   }
   Check(cuda::LaunchPagedAttention(a, stream_), "paged attention");
 }
 
-void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache, const KvCacheGeometry& g,
-                               int64_t layer, const AttentionMetadata& md, int64_t num_q_heads, float scale,
-                               float* out) {
+void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
+                               const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
+                               int64_t num_q_heads, float scale, float* out) {
   if (!fusion_ || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim) {
     Backend::QkvAttention(in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
     return;
   }
-  cuda::PagedAttentionArgs a = AttentionArgs(in.q, nullptr, nullptr, k_cache, v_cache, g, layer, md, num_q_heads,
-                                             scale, out);
+  cuda::PagedAttentionArgs a = AttentionArgs(in.q, nullptr, nullptr, k_cache, v_cache, g, layer, md,
+                                             num_q_heads, scale, out);
   {
     cuda::QkvPrologueArgs p;
     p.layer = a.layer;
@@ -240,9 +265,9 @@ void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void*
     p.inv_freq = in.inv_freq;
     p.slot_mapping = md.slot_mapping;
     p.q_out = in.q;
-    // The projection's GEMV may run the prologue on each head as it completes; else the prologue kernel
-    // follows the projection. (No Bind() before the projection: a GEMM there may take the rounded
-    // copy of its input that the op before wrote.)
+    // The projection's GEMV may run the prologue on each head as it completes; else the prologue
+    // kernel follows the projection. (No Bind() before the projection: a GEMM there may take the
+    // rounded copy of its input that the op before wrote.)
     if (in.w == nullptr || !ProjectQkvWithPrologue(in, p)) {
       ProjectQkv(in, md.num_tokens);
       Bind();
@@ -256,7 +281,8 @@ void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void*
   Attend(a);
 }
 
-bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda::QkvPrologueArgs& p) {
+bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
+                                         const cuda::QkvPrologueArgs& p) {
   const DeviceWeight& w = *in.w;
   const int64_t n = p.num_tokens;
   cuda::GemvEpilogue epilogue;
@@ -275,47 +301,55 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in, const cuda
   }
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat(in.norm != nullptr ? "norm+" : "", "gemv+qkv prologue ", w.rows, "x",
-                                            w.cols, n > 1 ? " (batched)" : "")
+                   profiler_ ? absl::StrCat(in.norm != nullptr ? "norm+" : "", "gemv+qkv prologue ",
+                                            w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
                              : "",
                    w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(in.x, n, w.dtype, w.data, w.rows, w.cols, in.qkv, stream_, gemv_columns_, epilogue, prologue),
+  Check(cuda::LaunchGemv(in.x, n, w.dtype, w.data, w.rows, w.cols, in.qkv, stream_, gemv_columns_,
+                         epilogue, prologue),
         "gemv (q|k|v prologue)");
   return true;
 }
 
-void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch, float* out) {
+void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up,
+                                float* scratch, float* out) {
   const int64_t d = gate_up.rows / 2, k = gate_up.cols;
   if (!fusion_ || batch_invariant_ || !cuda::GemvCovers(n, gate_up.dtype, k, x, gate_up.data)) {
     Backend::LinearSiluMul(x, n, gate_up, scratch, out);
     return;
   }
   Bind();
-  cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat("gemv+silu ", gate_up.rows, "x", k, n > 1 ? " (batched)" : "") : "",
-                   gate_up.rows * k * static_cast<int64_t>(DTypeSize(gate_up.dtype)), stream_);
+  cuda::OpScope op(
+      profiler_.get(), capturing_,
+      profiler_ ? absl::StrCat("gemv+silu ", gate_up.rows, "x", k, n > 1 ? " (batched)" : "") : "",
+      gate_up.rows * k * static_cast<int64_t>(DTypeSize(gate_up.dtype)), stream_);
   cuda::GemvEpilogue epilogue;
   epilogue.silu_mul = true;
-  Check(cuda::LaunchGemv(x, n, gate_up.dtype, gate_up.data, d, k, out, stream_, gemv_columns_, epilogue),
+  Check(cuda::LaunchGemv(x, n, gate_up.dtype, gate_up.data, d, k, out, stream_, gemv_columns_,
+                         epilogue),
         "gemv (silu-mul)");
 }
 
-bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w, const cuda::GemvEpilogue& epilogue,
+bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w,
+                                const cuda::GemvEpilogue& epilogue,
                                 const cuda::GemvPrologue& prologue, int64_t norm_cols) const {
   if ((prologue.norm != nullptr || epilogue.accumulate) &&
       (!FusesNormsIntoLinear(n, w) || (prologue.norm != nullptr && norm_cols != w.cols))) {
     return false;
   }
-  return cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) && cuda::GemvTakes(epilogue, prologue, gemv_columns_);
+  return cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) &&
+         cuda::GemvTakes(epilogue, prologue, gemv_columns_);
 }
 
 bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
-  return fusion_ && gemv_norm_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 && n <= cuda::kGemvMaxRows &&
-         (w.dtype == DType::kBF16 || w.dtype == DType::kF16) && w.cols % 8 == 0;
+  return fusion_ && gemv_norm_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 &&
+         n <= cuda::kGemvMaxRows && (w.dtype == DType::kBF16 || w.dtype == DType::kF16) &&
+         w.cols % 8 == 0;
 }
 
-void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps, const DeviceWeight& w,
-                                const DeviceWeight* bias, bool silu_mul, float* h, float* scratch, float* out) {
+void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,
+                                const DeviceWeight& w, const DeviceWeight* bias, bool silu_mul,
+                                float* h, float* scratch, float* out) {
   cuda::GemvEpilogue epilogue;
   epilogue.silu_mul = silu_mul;
   epilogue.bias = bias != nullptr ? static_cast<const float*>(bias->data) : nullptr;
@@ -329,15 +363,17 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
   Bind();
   const int64_t m = silu_mul ? w.rows / 2 : w.rows;
   cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat("norm+gemv", silu_mul ? "+silu " : " ", w.rows, "x", w.cols,
-                                            n > 1 ? " (batched)" : "")
+                   profiler_ ? absl::StrCat("norm+gemv", silu_mul ? "+silu " : " ", w.rows, "x",
+                                            w.cols, n > 1 ? " (batched)" : "")
                              : "",
                    w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, gemv_columns_, epilogue, prologue),
+  Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, gemv_columns_, epilogue,
+                         prologue),
         "gemv (norm prologue)");
 }
 
-void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x) {
+void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch,
+                                 float* x) {
   cuda::GemvEpilogue epilogue;
   epilogue.accumulate = true;
   if (!FusedGemvRuns(in, n, w, epilogue, {}, 0)) {
@@ -345,11 +381,14 @@ void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight&
     return;
   }
   Bind();
-  cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat("gemv+residual ", w.rows, "x", w.cols, n > 1 ? " (batched)" : "") : "",
-                   w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(in, n, w.dtype, w.data, w.rows, w.cols, x, stream_, gemv_columns_, epilogue),
-        "gemv (residual)");
+  cuda::OpScope op(
+      profiler_.get(), capturing_,
+      profiler_ ? absl::StrCat("gemv+residual ", w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
+                : "",
+      w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
+  Check(
+      cuda::LaunchGemv(in, n, w.dtype, w.data, w.rows, w.cols, x, stream_, gemv_columns_, epilogue),
+      "gemv (residual)");
 }
 
 void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {
@@ -364,7 +403,8 @@ void CudaBackend::Add(float* x, const float* y, int64_t n) {
   Check(cuda::LaunchAdd(x, y, n, stream_), "add");
 }
 
-void CudaBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out) {
+void CudaBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset,
+                              int64_t cols, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "copy_columns", 0, stream_);
   Check(cuda::LaunchCopyColumns(x, n, stride, offset, cols, out, stream_), "copy columns");
@@ -373,14 +413,17 @@ void CudaBackend::CopyColumns(const float* x, int64_t n, int64_t stride, int64_t
 void CudaBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "silu_mul", 0, stream_);
-  Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_, RoundOutput(out, n, d)), "silu-mul (packed)");
+  Check(cuda::LaunchSiluMulPacked(x, n, d, out, stream_, RoundOutput(out, n, d)),
+        "silu-mul (packed)");
 }
 
-void CudaBackend::Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
-                           int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
+void CudaBackend::Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens,
+                           int32_t top_k, int32_t* token_out, float* logprob, int32_t* rank,
+                           int32_t* top_ids, float* top_logprobs) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "logprobs", 0, stream_);
-  Check(cuda::LaunchLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids, top_logprobs, stream_),
+  Check(cuda::LaunchLogprobs(logits, n, d, tokens, top_k, token_out, logprob, rank, top_ids,
+                             top_logprobs, stream_),
         "logprobs");
 }
 
@@ -390,8 +433,8 @@ void CudaBackend::ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out)
   Check(cuda::LaunchArgmaxRows(x, n, d, out, stream_), "argmax rows");
 }
 
-void CudaBackend::TopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k, int32_t* ids,
-                           float* values) {
+void CudaBackend::TopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k,
+                           int32_t* ids, float* values) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "top_k", 0, stream_);
   Check(cuda::LaunchTopKRows(x, n, d, k, row_k, ids, values, stream_), "top-k rows");
@@ -403,14 +446,15 @@ void CudaBackend::ApplyLogitEdits(float* logits, int64_t d, const LogitEdit* edi
   Check(cuda::LaunchApplyLogitEdits(logits, d, edits, count, stream_), "logit edits");
 }
 
-void CudaBackend::SampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws, int32_t* tokens,
-                             double* totals) {
+void CudaBackend::SampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws,
+                             int32_t* tokens, double* totals) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "sample_rows", 0, stream_);
   Check(cuda::LaunchSampleRows(logits, n, d, draws, tokens, totals, stream_), "sample rows");
 }
 
-void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) {
+void CudaBackend::GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d,
+                             float* out) {
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_, "gather_rows", 0, stream_);
   Check(cuda::LaunchGatherRows(x, rows, m, d, out, stream_), "gather rows");

@@ -11,7 +11,7 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kGemvWarps = 8;  // output columns per block
+constexpr int kGemvWarps = 8;   // output columns per block
 constexpr int kGemvUnroll = 4;  // 16-byte weight loads in flight per lane
 
 // 16 bytes of weights, streamed past L1 (the activations, re-read by every warp, stay there).
@@ -37,13 +37,14 @@ __device__ __forceinline__ float2 Unpack(uint32_t word, __half*) {
   return __half22float2(h);
 }
 
-// acc[c][t] += Σ_{i<8} w_c[i] · a[t][base + i], in element order, for each of the C columns whose 16
-// bytes of weights are wv[c]: each activation piece is read once for all C columns, and each column
-// folds exactly as it would alone. The activations a are x, or with kNorm RmsNorm(x) as RmsNormKernel
-// writes it: x[t][j] · inv[t] · norm[j].
+// acc[c][t] += Σ_{i<8} w_c[i] · a[t][base + i], in element order, for each of the C columns whose
+// 16 bytes of weights are wv[c]: each activation piece is read once for all C columns, and each
+// column folds exactly as it would alone. The activations a are x, or with kNorm RmsNorm(x) as
+// RmsNormKernel writes it: x[t][j] · inv[t] · norm[j].
 template <typename W, int N, int C, bool kNorm>
-__device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restrict__ x, int64_t k, int64_t base,
-                                     const float (&inv)[N], const float* __restrict__ norm, float (&acc)[C][N]) {
+__device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restrict__ x, int64_t k,
+                                     int64_t base, const float (&inv)[N],
+                                     const float* __restrict__ norm, float (&acc)[C][N]) {
   float w[C][8];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
@@ -65,8 +66,10 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
     float4 a = *reinterpret_cast<const float4*>(x + t * k + base);
     float4 b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
     if constexpr (kNorm) {
-      a = make_float4(a.x * inv[t] * na.x, a.y * inv[t] * na.y, a.z * inv[t] * na.z, a.w * inv[t] * na.w);
-      b = make_float4(b.x * inv[t] * nb.x, b.y * inv[t] * nb.y, b.z * inv[t] * nb.z, b.w * inv[t] * nb.w);
+      a = make_float4(a.x * inv[t] * na.x, a.y * inv[t] * na.y, a.z * inv[t] * na.z,
+                      a.w * inv[t] * na.w);
+      b = make_float4(b.x * inv[t] * nb.x, b.y * inv[t] * nb.y, b.z * inv[t] * nb.z,
+                      b.w * inv[t] * nb.w);
     }
 #pragma unroll
     for (int c = 0; c < C; ++c) {
@@ -84,30 +87,31 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
   }
 }
 
-// What a warp does with its columns' sums (GemvEpilogue): write them, add a bias, (kSiluMul) pair gate
-// column j with up column m + j of a [2m][k] weight and write silu(gate) · up, or (kAccumulate) add
-// them to out.
+// What a warp does with its columns' sums (GemvEpilogue): write them, add a bias, (kSiluMul) pair
+// gate column j with up column m + j of a [2m][k] weight and write silu(gate) · up, or
+// (kAccumulate) add them to out.
 enum class Epi { kNone, kBias, kSiluMul, kAccumulate };
 
-// Grid ceil(m / (kGemvWarps C)), kGemvWarps warps: warp w of block b computes the C output columns from
-// (b kGemvWarps + w) C (kSiluMul: from 2C weight rows). Each lane folds the 8-element pieces lane,
-// lane + 32, ... of its weight rows in that order (whatever C, the epilogue and the loads in flight),
-// so every C and epilogue gives a column the same sum, and the epilogue's arithmetic is the separate
-// kernels' (AddBiasKernel, SiluMulPackedKernel, AddKernel). With kNorm every block first computes each
-// row's RMSNorm scale as RmsNormKernel's block of the same size does (block_reduce.cuh: RmsScale). With
-// kHeads (GemvEpilogue::heads; C = 1, so a block's columns lie in one head) the last of a head's
-// blocks to finish runs the q|k|v prologue on it, warp t for token t.
+// Grid ceil(m / (kGemvWarps C)), kGemvWarps warps: warp w of block b computes the C output columns
+// from (b kGemvWarps + w) C (kSiluMul: from 2C weight rows). Each lane folds the 8-element pieces
+// lane, lane + 32, ... of its weight rows in that order (whatever C, the epilogue and the loads in
+// flight), so every C and epilogue gives a column the same sum, and the epilogue's arithmetic is
+// the separate kernels' (AddBiasKernel, SiluMulPackedKernel, AddKernel). With kNorm every block
+// first computes each row's RMSNorm scale as RmsNormKernel's block of the same size does
+// (block_reduce.cuh: RmsScale). With kHeads (GemvEpilogue::heads; C = 1, so a block's columns lie
+// in one head) the last of a head's blocks to finish runs the q|k|v prologue on it, warp t for
+// token t.
 template <typename W, int N, int C, Epi E, bool kNorm, bool kHeads>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     GemvKernel(const float* __restrict__ x, const W* __restrict__ w, int64_t m, int64_t k,
-               const float* __restrict__ bias, const float* __restrict__ norm, float eps, float* out,
-               QkvPrologueArgs heads, unsigned* head_counters) {
-  constexpr int R = E == Epi::kSiluMul ? 2 * C : C;  // weight rows a warp folds
+               const float* __restrict__ bias, const float* __restrict__ norm, float eps,
+               float* out, QkvPrologueArgs heads, unsigned* head_counters) {
+  constexpr int R = E == Epi::kSiluMul ? 2 * C : C;                   // weight rows a warp folds
   constexpr int kUnroll = kGemvUnroll / R > 0 ? kGemvUnroll / R : 1;  // loads in flight a row
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
-  // A warp of no column reads and writes nothing and need not wait, unless the block's norm needs it
-  // (with kHeads every warp has a column: m is a whole number of heads).
+  // A warp of no column reads and writes nothing and need not wait, unless the block's norm needs
+  // it (with kHeads every warp has a column: m is a whole number of heads).
   if (!kNorm && !kHeads && col0 >= m) return;
   const uint4* rows[R];
 #pragma unroll
@@ -118,13 +122,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
   const int64_t pieces = k / 8;
   // No kernel writes the weights: this lane's first round of them starts towards L2 before the wait
-  // for the previous kernel (programmatic dependent launch), whose results (x) are read only after it.
+  // for the previous kernel (programmatic dependent launch), whose results (x) are read only after
+  // it.
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #ifdef __CUDA_ARCH__
-      if (col0 < m && lane + 32 * u < pieces) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + lane + 32 * u));
+      if (col0 < m && lane + 32 * u < pieces)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + lane + 32 * u));
 #endif
     }
   }
@@ -152,7 +158,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       for (int r = 0; r < R; ++r) wv[u][r] = LoadStreaming(rows[r] + p + 32 * u);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) Fold<W, N, R, kNorm>(wv[u], x, k, (p + 32 * u) * 8, inv, norm, acc);
+    for (int u = 0; u < kUnroll; ++u)
+      Fold<W, N, R, kNorm>(wv[u], x, k, (p + 32 * u) * 8, inv, norm, acc);
   }
   for (; p < pieces; p += 32) {
     uint4 wv[R];
@@ -190,7 +197,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if constexpr (kHeads) {
     __shared__ float staged[kGemvWarps][kMaxPrologueHeadDim];
     const int64_t head = int64_t(blockIdx.x) * kGemvWarps / heads.layer.head_dim;
-    if (!LastBlockToArrive(head_counters + head, unsigned(heads.layer.head_dim / kGemvWarps))) return;
+    if (!LastBlockToArrive(head_counters + head, unsigned(heads.layer.head_dim / kGemvWarps)))
+      return;
     const int warp = threadIdx.x / 32;
     if (warp < N) PrologueHead<W>(heads, warp, head, staged[warp]);
   }
@@ -200,8 +208,9 @@ template <typename W, int N, int C, Epi E, bool kNorm, bool kHeads = false>
 void LaunchVariant(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
                    const GemvPrologue& pro, float* out, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((m + kGemvWarps * C - 1) / (kGemvWarps * C));
-  LaunchKernel(GemvKernel<W, N, C, E, kNorm, kHeads>, blocks, kGemvWarps * 32, 0, stream, x, w, m, k, epi.bias,
-               pro.norm, pro.eps, out, epi.heads != nullptr ? *epi.heads : QkvPrologueArgs{}, epi.head_counters);
+  LaunchKernel(GemvKernel<W, N, C, E, kNorm, kHeads>, blocks, kGemvWarps * 32, 0, stream, x, w, m,
+               k, epi.bias, pro.norm, pro.eps, out,
+               epi.heads != nullptr ? *epi.heads : QkvPrologueArgs{}, epi.head_counters);
 }
 
 // The variant for the bias or silu-mul epilogue (or none), with or without the norm (and with the
@@ -230,8 +239,9 @@ cudaError_t LaunchWriting(const float* x, const W* w, int64_t m, int64_t k, cons
 }
 
 template <typename W, int N, int C>
-cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
-                           const GemvPrologue& pro, float* out, cudaStream_t stream) {
+cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k,
+                           const GemvEpilogue& epi, const GemvPrologue& pro, float* out,
+                           cudaStream_t stream) {
   if constexpr (C == 1) {  // the norm and the accumulation: one column a warp only
     if (pro.norm != nullptr) return LaunchWriting<W, N, C, true>(x, w, m, k, epi, pro, out, stream);
     if (epi.accumulate) {
@@ -243,8 +253,9 @@ cudaError_t LaunchEpilogue(const float* x, const W* w, int64_t m, int64_t k, con
 }
 
 template <typename W, int C>
-cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
-                          const GemvPrologue& pro, float* out, cudaStream_t stream) {
+cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int64_t k,
+                          const GemvEpilogue& epi, const GemvPrologue& pro, float* out,
+                          cudaStream_t stream) {
   switch (n) {
     case 1: return LaunchEpilogue<W, 1, C>(x, w, m, k, epi, pro, out, stream);
     case 2: return LaunchEpilogue<W, 2, C>(x, w, m, k, epi, pro, out, stream);
@@ -259,8 +270,9 @@ cudaError_t LaunchColumns(const float* x, int64_t n, const W* w, int64_t m, int6
 }
 
 template <typename W>
-cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k, const GemvEpilogue& epi,
-                   const GemvPrologue& pro, float* out, int columns, cudaStream_t stream) {
+cudaError_t Launch(const float* x, int64_t n, const W* w, int64_t m, int64_t k,
+                   const GemvEpilogue& epi, const GemvPrologue& pro, float* out, int columns,
+                   cudaStream_t stream) {
   switch (columns) {
     case 1: return LaunchColumns<W, 1>(x, n, w, m, k, epi, pro, out, stream);
     case 2: return LaunchColumns<W, 2>(x, n, w, m, k, epi, pro, out, stream);
@@ -274,16 +286,17 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* w) {
-  return n >= 1 && n <= kGemvMaxRows && (w_dtype == DType::kBF16 || w_dtype == DType::kF16) && k > 0 && k % 8 == 0 &&
-         Aligned16(x) && Aligned16(w);
+  return n >= 1 && n <= kGemvMaxRows && (w_dtype == DType::kBF16 || w_dtype == DType::kF16) &&
+         k > 0 && k % 8 == 0 && Aligned16(x) && Aligned16(w);
 }
 
 bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns) {
   const int epilogues = (epilogue.bias != nullptr) + epilogue.silu_mul + epilogue.accumulate;
   if (const QkvPrologueArgs* h = epilogue.heads; h != nullptr) {
     const int64_t hd = h->layer.head_dim;
-    if (epilogue.silu_mul || epilogue.accumulate || columns != 1 || epilogue.head_counters == nullptr ||
-        hd <= 0 || hd % kGemvWarps != 0 || hd > kMaxPrologueHeadDim || h->qkv == nullptr || h->num_q_heads <= 0 ||
+    if (epilogue.silu_mul || epilogue.accumulate || columns != 1 ||
+        epilogue.head_counters == nullptr || hd <= 0 || hd % kGemvWarps != 0 ||
+        hd > kMaxPrologueHeadDim || h->qkv == nullptr || h->num_q_heads <= 0 ||
         h->layer.num_kv_heads <= 0) {
       return false;
     }
@@ -293,10 +306,11 @@ bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int c
          (columns == 1 || columns == 2 || columns == 4);
 }
 
-cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream, int columns, const GemvEpilogue& epilogue, const GemvPrologue& prologue) {
-  if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 || (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff ||
-      !GemvTakes(epilogue, prologue, columns)) {
+cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m,
+                       int64_t k, float* out, cudaStream_t stream, int columns,
+                       const GemvEpilogue& epilogue, const GemvPrologue& prologue) {
+  if (!GemvCovers(n, w_dtype, k, x, w) || m <= 0 ||
+      (m + kGemvWarps - 1) / kGemvWarps > 0x7fffffff || !GemvTakes(epilogue, prologue, columns)) {
     return cudaErrorInvalidValue;
   }
   if (const QkvPrologueArgs* h = epilogue.heads;
@@ -305,9 +319,11 @@ cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, 
     return cudaErrorInvalidValue;
   }
   if (w_dtype == DType::kBF16) {
-    return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, epilogue, prologue, out, columns, stream);
+    return Launch(x, n, static_cast<const __nv_bfloat16*>(w), m, k, epilogue, prologue, out,
+                  columns, stream);
   }
-  return Launch(x, n, static_cast<const __half*>(w), m, k, epilogue, prologue, out, columns, stream);
+  return Launch(x, n, static_cast<const __half*>(w), m, k, epilogue, prologue, out, columns,
+                stream);
 }
 
 }  // namespace tandem::cuda

@@ -2,11 +2,11 @@
 // (n <= kGemvMaxRows) over 16-bit weights, reading each weight once, 16 bytes a lane, at the
 // device's memory bandwidth, with the activations kept in f32 (no rounding to the weight type).
 //
-// Each warp computes one output column (or 2 or 4: LaunchGemv's `columns`) for all n rows: lane l takes
-// the 8-element pieces l, l + 32,
+// Each warp computes one output column (or 2 or 4: LaunchGemv's `columns`) for all n rows: lane l
+// takes the 8-element pieces l, l + 32,
 // ... of the weight row in order, folding each into one f32 sum per activation row (fma in element
-// order), then the warp adds its lanes' sums by an xor-shuffle tree. A row's result therefore does not
-// depend on n or on the other rows: a token gets the same bits alone or in any batch of up to
+// order), then the warp adds its lanes' sums by an xor-shuffle tree. A row's result therefore does
+// not depend on n or on the other rows: a token gets the same bits alone or in any batch of up to
 // kGemvMaxRows.
 #pragma once
 
@@ -22,12 +22,12 @@ namespace tandem::cuda {
 
 constexpr int64_t kGemvMaxRows = 8;
 
-// Whether LaunchGemv takes these shapes: 1 <= n <= kGemvMaxRows, BF16 or F16 weights, k a multiple of
-// 8, and x, w 16-byte aligned.
+// Whether LaunchGemv takes these shapes: 1 <= n <= kGemvMaxRows, BF16 or F16 weights, k a multiple
+// of 8, and x, w 16-byte aligned.
 bool GemvCovers(int64_t n, DType w_dtype, int64_t k, const void* x, const void* w);
 
-// What the GEMV does with each output column's sum before writing it (the kernel a decode step would
-// otherwise launch next, fused; the same bits as that kernel after the plain GEMV):
+// What the GEMV does with each output column's sum before writing it (the kernel a decode step
+// would otherwise launch next, fused; the same bits as that kernel after the plain GEMV):
 struct GemvEpilogue {
   // out[t][j] = sum + bias[j] (LaunchAddBias): bias [m] f32, device memory.
   const float* bias = nullptr;
@@ -36,11 +36,11 @@ struct GemvEpilogue {
   bool silu_mul = false;
   // out[t][j] += sum (LaunchAdd after the GEMV: a residual add into out). One column a warp only.
   bool accumulate = false;
-  // A fused q|k|v projection's prologue: out is the qkv [n][(nq + 2 nkv) head_dim] of `heads` (its qkv
-  // must be out, its num_tokens n, its cache of the weights' type), and the last of each head's blocks
-  // to finish runs LaunchQkvPrologue's work on that head for every token (its bits: qkv_prologue.cuh).
-  // head_counters: device memory of at least nq + 2 nkv counters, zero, left zero. With or without the
-  // bias; one column a warp, head_dim a multiple of 8.
+  // A fused q|k|v projection's prologue: out is the qkv [n][(nq + 2 nkv) head_dim] of `heads` (its
+  // qkv must be out, its num_tokens n, its cache of the weights' type), and the last of each head's
+  // blocks to finish runs LaunchQkvPrologue's work on that head for every token (its bits:
+  // qkv_prologue.cuh). head_counters: device memory of at least nq + 2 nkv counters, zero, left
+  // zero. With or without the bias; one column a warp, head_dim a multiple of 8.
   const QkvPrologueArgs* heads = nullptr;
   unsigned* head_counters = nullptr;
 };
@@ -53,16 +53,16 @@ struct GemvPrologue {
   float eps = 0.f;
 };
 
-// Whether LaunchGemv takes this combination: at most one epilogue (heads may go with the bias), and the
-// rules above (the norm's alignment included).
+// Whether LaunchGemv takes this combination: at most one epilogue (heads may go with the bias), and
+// the rules above (the norm's alignment included).
 bool GemvTakes(const GemvEpilogue& epilogue, const GemvPrologue& prologue, int columns);
 
-// x: [n][k] f32; w: [m][k] of w_dtype ([2m][k] with silu_mul); out: [n][m] f32. cudaErrorInvalidValue
-// outside GemvCovers or GemvTakes. `columns` (1, 2 or 4): output columns a warp computes, reading each
-// activation piece once for all of them (fewer re-reads of x, fewer loads in flight a column); the
-// same bits whatever it is.
-cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m, int64_t k, float* out,
-                       cudaStream_t stream, int columns = 1, const GemvEpilogue& epilogue = {},
-                       const GemvPrologue& prologue = {});
+// x: [n][k] f32; w: [m][k] of w_dtype ([2m][k] with silu_mul); out: [n][m] f32.
+// cudaErrorInvalidValue outside GemvCovers or GemvTakes. `columns` (1, 2 or 4): output columns a
+// warp computes, reading each activation piece once for all of them (fewer re-reads of x, fewer
+// loads in flight a column); the same bits whatever it is.
+cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, int64_t m,
+                       int64_t k, float* out, cudaStream_t stream, int columns = 1,
+                       const GemvEpilogue& epilogue = {}, const GemvPrologue& prologue = {});
 
 }  // namespace tandem::cuda

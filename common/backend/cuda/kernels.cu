@@ -1,17 +1,18 @@
-// The CUDA backend's own kernels (attention: paged_attention.cu): f32 activations, accumulation in f32, results within rounding of the
-// CPU backend (tests/gpu/cuda_test_util.h states the tolerances).
+// The CUDA backend's own kernels (attention: paged_attention.cu): f32 activations, accumulation in
+// f32, results within rounding of the CPU backend (tests/gpu/cuda_test_util.h states the
+// tolerances).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <type_traits>
 
-#include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/activation.cuh"
 #include "common/backend/cuda/block_reduce.cuh"
+#include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/kv_types.cuh"
-#include "common/backend/cuda/qkv_prologue.cuh"
 #include "common/backend/cuda/launch.cuh"
+#include "common/backend/cuda/qkv_prologue.cuh"
 #include "common/backend/cuda/row_argmax.cuh"
 #include "common/backend/cuda/store_out.cuh"
 
@@ -25,11 +26,14 @@ int Blocks(int64_t count, int threads = kThreads) {
 }
 
 __device__ __forceinline__ float Load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float Load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float Load(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
 __device__ __forceinline__ float Load(const __half* p, int64_t i) { return __half2float(p[i]); }
 
 template <typename T>
-__global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, int64_t n, float* out) {
+__global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, int64_t n,
+                                float* out) {
   PdlPrologue();
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n * d;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -38,18 +42,20 @@ __global__ void EmbeddingKernel(const T* table, int64_t d, const int32_t* ids, i
   }
 }
 
-__global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out, RoundedCopy r) {
+__global__ void RmsNormKernel(const float* x, const float* w, float eps, int64_t d, float* out,
+                              RoundedCopy r) {
   PdlPrologue();
   __shared__ float red[32];
   const float* xi = x + blockIdx.x * d;
   const float inv = RmsScale(xi, d, eps, red);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
 
 // RmsNormKernel after the residual add, with the same arithmetic: each thread reads its elements of
 // y before the reduction's barriers and writes out after them, so out may alias y.
-__global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float eps, int64_t d, float* out,
-                                 RoundedCopy r) {
+__global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float eps, int64_t d,
+                                 float* out, RoundedCopy r) {
   PdlPrologue();
   __shared__ float red[32];
   float* xi = x + blockIdx.x * d;
@@ -61,20 +67,26 @@ __global__ void AddRmsNormKernel(float* x, const float* y, const float* w, float
     ss = AddSquare(ss, v);
   }
   const float inv = RmsInverse(BlockReduce<false>(ss, red), d, eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    StoreOut(out, r, blockIdx.x * d + j, xi[j] * inv * w[j]);
 }
 
 template <typename T>
 __device__ T FromF32(float v);
 template <>
-__device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __nv_bfloat16 FromF32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __half FromF32<__half>(float v) { return __float2half_rn(v); }
+__device__ __half FromF32<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 template <typename T>
 __global__ void ConvertKernel(const float* x, int64_t count, T* out) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = FromF32<T>(x[i]);
   }
 }
@@ -82,21 +94,23 @@ __global__ void ConvertKernel(const float* x, int64_t count, T* out) {
 template <typename T>
 __global__ void ConvertRemainderKernel(const float* x, int64_t count, const T* hi, T* out) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = FromF32<T>(x[i] - LoadKv(hi + i));
   }
 }
 
 __global__ void AddBiasKernel(float* out, const float* bias, int64_t n, int64_t m) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * m; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * m;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] += bias[i % m];
   }
 }
 
 // Grid: one block per token. Threads walk (head, i) pairs of q then k.
-__global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t nq,
-                           int64_t nk, int64_t head_dim) {
+__global__ void RopeKernel(float* q, float* k, const int32_t* positions, const float* inv_freq,
+                           int64_t nq, int64_t nk, int64_t head_dim) {
   PdlPrologue();
   const int64_t t = blockIdx.x, half = head_dim / 2;
   const float pos = float(positions[t]);
@@ -111,30 +125,35 @@ __global__ void RopeKernel(float* q, float* k, const int32_t* positions, const f
 
 __global__ void SiluMulKernel(const float* gate, const float* up, int64_t count, float* out) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = SiluTimes(gate[i], up[i]);
   }
 }
 
-__global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, float* out, RoundedCopy r) {
+__global__ void SiluMulPackedKernel(const float* x, int64_t d, int64_t count, float* out,
+                                    RoundedCopy r) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / d, j = i % d;
     StoreOut(out, r, i, SiluTimes(x[t * 2 * d + j], x[t * 2 * d + d + j]));
   }
 }
 
-__global__ void CopyColumnsKernel(const float* x, int64_t stride, int64_t offset, int64_t cols, int64_t count,
-                                  float* out) {
+__global__ void CopyColumnsKernel(const float* x, int64_t stride, int64_t offset, int64_t cols,
+                                  int64_t count, float* out) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = x[(i / cols) * stride + offset + i % cols];
   }
 }
 
 __global__ void AddKernel(float* x, const float* y, int64_t count) {
   PdlPrologue();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     x[i] += y[i];
   }
 }
@@ -142,71 +161,77 @@ __global__ void AddKernel(float* x, const float* y, int64_t count) {
 __global__ void GatherRowsKernel(const float* x, const int32_t* rows, int64_t d, float* out) {
   PdlPrologue();
   const int64_t i = blockIdx.x;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = x[int64_t(rows[i]) * d + j];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    out[i * d + j] = x[int64_t(rows[i]) * d + j];
 }
 
 }  // namespace
 
 bool ProgrammaticLaunchOn() { return ProgrammaticLaunch(); }
+void RequestProgrammaticLaunch() { ProgrammaticLaunchRequested().store(true); }
 
-cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int32_t* ids, int64_t n,
-                            float* out, cudaStream_t stream) {
+cudaError_t LaunchEmbedding(DType dtype, const void* table, int64_t d, const int32_t* ids,
+                            int64_t n, float* out, cudaStream_t stream) {
   if (n * d == 0) return cudaSuccess;
   const int blocks = Blocks(n * d);
   switch (dtype) {
     case DType::kF32:
-      LaunchKernel(EmbeddingKernel<float>, blocks, kThreads, 0, stream, static_cast<const float*>(table), d, ids, n,
-                   out);
+      LaunchKernel(EmbeddingKernel<float>, blocks, kThreads, 0, stream,
+                   static_cast<const float*>(table), d, ids, n, out);
       break;
     case DType::kBF16:
       LaunchKernel(EmbeddingKernel<__nv_bfloat16>, blocks, kThreads, 0, stream,
                    static_cast<const __nv_bfloat16*>(table), d, ids, n, out);
       break;
     case DType::kF16:
-      LaunchKernel(EmbeddingKernel<__half>, blocks, kThreads, 0, stream, static_cast<const __half*>(table), d, ids, n,
-                   out);
+      LaunchKernel(EmbeddingKernel<__half>, blocks, kThreads, 0, stream,
+                   static_cast<const __half*>(table), d, ids, n, out);
       break;
-    default:
-      return cudaErrorInvalidValue;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_t n, int64_t d, float* out,
-                          cudaStream_t stream, const RoundedCopy& rounded) {
+cudaError_t LaunchRmsNorm(const float* x, const float* weight, float eps, int64_t n, int64_t d,
+                          float* out, cudaStream_t stream, const RoundedCopy& rounded) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  LaunchKernel(RmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, weight, eps, d, out, rounded);
+  LaunchKernel(RmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, weight, eps, d, out,
+               rounded);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, float eps, int64_t n, int64_t d,
-                             float* out, cudaStream_t stream, const RoundedCopy& rounded) {
+cudaError_t LaunchAddRmsNorm(float* x, const float* y, const float* weight, float eps, int64_t n,
+                             int64_t d, float* out, cudaStream_t stream,
+                             const RoundedCopy& rounded) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  LaunchKernel(AddRmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, y, weight, eps, d, out, rounded);
+  LaunchKernel(AddRmsNormKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, y, weight, eps,
+               d, out, rounded);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out, cudaStream_t stream) {
+cudaError_t LaunchConvertF32(DType dtype, const float* x, int64_t count, void* out,
+                             cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (dtype == DType::kBF16) {
     LaunchKernel(ConvertKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x, count,
                  static_cast<__nv_bfloat16*>(out));
   } else if (dtype == DType::kF16) {
-    LaunchKernel(ConvertKernel<__half>, Blocks(count), kThreads, 0, stream, x, count, static_cast<__half*>(out));
+    LaunchKernel(ConvertKernel<__half>, Blocks(count), kThreads, 0, stream, x, count,
+                 static_cast<__half*>(out));
   } else {
     return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchConvertF32Remainder(DType dtype, const float* x, int64_t count, const void* hi, void* out,
-                                      cudaStream_t stream) {
+cudaError_t LaunchConvertF32Remainder(DType dtype, const float* x, int64_t count, const void* hi,
+                                      void* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (dtype == DType::kBF16) {
-    LaunchKernel(ConvertRemainderKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x, count,
-                 static_cast<const __nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(out));
+    LaunchKernel(ConvertRemainderKernel<__nv_bfloat16>, Blocks(count), kThreads, 0, stream, x,
+                 count, static_cast<const __nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(out));
   } else if (dtype == DType::kF16) {
     LaunchKernel(ConvertRemainderKernel<__half>, Blocks(count), kThreads, 0, stream, x, count,
                  static_cast<const __half*>(hi), static_cast<__half*>(out));
@@ -216,18 +241,20 @@ cudaError_t LaunchConvertF32Remainder(DType dtype, const float* x, int64_t count
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAddBias(float* out, const float* bias, int64_t n, int64_t m, cudaStream_t stream) {
+cudaError_t LaunchAddBias(float* out, const float* bias, int64_t n, int64_t m,
+                          cudaStream_t stream) {
   if (n * m == 0) return cudaSuccess;
   LaunchKernel(AddBiasKernel, Blocks(n * m), kThreads, 0, stream, out, bias, n, m);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
-                       int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, cudaStream_t stream) {
+cudaError_t LaunchRope(float* q, float* k, const int32_t* positions, const float* inv_freq,
+                       int64_t n, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                       cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  LaunchKernel(RopeKernel, static_cast<unsigned>(n), kThreads, 0, stream, q, k, positions, inv_freq, num_q_heads,
-               num_kv_heads, head_dim);
+  LaunchKernel(RopeKernel, static_cast<unsigned>(n), kThreads, 0, stream, q, k, positions, inv_freq,
+               num_q_heads, num_kv_heads, head_dim);
   return cudaGetLastError();
 }
 
@@ -257,14 +284,16 @@ __global__ void ArgmaxRowsKernel(const float* x, int64_t d, int32_t* out) {
 }
 
 // (value, index) of the largest logit of `row` not in taken[0..count) (lowest index on ties, -inf
-// included; NaN skipped), reduced over the block; every thread gets it. best_v/best_i: shared [kThreads].
-__device__ void BlockArgmax(const float* row, int64_t d, const int32_t* taken, int count, float* best_v,
-                            int64_t* best_i, float* v_out, int64_t* i_out) {
+// included; NaN skipped), reduced over the block; every thread gets it. best_v/best_i: shared
+// [kThreads].
+__device__ void BlockArgmax(const float* row, int64_t d, const int32_t* taken, int count,
+                            float* best_v, int64_t* best_i, float* v_out, int64_t* i_out) {
   float v = -INFINITY;
   int64_t i = INT64_MAX;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     const float y = row[j];
-    if (!(y > v || (y == v && j < i))) continue;  // -inf still counts (it ranks by id, as on the CPU)
+    if (!(y > v || (y == v && j < i)))
+      continue;  // -inf still counts (it ranks by id, as on the CPU)
     bool skip = false;
     for (int t = 0; t < count; ++t) skip |= taken[t] == j;
     if (skip) continue;
@@ -280,8 +309,9 @@ __device__ void BlockArgmax(const float* row, int64_t d, const int32_t* taken, i
   *i_out = best_i[0];
 }
 
-__global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* tokens, int32_t top_k, int32_t* token_out,
-                               float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs) {
+__global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* tokens, int32_t top_k,
+                               int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
+                               float* top_logprobs) {
   __shared__ float best_v[kThreads];
   __shared__ int64_t best_i[kThreads];
   __shared__ double red_d[kThreads];
@@ -294,7 +324,8 @@ __global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* to
   best_v[threadIdx.x] = m;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) best_v[threadIdx.x] = fmaxf(best_v[threadIdx.x], best_v[threadIdx.x + stride]);
+    if (threadIdx.x < stride)
+      best_v[threadIdx.x] = fmaxf(best_v[threadIdx.x], best_v[threadIdx.x + stride]);
     __syncthreads();
   }
   const double max_logit = best_v[0];
@@ -313,11 +344,13 @@ __global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* to
     float v;
     int64_t i;
     BlockArgmax(row, d, taken, 0, best_v, best_i, &v, &i);
-    token = i == INT64_MAX || v == -INFINITY ? 0 : i;  // ArgmaxRows' choice: 0 when nothing beats -inf
+    token =
+        i == INT64_MAX || v == -INFINITY ? 0 : i;  // ArgmaxRows' choice: 0 when nothing beats -inf
   }
   const float x = row[token];
   int64_t above = 0;
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) above += (row[j] > x || (row[j] == x && j < token)) ? 1 : 0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x)
+    above += (row[j] > x || (row[j] == x && j < token)) ? 1 : 0;
   __syncthreads();
   red_d[threadIdx.x] = static_cast<double>(above);
   __syncthreads();
@@ -345,57 +378,62 @@ __global__ void LogprobsKernel(const float* logits, int64_t d, const int32_t* to
   }
 }
 
-cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
-                           int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids, float* top_logprobs,
-                           cudaStream_t stream) {
+cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens,
+                           int32_t top_k, int32_t* token_out, float* logprob, int32_t* rank,
+                           int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7fffffff || top_k < 0 || top_k > kMaxLogprobsTopK || top_k > d) {
     return cudaErrorInvalidValue;
   }
-  Launch(LogprobsKernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, d, tokens, top_k, token_out, logprob,
-         rank, top_ids, top_logprobs);
+  Launch(LogprobsKernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, d, tokens, top_k,
+         token_out, logprob, rank, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out, cudaStream_t stream) {
+cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out,
+                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d > 0x7fffffff) return cudaErrorInvalidValue;
   LaunchKernel(ArgmaxRowsKernel, static_cast<unsigned>(n), kThreads, 0, stream, x, d, out);
   return cudaGetLastError();
 }
 
-__global__ void ScatterBlocksKernel(const float* src, const int32_t* index, int64_t elems, float* dst) {
+__global__ void ScatterBlocksKernel(const float* src, const int32_t* index, int64_t elems,
+                                    float* dst) {
   const int64_t i = blockIdx.x;
   const float* from = src + i * elems;
   float* to = dst + int64_t(index[i]) * elems;
   for (int64_t j = threadIdx.x; j < elems; j += blockDim.x) to[j] = from[j];
 }
 
-cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t n, int64_t elems, float* dst,
-                                cudaStream_t stream) {
+cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t n, int64_t elems,
+                                float* dst, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff) return cudaErrorInvalidValue;
-  Launch(ScatterBlocksKernel, static_cast<unsigned>(n), kThreads, 0, stream, src, index, elems, dst);
+  Launch(ScatterBlocksKernel, static_cast<unsigned>(n), kThreads, 0, stream, src, index, elems,
+         dst);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
+cudaError_t LaunchSiluMul(const float* gate, const float* up, int64_t count, float* out,
+                          cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   LaunchKernel(SiluMulKernel, Blocks(count), kThreads, 0, stream, gate, up, count, out);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out, cudaStream_t stream,
-                                const RoundedCopy& rounded) {
+cudaError_t LaunchSiluMulPacked(const float* x, int64_t n, int64_t d, float* out,
+                                cudaStream_t stream, const RoundedCopy& rounded) {
   if (n * d == 0) return cudaSuccess;
   LaunchKernel(SiluMulPackedKernel, Blocks(n * d), kThreads, 0, stream, x, d, n * d, out, rounded);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchCopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols, float* out,
-                              cudaStream_t stream) {
+cudaError_t LaunchCopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset,
+                              int64_t cols, float* out, cudaStream_t stream) {
   if (n * cols == 0) return cudaSuccess;
-  LaunchKernel(CopyColumnsKernel, Blocks(n * cols), kThreads, 0, stream, x, stride, offset, cols, n * cols, out);
+  LaunchKernel(CopyColumnsKernel, Blocks(n * cols), kThreads, 0, stream, x, stride, offset, cols,
+               n * cols, out);
   return cudaGetLastError();
 }
 

@@ -20,9 +20,10 @@ __device__ __forceinline__ void StoreKv(float* p, float x) { *p = x; }
 __device__ __forceinline__ void StoreKv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void StoreKv(__half* p, float x) { *p = __float2half_rn(x); }
 
-// kN consecutive cache elements read by one access (2, 4, 8 or 16 bytes; several 16-byte ones past that)
-// and kept as raw words until each element is read, as LoadKv reads it: the attention kernels' lane
-// loads a whole slice of a K or V row at once. Load's p must be aligned to min(kN · sizeof(T), 16).
+// kN consecutive cache elements read by one access (2, 4, 8 or 16 bytes; several 16-byte ones past
+// that) and kept as raw words until each element is read, as LoadKv reads it: the attention
+// kernels' lane loads a whole slice of a K or V row at once. Load's p must be aligned to min(kN ·
+// sizeof(T), 16).
 template <typename T, int kN>
 struct KvVec {
   static constexpr int kBytes = kN * static_cast<int>(sizeof(T));

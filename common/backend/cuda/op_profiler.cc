@@ -42,7 +42,8 @@ void OpProfiler::End(cudaStream_t stream) {
 void OpProfiler::Collect() {
   for (const Pending& p : pending_) {
     float ms = 0;
-    if (p.start != nullptr && p.end != nullptr && cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) {
+    if (p.start != nullptr && p.end != nullptr &&
+        cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) {
       Total& t = totals_[p.name];
       ++t.calls;
       t.ms += ms;
@@ -63,19 +64,22 @@ void OpProfiler::Reset() {
 
 std::string OpProfiler::Report() const {
   std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   double all = 0;
   int width = 36;  // the name column: as wide as the longest name
   for (const auto& [name, t] : rows) {
     all += t.ms;
     width = std::max(width, static_cast<int>(name.size()));
   }
-  std::string out =
-      absl::StrFormat("%-*s %7s %10s %6s %9s %8s\n", width, "op", "calls", "total ms", "share", "mean us", "GB/s");
+  std::string out = absl::StrFormat("%-*s %7s %10s %6s %9s %8s\n", width, "op", "calls", "total ms",
+                                    "share", "mean us", "GB/s");
   for (const auto& [name, t] : rows) {
-    const std::string gbs = t.bytes > 0 && t.ms > 0 ? absl::StrFormat("%.0f", t.bytes / (t.ms * 1e-3) / 1e9) : "";
+    const std::string gbs =
+        t.bytes > 0 && t.ms > 0 ? absl::StrFormat("%.0f", t.bytes / (t.ms * 1e-3) / 1e9) : "";
     out += absl::StrFormat("%-*s %7d %10.3f %5.1f%% %9.2f %8s\n", width, name, t.calls, t.ms,
-                           all > 0 ? 100 * t.ms / all : 0, t.calls > 0 ? 1e3 * t.ms / t.calls : 0, gbs);
+                           all > 0 ? 100 * t.ms / all : 0, t.calls > 0 ? 1e3 * t.ms / t.calls : 0,
+                           gbs);
   }
   out += absl::StrFormat("%-*s %7s %10.3f\n", width, "all ops", "", all);
   return out;

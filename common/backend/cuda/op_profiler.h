@@ -1,8 +1,9 @@
 // Per-op GPU times of the CUDA backend, for finding where a step's time goes (forward_bench
-// --profile-ops; TANDEM_CUDA_OP_PROFILE=1 in any program). Each op the backend enqueues while this is
-// on is bracketed by two CUDA events; after the stream is synchronised (Backend::CheckErrors) the
-// finished pairs are added up by op name. Events cost a few microseconds of launch gaps each, so the
-// figures are for proportions, not for absolute step times; ops inside a graph capture are not timed.
+// --profile-ops; TANDEM_CUDA_OP_PROFILE=1 in any program). Each op the backend enqueues while this
+// is on is bracketed by two CUDA events; after the stream is synchronised (Backend::CheckErrors)
+// the finished pairs are added up by op name. Events cost a few microseconds of launch gaps each,
+// so the figures are for proportions, not for absolute step times; ops inside a graph capture are
+// not timed.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,7 +48,8 @@ class OpProfiler {
 // Brackets one op when `profiler` is set and no capture is in progress.
 class OpScope {
  public:
-  OpScope(OpProfiler* profiler, bool capturing, const std::string& name, int64_t bytes, cudaStream_t stream)
+  OpScope(OpProfiler* profiler, bool capturing, const std::string& name, int64_t bytes,
+          cudaStream_t stream)
       : profiler_(capturing ? nullptr : profiler), stream_(stream) {
     if (profiler_ != nullptr) profiler_->Begin(name, bytes, stream_);
   }

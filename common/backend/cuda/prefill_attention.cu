@@ -9,21 +9,24 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kTileQ = 64;             // new tokens a block takes
-constexpr int kPrefillThreads = 256;   // 32 row groups (2 rows each) × 8 lanes
+constexpr int kTileQ = 64;            // new tokens a block takes
+constexpr int kPrefillThreads = 256;  // 32 row groups (2 rows each) × 8 lanes
 template <int kHd>
-__host__ __device__ constexpr int TileK() { return kHd <= 128 ? 32 : 16; }  // keys a shared-memory tile holds
+__host__ __device__ constexpr int TileK() {
+  return kHd <= 128 ? 32 : 16;
+}  // keys a shared-memory tile holds
 
 template <int kHd>
 constexpr size_t SharedFloats() {
   return size_t(kTileQ + 2 * TileK<kHd>()) * (kHd + 1) + size_t(kTileQ) * (TileK<kHd>() + 1);
 }
 
-// Grid (ceil(num_tokens / kTileQ), num_q_heads), kPrefillThreads threads, SharedFloats<kHd>() floats
-// of dynamic shared memory. Thread (rg, c) = (threadIdx.x / 8, threadIdx.x % 8) owns rows 2 rg and
-// 2 rg + 1 of the tile: their scores for keys c · kKeys ... of each key tile, and output dimensions
-// c, c + 8, ... The 8 lanes of a row group reduce a row's max and sum by shuffles. Shared rows are
-// padded by one float so that neither the strided key rows nor the query rows share a bank.
+// Grid (ceil(num_tokens / kTileQ), num_q_heads), kPrefillThreads threads, SharedFloats<kHd>()
+// floats of dynamic shared memory. Thread (rg, c) = (threadIdx.x / 8, threadIdx.x % 8) owns rows 2
+// rg and 2 rg + 1 of the tile: their scores for keys c · kKeys ... of each key tile, and output
+// dimensions c, c + 8, ... The 8 lanes of a row group reduce a row's max and sum by shuffles.
+// Shared rows are padded by one float so that neither the strided key rows nor the query rows share
+// a bank.
 template <int kHd, typename T>
 __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAttentionArgs a) {
   constexpr int kTileK = TileK<kHd>();
@@ -32,10 +35,10 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
   constexpr int kStride = kHd + 1;
   constexpr int kPStride = kTileK + 1;
   TANDEM_DYNAMIC_SHARED(float, smem, 16);
-  float* qs = smem;                    // [kTileQ][kStride]
-  float* ks = qs + kTileQ * kStride;   // [kTileK][kStride]
-  float* vs = ks + kTileK * kStride;   // [kTileK][kStride]
-  float* ps = vs + kTileK * kStride;   // [kTileQ][kPStride]
+  float* qs = smem;                   // [kTileQ][kStride]
+  float* ks = qs + kTileQ * kStride;  // [kTileK][kStride]
+  float* vs = ks + kTileK * kStride;  // [kTileK][kStride]
+  float* ps = vs + kTileK * kStride;  // [kTileQ][kPStride]
   const int rg = threadIdx.x / 8, c8 = threadIdx.x % 8;
   const int64_t h = blockIdx.y, group = a.num_q_heads / a.layer.num_kv_heads, kh = h / group;
   const int64_t t_begin = int64_t(blockIdx.x) * kTileQ, t_end = min(t_begin + kTileQ, a.num_tokens);
@@ -108,11 +111,13 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
 #pragma unroll
         for (int j = 0; j < kKeys; ++j) {
           const int64_t p = k0 + c8 * kKeys + j;
-          sc[i][j] = p < len[i] ? sc[i][j] * a.scale : -INFINITY;  // causal: keys up to the row's position
+          sc[i][j] =
+              p < len[i] ? sc[i][j] * a.scale : -INFINITY;  // causal: keys up to the row's position
           tile_max = fmaxf(tile_max, sc[i][j]);
         }
 #pragma unroll
-        for (int o = 4; o > 0; o >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+        for (int o = 4; o > 0; o >>= 1)
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
         const float new_m = fmaxf(m[i], tile_max);
         float sum = 0.f;
 #pragma unroll
@@ -123,7 +128,8 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
         }
 #pragma unroll
         for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const float corr = m[i] == -INFINITY ? 0.f : expf(m[i] - new_m);  // nothing accumulated yet: 0
+        const float corr =
+            m[i] == -INFINITY ? 0.f : expf(m[i] - new_m);  // nothing accumulated yet: 0
         l[i] = l[i] * corr + sum;
 #pragma unroll
         for (int j = 0; j < kDims; ++j) acc[i][j] *= corr;
@@ -156,19 +162,22 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
 
 template <int kHd, typename T>
 cudaError_t Launch(const PagedAttentionArgs& a, cudaStream_t stream) {
-  return LaunchPromptKernel(TiledPrefillKernel<kHd, T>, a, kTileQ, kPrefillThreads, SharedFloats<kHd>() * sizeof(float),
-                            stream);
+  return LaunchPromptKernel(TiledPrefillKernel<kHd, T>, a, kTileQ, kPrefillThreads,
+                            SharedFloats<kHd>() * sizeof(float), stream);
 }
 
 }  // namespace
 
 bool TiledPrefillCapable(const PagedAttentionArgs& a) {
   const int64_t hd = a.layer.head_dim;
-  return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && a.num_q_heads > 0 && a.num_q_heads <= 65535 &&
-         a.layer.num_kv_heads > 0 && a.num_q_heads % a.layer.num_kv_heads == 0;
+  return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && a.num_q_heads > 0 &&
+         a.num_q_heads <= 65535 && a.layer.num_kv_heads > 0 &&
+         a.num_q_heads % a.layer.num_kv_heads == 0;
 }
 
-bool TiledPrefillPays(const PagedAttentionArgs& a) { return a.num_tokens >= 64 && a.num_tokens >= 4 * a.num_seqs; }
+bool TiledPrefillPays(const PagedAttentionArgs& a) {
+  return a.num_tokens >= 64 && a.num_tokens >= 4 * a.num_seqs;
+}
 
 cudaError_t LaunchTiledPrefillAttention(const PagedAttentionArgs& a, cudaStream_t stream) {
   if (!TiledPrefillCapable(a)) return cudaErrorInvalidValue;

@@ -1,14 +1,15 @@
 // Tensor-core prompt attention (prefill_attention.h): FlashAttention-2's loop with both products on
 // the tensor cores (WMMA, 16×16×16 tiles of the cache's 16-bit type, f32 accumulation).
 //
-// A block of kTcWarps warps takes kTcTileQ consecutive new tokens and one query head; warp w owns tile
-// rows 16 w .. 16 w + 15. Per tile of kTcTileK keys (loaded once for the block, 16 bytes a thread at a
-// time, from the paged cache into shared memory): S = Q · Kᵀ into f32 fragments, stored to the warp's
-// scratch; two lanes a row mask (causal: keys up to the row's position), scale and exponentiate against
-// the running max, writing P in the 16-bit type; O_tile = P · V into fragments, stored to the same
-// scratch, and each lane adds its half of its row's dimensions into the running output it holds in
-// registers (rescaled by the max's correction first). Queries and probabilities are rounded to the
-// 16-bit type for the products, as FlashAttention does; maxima, sums and outputs stay f32.
+// A block of kTcWarps warps takes kTcTileQ consecutive new tokens and one query head; warp w owns
+// tile rows 16 w .. 16 w + 15. Per tile of kTcTileK keys (loaded once for the block, 16 bytes a
+// thread at a time, from the paged cache into shared memory): S = Q · Kᵀ into f32 fragments, stored
+// to the warp's scratch; two lanes a row mask (causal: keys up to the row's position), scale and
+// exponentiate against the running max, writing P in the 16-bit type; O_tile = P · V into
+// fragments, stored to the same scratch, and each lane adds its half of its row's dimensions into
+// the running output it holds in registers (rescaled by the max's correction first). Queries and
+// probabilities are rounded to the 16-bit type for the products, as FlashAttention does; maxima,
+// sums and outputs stay f32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -33,11 +34,16 @@ constexpr int kPLd = kTcTileK + 8;  // P rows (16-bit), skewed by 16 bytes
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Row strides: 16-bit rows of Q, K and V skewed by 16 bytes; f32 scratch rows (S, then P · V) by 16
-// bytes. Every fragment starts 32-byte aligned: rows in multiples of 16, columns in multiples of 16.
+// bytes. Every fragment starts 32-byte aligned: rows in multiples of 16, columns in multiples
+// of 16.
 template <int kHd>
-__host__ __device__ constexpr int TcLd() { return kHd + 8; }
+__host__ __device__ constexpr int TcLd() {
+  return kHd + 8;
+}
 template <int kHd>
-__host__ __device__ constexpr int TcScratchLd() { return (kHd > kTcTileK ? kHd : kTcTileK) + 4; }
+__host__ __device__ constexpr int TcScratchLd() {
+  return (kHd > kTcTileK ? kHd : kTcTileK) + 4;
+}
 template <int kHd>
 constexpr size_t TcSharedBytes() {
   return 3 * size_t(kTcTileQ) * TcLd<kHd>() * 2 + size_t(kTcTileQ) * kPLd * 2 +
@@ -47,26 +53,31 @@ constexpr size_t TcSharedBytes() {
 template <typename E>
 __device__ __forceinline__ E FromFloat(float x);
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
 template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half(x); }
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half(x);
+}
 
-// Grid (ceil(num_tokens / kTcTileQ), num_q_heads), kTcThreads threads, TcSharedBytes<kHd>() bytes of
-// dynamic shared memory. E: the cache's (and the products') 16-bit type.
+// Grid (ceil(num_tokens / kTcTileQ), num_q_heads), kTcThreads threads, TcSharedBytes<kHd>() bytes
+// of dynamic shared memory. E: the cache's (and the products') 16-bit type.
 template <int kHd, typename E>
 __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAttentionArgs a) {
   constexpr int kLd = TcLd<kHd>(), kSLd = TcScratchLd<kHd>(), kHalfDims = kHd / 2;
   constexpr int kChunks = kHd / 8;  // 16-byte pieces of a 16-bit row
   TANDEM_DYNAMIC_SHARED(unsigned char, tc_smem, 128);
-  E* qs = reinterpret_cast<E*>(tc_smem);  // [kTcTileQ][kLd]
-  E* ks = qs + kTcTileQ * kLd;            // [kTcTileK][kLd]
-  E* vs = ks + kTcTileK * kLd;            // [kTcTileK][kLd]
-  E* ps = vs + kTcTileK * kLd;            // [kTcTileQ][kPLd]
+  E* qs = reinterpret_cast<E*>(tc_smem);                                // [kTcTileQ][kLd]
+  E* ks = qs + kTcTileQ * kLd;                                          // [kTcTileK][kLd]
+  E* vs = ks + kTcTileK * kLd;                                          // [kTcTileK][kLd]
+  E* ps = vs + kTcTileK * kLd;                                          // [kTcTileQ][kPLd]
   float* scratch_all = reinterpret_cast<float*>(ps + kTcTileQ * kPLd);  // [kTcWarps][16][kSLd]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* scratch = scratch_all + warp * 16 * kSLd;
   E* pw = ps + warp * 16 * kPLd;
-  const int row = lane / 2, half = lane % 2;  // the lane's row of the warp's 16; its half of the keys and dims
+  const int row = lane / 2,
+            half = lane % 2;  // the lane's row of the warp's 16; its half of the keys and dims
   const int tile_row = warp * 16 + row;
   const int64_t h = blockIdx.y, group = a.num_q_heads / a.layer.num_kv_heads, kh = h / group;
   const int64_t t_begin = int64_t(blockIdx.x) * kTcTileQ;
@@ -125,7 +136,8 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
         wmma::load_matrix_sync(qa, qs + warp * 16 * kLd + d0, kLd);
 #pragma unroll
         for (int j = 0; j < kTcTileK / 16; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> kb;  // Kᵀ: K's rows as columns
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>
+              kb;  // Kᵀ: K's rows as columns
           wmma::load_matrix_sync(kb, ks + j * 16 * kLd + d0, kLd);
           wmma::mma_sync(s_frag[j], qa, kb, s_frag[j]);
         }
@@ -151,7 +163,8 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
       E* prow = pw + row * kPLd + half * kKeysPerLane;
 #pragma unroll 8
       for (int j = 0; j < kKeysPerLane; ++j) {
-        const float e = key0 + j < len && new_m != -INFINITY ? expf(srow[j] * a.scale - new_m) : 0.f;
+        const float e =
+            key0 + j < len && new_m != -INFINITY ? expf(srow[j] * a.scale - new_m) : 0.f;
         prow[j] = FromFloat<E>(e);
         sum += e;
       }
@@ -200,15 +213,17 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
 
 template <int kHd, typename E>
 cudaError_t LaunchTc(const PagedAttentionArgs& a, cudaStream_t stream) {
-  return LaunchPromptKernel(TensorCorePrefillKernel<kHd, E>, a, kTcTileQ, kTcThreads, TcSharedBytes<kHd>(), stream);
+  return LaunchPromptKernel(TensorCorePrefillKernel<kHd, E>, a, kTcTileQ, kTcThreads,
+                            TcSharedBytes<kHd>(), stream);
 }
 
 }  // namespace
 
 bool TensorCorePrefillCapable(const PagedAttentionArgs& a) {
   const int64_t hd = a.layer.head_dim;
-  return (hd == 64 || hd == 128) && (a.layer.dtype == DType::kBF16 || a.layer.dtype == DType::kF16) &&
-         a.num_q_heads > 0 && a.num_q_heads <= 65535 && a.layer.num_kv_heads > 0 &&
+  return (hd == 64 || hd == 128) &&
+         (a.layer.dtype == DType::kBF16 || a.layer.dtype == DType::kF16) && a.num_q_heads > 0 &&
+         a.num_q_heads <= 65535 && a.layer.num_kv_heads > 0 &&
          a.num_q_heads % a.layer.num_kv_heads == 0;
 }
 
@@ -216,9 +231,11 @@ cudaError_t LaunchTensorCorePrefillAttention(const PagedAttentionArgs& a, cudaSt
   if (!TensorCorePrefillCapable(a)) return cudaErrorInvalidValue;
   if (a.num_tokens == 0) return cudaSuccess;
   if (a.layer.dtype == DType::kBF16) {
-    return a.layer.head_dim == 64 ? LaunchTc<64, __nv_bfloat16>(a, stream) : LaunchTc<128, __nv_bfloat16>(a, stream);
+    return a.layer.head_dim == 64 ? LaunchTc<64, __nv_bfloat16>(a, stream)
+                                  : LaunchTc<128, __nv_bfloat16>(a, stream);
   }
-  return a.layer.head_dim == 64 ? LaunchTc<64, __half>(a, stream) : LaunchTc<128, __half>(a, stream);
+  return a.layer.head_dim == 64 ? LaunchTc<64, __half>(a, stream)
+                                : LaunchTc<128, __half>(a, stream);
 }
 
 }  // namespace tandem::cuda

@@ -1,14 +1,14 @@
 // What the two prompt-attention kernels (prefill_attention.cu on the CUDA cores,
-// prefill_attention_tc.cu on the tensor cores) share: how a tile of consecutive new tokens splits into
-// runs of one sequence, and their launch with over 48 KiB of dynamic shared memory.
+// prefill_attention_tc.cu on the tensor cores) share: how a tile of consecutive new tokens splits
+// into runs of one sequence, and their launch with over 48 KiB of dynamic shared memory.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda/launch.cuh"
+#include "common/backend/cuda/paged_attention.h"
 
 namespace tandem::cuda {
 
@@ -18,10 +18,10 @@ __device__ __forceinline__ int64_t PromptKeys(const PagedAttentionArgs& a, int64
   return seen < ctx ? seen : ctx;
 }
 
-// The run of the tile's tokens that starts at `run`: its end (at most t_end), whether the kernel leaves
-// it to the split-KV kernel (a sequence of fewer new tokens than a.tiled_min_new_tokens), and, when it
-// does not, the sequence's block table, its context and the most keys a token of the run sees.
-// Uniform across a block that asks for the same run.
+// The run of the tile's tokens that starts at `run`: its end (at most t_end), whether the kernel
+// leaves it to the split-KV kernel (a sequence of fewer new tokens than a.tiled_min_new_tokens),
+// and, when it does not, the sequence's block table, its context and the most keys a token of the
+// run sees. Uniform across a block that asks for the same run.
 struct PromptRun {
   int64_t end;
   bool skip;
@@ -29,11 +29,15 @@ struct PromptRun {
   int64_t ctx;
   int64_t keys;
 };
-__device__ __forceinline__ PromptRun FindPromptRun(const PagedAttentionArgs& a, int64_t run, int64_t t_end) {
+__device__ __forceinline__ PromptRun FindPromptRun(const PagedAttentionArgs& a, int64_t run,
+                                                   int64_t t_end) {
   int64_t lo = 0, hi = a.num_seqs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (a.seq_indptr[mid] <= run) lo = mid; else hi = mid - 1;
+    if (a.seq_indptr[mid] <= run)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int64_t seq_end = a.seq_indptr[lo + 1];
   PromptRun r;
@@ -45,17 +49,19 @@ __device__ __forceinline__ PromptRun FindPromptRun(const PagedAttentionArgs& a, 
   return r;
 }
 
-// Launches `kernel` over (ceil(num_tokens / tile_q), num_q_heads) blocks of `threads` with `bytes` of
-// dynamic shared memory (over 48 KiB must be asked for, per device: asked at every launch, a host-side
-// call of a microsecond, once per layer of a prompt step).
+// Launches `kernel` over (ceil(num_tokens / tile_q), num_q_heads) blocks of `threads` with `bytes`
+// of dynamic shared memory (over 48 KiB must be asked for, per device: asked at every launch, a
+// host-side call of a microsecond, once per layer of a prompt step).
 template <typename Kernel>
-cudaError_t LaunchPromptKernel(Kernel kernel, const PagedAttentionArgs& a, int tile_q, int threads, size_t bytes,
-                               cudaStream_t stream) {
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+cudaError_t LaunchPromptKernel(Kernel kernel, const PagedAttentionArgs& a, int tile_q, int threads,
+                               size_t bytes, cudaStream_t stream) {
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
       e != cudaSuccess) {
     return e;
   }
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + tile_q - 1) / tile_q), static_cast<unsigned>(a.num_q_heads));
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + tile_q - 1) / tile_q),
+                  static_cast<unsigned>(a.num_q_heads));
   Launch(kernel, grid, threads, bytes, stream, a);
   return cudaGetLastError();
 }

@@ -10,6 +10,7 @@ namespace tandem::cuda {
 absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes = size_t{1} << 30, int repeats = 10);
 
 // TFLOP/s of C[m][n] = A[m][k] · B[k][n] in BF16 with f32 accumulation, best of `repeats`.
-absl::StatusOr<double> MeasureBf16GemmTflops(int m = 8192, int n = 8192, int k = 8192, int repeats = 10);
+absl::StatusOr<double> MeasureBf16GemmTflops(int m = 8192, int n = 8192, int k = 8192,
+                                             int repeats = 10);
 
 }  // namespace tandem::cuda

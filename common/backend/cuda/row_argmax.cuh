@@ -1,6 +1,6 @@
-// The argmax of one row by one block, as ArgmaxRow (common/base/argmax.h) takes it: the lowest index of
-// the largest value, NaN never winning, 0 when nothing beats -inf. Shared by the greedy kernel
-// (kernels.cu) and the sampling kernels (sampling.cu).
+// The argmax of one row by one block, as ArgmaxRow (common/base/argmax.h) takes it: the lowest
+// index of the largest value, NaN never winning, 0 when nothing beats -inf. Shared by the greedy
+// kernel (kernels.cu) and the sampling kernels (sampling.cu).
 #pragma once
 
 #include <cstdint>
@@ -8,8 +8,10 @@
 namespace tandem::cuda {
 
 // Every thread of the block (blockDim.x a multiple of 32, at most 1024) gets the row's argmax.
-// warp_v, warp_i: shared scratch of 32 entries each; reusing them afterwards needs a __syncthreads first.
-__device__ __forceinline__ int32_t BlockRowArgmax(const float* row, int64_t d, float* warp_v, int64_t* warp_i) {
+// warp_v, warp_i: shared scratch of 32 entries each; reusing them afterwards needs a __syncthreads
+// first.
+__device__ __forceinline__ int32_t BlockRowArgmax(const float* row, int64_t d, float* warp_v,
+                                                  int64_t* warp_i) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   float v = -INFINITY;
   int64_t vi = INT64_MAX;  // nothing beats -inf yet

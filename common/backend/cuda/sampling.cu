@@ -28,7 +28,8 @@ __device__ __forceinline__ uint32_t OrderKey(float v) {
 // Grid n, kTopKThreads threads (a multiple of 32: every lane of a warp runs every iteration of the
 // loops that use warp intrinsics).
 __global__ void __launch_bounds__(kTopKThreads)
-    TopKRowsKernel(const float* x, int64_t d, int32_t width, const int32_t* row_k, int32_t* ids, float* values) {
+    TopKRowsKernel(const float* x, int64_t d, int32_t width, const int32_t* row_k, int32_t* ids,
+                   float* values) {
   const int32_t k = row_k != nullptr ? min(row_k[blockIdx.x], width) : width;
   if (k <= 0) return;  // the whole block leaves
   const float* row = x + blockIdx.x * d;
@@ -133,7 +134,8 @@ __global__ void __launch_bounds__(kTopKThreads)
         const uint32_t ki = cand_key[i], kl = cand_key[l];
         const int32_t ii = cand_id[i], il = cand_id[l];
         const bool l_first = kl > ki || (kl == ki && il < ii);
-        // Runs whose bit `size` is clear end in sorted order, the others in reverse (bitonic merge).
+        // Runs whose bit `size` is clear end in sorted order, the others in reverse (bitonic
+        // merge).
         if ((i & size) == 0 ? l_first : !l_first) {
           cand_key[i] = kl;
           cand_key[l] = ki;
@@ -152,7 +154,8 @@ __global__ void __launch_bounds__(kTopKThreads)
   }
 }
 
-__global__ void ApplyLogitEditsKernel(float* logits, int64_t d, const LogitEdit* edits, int64_t count) {
+__global__ void ApplyLogitEditsKernel(float* logits, int64_t d, const LogitEdit* edits,
+                                      int64_t count) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
   const LogitEdit e = edits[i];
@@ -175,9 +178,11 @@ __device__ __forceinline__ float RowWeight(float x, float max_logit, float inv_t
 
 // Grid n, kSampleThreads threads.
 __global__ void __launch_bounds__(kSampleThreads)
-    SampleRowsKernel(const float* logits, int64_t d, const RowDraw* draws, int32_t* tokens, double* totals) {
+    SampleRowsKernel(const float* logits, int64_t d, const RowDraw* draws, int32_t* tokens,
+                     double* totals) {
   const RowDraw draw = draws[blockIdx.x];
-  if (draw.mode != RowDraw::kTotal && draw.mode != RowDraw::kDraw) return;  // the whole block leaves
+  if (draw.mode != RowDraw::kTotal && draw.mode != RowDraw::kDraw)
+    return;  // the whole block leaves
   const bool drawing = draw.mode == RowDraw::kDraw;
   const float* row = logits + blockIdx.x * d;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -265,16 +270,19 @@ __global__ void __launch_bounds__(kSampleThreads)
     running += __shfl_sync(kFullMask, scan, 31);
   }
   // The span's sums rounded the other way: its last token with any weight.
-  if (lane == 0) tokens[blockIdx.x] = static_cast<int32_t>(span_last[warp] >= 0 ? span_last[warp] : best);
+  if (lane == 0)
+    tokens[blockIdx.x] = static_cast<int32_t>(span_last[warp] >= 0 ? span_last[warp] : best);
 }
 
 }  // namespace
 
-cudaError_t LaunchTopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k, int32_t* ids,
-                           float* values, cudaStream_t stream) {
+cudaError_t LaunchTopKRows(const float* x, int64_t n, int64_t d, int32_t k, const int32_t* row_k,
+                           int32_t* ids, float* values, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (n > 0x7fffffff || d > 0x7fffffff || k < 1 || k > kMaxTopK || k > d) return cudaErrorInvalidValue;
-  Launch(TopKRowsKernel, static_cast<unsigned>(n), kTopKThreads, 0, stream, x, d, k, row_k, ids, values);
+  if (n > 0x7fffffff || d > 0x7fffffff || k < 1 || k > kMaxTopK || k > d)
+    return cudaErrorInvalidValue;
+  Launch(TopKRowsKernel, static_cast<unsigned>(n), kTopKThreads, 0, stream, x, d, k, row_k, ids,
+         values);
   return cudaGetLastError();
 }
 
@@ -287,11 +295,12 @@ cudaError_t LaunchApplyLogitEdits(float* logits, int64_t d, const LogitEdit* edi
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws, int32_t* tokens,
-                             double* totals, cudaStream_t stream) {
+cudaError_t LaunchSampleRows(const float* logits, int64_t n, int64_t d, const RowDraw* draws,
+                             int32_t* tokens, double* totals, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (n > 0x7fffffff || d <= 0 || d > 0x7fffffff) return cudaErrorInvalidValue;
-  Launch(SampleRowsKernel, static_cast<unsigned>(n), kSampleThreads, 0, stream, logits, d, draws, tokens, totals);
+  Launch(SampleRowsKernel, static_cast<unsigned>(n), kSampleThreads, 0, stream, logits, d, draws,
+         tokens, totals);
   return cudaGetLastError();
 }
 

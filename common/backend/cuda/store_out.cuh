@@ -11,8 +11,8 @@
 
 namespace tandem::cuda {
 
-// out[i] = v, and the rounded copy's [i] (round to nearest even, as LaunchConvertF32 and the cache's
-// StoreKv) when there is one.
+// out[i] = v, and the rounded copy's [i] (round to nearest even, as LaunchConvertF32 and the
+// cache's StoreKv) when there is one.
 __device__ __forceinline__ void StoreOut(float* out, const RoundedCopy& r, int64_t i, float v) {
   out[i] = v;
   if (r.data == nullptr) return;

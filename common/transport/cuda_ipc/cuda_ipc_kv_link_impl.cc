@@ -157,12 +157,13 @@ CudaIpcKvLink::~CudaIpcKvLink() {
     } else {
       // (stderr: the plugin does not link the processes' logging, which is not
       // position-independent.)
-      std::fprintf(stderr,
-                   "W CUDA IPC KV link: the decode worker kept the staging memory mapped for %s after "
-                   "the link closed (stopped or wedged); %lld bytes of device memory are left "
-                   "allocated until this process ends\n",
-                   absl::FormatDuration(kReleaseWait).c_str(),
-                   static_cast<long long>(2 * staging_blocks_ * storage_->geometry().bytes_per_block()));
+      std::fprintf(
+          stderr,
+          "W CUDA IPC KV link: the decode worker kept the staging memory mapped for %s after "
+          "the link closed (stopped or wedged); %lld bytes of device memory are left "
+          "allocated until this process ends\n",
+          absl::FormatDuration(kReleaseWait).c_str(),
+          static_cast<long long>(2 * staging_blocks_ * storage_->geometry().bytes_per_block()));
     }
   }
   if (index_ != nullptr) cudaFreeAsync(index_, stream_);

@@ -81,8 +81,8 @@ class CudaIpcKvLink final : public KvLink {
                     WorkMark* ready = nullptr);
   // Sender (`pack`): packs blocks[first, first + count) of `layer` into staging; receiver: copies
   // `count` blocks from the mapped staging into them. Waits for the copy.
-  absl::Status CopyChunk(bool pack, int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
-                         int64_t count, absl::Time deadline);
+  absl::Status CopyChunk(bool pack, int32_t layer, const std::vector<int32_t>& blocks,
+                         int64_t first, int64_t count, absl::Time deadline);
   // Polls `event` until it completed, the peer closed the socket, or `deadline`.
   absl::Status WaitEvent(absl::Time deadline, const char* what);
   // One frame each way, bounded by `deadline`; a closed socket is UNAVAILABLE.

@@ -5,7 +5,8 @@
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<KvLinkFactory>> CreateNcclKvLinkFactory(KvCacheStorage* storage) {
-  return CallCudaPluginFactory<KvLinkFactory>("TandemCreateNcclKvLinkFactory", "--kv-transport nccl", storage);
+  return CallCudaPluginFactory<KvLinkFactory>("TandemCreateNcclKvLinkFactory",
+                                              "--kv-transport nccl", storage);
 }
 
 }  // namespace tandem

@@ -2,12 +2,12 @@
 // whose links are NCCL communicators of two ranks, one per prefill→decode control connection (see
 // nccl_kv_link_impl.h for how a layer moves and how every wait is bounded).
 //
-// Two workers on one GPU: NCCL refuses two ranks of a communicator on the same device when it thinks
-// they share a host. Give each such process its own NCCL_HOSTID (--nccl-host-id; `tandem up` does it
-// when all its workers share one device); the pair then talks through NCCL's network transport
-// (sockets, over the interface NCCL_SOCKET_IFNAME names: `lo` for processes on one machine, which
-// `tandem up` sets, since NCCL skips loopback by default). Across GPUs and nodes leave NCCL_HOSTID
-// unset, so NCCL takes NVLink, PCIe peer-to-peer or InfiniBand paths.
+// Two workers on one GPU: NCCL refuses two ranks of a communicator on the same device when it
+// thinks they share a host. Give each such process its own NCCL_HOSTID (--nccl-host-id; `tandem up`
+// does it when all its workers share one device); the pair then talks through NCCL's network
+// transport (sockets, over the interface NCCL_SOCKET_IFNAME names: `lo` for processes on one
+// machine, which `tandem up` sets, since NCCL skips loopback by default). Across GPUs and nodes
+// leave NCCL_HOSTID unset, so NCCL takes NVLink, PCIe peer-to-peer or InfiniBand paths.
 #pragma once
 
 #include <memory>

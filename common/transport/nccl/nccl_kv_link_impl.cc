@@ -16,7 +16,9 @@ namespace {
 
 bool Ok(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 
-std::string CudaError(cudaError_t e) { return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"); }
+std::string CudaError(cudaError_t e) {
+  return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
 
 }  // namespace
 
@@ -62,7 +64,8 @@ absl::Status NcclKvLink::WaitIdle(cudaEvent_t event, absl::Time deadline, const 
       if (q != cudaErrorNotReady) return Failed(absl::StrCat(what, ": ", CudaError(q)));
     }
     if (absl::Now() >= deadline) {
-      abort_reason_ = absl::StrCat("NCCL KV link: ", what, " timed out (the communicator was aborted)");
+      abort_reason_ =
+          absl::StrCat("NCCL KV link: ", what, " timed out (the communicator was aborted)");
       Abort();
       return absl::DeadlineExceededError(abort_reason_);
     }
@@ -77,7 +80,8 @@ absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
   staging_ = nullptr;
   staging_blocks_ = 0;
   const size_t bytes = 2 * static_cast<size_t>(blocks) * storage_->geometry().bytes_per_block();
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&staging_), bytes, stream_); e != cudaSuccess) {
+  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&staging_), bytes, stream_);
+      e != cudaSuccess) {
     staging_ = nullptr;
     return Failed(absl::StrCat("allocating ", bytes, " bytes of staging: ", CudaError(e)));
   }
@@ -85,38 +89,48 @@ absl::Status NcclKvLink::GrowStaging(int64_t blocks) {
   return absl::OkStatus();
 }
 
-absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
-  // No wait on the backend's stream: the engine reserves blocks between steps, and every step ends by
-  // waiting for its work, so nothing queued still reads blocks a reservation handed out. (Recording
-  // on that stream from here could also land inside a graph capture of the engine thread.)
-  cudaError_t err = EnqueueChunkCopy(/*pack=*/false, storage_, layer, blocks, first, count, index_, staging_, stream_);
+absl::Status NcclKvLink::Scatter(int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
+                                 int64_t count) {
+  // No wait on the backend's stream: the engine reserves blocks between steps, and every step ends
+  // by waiting for its work, so nothing queued still reads blocks a reservation handed out.
+  // (Recording on that stream from here could also land inside a graph capture of the engine
+  // thread.)
+  cudaError_t err = EnqueueChunkCopy(/*pack=*/false, storage_, layer, blocks, first, count, index_,
+                                     staging_, stream_);
   if (err == cudaSuccess) err = cudaEventRecord(done_, stream_);
   if (err == cudaSuccess) err = cudaEventSynchronize(done_);  // device-local copies: short
-  return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("landing a layer: ", CudaError(err)));
+  return err == cudaSuccess ? absl::OkStatus()
+                            : Failed(absl::StrCat("landing a layer: ", CudaError(err)));
 }
 
 int64_t NcclKvLink::BlockWords() const { return storage_->geometry().bytes_per_block() / 4; }
 
-absl::Status NcclKvLink::Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first, int64_t count) {
+absl::Status NcclKvLink::Gather(int32_t layer, const std::vector<int32_t>& blocks, int64_t first,
+                                int64_t count) {
   // Stream-ordered on the link's stream, before the send that reads the staging memory.
-  const cudaError_t err =
-      EnqueueChunkCopy(/*pack=*/true, storage_, layer, blocks, first, count, index_, staging_, stream_);
-  return err == cudaSuccess ? absl::OkStatus() : Failed(absl::StrCat("packing a layer: ", CudaError(err)));
+  const cudaError_t err = EnqueueChunkCopy(/*pack=*/true, storage_, layer, blocks, first, count,
+                                           index_, staging_, stream_);
+  return err == cudaSuccess ? absl::OkStatus()
+                            : Failed(absl::StrCat("packing a layer: ", CudaError(err)));
 }
 
-absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks, int64_t num_blocks,
-                              const Landing* land, absl::Duration timeout, WorkMark* ready) {
-  if (aborted_) return absl::UnavailableError(abort_reason_.empty() ? "NCCL KV link: aborted" : abort_reason_);
-  if (const std::string why = LayerMoveProblem(storage_->geometry(), layer, blocks, num_blocks); !why.empty()) {
+absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_t>& blocks,
+                              int64_t num_blocks, const Landing* land, absl::Duration timeout,
+                              WorkMark* ready) {
+  if (aborted_)
+    return absl::UnavailableError(abort_reason_.empty() ? "NCCL KV link: aborted" : abort_reason_);
+  if (const std::string why = LayerMoveProblem(storage_->geometry(), layer, blocks, num_blocks);
+      !why.empty()) {
     return Failed(why);
   }
   if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return Failed(CudaError(e));
   if (send && ready != nullptr) {
-    // The layer's KV writes, marked when they were enqueued: later layers and steps may be computing.
+    // The layer's KV writes, marked when they were enqueued: later layers and steps may be
+    // computing.
     RETURN_IF_ERROR(ready->Wait(absl::Now() + timeout));
   } else if (send) {
-    // The layer's KV writes are queued on the backend's stream: wait for them here (and whatever was
-    // queued after them), so the deadline below measures the transfer alone.
+    // The layer's KV writes are queued on the backend's stream: wait for them here (and whatever
+    // was queued after them), so the deadline below measures the transfer alone.
     auto* compute = static_cast<cudaStream_t>(storage_->backend()->native_stream());
     cudaError_t e = cudaEventRecord(ready_, compute);
     if (e == cudaSuccess) e = cudaEventSynchronize(ready_);
@@ -134,10 +148,12 @@ absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_
     const size_t floats = static_cast<size_t>(2 * count * e);
     const ncclResult_t r = send ? ncclSend(staging_, floats, ncclFloat, peer, comm_, stream_)
                                 : ncclRecv(staging_, floats, ncclFloat, peer, comm_, stream_);
-    if (!Ok(r)) return Failed(absl::StrCat(send ? "ncclSend: " : "ncclRecv: ", ncclGetErrorString(r)));
+    if (!Ok(r))
+      return Failed(absl::StrCat(send ? "ncclSend: " : "ncclRecv: ", ncclGetErrorString(r)));
     // A non-blocking communicator may still be enqueueing the group.
     RETURN_IF_ERROR(WaitIdle(nullptr, deadline, send ? "enqueueing sends" : "enqueueing receives"));
-    if (cudaError_t err = cudaEventRecord(done_, stream_); err != cudaSuccess) return Failed(CudaError(err));
+    if (cudaError_t err = cudaEventRecord(done_, stream_); err != cudaSuccess)
+      return Failed(CudaError(err));
     RETURN_IF_ERROR(WaitIdle(done_, deadline, send ? "sending a layer" : "receiving a layer"));
     if (!send && land != nullptr) {
       absl::Status landed;
@@ -148,13 +164,13 @@ absl::Status NcclKvLink::Move(bool send, int32_t layer, const std::vector<int32_
   return absl::OkStatus();
 }
 
-absl::Status NcclKvLink::SendLayer(int32_t layer, const std::vector<int32_t>& blocks, absl::Duration timeout,
-                                   WorkMark* ready) {
+absl::Status NcclKvLink::SendLayer(int32_t layer, const std::vector<int32_t>& blocks,
+                                   absl::Duration timeout, WorkMark* ready) {
   return Move(true, layer, blocks, static_cast<int64_t>(blocks.size()), nullptr, timeout, ready);
 }
 
-absl::Status NcclKvLink::RecvLayer(int32_t layer, const std::vector<int32_t>& blocks, const Landing& land,
-                                   absl::Duration timeout) {
+absl::Status NcclKvLink::RecvLayer(int32_t layer, const std::vector<int32_t>& blocks,
+                                   const Landing& land, absl::Duration timeout) {
   return Move(false, layer, blocks, static_cast<int64_t>(blocks.size()), &land, timeout);
 }
 
@@ -164,53 +180,66 @@ absl::Status NcclKvLink::DiscardLayer(int32_t num_blocks, absl::Duration timeout
 
 // ---------------------------------------------------------------- factory
 
-absl::StatusOr<std::unique_ptr<NcclKvLinkFactory>> NcclKvLinkFactory::Create(KvCacheStorage* storage) {
-  if (storage == nullptr || storage->backend()->native_stream() == nullptr || storage->backend()->device_ordinal() < 0) {
-    return absl::FailedPreconditionError("--kv-transport nccl needs the KV cache in CUDA memory (--device cuda)");
+absl::StatusOr<std::unique_ptr<NcclKvLinkFactory>> NcclKvLinkFactory::Create(
+    KvCacheStorage* storage) {
+  if (storage == nullptr || storage->backend()->native_stream() == nullptr ||
+      storage->backend()->device_ordinal() < 0) {
+    return absl::FailedPreconditionError(
+        "--kv-transport nccl needs the KV cache in CUDA memory (--device cuda)");
   }
   if (storage->geometry().bytes_per_block() % 4 != 0) {
-    return absl::FailedPreconditionError("--kv-transport nccl moves KV blocks as 4-byte words: this cache's blocks are "
-                                         "not a whole number of them (an odd head_dim with a 16-bit cache)");
+    return absl::FailedPreconditionError(
+        "--kv-transport nccl moves KV blocks as 4-byte words: this cache's blocks are "
+        "not a whole number of them (an odd head_dim with a 16-bit cache)");
   }
   int version = 0;
   ncclGetVersion(&version);
   if (version < NCCL_VERSION(2, 18, 0)) {
-    return absl::FailedPreconditionError(absl::StrCat("NCCL ", version, " is too old: non-blocking communicators "
+    return absl::FailedPreconditionError(absl::StrCat("NCCL ", version,
+                                                      " is too old: non-blocking communicators "
                                                       "with abort need 2.18 or newer"));
   }
-  return std::unique_ptr<NcclKvLinkFactory>(new NcclKvLinkFactory(storage, storage->backend()->device_ordinal()));
+  return std::unique_ptr<NcclKvLinkFactory>(
+      new NcclKvLinkFactory(storage, storage->backend()->device_ordinal()));
 }
 
 absl::StatusOr<std::string> NcclKvLinkFactory::NewRendezvous() {
   ncclUniqueId id;
   if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
-    return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", ncclGetErrorString(r), ": ", ncclGetLastError(nullptr)));
+    return absl::UnavailableError(
+        absl::StrCat("ncclGetUniqueId: ", ncclGetErrorString(r), ": ", ncclGetLastError(nullptr)));
   }
   return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
 }
 
-absl::StatusOr<std::unique_ptr<KvLink>> NcclKvLinkFactory::Join(const std::string& rendezvous, int rank,
-                                                                absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<KvLink>> NcclKvLinkFactory::Join(const std::string& rendezvous,
+                                                                int rank, absl::Duration timeout) {
   ncclUniqueId id;
   if (rendezvous.size() != sizeof(id)) {
-    return absl::InvalidArgumentError(absl::StrCat("an NCCL unique id has ", sizeof(id), " bytes, not ", rendezvous.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an NCCL unique id has ", sizeof(id), " bytes, not ", rendezvous.size()));
   }
-  if (rank != 0 && rank != 1) return absl::InvalidArgumentError("rank must be 0 (sender) or 1 (receiver)");
+  if (rank != 0 && rank != 1)
+    return absl::InvalidArgumentError("rank must be 0 (sender) or 1 (receiver)");
   std::memcpy(&id, rendezvous.data(), sizeof(id));
   const absl::Time deadline = absl::Now() + timeout;
-  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return absl::InternalError(CudaError(e));
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess)
+    return absl::InternalError(CudaError(e));
   std::unique_ptr<NcclKvLink> link(new NcclKvLink(storage_, device_, rank, live_));
-  if (cudaError_t e = cudaStreamCreateWithFlags(&link->stream_, cudaStreamNonBlocking); e != cudaSuccess) {
+  if (cudaError_t e = cudaStreamCreateWithFlags(&link->stream_, cudaStreamNonBlocking);
+      e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaStreamCreate: ", CudaError(e)));
   }
-  if (cudaError_t e = cudaEventCreateWithFlags(&link->ready_, cudaEventDisableTiming); e != cudaSuccess) {
+  if (cudaError_t e = cudaEventCreateWithFlags(&link->ready_, cudaEventDisableTiming);
+      e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaEventCreate: ", CudaError(e)));
   }
-  if (cudaError_t e = cudaEventCreateWithFlags(&link->done_, cudaEventDisableTiming); e != cudaSuccess) {
+  if (cudaError_t e = cudaEventCreateWithFlags(&link->done_, cudaEventDisableTiming);
+      e != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaEventCreate: ", CudaError(e)));
   }
-  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&link->index_), NcclKvLink::kChunkBlocks * sizeof(int32_t),
-                                      link->stream_);
+  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&link->index_),
+                                      NcclKvLink::kChunkBlocks * sizeof(int32_t), link->stream_);
       e != cudaSuccess) {
     return absl::ResourceExhaustedError(absl::StrCat("cudaMallocAsync: ", CudaError(e)));
   }

@@ -1,10 +1,10 @@
 // Stream work that completes outside the CUDA emulator's own execution (a plain header, like
 // counters.h: host code such as the emulated NCCL, emu/nccl.cc, includes it).
 //
-// On the device an NCCL send or receive is a kernel that spins until the peer's bytes have moved; the
-// stream's later work waits for it, an event recorded after it stays incomplete, and the host thread
-// that enqueued it is free to poll, time out and abort. The emulator otherwise runs stream work
-// synchronously (cuda_emu.h), which would block the enqueuing thread on the peer instead. Work
+// On the device an NCCL send or receive is a kernel that spins until the peer's bytes have moved;
+// the stream's later work waits for it, an event recorded after it stays incomplete, and the host
+// thread that enqueued it is free to poll, time out and abort. The emulator otherwise runs stream
+// work synchronously (cuda_emu.h), which would block the enqueuing thread on the peer instead. Work
 // enqueued with EnqueueAsync starts in stream order and holds its stream until its op completes:
 // - work the stream gets meanwhile waits behind it and runs, in order, on the first call that looks
 //   at the stream after the op completed (an enqueue, a query or a synchronisation);
@@ -50,8 +50,9 @@ class AsyncOp {
   bool done_ = false;
 };
 
-// Enqueues on `stream` (not the legacy stream) an operation that `start` begins, in stream order, on
-// the thread that runs the stream's work then; the stream is held until the returned op completes.
+// Enqueues on `stream` (not the legacy stream) an operation that `start` begins, in stream order,
+// on the thread that runs the stream's work then; the stream is held until the returned op
+// completes.
 cudaError_t EnqueueAsync(cudaStream_t stream, std::function<std::shared_ptr<AsyncOp>()> start);
 
 }  // namespace tandem_emu

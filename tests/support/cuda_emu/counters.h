@@ -17,7 +17,7 @@ enum class HostCall {
   kLaunch,  // a kernel, a GEMM, a graph, a device-side copy or memset enqueued
   kUpload,  // a copy from the host enqueued
   kRead,    // a copy to the host (into pageable memory the host waits for it on a device)
-  kWait,    // a synchronisation: of a stream, an event, the device; cudaMemcpy, cudaMemset, cudaFree
+  kWait,  // a synchronisation: of a stream, an event, the device; cudaMemcpy, cudaMemset, cudaFree
 };
 struct HostCallEntry {
   HostCall kind;

@@ -1,8 +1,8 @@
 // The CUDA emulator's launches (cuda_emu.h): a kernel's blocks run one after another on the thread
-// that runs its stream's work, each of a block's threads a fiber (its own stack) switched at barriers
-// and warp ops, in the schedule's order; what the device would refuse or leave undefined (a barrier
-// some threads never reach, a shuffle outside its mask, launch limits) fails the launch, naming the
-// kernel, block and thread.
+// that runs its stream's work, each of a block's threads a fiber (its own stack) switched at
+// barriers and warp ops, in the schedule's order; what the device would refuse or leave undefined
+// (a barrier some threads never reach, a shuffle outside its mask, launch limits) fails the launch,
+// naming the kernel, block and thread.
 //
 // One launch runs at a time in the process (a global lock): __shared__ variables are function
 // statics, and a block's fibers are the emulator's state.
@@ -48,7 +48,8 @@ constexpr size_t kStackBytes = 256 << 10;  // a fiber's stack, above a guard pag
 // swapcontext makes a system call).
 // Under AddressSanitizer each switch tells it which stack is about to run (its fiber interface), so
 // that it checks accesses against the right one.
-#if defined(__x86_64__) && !defined(TANDEM_CUDA_EMU_UCONTEXT)  // (the define: the portable path, for testing it)
+#if defined(__x86_64__) && \
+    !defined(TANDEM_CUDA_EMU_UCONTEXT)  // (the define: the portable path, for testing it)
 struct Context {
   void* sp = nullptr;
   const void* stack = nullptr;  // the lowest address of the stack it runs on, and its size
@@ -86,11 +87,12 @@ tandem_emu_switch:
 void RawSwitch(Context* save, Context* next) { tandem_emu_switch(&save->sp, next->sp); }
 // A context that starts `entry` (which never returns) on the stack ending at `top`.
 void MakeContext(Context* c, unsigned char* stack, size_t bytes, void (*entry)()) {
-  auto* top = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
-  top[-1] = 0;                                   // entry's return address: it never returns
+  auto* top =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15));
+  top[-1] = 0;                                  // entry's return address: it never returns
   top[-2] = reinterpret_cast<uint64_t>(entry);  // where the switch's ret goes
-  for (int r = 3; r <= 8; ++r) top[-r] = 0;      // rbp, rbx, r12..r15
-  top[-9] = 0x1f80 | (uint64_t(0x037f) << 32);   // MXCSR and the x87 control word at their defaults
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;     // rbp, rbx, r12..r15
+  top[-9] = 0x1f80 | (uint64_t(0x037f) << 32);  // MXCSR and the x87 control word at their defaults
   c->sp = top - 9;
   c->stack = stack;
   c->stack_bytes = bytes;
@@ -157,8 +159,9 @@ struct Fiber {
 };
 
 // The running block (one at a time in the process). Barriers release eagerly: the last thread to
-// arrive releases the others and runs on; a waiting thread switches straight to the next thread that
-// can run, and to the scheduler only at the end of the block's list (which starts a new round).
+// arrive releases the others and runs on; a waiting thread switches straight to the next thread
+// that can run, and to the scheduler only at the end of the block's list (which starts a new
+// round).
 struct Block {
   std::vector<Fiber> fibers;
   int count = 0;
@@ -167,8 +170,10 @@ struct Block {
   Context scheduler;
   Fiber* running = nullptr;
   const std::function<void()>* body = nullptr;
-  std::unique_ptr<unsigned char[]> dynamic_shared;  // exactly the launch's bytes (so ASan sees overruns)
-  std::vector<std::array<uint64_t, 32>> released;  // by warp: the values of its last released warp op
+  std::unique_ptr<unsigned char[]>
+      dynamic_shared;  // exactly the launch's bytes (so ASan sees overruns)
+  std::vector<std::array<uint64_t, 32>>
+      released;  // by warp: the values of its last released warp op
   // By warp: its warp ops some lanes wait at, one per mask (masks of one warp's pending ops are
   // disjoint: lanes apart may exchange in groups of their own).
   struct PendingOp {
@@ -177,7 +182,7 @@ struct Block {
     int arrived;  // so far
   };
   std::vector<std::vector<PendingOp>> pending;
-  std::string fault;                               // set: the block stops, the launch fails
+  std::string fault;  // set: the block stops, the launch fails
   // The order threads run in between barriers (OrderThreads()): by index, reversed, or shuffled.
   std::vector<Fiber*> order;
 };
@@ -187,7 +192,8 @@ std::atomic<uint64_t> kernels_run{0};
 
 unsigned char* NewStack() {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     std::perror("CUDA emulator: mmap of a fiber stack");
     std::abort();
@@ -217,8 +223,8 @@ void Yield() {
 // new order every block, seeded by TANDEM_CUDA_EMU_SEED). Which thread runs first between two
 // barriers is all a missing barrier can depend on here, so running a test in each order exposes
 // reads of shared or global memory that another thread writes without a barrier between. A grid's
-// blocks run in the same kind of order (which one is last is all a kernel's "the last block to finish"
-// can depend on here).
+// blocks run in the same kind of order (which one is last is all a kernel's "the last block to
+// finish" can depend on here).
 enum class Schedule { kForward, kReverse, kRandom };
 std::optional<Schedule> ParseSchedule(const std::string& v) {
   if (v == "forward") return Schedule::kForward;
@@ -232,7 +238,10 @@ Schedule CurrentSchedule() {
     const char* p = std::getenv("TANDEM_CUDA_EMU_SCHEDULE");
     const std::optional<Schedule> s = ParseSchedule(p != nullptr ? p : "forward");
     if (!s) {
-      std::fprintf(stderr, "CUDA emulator: TANDEM_CUDA_EMU_SCHEDULE must be forward, reverse or random, not '%s'\n", p);
+      std::fprintf(
+          stderr,
+          "CUDA emulator: TANDEM_CUDA_EMU_SCHEDULE must be forward, reverse or random, not '%s'\n",
+          p);
       std::abort();
     }
     return *s;
@@ -267,8 +276,9 @@ void OrderThreads() {
 
 std::string Where(const Fiber& f) {
   char s[160];
-  std::snprintf(s, sizeof(s), "block (%u,%u,%u) thread (%u,%u,%u)", f.state.block_idx.x, f.state.block_idx.y,
-                f.state.block_idx.z, f.state.thread_idx.x, f.state.thread_idx.y, f.state.thread_idx.z);
+  std::snprintf(s, sizeof(s), "block (%u,%u,%u) thread (%u,%u,%u)", f.state.block_idx.x,
+                f.state.block_idx.y, f.state.block_idx.z, f.state.thread_idx.x,
+                f.state.thread_idx.y, f.state.thread_idx.z);
   return s;
 }
 
@@ -283,9 +293,10 @@ void MaybeReleaseSync() {
     if (first == nullptr) {
       first = &f;
     } else if (f.sync_line != first->sync_line || std::strcmp(f.sync_file, first->sync_file) != 0) {
-      const std::string what = "threads wait at different __syncthreads: " + Where(*first) + " at " +
-                               first->sync_file + ":" + std::to_string(first->sync_line) + ", " + Where(f) + " at " +
-                               f.sync_file + ":" + std::to_string(f.sync_line);
+      const std::string what = "threads wait at different __syncthreads: " + Where(*first) +
+                               " at " + first->sync_file + ":" + std::to_string(first->sync_line) +
+                               ", " + Where(f) + " at " + f.sync_file + ":" +
+                               std::to_string(f.sync_line);
       Fault(what.c_str());
     }
   }
@@ -329,8 +340,8 @@ std::string Deadlock() {
     for (int m = 0; m < 32; ++m) {
       if (((f.mask >> m) & 1u) == 0) continue;
       if (first + m >= block.count || block.fibers[first + m].status == Fiber::kDone) {
-        return "a warp op's mask names lane " + std::to_string(m) + ", which has exited or does not exist (" +
-               Where(f) + ")";
+        return "a warp op's mask names lane " + std::to_string(m) +
+               ", which has exited or does not exist (" + Where(f) + ")";
       }
     }
   }
@@ -428,18 +439,21 @@ const char* KernelName(const char* launch_signature) {
     const std::string sig(launch_signature);
     const size_t begin = sig.find("Params = {");
     const size_t end = begin == std::string::npos ? std::string::npos : sig.find('}', begin);
-    name = end == std::string::npos ? sig : "a kernel (" + sig.substr(begin + 10, end - begin - 10) + ")";
+    name = end == std::string::npos ? sig
+                                    : "a kernel (" + sig.substr(begin + 10, end - begin - 10) + ")";
   }
   return name.c_str();
 }
 
-cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 threads, size_t shared_bytes,
-                       cudaStream_t stream, std::function<void()> body) {
+cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 threads,
+                       size_t shared_bytes, cudaStream_t stream, std::function<void()> body) {
   const uint64_t per_block = uint64_t(threads.x) * threads.y * threads.z;
-  if (per_block == 0 || per_block > kMaxThreads || threads.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-      grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
-    std::fprintf(stderr, "CUDA emulator: bad launch configuration of %s: grid (%u,%u,%u), block (%u,%u,%u)\n", name,
-                 grid.x, grid.y, grid.z, threads.x, threads.y, threads.z);
+  if (per_block == 0 || per_block > kMaxThreads || threads.z > 64 || grid.x == 0 || grid.y == 0 ||
+      grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
+    std::fprintf(
+        stderr,
+        "CUDA emulator: bad launch configuration of %s: grid (%u,%u,%u), block (%u,%u,%u)\n", name,
+        grid.x, grid.y, grid.z, threads.x, threads.y, threads.z);
     return SetLast(cudaErrorInvalidConfiguration);
   }
   {
@@ -447,47 +461,55 @@ cudaError_t LaunchGrid(const void* kernel, const char* name, dim3 grid, dim3 thr
     const auto it = max_dynamic_shared.find(kernel);
     const size_t limit = it == max_dynamic_shared.end() ? kDefaultSharedLimit : size_t(it->second);
     if (shared_bytes > limit) {
-      std::fprintf(stderr, "CUDA emulator: %s asks %zu bytes of dynamic shared memory, above its limit of %zu\n", name,
-                   shared_bytes, limit);
+      std::fprintf(
+          stderr,
+          "CUDA emulator: %s asks %zu bytes of dynamic shared memory, above its limit of %zu\n",
+          name, shared_bytes, limit);
       return SetLast(cudaErrorInvalidValue);
     }
   }
   NoteHostCall(HostCall::kLaunch, name);
-  return SetLast(Enqueue(stream, [name, grid, threads, shared_bytes, body = std::move(body), per_block]() -> cudaError_t {
-    std::lock_guard<std::mutex> lock(launch_mu);
-    kernels_run.fetch_add(1, std::memory_order_relaxed);
-    const int count = static_cast<int>(per_block);
-    if (block.fibers.size() < size_t(count)) block.fibers.resize(count);
-    block.count = count;
-    SetThreadStack(&block.scheduler);
-    block.dynamic_shared.reset(shared_bytes > 0 ? new unsigned char[shared_bytes] : nullptr);
-    block.body = &body;
-    block.released.assign((count + 31) / 32, {});
-    block.pending.assign((count + 31) / 32, {});  // a block that completes leaves every warp's list empty
-    // Blocks by linear index (x fastest), in the schedule's order.
-    const uint64_t total = uint64_t(grid.x) * grid.y * grid.z;
-    std::vector<uint64_t> shuffled;
-    if (CurrentSchedule() == Schedule::kRandom) {
-      shuffled.resize(total);
-      std::iota(shuffled.begin(), shuffled.end(), uint64_t{0});
-      Order(shuffled);
-    }
-    for (uint64_t i = 0; i < total; ++i) {
-      const uint64_t linear = !shuffled.empty() ? shuffled[i] : CurrentSchedule() == Schedule::kReverse ? total - 1 - i : i;
-      const uint3 b{unsigned(linear % grid.x), unsigned(linear / grid.x % grid.y), unsigned(linear / grid.x / grid.y)};
-      if (shared_bytes > 0) std::memset(block.dynamic_shared.get(), 0xff, shared_bytes);
-      block.done = 0;
-      block.at_sync = 0;
-      for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, b);
-      OrderThreads();
-      if (!RunBlock()) {
-        std::fprintf(stderr, "CUDA emulator: %s: %s\n", name, block.fault.c_str());
-        block.fault.clear();
-        return cudaErrorLaunchFailure;
-      }
-    }
-    return cudaSuccess;
-  }));
+  return SetLast(Enqueue(
+      stream,
+      [name, grid, threads, shared_bytes, body = std::move(body), per_block]() -> cudaError_t {
+        std::lock_guard<std::mutex> lock(launch_mu);
+        kernels_run.fetch_add(1, std::memory_order_relaxed);
+        const int count = static_cast<int>(per_block);
+        if (block.fibers.size() < size_t(count)) block.fibers.resize(count);
+        block.count = count;
+        SetThreadStack(&block.scheduler);
+        block.dynamic_shared.reset(shared_bytes > 0 ? new unsigned char[shared_bytes] : nullptr);
+        block.body = &body;
+        block.released.assign((count + 31) / 32, {});
+        block.pending.assign((count + 31) / 32,
+                             {});  // a block that completes leaves every warp's list empty
+        // Blocks by linear index (x fastest), in the schedule's order.
+        const uint64_t total = uint64_t(grid.x) * grid.y * grid.z;
+        std::vector<uint64_t> shuffled;
+        if (CurrentSchedule() == Schedule::kRandom) {
+          shuffled.resize(total);
+          std::iota(shuffled.begin(), shuffled.end(), uint64_t{0});
+          Order(shuffled);
+        }
+        for (uint64_t i = 0; i < total; ++i) {
+          const uint64_t linear = !shuffled.empty()                         ? shuffled[i]
+                                  : CurrentSchedule() == Schedule::kReverse ? total - 1 - i
+                                                                            : i;
+          const uint3 b{unsigned(linear % grid.x), unsigned(linear / grid.x % grid.y),
+                        unsigned(linear / grid.x / grid.y)};
+          if (shared_bytes > 0) std::memset(block.dynamic_shared.get(), 0xff, shared_bytes);
+          block.done = 0;
+          block.at_sync = 0;
+          for (int i = 0; i < count; ++i) StartFiber(i, grid, threads, b);
+          OrderThreads();
+          if (!RunBlock()) {
+            std::fprintf(stderr, "CUDA emulator: %s: %s\n", name, block.fault.c_str());
+            block.fault.clear();
+            return cudaErrorLaunchFailure;
+          }
+        }
+        return cudaSuccess;
+      }));
 }
 
 }  // namespace tandem_emu

@@ -4,18 +4,18 @@
 // and ncclRecv between them. Built against the real nccl.h, linked in place of libnccl.
 //
 // As with NCCL: ncclGetUniqueId starts a bootstrap root (a thread of the calling process, listening
-// on 127.0.0.1) whose address the id carries; each rank's ncclCommInitRankConfig connects to it, and
-// the root answers both once both have come (until then a non-blocking communicator is
-// ncclInProgress; the root itself waits for its ranks with no timeout a caller would notice). Unlike
-// NCCL, the ranks then keep talking through the root, which relays their bytes (its thread ends with
-// either rank's connection). ncclSend and ncclRecv are stream work that completes once the bytes have
-// moved (emu/async_work.h): an event recorded after one stays incomplete until then, while the
-// enqueuing thread is free to poll, time out and abort, as on the device. A message moves as a header
-// (its byte count) and the bytes; a receive of another size than the send fails with
+// on 127.0.0.1) whose address the id carries; each rank's ncclCommInitRankConfig connects to it,
+// and the root answers both once both have come (until then a non-blocking communicator is
+// ncclInProgress; the root itself waits for its ranks with no timeout a caller would notice).
+// Unlike NCCL, the ranks then keep talking through the root, which relays their bytes (its thread
+// ends with either rank's connection). ncclSend and ncclRecv are stream work that completes once
+// the bytes have moved (emu/async_work.h): an event recorded after one stays incomplete until then,
+// while the enqueuing thread is free to poll, time out and abort, as on the device. A message moves
+// as a header (its byte count) and the bytes; a receive of another size than the send fails with
 // ncclInvalidUsage (NCCL leaves it undefined). A peer that closes its connection, or dies, shows as
-// ncclRemoteError from ncclCommGetAsyncError, a broken socket as ncclSystemError; ncclCommAbort stops
-// the communicator's threads without waiting for the peer. NCCL_* environment variables (NCCL_HOSTID,
-// NCCL_SOCKET_IFNAME) have no effect here.
+// ncclRemoteError from ncclCommGetAsyncError, a broken socket as ncclSystemError; ncclCommAbort
+// stops the communicator's threads without waiting for the peer. NCCL_* environment variables
+// (NCCL_HOSTID, NCCL_SOCKET_IFNAME) have no effect here.
 #include <arpa/inet.h>
 #include <nccl.h>
 #include <netinet/in.h>
@@ -38,13 +38,14 @@
 #include <thread>
 #include <vector>
 
-#include "tests/support/cuda_emu/async_work.h"
 #include "common/base/socket_io.h"
+#include "tests/support/cuda_emu/async_work.h"
 
 namespace {
 
 constexpr uint32_t kMagic = 0x54454e43;  // in ids and hellos: "CNET"
-// A root none of whose ranks comes gives up after this (NCCL's waits for as long as the process lives).
+// A root none of whose ranks comes gives up after this (NCCL's waits for as long as the process
+// lives).
 constexpr auto kRootPatience = std::chrono::minutes(30);
 
 // What an ncclUniqueId carries here: the root's port on 127.0.0.1 and a nonce its ranks repeat.
@@ -98,8 +99,8 @@ void RootMain(int listener, uint64_t nonce) {
     const int fd = ::accept(listener, nullptr, nullptr);
     if (fd < 0) continue;
     Hello h{};
-    if (!Readable(fd, 5000) || !RecvAll(fd, &h, sizeof(h)) || h.magic != kMagic || h.nonce != nonce || h.rank < 0 ||
-        h.rank > 1 || rank_fd[h.rank] >= 0) {
+    if (!Readable(fd, 5000) || !RecvAll(fd, &h, sizeof(h)) || h.magic != kMagic ||
+        h.nonce != nonce || h.rank < 0 || h.rank > 1 || rank_fd[h.rank] >= 0) {
       ::close(fd);
       continue;
     }
@@ -121,10 +122,18 @@ void RootMain(int listener, uint64_t nonce) {
 
 size_t TypeBytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
     default: return 0;
   }
 }
@@ -200,8 +209,8 @@ void CommState::InitMain() {
   root.sin_port = htons(id.port);
   root.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(s, reinterpret_cast<const sockaddr*>(&root), sizeof(root)) != 0) {
-    return Fail(ncclSystemError, "cannot reach the bootstrap root at 127.0.0.1:" + std::to_string(id.port) + ": " +
-                                     std::strerror(errno));
+    return Fail(ncclSystemError, "cannot reach the bootstrap root at 127.0.0.1:" +
+                                     std::to_string(id.port) + ": " + std::strerror(errno));
   }
   {
     // An abort during connect() found nothing to shut down; the connection must not outlive it.
@@ -212,7 +221,8 @@ void CommState::InitMain() {
   ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   const Hello hello{kMagic, rank, id.nonce};
   char go = 0;
-  if (!SendAll(s, &hello, sizeof(hello)) || !RecvAll(s, &go, 1)) return Broken("joining at the bootstrap root");
+  if (!SendAll(s, &hello, sizeof(hello)) || !RecvAll(s, &go, 1))
+    return Broken("joining at the bootstrap root");
   std::lock_guard<std::mutex> lock(mu);
   if (aborted || state != ncclInProgress) return;
   state = ncclSuccess;
@@ -234,11 +244,13 @@ void CommState::Move(bool send) {
     }
     uint64_t header = op.bytes;
     if (send) {
-      if (!SendAll(fd, &header, sizeof(header)) || !SendAll(fd, op.buffer, op.bytes)) return Broken("ncclSend");
+      if (!SendAll(fd, &header, sizeof(header)) || !SendAll(fd, op.buffer, op.bytes))
+        return Broken("ncclSend");
     } else {
       if (!RecvAll(fd, &header, sizeof(header))) return Broken("ncclRecv");
       if (header != op.bytes) {
-        return Fail(ncclInvalidUsage, "ncclRecv: a message of " + std::to_string(header) + " bytes arrived for a receive of " +
+        return Fail(ncclInvalidUsage, "ncclRecv: a message of " + std::to_string(header) +
+                                          " bytes arrived for a receive of " +
                                           std::to_string(op.bytes) + " bytes");
       }
       if (!RecvAll(fd, op.buffer, op.bytes)) return Broken("ncclRecv");
@@ -271,22 +283,27 @@ struct ncclComm {
 
 namespace {
 
-ncclResult_t Enqueue(bool send, void* buffer, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                     cudaStream_t stream) {
+ncclResult_t Enqueue(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
+                     ncclComm_t comm, cudaStream_t stream) {
   const char* what = send ? "ncclSend" : "ncclRecv";
   if (comm == nullptr) return Refuse(ncclInvalidArgument, std::string(what) + ": no communicator");
   const size_t element = TypeBytes(type);
   if (element == 0) return Refuse(ncclInvalidArgument, std::string(what) + ": unknown data type");
-  if (count > 0 && buffer == nullptr) return Refuse(ncclInvalidArgument, std::string(what) + ": no buffer");
+  if (count > 0 && buffer == nullptr)
+    return Refuse(ncclInvalidArgument, std::string(what) + ": no buffer");
   std::shared_ptr<CommState> s = comm->s;
-  if (peer != 1 - s->rank) return Refuse(ncclInvalidArgument, std::string(what) + ": peer " + std::to_string(peer) + " is not the other rank");
+  if (peer != 1 - s->rank)
+    return Refuse(ncclInvalidArgument,
+                  std::string(what) + ": peer " + std::to_string(peer) + " is not the other rank");
   {
     std::lock_guard<std::mutex> lock(s->mu);
     if (s->state != ncclSuccess && s->state != ncclInProgress) return Refuse(s->state, s->error);
   }
   const size_t bytes = count * element;
-  const cudaError_t e = tandem_emu::EnqueueAsync(stream, [s, send, buffer, bytes] { return s->Post(send, buffer, bytes); });
-  if (e != cudaSuccess) return Refuse(ncclUnhandledCudaError, std::string(what) + ": " + cudaGetErrorString(e));
+  const cudaError_t e = tandem_emu::EnqueueAsync(
+      stream, [s, send, buffer, bytes] { return s->Post(send, buffer, bytes); });
+  if (e != cudaSuccess)
+    return Refuse(ncclUnhandledCudaError, std::string(what) + ": " + cudaGetErrorString(e));
   return ncclSuccess;
 }
 
@@ -303,9 +320,11 @@ ncclResult_t ncclGetVersion(int* version) {
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
     case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
     case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInternalError:
+      return "internal error - please report this issue to the NCCL developers";
     case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
     case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     case ncclRemoteError: return "remote process exited or there was a network error";
@@ -330,7 +349,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* out) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(a);
-  if (::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 || ::listen(listener, 8) != 0 ||
+  if (::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(listener, 8) != 0 ||
       ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     const std::string why = std::string("the bootstrap root's socket: ") + std::strerror(errno);
     ::close(listener);
@@ -349,18 +369,24 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* out) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
-  if (comm == nullptr) return Refuse(ncclInvalidArgument, "ncclCommInitRankConfig: no communicator pointer");
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t* config) {
+  if (comm == nullptr)
+    return Refuse(ncclInvalidArgument, "ncclCommInitRankConfig: no communicator pointer");
   *comm = nullptr;
-  if (nranks != 2) return Refuse(ncclInvalidArgument, "the emulated NCCL has communicators of two ranks only");
+  if (nranks != 2)
+    return Refuse(ncclInvalidArgument, "the emulated NCCL has communicators of two ranks only");
   if (rank < 0 || rank >= nranks) return Refuse(ncclInvalidArgument, "rank out of range");
   IdContents id;
   std::memcpy(&id, commId.internal, sizeof(id));
-  if (id.magic != kMagic) return Refuse(ncclInvalidArgument, "not an id of the emulated NCCL's ncclGetUniqueId");
+  if (id.magic != kMagic)
+    return Refuse(ncclInvalidArgument, "not an id of the emulated NCCL's ncclGetUniqueId");
   if (config != nullptr && config->magic != 0xcafebeef) {
-    return Refuse(ncclInvalidArgument, "the config was not initialised with NCCL_CONFIG_INITIALIZER");
+    return Refuse(ncclInvalidArgument,
+                  "the config was not initialised with NCCL_CONFIG_INITIALIZER");
   }
-  const bool blocking = config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+  const bool blocking =
+      config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
   auto s = std::make_shared<CommState>();
   s->rank = rank;
   s->id = id;
@@ -373,7 +399,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {
-  if (comm == nullptr || error == nullptr) return Refuse(ncclInvalidArgument, "ncclCommGetAsyncError: no communicator");
+  if (comm == nullptr || error == nullptr)
+    return Refuse(ncclInvalidArgument, "ncclCommGetAsyncError: no communicator");
   std::lock_guard<std::mutex> lock(comm->s->mu);
   *error = comm->s->state;
   return ncclSuccess;
@@ -401,13 +428,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      cudaStream_t stream) {
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
   return Enqueue(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      cudaStream_t stream) {
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
   return Enqueue(false, recvbuff, count, datatype, peer, comm, stream);
 }
 

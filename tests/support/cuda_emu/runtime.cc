@@ -1,8 +1,9 @@
-// The CUDA emulator's runtime (cuda_emu.h): device memory is host memory, and the CUDA runtime calls
-// this project makes are implemented here (kernel launches: launch.cc; cuBLAS: cublas.cc), with the
-// device's rules where breaking them is a bug of ours (allocation or a synchronisation inside a graph
-// capture, an event timed before it was recorded), and its stream order: work runs when enqueued, or
-// (deferred) when a synchronisation needs it; async work holds its stream (async_work.h).
+// The CUDA emulator's runtime (cuda_emu.h): device memory is host memory, and the CUDA runtime
+// calls this project makes are implemented here (kernel launches: launch.cc; cuBLAS: cublas.cc),
+// with the device's rules where breaking them is a bug of ours (allocation or a synchronisation
+// inside a graph capture, an event timed before it was recorded), and its stream order: work runs
+// when enqueued, or (deferred) when a synchronisation needs it; async work holds its stream
+// (async_work.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -38,18 +39,19 @@ namespace {
 
 size_t allocated_bytes = 0;
 // One device allocation. cudaMalloc's are mappings of their own (page-granular), so that one can be
-// exported to another process (cudaIpcGetMemHandle) by turning it into a shared mapping of a memfd at
-// the same address; the stream-ordered allocator's, like the device's default pool, cannot be.
+// exported to another process (cudaIpcGetMemHandle) by turning it into a shared mapping of a memfd
+// at the same address; the stream-ordered allocator's, like the device's default pool, cannot be.
 struct Allocation {
-  size_t bytes = 0;         // asked for
-  size_t rounded = 0;       // what the device would take (256-byte granules): the accounting
-  size_t mapped = 0;        // > 0: an mmap of this many bytes (cudaMalloc), else aligned_alloc
-  int memfd = -1;           // once exported: the memfd behind the mapping, opened by importers
+  size_t bytes = 0;    // asked for
+  size_t rounded = 0;  // what the device would take (256-byte granules): the accounting
+  size_t mapped = 0;   // > 0: an mmap of this many bytes (cudaMalloc), else aligned_alloc
+  int memfd = -1;      // once exported: the memfd behind the mapping, opened by importers
 };
 std::map<void*, Allocation> allocations;
 std::map<void*, size_t> imported;  // cudaIpcOpenMemHandle's mappings (state_mu)
 thread_local cudaError_t last_error = cudaSuccess;
-thread_local CUstream_st* thread_capture = nullptr;  // the stream this thread is capturing (thread-local mode)
+thread_local CUstream_st* thread_capture =
+    nullptr;  // the stream this thread is capturing (thread-local mode)
 
 size_t DeviceMemoryBytes() {
   static const size_t bytes = [] {
@@ -70,17 +72,21 @@ const ErrorText& Describe(cudaError_t e) {
       {cudaSuccess, "cudaSuccess", "no error"},
       {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
       {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
-      {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+      {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+       "invalid configuration argument"},
       {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-      {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure (the emulator printed why)"},
+      {cudaErrorLaunchFailure, "cudaErrorLaunchFailure",
+       "unspecified launch failure (the emulator printed why)"},
       {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
        "operation not permitted when stream is capturing"},
       {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
        "operation failed due to a previous error during capture"},
-      {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+      {cudaErrorIllegalState, "cudaErrorIllegalState",
+       "the operation cannot be performed in the present state"},
       {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
       {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
-      {cudaErrorMapBufferObjectFailed, "cudaErrorMapBufferObjectFailed", "mapping of buffer object failed"},
+      {cudaErrorMapBufferObjectFailed, "cudaErrorMapBufferObjectFailed",
+       "mapping of buffer object failed"},
   };
   static const ErrorText kUnknown = {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"};
   for (const ErrorText& t : kTexts) {
@@ -91,16 +97,16 @@ const ErrorText& Describe(cudaError_t e) {
 
 // Stream order (TANDEM_CUDA_EMU_STREAMS): "eager" (the default) runs work when it is enqueued;
 // "deferred" queues it on its stream until a synchronisation needs it, so that a read on one stream
-// of what another wrote without synchronising sees the old bytes, as it may on the device. Queues run
-// in enqueue order within a stream; the legacy default stream (nullptr) and blocking streams wait for
-// each other's earlier work; non-blocking streams wait for nothing. Errors of queued work are reported
-// by the synchronisation that runs it.
+// of what another wrote without synchronising sees the old bytes, as it may on the device. Queues
+// run in enqueue order within a stream; the legacy default stream (nullptr) and blocking streams
+// wait for each other's earlier work; non-blocking streams wait for nothing. Errors of queued work
+// are reported by the synchronisation that runs it.
 struct Pending {
   uint64_t seq;
   std::function<cudaError_t()> work;
 };
-std::mutex queue_mu;    // the queues below
-std::mutex flush_mu;    // one flush at a time: a stream's work never runs on two threads at once
+std::mutex queue_mu;  // the queues below
+std::mutex flush_mu;  // one flush at a time: a stream's work never runs on two threads at once
 uint64_t next_seq = 0;
 std::map<cudaStream_t, std::deque<Pending>> queues;  // nullptr: the legacy stream
 
@@ -111,7 +117,9 @@ bool Deferred() {
     const char* p = std::getenv("TANDEM_CUDA_EMU_STREAMS");
     const std::string v = p != nullptr ? p : "eager";
     if (v != "eager" && v != "deferred") {
-      std::fprintf(stderr, "CUDA emulator: TANDEM_CUDA_EMU_STREAMS must be eager or deferred, not '%s'\n", p);
+      std::fprintf(stderr,
+                   "CUDA emulator: TANDEM_CUDA_EMU_STREAMS must be eager or deferred, not '%s'\n",
+                   p);
       std::abort();
     }
     int expected = -1;
@@ -141,7 +149,8 @@ std::deque<Pending>* NextFor(cudaStream_t target) {
   return best;
 }
 
-// Runs queued work until `target`'s queue is empty (all queues when `all`), in order; the first error.
+// Runs queued work until `target`'s queue is empty (all queues when `all`), in order; the first
+// error.
 cudaError_t Flush(cudaStream_t target, bool all) {
   if (!Deferred()) return cudaSuccess;
   std::lock_guard<std::mutex> flushing(flush_mu);
@@ -169,9 +178,9 @@ cudaError_t Flush(cudaStream_t target, bool all) {
 }
 
 // Async work (async_work.h). A stream whose op is in flight keeps the work it gets meanwhile in
-// `behind`; whichever thread next looks at the stream after the op completed runs that work, in order,
-// up to the next op. (A stream's work is enqueued by one thread at a time in this project; two
-// threads enqueueing on one stream at once could reorder work that was not behind an op.)
+// `behind`; whichever thread next looks at the stream after the op completed runs that work, in
+// order, up to the next op. (A stream's work is enqueued by one thread at a time in this project;
+// two threads enqueueing on one stream at once could reorder work that was not behind an op.)
 std::mutex async_mu;
 std::set<cudaStream_t> async_streams;  // streams that have had async work (device-wide waits)
 
@@ -216,8 +225,8 @@ cudaError_t RunOrQueueBehind(cudaStream_t stream, std::function<cudaError_t()> w
   return QueuedBehind(stream, work) ? cudaSuccess : work();
 }
 
-// Blocks until `done()` (asked under async_mu), running the work behind `stream`'s async ops as they
-// complete.
+// Blocks until `done()` (asked under async_mu), running the work behind `stream`'s async ops as
+// they complete.
 void WaitUntil(cudaStream_t stream, const std::function<bool()>& done) {
   while (true) {
     Drain(stream);
@@ -238,7 +247,9 @@ void WaitUntil(cudaStream_t stream, const std::function<bool()>& done) {
 // Blocks until `stream` holds no async work and nothing waits behind it.
 void WaitAsync(cudaStream_t stream) {
   if (stream == nullptr) return;
-  WaitUntil(stream, [stream] { return stream->in_flight == nullptr && stream->behind.empty() && !stream->draining; });
+  WaitUntil(stream, [stream] {
+    return stream->in_flight == nullptr && stream->behind.empty() && !stream->draining;
+  });
 }
 
 // Blocks until every stream that had async work holds none.
@@ -264,8 +275,8 @@ cudaError_t SetLast(cudaError_t e) {
   return e;
 }
 
-// Work for `stream`: recorded when it is being captured, else run now or queued (Deferred()); behind
-// an async op in flight on it, queued there.
+// Work for `stream`: recorded when it is being captured, else run now or queued (Deferred());
+// behind an async op in flight on it, queued there.
 cudaError_t Enqueue(cudaStream_t stream, std::function<cudaError_t()> work) {
   if (stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id()) {
     stream->recorded.push_back(std::move(work));
@@ -354,7 +365,9 @@ cudaError_t cudaGetDeviceCount(int* count) {
   *count = 1;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : SetLast(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : SetLast(cudaErrorInvalidDevice);
+}
 cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
@@ -379,7 +392,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMultiProcessorCount: *value = tandem_emu::kMultiProcessors; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor: *value = tandem_emu::kComputeMajor; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *value = tandem_emu::kComputeMinor; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(tandem_emu::kMaxSharedOptIn); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = int(tandem_emu::kMaxSharedOptIn);
+      return cudaSuccess;
     case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
     default: return SetLast(cudaErrorInvalidValue);
   }
@@ -394,7 +409,8 @@ const char* cudaGetErrorName(cudaError_t e) { return tandem_emu::Describe(e).nam
 const char* cudaGetErrorString(cudaError_t e) { return tandem_emu::Describe(e).text; }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
-  if (value < 0 || size_t(value) > tandem_emu::kMaxSharedOptIn) return SetLast(cudaErrorInvalidValue);
+  if (value < 0 || size_t(value) > tandem_emu::kMaxSharedOptIn)
+    return SetLast(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lock(tandem_emu::state_mu);
   tandem_emu::max_dynamic_shared[func] = value;
   return cudaSuccess;
@@ -432,7 +448,8 @@ cudaError_t Allocate(void** p, size_t bytes, bool shareable) {
   }
 #if defined(__SANITIZE_ADDRESS__)
   // The device's allocations are 256-byte aligned; past the bytes asked for is still out of bounds.
-  __asan_poison_memory_region(static_cast<char*>(*p) + bytes, (a.mapped > 0 ? a.mapped : a.rounded) - bytes);
+  __asan_poison_memory_region(static_cast<char*>(*p) + bytes,
+                              (a.mapped > 0 ? a.mapped : a.rounded) - bytes);
 #endif
   allocated_bytes += a.rounded;
   allocations[*p] = a;
@@ -475,7 +492,9 @@ constexpr char kIpcMagic[8] = {'t', 'a', 'n', 'd', 'e', 'm', 'I', 'P'};
 
 extern "C" {
 
-cudaError_t cudaMalloc(void** p, size_t bytes) { return tandem_emu::Allocate(p, bytes, /*shareable=*/true); }
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  return tandem_emu::Allocate(p, bytes, /*shareable=*/true);
+}
 
 // Exporting turns the allocation into a shared mapping of a memfd holding its bytes, at the same
 // address (MAP_FIXED replaces the private pages), which importers map through /proc. Not while
@@ -484,20 +503,24 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
   using namespace tandem_emu;
   std::lock_guard<std::mutex> lock(state_mu);
   const auto it = allocations.find(dev_ptr);
-  // The base of a cudaMalloc allocation only (the device's rule; the pool's memory is not exportable).
+  // The base of a cudaMalloc allocation only (the device's rule; the pool's memory is not
+  // exportable).
   if (it == allocations.end() || it->second.mapped == 0) return SetLast(cudaErrorInvalidValue);
   Allocation& a = it->second;
   if (a.memfd < 0) {
     const int fd = ::memfd_create("tandem-cuda-emu-ipc", MFD_CLOEXEC);
     if (fd < 0) return SetLast(cudaErrorMemoryAllocation);
     bool ok = ::ftruncate(fd, static_cast<off_t>(a.mapped)) == 0;
-    // The bytes asked for (past them AddressSanitizer builds poison the pages; the memfd reads zeros).
+    // The bytes asked for (past them AddressSanitizer builds poison the pages; the memfd reads
+    // zeros).
     for (size_t done = 0; ok && done < a.bytes;) {
-      const ssize_t n = ::pwrite(fd, static_cast<char*>(dev_ptr) + done, a.bytes - done, static_cast<off_t>(done));
+      const ssize_t n = ::pwrite(fd, static_cast<char*>(dev_ptr) + done, a.bytes - done,
+                                 static_cast<off_t>(done));
       ok = n > 0;
       done += ok ? static_cast<size_t>(n) : 0;
     }
-    if (!ok || ::mmap(dev_ptr, a.mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    if (!ok || ::mmap(dev_ptr, a.mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+                   MAP_FAILED) {
       ::close(fd);
       return SetLast(cudaErrorMemoryAllocation);
     }
@@ -513,12 +536,14 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle, unsigned int /*flags*/) {
+cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle,
+                                 unsigned int /*flags*/) {
   using namespace tandem_emu;
   *dev_ptr = nullptr;
   IpcHandle h;
   std::memcpy(&h, &handle, sizeof(h));
-  if (std::memcmp(h.magic, kIpcMagic, sizeof(kIpcMagic)) != 0) return SetLast(cudaErrorInvalidResourceHandle);
+  if (std::memcmp(h.magic, kIpcMagic, sizeof(kIpcMagic)) != 0)
+    return SetLast(cudaErrorInvalidResourceHandle);
   // The device opens handles of other processes only.
   if (h.pid == static_cast<int32_t>(::getpid())) return SetLast(cudaErrorDeviceUninitialized);
   const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
@@ -573,17 +598,19 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   *free_bytes = *total - tandem_emu::allocated_bytes;
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
   using tandem_emu::HostCall;
   tandem_emu::NoteHostCall(kind == cudaMemcpyHostToDevice   ? HostCall::kUpload
                            : kind == cudaMemcpyDeviceToHost ? HostCall::kRead
                                                             : HostCall::kLaunch,
                            "cudaMemcpyAsync");
-  if (kind == cudaMemcpyHostToDevice && tandem_emu::Deferred() && !(stream != nullptr && stream->capturing)) {
-    // From (pageable) host memory the device stages the bytes before the call returns: the caller may
-    // reuse its buffer at once.
-    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
-                                                               static_cast<const unsigned char*>(src) + bytes);
+  if (kind == cudaMemcpyHostToDevice && tandem_emu::Deferred() &&
+      !(stream != nullptr && stream->capturing)) {
+    // From (pageable) host memory the device stages the bytes before the call returns: the caller
+    // may reuse its buffer at once.
+    auto staged = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
     return SetLast(Enqueue(stream, [dst, staged] {
       if (!staged->empty()) std::memmove(dst, staged->data(), staged->size());
       return cudaSuccess;
@@ -623,7 +650,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   (*stream)->blocking = (flags & cudaStreamNonBlocking) == 0;
   return cudaSuccess;
 }
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   const cudaError_t e = tandem_emu::Flush(stream, false);  // its work still completes
   tandem_emu::WaitAsync(stream);
@@ -679,7 +708,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  *status = stream != nullptr && stream->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  *status = stream != nullptr && stream->capturing ? cudaStreamCaptureStatusActive
+                                                   : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
@@ -708,21 +738,23 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st;
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int /*flags: timing is always kept*/) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event,
+                                     unsigned int /*flags: timing is always kept*/) {
   *event = new CUevent_st;
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   if (event->unrun.load() > 0) tandem_emu::Drain(event->stream);
-  // A record still queued (deferred, or behind async work) refers to the event: as on the device, it
-  // is destroyed once that work has run, here never (a leak of a few bytes, in tests).
+  // A record still queued (deferred, or behind async work) refers to the event: as on the device,
+  // it is destroyed once that work has run, here never (a leak of a few bytes, in tests).
   if (event->unrun.load() == 0) delete event;
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->stream = stream;
   // A record captured into a graph runs at each replay, counted by none.
-  const bool counted = !(stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id());
+  const bool counted =
+      !(stream != nullptr && stream->capturing && stream->capturer == std::this_thread::get_id());
   if (counted) event->unrun.fetch_add(1);
   return SetLast(Enqueue(stream, [event, counted] {
     event->recorded = true;
@@ -735,26 +767,27 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
   tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaEventSynchronize");
   // Eager: recorded work has run (and an event never recorded has nothing to wait for), unless it
-  // waits behind async work. Deferred: the event's stream is run to its end (a little more than up to
-  // the event).
+  // waits behind async work. Deferred: the event's stream is run to its end (a little more than up
+  // to the event).
   const cudaError_t e = tandem_emu::Flush(event->stream, false);
   tandem_emu::WaitEvent(event);
   return SetLast(e);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
   (void)stream;
-  if (tandem_emu::thread_capture != nullptr) return cudaSuccess;  // (captured work runs at replay, in order)
+  if (tandem_emu::thread_capture != nullptr)
+    return cudaSuccess;  // (captured work runs at replay, in order)
   // Eager: the event's work has run, or this waits on the host for the async work it is behind.
-  // Deferred: the event's stream runs to its end now, before anything `stream` queues after this (more
-  // than the wait asks for, never less).
+  // Deferred: the event's stream runs to its end now, before anything `stream` queues after this
+  // (more than the wait asks for, never less).
   const cudaError_t e = tandem_emu::Flush(event->stream, false);
   tandem_emu::WaitEvent(event);
   return SetLast(e);
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
-  // Complete once run: eager work has, unless it waits behind async work in flight; deferred work up
-  // to the event runs now (as a synchronisation).
+  // Complete once run: eager work has, unless it waits behind async work in flight; deferred work
+  // up to the event runs now (as a synchronisation).
   const cudaError_t e = tandem_emu::Flush(event->stream, false);
   if (e != cudaSuccess) return SetLast(e);
   if (event->unrun.load() > 0) tandem_emu::Drain(event->stream);

@@ -2,7 +2,7 @@
 // refusals, incomplete and cancelled transfers, dead and silent peers — all bounded in time. Every
 // case runs with layers inline from host memory, inline through staged copies, and over a side link
 // (the in-process loopback link standing in for NCCL); link-only cases follow at the end.
-#include "common/transport/tcp/tcp_kv_transport.h"
+#include "common/transport/kv_control.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,10 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/backend/cpu/cpu_backend.h"
-#include "tests/unit/loopback_kv_link.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/kv_transfer.pb.h"
+#include "tests/unit/loopback_kv_link.h"
 
 namespace tandem {
 namespace {
@@ -32,8 +32,8 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 // kStaged: the caches pretend to be device memory, so layers go through the staged copies
-// (ReadBlocks / WriteBlocks) the CUDA backend needs instead of direct host access. kLink: senders ask
-// for the loopback side link, which receivers offer.
+// (ReadBlocks / WriteBlocks) the CUDA backend needs instead of direct host access. kLink: senders
+// ask for the loopback side link, which receivers offer.
 enum class Mode { kHost, kStaged, kLink };
 
 class TransportFixture : public ::testing::Test {
@@ -42,7 +42,8 @@ class TransportFixture : public ::testing::Test {
   virtual DType kv_dtype() const { return DType::kF32; }
   void SetUp() override {
     backend_ = CpuBackend::Create({}).value();
-    geometry_ = {/*num_layers=*/3, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2, /*head_dim=*/8};
+    geometry_ = {/*num_layers=*/3, /*num_blocks=*/8, /*block_size=*/4, /*num_kv_heads=*/2,
+                 /*head_dim=*/8};
     geometry_.dtype = kv_dtype();
     src_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
     dst_ = KvCacheStorage::Create(backend_.get(), geometry_).value();
@@ -61,27 +62,32 @@ class TransportFixture : public ::testing::Test {
     info_ = {"model-A", geometry_};
     src_link_ = std::make_unique<LoopbackKvLinkFactory>(src_.get(), &hub_);
     dst_link_ = std::make_unique<LoopbackKvLinkFactory>(dst_.get(), &hub_);
-    receiver_ = TcpKvReceiver::Create(ReceiverOptions()).value();
+    receiver_ = KvControlReceiver::Create(ReceiverOptions()).value();
     address_ = absl::StrCat("127.0.0.1:", receiver_->port());
   }
 
-  TcpKvReceiver::Options ReceiverOptions() {
-    TcpKvReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
+  KvControlReceiver::Options ReceiverOptions() {
+    KvControlReceiver::Options o{"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)};
     if (mode() == Mode::kLink) o.link_factories = {dst_link_.get()};
     return o;
   }
-  absl::StatusOr<std::unique_ptr<TcpKvSender>> Connect(const std::string& address) {
-    return TcpKvSender::Connect(address, info_, absl::Seconds(2), mode() == Mode::kLink ? src_link_.get() : nullptr);
+  absl::StatusOr<std::unique_ptr<KvControlSender>> Connect(const std::string& address) {
+    return KvControlSender::Connect(address, info_, absl::Seconds(2),
+                                    mode() == Mode::kLink ? src_link_.get() : nullptr);
   }
 
-  static char* Bytes(KvCacheStorage* s, bool v) { return static_cast<char*>(v ? s->v_data() : s->k_data()); }
+  static char* Bytes(KvCacheStorage* s, bool v) {
+    return static_cast<char*>(v ? s->v_data() : s->k_data());
+  }
   // True when dst block `d` of layers [first, last) holds src block `s` (K and V).
   bool SameBlock(int32_t s, int32_t d, int64_t first = 0, int64_t last = -1) const {
     const int64_t e = geometry_.bytes_per_block();
     for (int64_t l = first; l < (last < 0 ? geometry_.num_layers : last); ++l) {
       const int64_t base = l * geometry_.bytes_per_layer();
       for (bool v : {false, true}) {
-        if (std::memcmp(Bytes(src_.get(), v) + base + s * e, Bytes(dst_.get(), v) + base + d * e, e) != 0) return false;
+        if (std::memcmp(Bytes(src_.get(), v) + base + s * e, Bytes(dst_.get(), v) + base + d * e,
+                        e) != 0)
+          return false;
       }
     }
     return true;
@@ -104,11 +110,12 @@ class TransportFixture : public ::testing::Test {
   KvEndpointInfo info_;
   LoopbackKvHub hub_;
   std::unique_ptr<LoopbackKvLinkFactory> src_link_, dst_link_;
-  std::unique_ptr<TcpKvReceiver> receiver_;
+  std::unique_ptr<KvControlReceiver> receiver_;
   std::string address_;
 };
 
-class TcpKvTransportTest : public TransportFixture, public ::testing::WithParamInterface<std::tuple<Mode, DType>> {
+class TcpKvTransportTest : public TransportFixture,
+                           public ::testing::WithParamInterface<std::tuple<Mode, DType>> {
  protected:
   Mode mode() const override { return std::get<0>(GetParam()); }
   DType kv_dtype() const override { return std::get<1>(GetParam()); }
@@ -119,7 +126,8 @@ TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   auto sender = Connect(address_);
   ASSERT_TRUE(sender.ok()) << sender.status();
   ASSERT_TRUE((*sender)->Begin("r1", 10).ok());
-  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
+  for (int32_t l = 0; l < 3; ++l)
+    ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
   ASSERT_TRUE((*sender)->End("r1", 42).ok());
   auto token = receiver_->Wait("r1", absl::Seconds(2));
   ASSERT_TRUE(token.ok()) << token.status();
@@ -137,8 +145,9 @@ TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   EXPECT_TRUE(SameBlock(6, 0));
   if (mode() == Mode::kLink) {
     EXPECT_EQ(hub_.joins.load(), 2);  // one link, both ends, made once and kept for the connection
-    sender->reset();  // closing the connection tears the link down at both ends
-    for (int i = 0; i < 100 && hub_.live_links.load() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+    sender->reset();                  // closing the connection tears the link down at both ends
+    for (int i = 0; i < 100 && hub_.live_links.load() > 0; ++i)
+      absl::SleepFor(absl::Milliseconds(10));
     EXPECT_EQ(hub_.live_links.load(), 0);
   }
 }
@@ -146,22 +155,22 @@ TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
 TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
   KvEndpointInfo other = info_;
   other.model_fingerprint = "model-B";
-  auto s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
+  auto s = KvControlSender::Connect(address_, other, absl::Seconds(2));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.status().message(), HasSubstr("fingerprint"));
   other = info_;
   other.geometry.head_dim = 16;
-  s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
+  s = KvControlSender::Connect(address_, other, absl::Seconds(2));
   EXPECT_THAT(s.status().message(), HasSubstr("geometry"));
   // A cache of another element type: refused, naming the flag that sets it.
   other = info_;
   other.geometry.dtype = info_.geometry.dtype == DType::kF32 ? DType::kBF16 : DType::kF32;
-  s = TcpKvSender::Connect(address_, other, absl::Seconds(2));
+  s = KvControlSender::Connect(address_, other, absl::Seconds(2));
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.status().message(), HasSubstr("--kv-cache-dtype"));
-  EXPECT_EQ(TcpKvSender::Connect("127.0.0.1:1", info_, absl::Seconds(1)).status().code(),
+  EXPECT_EQ(KvControlSender::Connect("127.0.0.1:1", info_, absl::Seconds(1)).status().code(),
             absl::StatusCode::kUnavailable);
-  EXPECT_EQ(TcpKvSender::Connect("nonsense", info_, absl::Seconds(1)).status().code(),
+  EXPECT_EQ(KvControlSender::Connect("nonsense", info_, absl::Seconds(1)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -180,7 +189,8 @@ TEST_P(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
   ASSERT_TRUE(receiver_->Expect("r", {1, 2}).ok());
   auto sender = Connect(address_).value();
   ASSERT_TRUE(sender->Begin("r", 12).ok());
-  for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r", l, {0, 1, 2}, src_.get()).ok());
+  for (int32_t l = 0; l < 3; ++l)
+    ASSERT_TRUE(sender->SendLayer("r", l, {0, 1, 2}, src_.get()).ok());
   EXPECT_FALSE(sender->End("r", 1).ok());
   auto w = receiver_->Wait("r", absl::Seconds(1));
   EXPECT_THAT(w.status().message(), HasSubstr("does not fit the reservation"));
@@ -202,12 +212,12 @@ TEST_P(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
 
 // A connection may sit idle between transfers (and between a transfer's frames) far longer than the
 // receiver's io_timeout, which bounds only the reading of a frame begun: a cached connection is not
-// dropped by a lull in traffic (it was, and the first request after 10 idle seconds failed). Once the
-// receiver is gone the sender says so, for a cache of connections to reconnect.
+// dropped by a lull in traffic (it was, and the first request after 10 idle seconds failed). Once
+// the receiver is gone the sender says so, for a cache of connections to reconnect.
 TEST_P(TcpKvTransportTest, AnIdleConnectionOutlivesTheIoTimeout) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.io_timeout = absl::Milliseconds(150);
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   auto sender = Connect(address).value();
   EXPECT_TRUE(sender->Connected());
@@ -216,8 +226,10 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionOutlivesTheIoTimeout) {
     ASSERT_TRUE(receiver->Expect(id, {1}).ok());
     ASSERT_TRUE(sender->Connected()) << id;
     ASSERT_TRUE(sender->Begin(id, 4).ok()) << id;
-    absl::SleepFor(absl::Milliseconds(400));  // idle between a transfer's frames (a prompt computing)
-    for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer(id, l, {2}, src_.get()).ok()) << id;
+    absl::SleepFor(
+        absl::Milliseconds(400));  // idle between a transfer's frames (a prompt computing)
+    for (int32_t l = 0; l < 3; ++l)
+      ASSERT_TRUE(sender->SendLayer(id, l, {2}, src_.get()).ok()) << id;
     ASSERT_TRUE(sender->End(id, 9).ok()) << id;
     EXPECT_EQ(receiver->Wait(id, absl::Seconds(2)).value(), 9);
     EXPECT_TRUE(SameBlock(2, 1));
@@ -233,20 +245,21 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionOutlivesTheIoTimeout) {
 
 // Polls `done` for up to `limit`; true once it holds.
 bool Eventually(const std::function<bool()>& done, absl::Duration limit = absl::Seconds(3)) {
-  for (const absl::Time end = absl::Now() + limit; absl::Now() < end; absl::SleepFor(absl::Milliseconds(10))) {
+  for (const absl::Time end = absl::Now() + limit; absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(10))) {
     if (done()) return true;
   }
   return done();
 }
 
-// With an idle timeout the receiver closes a connection that brings nothing for that long, but never
-// one on which a transfer it began still waits (a long prompt computing between frames), and the link
-// goes with it. A sender that went silent mid-transfer (stopped) loses its connection once the
-// reservation has timed out. Either way the sender sees it closed, and a new connection works.
+// With an idle timeout the receiver closes a connection that brings nothing for that long, but
+// never one on which a transfer it began still waits (a long prompt computing between frames), and
+// the link goes with it. A sender that went silent mid-transfer (stopped) loses its connection once
+// the reservation has timed out. Either way the sender sees it closed, and a new connection works.
 TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWaits) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.idle_timeout = absl::Milliseconds(300);
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   const int links_before = hub_.live_links.load();
   auto sender = Connect(address).value();
@@ -277,7 +290,8 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWai
   ASSERT_TRUE(sender->SendLayer("r2", 0, {4}, src_.get()).ok());
   absl::SleepFor(absl::Milliseconds(600));
   ASSERT_TRUE(sender->Connected()) << "closed while the reservation still waited";
-  EXPECT_EQ(receiver->Wait("r2", absl::Milliseconds(200)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(receiver->Wait("r2", absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(Eventually([&] { return !sender->Connected(); }, absl::Seconds(1)))
       << "the stopped sender's connection outlived its reservation";
   sender.reset();
@@ -300,7 +314,8 @@ TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
   auto sender = Connect(address_).value();
   ASSERT_TRUE(sender->Begin("r", 4).ok());
   const absl::Time t0 = absl::Now();
-  EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(200)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(200)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
 }
 
@@ -314,7 +329,8 @@ TEST_P(TcpKvTransportTest, CancelledReservationDiscardsData) {
   absl::Status end = sender->End("r", 1);
   EXPECT_THAT(end.message(), HasSubstr("no reservation"));
   EXPECT_TRUE(BlockIsZero(1));
-  EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(10)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(10)).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 // Frames by hand, as a hostile or buggy peer would send them.
@@ -324,7 +340,8 @@ void RawFrame(int fd, uint8_t type, const std::string& payload, uint32_t claimed
   header[4] = type;
   ASSERT_EQ(::send(fd, header, 5, MSG_NOSIGNAL), 5);
   if (!payload.empty()) {
-    ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), static_cast<ssize_t>(payload.size()));
+    ASSERT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(payload.size()));
   }
 }
 
@@ -372,9 +389,9 @@ TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations
 }
 
 TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.keep_reservation_on_sender_loss = true;
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   std::atomic<int> completions{0};
   receiver->SetCompletionCallback([&](const std::string& id) {
     EXPECT_EQ(id, "r");
@@ -394,16 +411,17 @@ TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
   ASSERT_TRUE(retry->Begin("r", 8).ok());  // starts again from layer 0
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(retry->SendLayer("r", l, {2, 3}, src_.get()).ok());
   ASSERT_TRUE(retry->End("r", 11).ok());
-  EXPECT_EQ(completions.load(), 1);  // before Wait: the callback lets the owner poll without blocking
+  EXPECT_EQ(completions.load(),
+            1);  // before Wait: the callback lets the owner poll without blocking
   EXPECT_EQ(receiver->Wait("r", absl::ZeroDuration()).value(), 11);
   EXPECT_TRUE(SameBlock(2, 4));
   EXPECT_TRUE(SameBlock(3, 1));
 }
 
 TEST_P(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.keep_reservation_on_sender_loss = true;
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   ASSERT_TRUE(receiver->Expect("r", {4}).ok());
   auto first = Connect(address).value();
@@ -416,16 +434,16 @@ TEST_P(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
 }
 
 TEST_P(TcpKvTransportTest, ADyingSenderDoesNotDisturbTheRetryThatTookItsTransferOver) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.keep_reservation_on_sender_loss = true;
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   ASSERT_TRUE(receiver->Expect("r", {4, 1}).ok());
   auto first = Connect(address).value();
   ASSERT_TRUE(first->Begin("r", 8).ok());
   ASSERT_TRUE(first->SendLayer("r", 0, {2, 3}, src_.get()).ok());
-  // An acknowledged End (of nothing) makes sure the receiver has taken in everything sent before it:
-  // connections are served by threads of their own, in no order between them.
+  // An acknowledged End (of nothing) makes sure the receiver has taken in everything sent before
+  // it: connections are served by threads of their own, in no order between them.
   EXPECT_FALSE(first->End("sync", 0).ok());
   auto retry = Connect(address).value();  // the router retried the prefill elsewhere
   ASSERT_TRUE(retry->Begin("r", 8).ok());
@@ -462,7 +480,8 @@ class ManualMark final : public WorkMark {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-TEST_P(TcpKvTransportTest, ALayerWaitsForItsMarkBeforeAnyByteAndAMarkThatNeverCompletesFailsOnlyThatLayer) {
+TEST_P(TcpKvTransportTest,
+       ALayerWaitsForItsMarkBeforeAnyByteAndAMarkThatNeverCompletesFailsOnlyThatLayer) {
   ASSERT_TRUE(receiver_->Expect("r1", {5, 2}).ok());
   auto sender = Connect(address_);  // io timeout 2 s
   ASSERT_TRUE(sender.ok()) << sender.status();
@@ -486,7 +505,8 @@ TEST_P(TcpKvTransportTest, ALayerWaitsForItsMarkBeforeAnyByteAndAMarkThatNeverCo
   EXPECT_TRUE((*sender)->Connected());
   ManualMark done;
   done.Finish();
-  for (int32_t l = 1; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1}, src_.get(), &done).ok());
+  for (int32_t l = 1; l < 3; ++l)
+    ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1}, src_.get(), &done).ok());
   ASSERT_TRUE((*sender)->End("r1", 9).ok());
   EXPECT_EQ(receiver_->Wait("r1", absl::Seconds(2)).value(), 9);
   EXPECT_TRUE(SameBlock(0, 5));
@@ -494,11 +514,14 @@ TEST_P(TcpKvTransportTest, ALayerWaitsForItsMarkBeforeAnyByteAndAMarkThatNeverCo
 }
 
 INSTANTIATE_TEST_SUITE_P(DataPaths, TcpKvTransportTest,
-                         ::testing::Combine(::testing::Values(Mode::kHost, Mode::kStaged, Mode::kLink),
+                         ::testing::Combine(::testing::Values(Mode::kHost, Mode::kStaged,
+                                                              Mode::kLink),
                                             ::testing::Values(DType::kF32, DType::kBF16)),
                          [](const ::testing::TestParamInfo<std::tuple<Mode, DType>>& i) {
                            const Mode m = std::get<0>(i.param);
-                           return std::string(m == Mode::kHost ? "host" : m == Mode::kStaged ? "staged" : "link") +
+                           return std::string(m == Mode::kHost     ? "host"
+                                              : m == Mode::kStaged ? "staged"
+                                                                   : "link") +
                                   (std::get<1>(i.param) == DType::kF32 ? "_f32" : "_bf16");
                          });
 
@@ -510,8 +533,10 @@ class TcpKvLinkTest : public TransportFixture {
 };
 
 TEST_F(TcpKvLinkTest, AReceiverRefusesADataPathItDoesNotOffer) {
-  auto plain = TcpKvReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
-  auto s = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", plain->port()), info_, absl::Seconds(2), src_link_.get());
+  auto plain =
+      KvControlReceiver::Create({"127.0.0.1", 0, dst_.get(), info_, absl::Seconds(2)}).value();
+  auto s = KvControlSender::Connect(absl::StrCat("127.0.0.1:", plain->port()), info_,
+                                    absl::Seconds(2), src_link_.get());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.status().message(), HasSubstr("does not offer the 'loopback' KV data path"));
   EXPECT_EQ(hub_.joins.load(), 0);
@@ -520,41 +545,48 @@ TEST_F(TcpKvLinkTest, AReceiverRefusesADataPathItDoesNotOffer) {
 // ConnectFirst (a prefill worker's --kv-transport list) takes the first data path the receiver
 // offers and whose link forms, in the list's order, and says why it passed the others over.
 TEST_F(TcpKvLinkTest, ASenderTakesTheFirstDataPathThatWorks) {
-  LoopbackKvLinkFactory other_src(src_.get(), &hub_, "other"), other_dst(dst_.get(), &hub_, "other");
-  auto transfer = [&](TcpKvSender* sender, const std::string& id, int32_t src, int32_t dst) {
+  LoopbackKvLinkFactory other_src(src_.get(), &hub_, "other"),
+      other_dst(dst_.get(), &hub_, "other");
+  auto transfer = [&](KvControlSender* sender, const std::string& id, int32_t src, int32_t dst) {
     ASSERT_TRUE(receiver_->Expect(id, {dst}).ok());
     ASSERT_TRUE(sender->Begin(id, 4).ok());
-    for (int32_t l = 0; l < geometry_.num_layers; ++l) ASSERT_TRUE(sender->SendLayer(id, l, {src}, src_.get()).ok());
+    for (int32_t l = 0; l < geometry_.num_layers; ++l)
+      ASSERT_TRUE(sender->SendLayer(id, l, {src}, src_.get()).ok());
     ASSERT_TRUE(sender->End(id, 3).ok());
     EXPECT_EQ(receiver_->Wait(id, absl::Seconds(2)).value(), 3);
     EXPECT_TRUE(SameBlock(src, dst)) << id;
   };
-  // The receiver offers "loopback" only: "other" is refused for its data path alone, and the next is taken.
+  // The receiver offers "loopback" only: "other" is refused for its data path alone, and the next
+  // is taken.
   std::string refused;
-  auto s = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src, src_link_.get(), nullptr}, &refused);
+  auto s = KvControlSender::ConnectFirst(address_, info_, absl::Seconds(2),
+                                         {&other_src, src_link_.get(), nullptr}, &refused);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->data_path(), "loopback");
   EXPECT_THAT(refused, HasSubstr("other: KV receiver at"));
-  EXPECT_THAT(refused, HasSubstr("does not offer the 'other' KV data path (it offers 'loopback', inline TCP)"));
+  EXPECT_THAT(
+      refused,
+      HasSubstr("does not offer the 'other' KV data path (it offers 'loopback', inline TCP)"));
   transfer(s->get(), "a", 1, 2);
   EXPECT_EQ(hub_.live_links.load(), 2);
   s->reset();
 
   // A receiver offering both: the sender's first choice.
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.link_factories = {dst_link_.get(), &other_dst};
-  auto both = TcpKvReceiver::Create(o).value();
-  s = TcpKvSender::ConnectFirst(absl::StrCat("127.0.0.1:", both->port()), info_, absl::Seconds(2),
-                                {&other_src, src_link_.get()}, &refused);
+  auto both = KvControlReceiver::Create(o).value();
+  s = KvControlSender::ConnectFirst(absl::StrCat("127.0.0.1:", both->port()), info_,
+                                    absl::Seconds(2), {&other_src, src_link_.get()}, &refused);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->data_path(), "other");
   EXPECT_EQ(refused, "");
   s->reset();
 
-  // A link that does not form (its join times out) gives way to inline TCP, and the receiver gives up
-  // the rendezvous.
+  // A link that does not form (its join times out) gives way to inline TCP, and the receiver gives
+  // up the rendezvous.
   src_link_->never_join_ = true;
-  s = TcpKvSender::ConnectFirst(address_, info_, absl::Milliseconds(300), {src_link_.get(), nullptr}, &refused);
+  s = KvControlSender::ConnectFirst(address_, info_, absl::Milliseconds(300),
+                                    {src_link_.get(), nullptr}, &refused);
   src_link_->never_join_ = false;
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ((*s)->data_path(), "inline");
@@ -565,10 +597,11 @@ TEST_F(TcpKvLinkTest, ASenderTakesTheFirstDataPathThatWorks) {
   EXPECT_EQ(hub_.abandoned().size(), 1u);
 
   // Without inline TCP in the list, nothing works: the error names every path's reason.
-  auto none = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src});
+  auto none = KvControlSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(none.status().message(), HasSubstr("does not offer the 'other'"));
-  auto neither = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src, &other_src});
+  auto neither =
+      KvControlSender::ConnectFirst(address_, info_, absl::Seconds(2), {&other_src, &other_src});
   EXPECT_THAT(neither.status().message(), HasSubstr("no KV data path worked (other: "));
 }
 
@@ -577,12 +610,13 @@ TEST_F(TcpKvLinkTest, ARefusedModelOrAnUnreachableReceiverEndsTheSearch) {
   const int joins = hub_.joins.load();
   KvEndpointInfo other_model = info_;
   other_model.model_fingerprint = "model-B";
-  auto s = TcpKvSender::ConnectFirst(address_, other_model, absl::Seconds(2), {src_link_.get(), nullptr});
+  auto s = KvControlSender::ConnectFirst(address_, other_model, absl::Seconds(2),
+                                         {src_link_.get(), nullptr});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.status().message(), Not(HasSubstr("inline:")));
   EXPECT_EQ(hub_.joins.load(), joins);
   receiver_.reset();  // nobody listens on that port now
-  s = TcpKvSender::ConnectFirst(address_, info_, absl::Seconds(2), {src_link_.get(), nullptr});
+  s = KvControlSender::ConnectFirst(address_, info_, absl::Seconds(2), {src_link_.get(), nullptr});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   EXPECT_THAT(s.status().message(), Not(HasSubstr("inline:")));
 }
@@ -590,22 +624,23 @@ TEST_F(TcpKvLinkTest, ARefusedModelOrAnUnreachableReceiverEndsTheSearch) {
 TEST_F(TcpKvLinkTest, APeerThatNeverJoinsFailsTheConnectWithinTheTimeout) {
   dst_link_->never_join_ = true;
   const absl::Time t0 = absl::Now();
-  auto s = TcpKvSender::Connect(address_, info_, absl::Milliseconds(300), src_link_.get());
+  auto s = KvControlSender::Connect(address_, info_, absl::Milliseconds(300), src_link_.get());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.status().message(), HasSubstr("joining the loopback link"));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
   EXPECT_EQ(hub_.live_links.load(), 0);
 }
 
-// A receiver whose link never forms gives its rendezvous up, naming the rank that never came (NCCL's
-// bootstrap root would otherwise wait for it for ever); a handshake that forms its link gives nothing up.
+// A receiver whose link never forms gives its rendezvous up, naming the rank that never came
+// (NCCL's bootstrap root would otherwise wait for it for ever); a handshake that forms its link
+// gives nothing up.
 TEST_F(TcpKvLinkTest, AReceiverAbandonsTheRendezvousOfALinkThatNeverForms) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.io_timeout = absl::Milliseconds(300);
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   src_link_->never_join_ = true;  // the sender's join never completes
-  auto s = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Milliseconds(300),
-                                src_link_.get());
+  auto s = KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_,
+                                    absl::Milliseconds(300), src_link_.get());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded);
   for (int i = 0; i < 200 && hub_.abandoned().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
   auto abandoned = hub_.abandoned();
@@ -614,18 +649,19 @@ TEST_F(TcpKvLinkTest, AReceiverAbandonsTheRendezvousOfALinkThatNeverForms) {
   EXPECT_EQ(abandoned[0].second, std::vector<int>{0});
 
   src_link_->never_join_ = false;
-  auto ok = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Seconds(2), src_link_.get());
+  auto ok = KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_,
+                                     absl::Seconds(2), src_link_.get());
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(hub_.abandoned().size(), 1u);
 }
 
 TEST_F(TcpKvLinkTest, AHungLinkFailsTheTransferWithinTheTimeoutAndDropsTheConnection) {
-  TcpKvReceiver::Options o = ReceiverOptions();
+  KvControlReceiver::Options o = ReceiverOptions();
   o.io_timeout = absl::Milliseconds(300);
-  auto receiver = TcpKvReceiver::Create(o).value();
+  auto receiver = KvControlReceiver::Create(o).value();
   ASSERT_TRUE(receiver->Expect("r", {1}).ok());
-  auto sender = TcpKvSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_, absl::Milliseconds(300),
-                                     src_link_.get())
+  auto sender = KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_,
+                                         absl::Milliseconds(300), src_link_.get())
                     .value();
   src_link_->stall_sends_ = true;
   ASSERT_TRUE(sender->Begin("r", 4).ok());
@@ -648,13 +684,15 @@ TEST_F(TcpKvLinkTest, ACancelDuringAReceiveReturnsAtOnceAndNothingLandsAfterIt) 
   std::thread send([&] { EXPECT_TRUE(sender->SendLayer("r", 1, {0}, src_.get()).ok()); });
   absl::SleepFor(absl::Milliseconds(100));
   const absl::Time t0 = absl::Now();
-  receiver_->Cancel("r");  // the blocks may go back to the pool now: nothing may write them any more
+  receiver_->Cancel(
+      "r");  // the blocks may go back to the pool now: nothing may write them any more
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(50));
   send.join();
   src_link_->send_delay_ms_ = 0;
   ASSERT_TRUE(sender->SendLayer("r", 2, {0}, src_.get()).ok());  // drained: the pair stays in step
   EXPECT_THAT(sender->End("r", 1).message(), HasSubstr("no reservation"));
-  // Block 1 holds layer 0 of source block 0 and nothing of the layers that arrived after the cancel.
+  // Block 1 holds layer 0 of source block 0 and nothing of the layers that arrived after the
+  // cancel.
   EXPECT_TRUE(SameBlock(0, 1, 0, 1));
   EXPECT_TRUE(BlockIsZero(1, 1, 3));
   // The connection is still good for the next transfer.

@@ -1,10 +1,12 @@
-// The KV transport over a TCP control connection. Frames are [u32 length][u8 type][payload]; control
-// payloads are the protobuf messages of proto/tandem/v1/kv_transfer.proto. Layer bytes (raw K then V
-// blocks) follow each layer header on the same connection, or, when the sender asks for a side data
-// path the receiver offers (a KvLinkFactory: NCCL or CUDA IPC between GPUs), move over that link
-// instead. A receiver may offer several such paths; a sender may try several in turn. Sockets
-// carry send and receive timeouts and every link call a timeout, so a silent peer fails the transfer
-// instead of hanging a thread.
+// The KV transport's two ends, KvControlReceiver (decode workers) and KvControlSender (prefill
+// workers), named for the TCP control connection that every transfer has, whatever its data path.
+// The KV transport over a TCP control connection. Frames are [u32 length][u8 type][payload];
+// control payloads are the protobuf messages of proto/tandem/v1/kv_transfer.proto. Layer bytes (raw
+// K then V blocks) follow each layer header on the same connection, or, when the sender asks for a
+// side data path the receiver offers (a KvLinkFactory: NCCL or CUDA IPC between GPUs), move over
+// that link instead. A receiver may offer several such paths; a sender may try several in turn.
+// Sockets carry send and receive timeouts and every link call a timeout, so a silent peer fails the
+// transfer instead of hanging a thread.
 #pragma once
 
 #include <sys/uio.h>
@@ -23,7 +25,7 @@
 
 namespace tandem {
 
-class TcpKvReceiver final : public KvReceiver {
+class KvControlReceiver final : public KvReceiver {
  public:
   struct Options {
     std::string host = "127.0.0.1";
@@ -35,25 +37,27 @@ class TcpKvReceiver final : public KvReceiver {
     // the reservation for another sender (the router retries the prefill elsewhere) until Wait's
     // timeout or Cancel. A new Begin for the request restarts it from layer 0 either way.
     bool keep_reservation_on_sender_loss = false;
-    // Side data paths offered to senders that ask for one of them by name (see KvLinkFactory), beside
-    // the inline path, which is always offered. Each must serve `storage`; not owned.
+    // Side data paths offered to senders that ask for one of them by name (see KvLinkFactory),
+    // beside the inline path, which is always offered. Each must serve `storage`; not owned.
     std::vector<KvLinkFactory*> link_factories = {};
     // A connection on which no frame arrives for this long, while none of the transfers begun on it
-    // holds a reservation still waiting, is closed, with its side link (an NCCL communicator and its
-    // staging memory): what a sender that went silent (stopped, wedged) would otherwise hold for ever.
-    // A sender that is only idle reconnects before its next transfer. Infinite: never.
+    // holds a reservation still waiting, is closed, with its side link (an NCCL communicator and
+    // its staging memory): what a sender that went silent (stopped, wedged) would otherwise hold
+    // for ever. A sender that is only idle reconnects before its next transfer. Infinite: never.
     absl::Duration idle_timeout = absl::InfiniteDuration();
   };
-  static absl::StatusOr<std::unique_ptr<TcpKvReceiver>> Create(const Options& options);
-  ~TcpKvReceiver() override;
+  static absl::StatusOr<std::unique_ptr<KvControlReceiver>> Create(const Options& options);
+  ~KvControlReceiver() override;
 
   int port() const { return port_; }
   absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) override;
   absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) override;
-  // Returns at once; nothing writes into the reservation's blocks afterwards (a layer arriving over a
-  // link meanwhile stays in the link's staging memory).
+  // Returns at once; nothing writes into the reservation's blocks afterwards (a layer arriving over
+  // a link meanwhile stays in the link's staging memory).
   void Cancel(const std::string& request_id) override;
-  void SetCompletionCallback(CompletionCallback callback) override { on_complete_ = std::move(callback); }
+  void SetCompletionCallback(CompletionCallback callback) override {
+    on_complete_ = std::move(callback);
+  }
 
  private:
   struct Transfer {
@@ -67,17 +71,17 @@ class TcpKvReceiver final : public KvReceiver {
     std::string error;
     int32_t first_token = -1;
   };
-  explicit TcpKvReceiver(const Options& options) : options_(options) {}
+  explicit KvControlReceiver(const Options& options) : options_(options) {}
   void AcceptLoop();
   void ServeConnection(int fd, int64_t connection);
   // Whether one of `open` (transfers begun on `connection`) still waits for its data from it.
   bool HoldsLiveTransfer(const std::vector<std::string>& open, int64_t connection);
   void Fail(const std::string& request_id, const std::string& error);
   // Receives one layer over `link` for connection `connection`, landing it in the transfer's blocks
-  // while the transfer is still wanted and owned by that connection, else dropping it. An error means
-  // the link is gone (the connection must close).
-  absl::Status ReceiveLayerOverLink(KvLink* link, int64_t connection, const std::string& request_id, int32_t layer,
-                                    int32_t num_blocks);
+  // while the transfer is still wanted and owned by that connection, else dropping it. An error
+  // means the link is gone (the connection must close).
+  absl::Status ReceiveLayerOverLink(KvLink* link, int64_t connection, const std::string& request_id,
+                                    int32_t layer, int32_t num_blocks);
 
   Options options_;
   CompletionCallback on_complete_;
@@ -95,32 +99,31 @@ class TcpKvReceiver final : public KvReceiver {
   int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class TcpKvSender final : public KvSender {
+class KvControlSender final : public KvSender {
  public:
   // Connects to "host:port" and performs the handshake; with `link_factory` (not owned, serving the
   // storage that SendLayer is given) asks for that side data path and joins it. FAILED_PRECONDITION
-  // when the receiver refuses the model, geometry or data path; UNAVAILABLE / DEADLINE_EXCEEDED when it
-  // cannot be reached.
-  static absl::StatusOr<std::unique_ptr<TcpKvSender>> Connect(const std::string& address,
-                                                              const KvEndpointInfo& info,
-                                                              absl::Duration io_timeout,
-                                                              KvLinkFactory* link_factory = nullptr);
-  // Connect with each of `paths` in turn (nullptr: inline TCP) until the receiver accepts one and its
-  // link, if any, is joined: the first that works. A receiver that cannot be reached, or that refuses
-  // this sender's model or geometry, is not asked again. The error, when none works, gives every
-  // path's reason; `refused`, when set, gets the reasons of the paths tried before the one taken.
-  static absl::StatusOr<std::unique_ptr<TcpKvSender>> ConnectFirst(const std::string& address,
-                                                                   const KvEndpointInfo& info,
-                                                                   absl::Duration io_timeout,
-                                                                   const std::vector<KvLinkFactory*>& paths,
-                                                                   std::string* refused = nullptr);
+  // when the receiver refuses the model, geometry or data path; UNAVAILABLE / DEADLINE_EXCEEDED
+  // when it cannot be reached.
+  static absl::StatusOr<std::unique_ptr<KvControlSender>> Connect(
+      const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
+      KvLinkFactory* link_factory = nullptr);
+  // Connect with each of `paths` in turn (nullptr: inline TCP) until the receiver accepts one and
+  // its link, if any, is joined: the first that works. A receiver that cannot be reached, or that
+  // refuses this sender's model or geometry, is not asked again. The error, when none works, gives
+  // every path's reason; `refused`, when set, gets the reasons of the paths tried before the one
+  // taken.
+  static absl::StatusOr<std::unique_ptr<KvControlSender>> ConnectFirst(
+      const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
+      const std::vector<KvLinkFactory*>& paths, std::string* refused = nullptr);
   // The side data path in use ("nccl-chunks", "cuda-ipc"), or "inline".
   std::string data_path() const { return data_path_; }
-  ~TcpKvSender() override;
+  ~KvControlSender() override;
 
   absl::Status Begin(const std::string& request_id, int64_t num_tokens) override;
-  absl::Status SendLayer(const std::string& request_id, int32_t layer, const std::vector<int32_t>& src_blocks,
-                         KvCacheStorage* storage, WorkMark* ready = nullptr) override;
+  absl::Status SendLayer(const std::string& request_id, int32_t layer,
+                         const std::vector<int32_t>& src_blocks, KvCacheStorage* storage,
+                         WorkMark* ready = nullptr) override;
   absl::Status End(const std::string& request_id, int32_t first_token) override;
   // False after an I/O error (a frame may be half written) and once the receiver closed the
   // connection: nothing is due from it between transfers, so a readable socket means it closed it.
@@ -128,14 +131,16 @@ class TcpKvSender final : public KvSender {
   bool Connected() const override;
 
  private:
-  TcpKvSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
+  KvControlSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
       : fd_(fd), info_(info), io_timeout_(io_timeout) {}
   // One connection over one path. On failure `path_failed` says whether the data path alone failed
-  // (not offered, or its link not joined), where another path may work; not when the receiver was not
-  // reached or refused the sender's model or geometry.
-  static absl::StatusOr<std::unique_ptr<TcpKvSender>> Open(const std::string& address, const KvEndpointInfo& info,
-                                                           absl::Duration io_timeout, KvLinkFactory* link_factory,
-                                                           bool* path_failed);
+  // (not offered, or its link not joined), where another path may work; not when the receiver was
+  // not reached or refused the sender's model or geometry.
+  static absl::StatusOr<std::unique_ptr<KvControlSender>> Open(const std::string& address,
+                                                               const KvEndpointInfo& info,
+                                                               absl::Duration io_timeout,
+                                                               KvLinkFactory* link_factory,
+                                                               bool* path_failed);
   // `s`, noting the connection as broken when it is an error.
   absl::Status Io(absl::Status s);
   int fd_;
@@ -144,7 +149,7 @@ class TcpKvSender final : public KvSender {
   absl::Duration io_timeout_;
   std::unique_ptr<KvLink> link_;  // the side data path, when the handshake set one up
   std::string data_path_ = "inline";
-  std::vector<iovec> iov_;  // frame header, then K blocks, then V blocks of one layer
+  std::vector<iovec> iov_;     // frame header, then K blocks, then V blocks of one layer
   std::vector<char> staging_;  // [2][blocks][block bytes]: a layer copied out of device memory
 };
 

@@ -1,4 +1,4 @@
-#include "common/transport/tcp/tcp_kv_transport.h"
+#include "common/transport/kv_control.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -106,11 +106,13 @@ absl::Status ReadMessage(int fd, FrameType expected, google::protobuf::MessageLi
   uint32_t len;
   RETURN_IF_ERROR(ReadHeader(fd, &type, &len));
   if (type != expected || len > kMaxControlFrame) {
-    return absl::DataLossError(absl::StrCat("KV transfer: expected frame ", expected, ", got ", type, " of ", len, " bytes"));
+    return absl::DataLossError(absl::StrCat("KV transfer: expected frame ", expected, ", got ",
+                                            type, " of ", len, " bytes"));
   }
   std::string bytes(len, '\0');
   RETURN_IF_ERROR(ReadAll(fd, bytes.data(), len));
-  if (!m->ParseFromString(bytes)) return absl::DataLossError("KV transfer: malformed control message");
+  if (!m->ParseFromString(bytes))
+    return absl::DataLossError("KV transfer: malformed control message");
   return absl::OkStatus();
 }
 
@@ -140,15 +142,18 @@ void KvGeometryToProto(const KvCacheGeometry& g, v1::KvGeometry* p) {
 
 std::string KvIncompatibility(const KvEndpointInfo& s, const KvEndpointInfo& r) {
   if (s.model_fingerprint != r.model_fingerprint) {
-    return absl::StrCat("model fingerprint differs (sender ", s.model_fingerprint, ", receiver ", r.model_fingerprint, ")");
+    return absl::StrCat("model fingerprint differs (sender ", s.model_fingerprint, ", receiver ",
+                        r.model_fingerprint, ")");
   }
   const KvCacheGeometry &a = s.geometry, &b = r.geometry;
-  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads || a.head_dim != b.head_dim ||
-      a.block_size != b.block_size || a.dtype != b.dtype) {
-    return absl::StrCat("KV geometry differs (sender layers=", a.num_layers, " kv_heads=", a.num_kv_heads,
-                        " head_dim=", a.head_dim, " block_size=", a.block_size, " dtype=", std::string(DTypeName(a.dtype)),
-                        "; receiver layers=", b.num_layers, " kv_heads=", b.num_kv_heads, " head_dim=", b.head_dim,
-                        " block_size=", b.block_size, " dtype=", std::string(DTypeName(b.dtype)),
+  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads ||
+      a.head_dim != b.head_dim || a.block_size != b.block_size || a.dtype != b.dtype) {
+    return absl::StrCat("KV geometry differs (sender layers=", a.num_layers,
+                        " kv_heads=", a.num_kv_heads, " head_dim=", a.head_dim,
+                        " block_size=", a.block_size, " dtype=", std::string(DTypeName(a.dtype)),
+                        "; receiver layers=", b.num_layers, " kv_heads=", b.num_kv_heads,
+                        " head_dim=", b.head_dim, " block_size=", b.block_size,
+                        " dtype=", std::string(DTypeName(b.dtype)),
                         "; give both workers the same --kv-cache-dtype and --compute-dtype)");
   }
   return "";
@@ -156,9 +161,11 @@ std::string KvIncompatibility(const KvEndpointInfo& s, const KvEndpointInfo& r) 
 
 // ---------------------------------------------------------------- receiver
 
-absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(const Options& options) {
-  if (options.storage == nullptr) return absl::InvalidArgumentError("TcpKvReceiver needs a KV storage");
-  std::unique_ptr<TcpKvReceiver> r(new TcpKvReceiver(options));
+absl::StatusOr<std::unique_ptr<KvControlReceiver>> KvControlReceiver::Create(
+    const Options& options) {
+  if (options.storage == nullptr)
+    return absl::InvalidArgumentError("KvControlReceiver needs a KV storage");
+  std::unique_ptr<KvControlReceiver> r(new KvControlReceiver(options));
   r->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (r->listen_fd_ < 0) return IoError("socket");
   int one = 1;
@@ -167,9 +174,11 @@ absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(const Optio
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(options.port));
   if (inet_pton(AF_INET, options.host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("KV receiver: '", options.host, "' is not an IPv4 address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV receiver: '", options.host, "' is not an IPv4 address"));
   }
-  if (::bind(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) return IoError("bind");
+  if (::bind(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0)
+    return IoError("bind");
   if (::listen(r->listen_fd_, 64) < 0) return IoError("listen");
   socklen_t len = sizeof(addr);
   getsockname(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -178,7 +187,7 @@ absl::StatusOr<std::unique_ptr<TcpKvReceiver>> TcpKvReceiver::Create(const Optio
   return r;
 }
 
-TcpKvReceiver::~TcpKvReceiver() {
+KvControlReceiver::~KvControlReceiver() {
   stopping_ = true;
   ::shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
@@ -192,7 +201,7 @@ TcpKvReceiver::~TcpKvReceiver() {
   for (auto& [connection, t] : threads) t.join();
 }
 
-void TcpKvReceiver::AcceptLoop() {
+void KvControlReceiver::AcceptLoop() {
   while (!stopping_) {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
@@ -209,13 +218,14 @@ void TcpKvReceiver::AcceptLoop() {
       ended_connections_.clear();
       connection_fds_.push_back(fd);
       const int64_t connection = next_connection_++;
-      connection_threads_[connection] = std::thread([this, fd, connection] { ServeConnection(fd, connection); });
+      connection_threads_[connection] =
+          std::thread([this, fd, connection] { ServeConnection(fd, connection); });
     }
     for (auto& t : ended) t.join();
   }
 }
 
-void TcpKvReceiver::Fail(const std::string& id, const std::string& error) {
+void KvControlReceiver::Fail(const std::string& id, const std::string& error) {
   {
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(id);
@@ -227,7 +237,8 @@ void TcpKvReceiver::Fail(const std::string& id, const std::string& error) {
   if (on_complete_) on_complete_(id);
 }
 
-bool TcpKvReceiver::HoldsLiveTransfer(const std::vector<std::string>& open, int64_t connection) {
+bool KvControlReceiver::HoldsLiveTransfer(const std::vector<std::string>& open,
+                                          int64_t connection) {
   absl::MutexLock lock(&mu_);
   for (const std::string& id : open) {
     auto it = transfers_.find(id);
@@ -236,7 +247,7 @@ bool TcpKvReceiver::HoldsLiveTransfer(const std::vector<std::string>& open, int6
   return false;
 }
 
-void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
+void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
   std::vector<std::string> open;  // transfers begun on this connection and not ended
   auto finish = [&](const absl::Status& s) {
     for (const std::string& id : open) {
@@ -261,14 +272,15 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   if (absl::Status s = ReadMessage(fd, kHandshake, &hello); !s.ok()) return finish(s);
   KvEndpointInfo sender;
   sender.model_fingerprint = hello.model_fingerprint();
-  sender.geometry = {hello.geometry().num_layers(), 0, hello.geometry().block_size(), hello.geometry().num_kv_heads(),
-                     hello.geometry().head_dim()};
+  sender.geometry = {hello.geometry().num_layers(), 0, hello.geometry().block_size(),
+                     hello.geometry().num_kv_heads(), hello.geometry().head_dim()};
   const std::optional<DType> dtype = KvDTypeFromProto(hello.geometry());
   v1::KvHandshakeReply reply;
   std::string why;
   if (!dtype.has_value()) {
-    why = absl::StrCat("the sender's KV cache type (", static_cast<int>(hello.geometry().dtype()), ", ",
-                       hello.geometry().bytes_per_element(), "-byte elements) is not one this worker knows");
+    why = absl::StrCat("the sender's KV cache type (", static_cast<int>(hello.geometry().dtype()),
+                       ", ", hello.geometry().bytes_per_element(),
+                       "-byte elements) is not one this worker knows");
   } else {
     sender.geometry.dtype = *dtype;
     why = KvIncompatibility(sender, options_.info);
@@ -282,10 +294,11 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       absl::StrAppend(&offered, "'", f->name(), "', ");
     }
     if (factory == nullptr) {
-      why = absl::StrCat("this decode worker does not offer the '", hello.data_path(), "' KV data path (it offers ",
-                         offered, "inline TCP)");
+      why = absl::StrCat("this decode worker does not offer the '", hello.data_path(),
+                         "' KV data path (it offers ", offered, "inline TCP)");
     } else if (absl::StatusOr<std::string> r = factory->NewRendezvous(); !r.ok()) {
-      why = absl::StrCat("cannot set up the ", hello.data_path(), " KV data path: ", r.status().message());
+      why = absl::StrCat("cannot set up the ", hello.data_path(),
+                         " KV data path: ", r.status().message());
     } else {
       rendezvous = *std::move(r);
     }
@@ -301,7 +314,8 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   }
   std::unique_ptr<KvLink> link;
   if (!rendezvous.empty()) {
-    absl::StatusOr<std::unique_ptr<KvLink>> joined = factory->Join(rendezvous, 1, options_.io_timeout);
+    absl::StatusOr<std::unique_ptr<KvLink>> joined =
+        factory->Join(rendezvous, 1, options_.io_timeout);
     if (!joined.ok()) {
       factory->Abandon(rendezvous, {0});  // this end joined (and left); the sender did not
       return finish(joined.status());
@@ -320,12 +334,14 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
     pollfd p{fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, 100);
     if (ready == 0 || (ready < 0 && errno == EINTR)) {
-      // A last look at the socket: a frame that arrived meanwhile keeps the connection. (A Begin still
-      // on its way may meet the close; that transfer then fails, and the router may retry its prefill.)
-      if (absl::Now() - last_frame >= options_.idle_timeout && !HoldsLiveTransfer(open, connection) &&
-          ::poll(&p, 1, 0) == 0) {
+      // A last look at the socket: a frame that arrived meanwhile keeps the connection. (A Begin
+      // still on its way may meet the close; that transfer then fails, and the router may retry its
+      // prefill.)
+      if (absl::Now() - last_frame >= options_.idle_timeout &&
+          !HoldsLiveTransfer(open, connection) && ::poll(&p, 1, 0) == 0) {
         TANDEM_LOG(INFO) << "closing KV connection " << connection << ": nothing arrived for "
-                         << absl::FormatDuration(options_.idle_timeout) << (link != nullptr ? " (its link with it)" : "");
+                         << absl::FormatDuration(options_.idle_timeout)
+                         << (link != nullptr ? " (its link with it)" : "");
         return finish(absl::UnavailableError("the connection was idle"));
       }
       continue;
@@ -369,7 +385,8 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
             ack.set_error(it->second.error);
           } else if (it->second.layers_received != g.num_layers) {
             it->second.failed = true;
-            it->second.error = absl::StrCat("transfer ended after ", it->second.layers_received, " of ", g.num_layers, " layers");
+            it->second.error = absl::StrCat("transfer ended after ", it->second.layers_received,
+                                            " of ", g.num_layers, " layers");
             ack.set_error(it->second.error);
             notify = true;
           } else {
@@ -388,12 +405,15 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
       // the pool before anything is allocated: a hostile peer cannot make us allocate at will.
       v1::KvLayerHeader h;
       if (!h.ParseFromString(bytes)) return finish(absl::DataLossError("malformed layer header"));
-      const uint64_t expected = 2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_bytes;
-      if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks || static_cast<uint64_t>(h.payload_bytes()) != expected) {
+      const uint64_t expected =
+          2ull * static_cast<uint64_t>(std::max(h.num_blocks(), 0)) * block_bytes;
+      if (h.num_blocks() < 0 || h.num_blocks() > g.num_blocks ||
+          static_cast<uint64_t>(h.payload_bytes()) != expected) {
         return finish(absl::DataLossError("layer header does not match the cache geometry"));
       }
       if (link != nullptr) {  // no payload frame: the layer moves over the link
-        if (absl::Status s = ReceiveLayerOverLink(link.get(), connection, h.request_id(), h.layer(), h.num_blocks());
+        if (absl::Status s = ReceiveLayerOverLink(link.get(), connection, h.request_id(), h.layer(),
+                                                  h.num_blocks());
             !s.ok()) {
           return finish(s);
         }
@@ -411,7 +431,8 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
         auto it = transfers_.find(h.request_id());
         wanted = it != transfers_.end() && it->second.OwnedBy(connection);
       }
-      if (!wanted) {  // cancelled, unknown or another connection's: drain the payload without keeping it
+      if (!wanted) {  // cancelled, unknown or another connection's: drain the payload without
+                      // keeping it
         char scratch[1 << 16];
         for (uint64_t left = plen; left > 0;) {
           const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
@@ -428,16 +449,19 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
         continue;  // cancelled or taken over meanwhile
       }
       Transfer& t = it->second;
-      if (h.layer() < 0 || h.layer() >= g.num_layers || h.num_blocks() != static_cast<int32_t>(t.blocks.size())) {
-        const std::string error = absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(),
-                                               " blocks does not fit the reservation of ", t.blocks.size(), " blocks");
+      if (h.layer() < 0 || h.layer() >= g.num_layers ||
+          h.num_blocks() != static_cast<int32_t>(t.blocks.size())) {
+        const std::string error =
+            absl::StrCat("layer ", h.layer(), " with ", h.num_blocks(),
+                         " blocks does not fit the reservation of ", t.blocks.size(), " blocks");
         lock.Release();
         Fail(h.request_id(), error);
         continue;
       }
       // Host or device memory alike (a memcpy per block on the CPU); complete when it returns.
       options_.storage->WriteBlocks(false, h.layer(), t.blocks, payload.data());
-      options_.storage->WriteBlocks(true, h.layer(), t.blocks, payload.data() + t.blocks.size() * block_bytes);
+      options_.storage->WriteBlocks(true, h.layer(), t.blocks,
+                                    payload.data() + t.blocks.size() * block_bytes);
       ++t.layers_received;
     } else {
       return finish(absl::DataLossError(absl::StrCat("unexpected frame type ", type)));
@@ -446,8 +470,9 @@ void TcpKvReceiver::ServeConnection(int fd, int64_t connection) {
   finish(absl::UnavailableError("receiver shutting down"));
 }
 
-absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connection, const std::string& id,
-                                                 int32_t layer, int32_t num_blocks) {
+absl::Status KvControlReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connection,
+                                                     const std::string& id, int32_t layer,
+                                                     int32_t num_blocks) {
   std::vector<int32_t> blocks;  // empty: not wanted
   std::string misfit;
   {
@@ -455,10 +480,11 @@ absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connectio
     auto it = transfers_.find(id);
     if (it != transfers_.end() && it->second.OwnedBy(connection)) {
       const Transfer& t = it->second;
-      if (layer < 0 || layer >= options_.storage->geometry().num_layers || num_blocks != static_cast<int32_t>(t.blocks.size()) ||
-          num_blocks == 0) {
-        misfit = absl::StrCat("layer ", layer, " with ", num_blocks, " blocks does not fit the reservation of ",
-                              t.blocks.size(), " blocks");
+      if (layer < 0 || layer >= options_.storage->geometry().num_layers ||
+          num_blocks != static_cast<int32_t>(t.blocks.size()) || num_blocks == 0) {
+        misfit =
+            absl::StrCat("layer ", layer, " with ", num_blocks,
+                         " blocks does not fit the reservation of ", t.blocks.size(), " blocks");
       } else {
         blocks = t.blocks;
       }
@@ -466,8 +492,8 @@ absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connectio
   }
   if (!misfit.empty()) Fail(id, misfit);
   if (blocks.empty()) return link->DiscardLayer(num_blocks, options_.io_timeout);
-  // Each piece goes into the blocks under mu_, and only while they are still this transfer's: Cancel
-  // and Wait may then release them at once, whatever the link is doing.
+  // Each piece goes into the blocks under mu_, and only while they are still this transfer's:
+  // Cancel and Wait may then release them at once, whatever the link is doing.
   bool landed_all = true;
   const KvLink::Landing land = [&](const std::function<void()>& write) {
     absl::MutexLock lock(&mu_);
@@ -481,28 +507,35 @@ absl::Status TcpKvReceiver::ReceiveLayerOverLink(KvLink* link, int64_t connectio
   RETURN_IF_ERROR(link->RecvLayer(layer, blocks, land, options_.io_timeout));
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
-  if (landed_all && it != transfers_.end() && it->second.OwnedBy(connection)) ++it->second.layers_received;
+  if (landed_all && it != transfers_.end() && it->second.OwnedBy(connection))
+    ++it->second.layers_received;
   return absl::OkStatus();
 }
 
-absl::Status TcpKvReceiver::Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) {
+absl::Status KvControlReceiver::Expect(const std::string& request_id,
+                                       std::vector<int32_t> dst_blocks) {
   const int64_t n = options_.storage->geometry().num_blocks;
   for (int32_t b : dst_blocks) {
-    if (b < 0 || b >= n) return absl::InvalidArgumentError(absl::StrCat("block ", b, " outside the pool"));
+    if (b < 0 || b >= n)
+      return absl::InvalidArgumentError(absl::StrCat("block ", b, " outside the pool"));
   }
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = transfers_.try_emplace(request_id);
-  if (!inserted) return absl::AlreadyExistsError(absl::StrCat("a transfer for \"", request_id, "\" is already expected"));
+  if (!inserted)
+    return absl::AlreadyExistsError(
+        absl::StrCat("a transfer for \"", request_id, "\" is already expected"));
   it->second.blocks = std::move(dst_blocks);
   return absl::OkStatus();
 }
 
-absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl::Duration timeout) {
+absl::StatusOr<int32_t> KvControlReceiver::Wait(const std::string& request_id,
+                                                absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     auto it = transfers_.find(request_id);
-    if (it == transfers_.end()) return absl::NotFoundError(absl::StrCat("no transfer expected for \"", request_id, "\""));
+    if (it == transfers_.end())
+      return absl::NotFoundError(absl::StrCat("no transfer expected for \"", request_id, "\""));
     if (it->second.done) {
       const int32_t token = it->second.first_token;
       transfers_.erase(it);
@@ -511,16 +544,18 @@ absl::StatusOr<int32_t> TcpKvReceiver::Wait(const std::string& request_id, absl:
     if (it->second.failed) {
       const std::string error = it->second.error;
       transfers_.erase(it);
-      return absl::UnavailableError(absl::StrCat("KV transfer of \"", request_id, "\" failed: ", error));
+      return absl::UnavailableError(
+          absl::StrCat("KV transfer of \"", request_id, "\" failed: ", error));
     }
     if (changed_.WaitWithDeadline(&mu_, deadline)) {
       transfers_.erase(request_id);
-      return absl::DeadlineExceededError(absl::StrCat("KV transfer of \"", request_id, "\" did not complete in time"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("KV transfer of \"", request_id, "\" did not complete in time"));
     }
   }
 }
 
-void TcpKvReceiver::Cancel(const std::string& request_id) {
+void KvControlReceiver::Cancel(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
   transfers_.erase(request_id);
   changed_.SignalAll();
@@ -528,49 +563,56 @@ void TcpKvReceiver::Cancel(const std::string& request_id) {
 
 // ---------------------------------------------------------------- sender
 
-absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Connect(const std::string& address, const KvEndpointInfo& info,
-                                                                  absl::Duration io_timeout,
-                                                                  KvLinkFactory* link_factory) {
+absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Connect(
+    const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
+    KvLinkFactory* link_factory) {
   return ConnectFirst(address, info, io_timeout, {link_factory});
 }
 
-absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::ConnectFirst(const std::string& address,
-                                                                       const KvEndpointInfo& info,
-                                                                       absl::Duration io_timeout,
-                                                                       const std::vector<KvLinkFactory*>& paths,
-                                                                       std::string* refused) {
+absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::ConnectFirst(
+    const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
+    const std::vector<KvLinkFactory*>& paths, std::string* refused) {
   if (paths.empty()) return absl::InvalidArgumentError("no KV data path to try");
   std::string reasons;
   absl::Status last;
   for (KvLinkFactory* path : paths) {
     bool path_failed = false;
-    absl::StatusOr<std::unique_ptr<TcpKvSender>> sender = Open(address, info, io_timeout, path, &path_failed);
+    absl::StatusOr<std::unique_ptr<KvControlSender>> sender =
+        Open(address, info, io_timeout, path, &path_failed);
     if (sender.ok()) {
       if (refused != nullptr) *refused = reasons;
       return sender;
     }
     last = sender.status();
-    absl::StrAppend(&reasons, reasons.empty() ? "" : "; ", path != nullptr ? path->name() : "inline", ": ",
-                    last.message());
-    if (!path_failed) break;  // unreachable, or this sender's model or geometry refused: no path helps
+    absl::StrAppend(&reasons, reasons.empty() ? "" : "; ",
+                    path != nullptr ? path->name() : "inline", ": ", last.message());
+    if (!path_failed)
+      break;  // unreachable, or this sender's model or geometry refused: no path helps
   }
-  return absl::Status(last.code(), paths.size() > 1 ? absl::StrCat("no KV data path worked (", reasons, ")")
-                                                    : std::string(last.message()));
+  return absl::Status(last.code(), paths.size() > 1
+                                       ? absl::StrCat("no KV data path worked (", reasons, ")")
+                                       : std::string(last.message()));
 }
 
-absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string& address, const KvEndpointInfo& info,
-                                                               absl::Duration io_timeout, KvLinkFactory* link_factory,
-                                                               bool* path_failed) {
+absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(const std::string& address,
+                                                                       const KvEndpointInfo& info,
+                                                                       absl::Duration io_timeout,
+                                                                       KvLinkFactory* link_factory,
+                                                                       bool* path_failed) {
   *path_failed = false;
   const size_t colon = address.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("KV receiver address '", address, "' is not host:port"));
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV receiver address '", address, "' is not host:port"));
   }
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints, &res) != 0 || !res) {
+  if (getaddrinfo(address.substr(0, colon).c_str(), address.substr(colon + 1).c_str(), &hints,
+                  &res) != 0 ||
+      !res) {
     return absl::UnavailableError(absl::StrCat("cannot resolve ", address));
   }
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -582,7 +624,7 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string
     ::close(fd);
     return s;
   }
-  std::unique_ptr<TcpKvSender> sender(new TcpKvSender(fd, info, io_timeout));
+  std::unique_ptr<KvControlSender> sender(new KvControlSender(fd, info, io_timeout));
   v1::KvHandshake hello;
   hello.set_model_fingerprint(info.model_fingerprint);
   KvGeometryToProto(info.geometry, hello.mutable_geometry());
@@ -592,18 +634,22 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string
   RETURN_IF_ERROR(ReadMessage(fd, kHandshakeReply, &reply));
   if (!reply.accepted()) {
     *path_failed = reply.data_path_refused();
-    return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " refused: ", reply.reason()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV receiver at ", address, " refused: ", reply.reason()));
   }
   *path_failed = true;  // from here on only the data path can fail
   if (link_factory != nullptr) {
     if (reply.link_rendezvous().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("KV receiver at ", address, " did not set up the ",
-                                                        link_factory->name(), " data path (an older version?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("KV receiver at ", address, " did not set up the ", link_factory->name(),
+                       " data path (an older version?)"));
     }
-    absl::StatusOr<std::unique_ptr<KvLink>> link = link_factory->Join(reply.link_rendezvous(), 0, io_timeout);
+    absl::StatusOr<std::unique_ptr<KvLink>> link =
+        link_factory->Join(reply.link_rendezvous(), 0, io_timeout);
     if (!link.ok()) {
-      return absl::Status(link.status().code(), absl::StrCat("KV transfer to ", address, ": joining the ",
-                                                             link_factory->name(), " link: ", link.status().message()));
+      return absl::Status(link.status().code(),
+                          absl::StrCat("KV transfer to ", address, ": joining the ",
+                                       link_factory->name(), " link: ", link.status().message()));
     }
     sender->link_ = *std::move(link);
     sender->data_path_ = link_factory->name();
@@ -611,17 +657,18 @@ absl::StatusOr<std::unique_ptr<TcpKvSender>> TcpKvSender::Open(const std::string
   return sender;
 }
 
-TcpKvSender::~TcpKvSender() { ::close(fd_); }
+KvControlSender::~KvControlSender() { ::close(fd_); }
 
-absl::Status TcpKvSender::Begin(const std::string& request_id, int64_t num_tokens) {
+absl::Status KvControlSender::Begin(const std::string& request_id, int64_t num_tokens) {
   v1::KvTransferBegin m;
   m.set_request_id(request_id);
   m.set_num_tokens(num_tokens);
   return Io(SendMessage(fd_, kBegin, m));
 }
 
-absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer, const std::vector<int32_t>& src_blocks,
-                                    KvCacheStorage* storage, WorkMark* ready) {
+absl::Status KvControlSender::SendLayer(const std::string& request_id, int32_t layer,
+                                        const std::vector<int32_t>& src_blocks,
+                                        KvCacheStorage* storage, WorkMark* ready) {
   const KvCacheGeometry& g = storage->geometry();
   if (layer < 0 || layer >= g.num_layers) return absl::InvalidArgumentError("layer out of range");
   const size_t block_bytes = static_cast<size_t>(g.bytes_per_block());
@@ -629,9 +676,11 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
     if (b < 0 || b >= g.num_blocks) return absl::InvalidArgumentError("block out of range");
   }
   const size_t payload = 2 * src_blocks.size() * block_bytes;
-  if (payload > std::numeric_limits<uint32_t>::max()) return absl::InvalidArgumentError("layer payload over 4 GiB");
+  if (payload > std::numeric_limits<uint32_t>::max())
+    return absl::InvalidArgumentError("layer payload over 4 GiB");
   // The layer's KV writes first, before any byte of the layer goes out: the receiver, once a frame
-  // has begun, reads the rest of it under its io timeout. (A failed wait leaves the connection sound.)
+  // has begun, reads the rest of it under its io timeout. (A failed wait leaves the connection
+  // sound.)
   if (ready != nullptr) RETURN_IF_ERROR(ready->Wait(absl::Now() + io_timeout_));
   if (link_ == nullptr && !storage->host_accessible()) {
     // Device memory: copy the layer out first, after its KV writes (the mark above; without one,
@@ -639,8 +688,10 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
     // before the layer's header: the receiver, once a frame has begun, reads the rest of it under
     // its io timeout.
     staging_.resize(payload);
-    storage->ReadBlocks(false, layer, src_blocks, staging_.data(), /*after_enqueued_work=*/ready == nullptr);
-    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes, ready == nullptr);
+    storage->ReadBlocks(false, layer, src_blocks, staging_.data(),
+                        /*after_enqueued_work=*/ready == nullptr);
+    storage->ReadBlocks(true, layer, src_blocks, staging_.data() + src_blocks.size() * block_bytes,
+                        ready == nullptr);
   }
   v1::KvLayerHeader h;
   h.set_request_id(request_id);
@@ -649,8 +700,8 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   h.set_payload_bytes(static_cast<int64_t>(payload));
   RETURN_IF_ERROR(Io(SendMessage(fd_, kLayerHeader, h)));
   if (link_ != nullptr) return Io(link_->SendLayer(layer, src_blocks, io_timeout_, ready));
-  // The payload goes out from the staging copy, or straight from host cache blocks (K blocks, then V
-  // blocks): the sender's blocks stay allocated until End() returns.
+  // The payload goes out from the staging copy, or straight from host cache blocks (K blocks, then
+  // V blocks): the sender's blocks stay allocated until End() returns.
   unsigned char header[5];
   const uint32_t len = static_cast<uint32_t>(payload);
   std::memcpy(header, &len, 4);
@@ -668,23 +719,25 @@ absl::Status TcpKvSender::SendLayer(const std::string& request_id, int32_t layer
   return Io(WriteVector(fd_, iov_));
 }
 
-absl::Status TcpKvSender::End(const std::string& request_id, int32_t first_token) {
+absl::Status KvControlSender::End(const std::string& request_id, int32_t first_token) {
   v1::KvTransferEnd m;
   m.set_request_id(request_id);
   m.set_first_token(first_token);
   RETURN_IF_ERROR(Io(SendMessage(fd_, kEnd, m)));
   v1::KvTransferAck ack;
   RETURN_IF_ERROR(Io(ReadMessage(fd_, kAck, &ack)));
-  if (!ack.ok()) return absl::UnavailableError(absl::StrCat("KV receiver rejected \"", request_id, "\": ", ack.error()));
+  if (!ack.ok())
+    return absl::UnavailableError(
+        absl::StrCat("KV receiver rejected \"", request_id, "\": ", ack.error()));
   return absl::OkStatus();
 }
 
-absl::Status TcpKvSender::Io(absl::Status s) {
+absl::Status KvControlSender::Io(absl::Status s) {
   if (!s.ok()) broken_ = true;
   return s;
 }
 
-bool TcpKvSender::Connected() const {
+bool KvControlSender::Connected() const {
   if (broken_) return false;
   // The receiver only ever writes an acknowledgement, which End reads at once: between jobs a
   // readable (or hung-up) socket is one the receiver closed or reset.
