@@ -53,8 +53,7 @@ ABSL_FLAG(int32_t, min_tokens, 0,
 ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
 ABSL_FLAG(std::vector<std::string>, stop, {},
           "generate: stop strings, comma-separated: generation ends at the first match, which the "
-          "text leaves out "
-          "(in-process, and by the router with --server)");
+          "text leaves out (in-process, and by the router with --server)");
 ABSL_FLAG(std::string, logit_bias, "",
           "generate: comma-separated id:bias pairs added to the logits, bias in [-100, 100]");
 ABSL_FLAG(int32_t, prompt_logprobs, -1,
@@ -249,8 +248,8 @@ int GenerateCommand() {
   const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
 
   std::vector<std::pair<EngineRequest, std::string>> requests;
-  std::map<std::string, std::vector<std::string>>
-      stops;  // by request id: --stop, or a batch line's "stop"
+  // By request id: --stop, or a batch line's "stop".
+  std::map<std::string, std::vector<std::string>> stops;
   if (!batch_file.empty()) {
     auto read = ReadBatchFile(batch_file, *defaults, tok, &stops);
     if (!read.ok()) return Fail(read.status());

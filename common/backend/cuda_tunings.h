@@ -5,7 +5,10 @@
 // plugin's C entry point as it is.
 #pragma once
 
+#include <algorithm>
+#include <span>
 #include <string>
+#include <tuple>
 
 #include "absl/status/status.h"
 
@@ -37,16 +40,30 @@ struct CudaTunings {
   bool op_profile = false;
 };
 
+// The values gemv_columns and grid_split_keys may take.
+inline constexpr int kCudaGemvColumns[] = {1, 2, 4};
+inline constexpr int kCudaGridSplitKeys[] = {32, 64, 128, 256};
+
+// "1, 2 or 4": the choices as an error message lists them.
+inline std::string ChoicesText(std::span<const int> choices) {
+  std::string text;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) text += i + 1 < choices.size() ? ", " : " or ";
+    text += std::to_string(choices[i]);
+  }
+  return text;
+}
+
 // INVALID_ARGUMENT naming the flag for a value outside its choices.
 inline absl::Status ValidateCudaTunings(const CudaTunings& t) {
-  if (t.gemv_columns != 1 && t.gemv_columns != 2 && t.gemv_columns != 4) {
-    return absl::InvalidArgumentError("--cuda-gemv-columns must be 1, 2 or 4, not " +
-                                      std::to_string(t.gemv_columns));
-  }
-  if (t.grid_split_keys != 32 && t.grid_split_keys != 64 && t.grid_split_keys != 128 &&
-      t.grid_split_keys != 256) {
-    return absl::InvalidArgumentError("--cuda-grid-split-keys must be 32, 64, 128 or 256, not " +
-                                      std::to_string(t.grid_split_keys));
+  for (auto [flag, value, choices] :
+       {std::tuple<const char*, int, std::span<const int>>{"--cuda-gemv-columns", t.gemv_columns,
+                                                           kCudaGemvColumns},
+        {"--cuda-grid-split-keys", t.grid_split_keys, kCudaGridSplitKeys}}) {
+    if (std::find(choices.begin(), choices.end(), value) == choices.end()) {
+      return absl::InvalidArgumentError(std::string(flag) + " must be " + ChoicesText(choices) +
+                                        ", not " + std::to_string(value));
+    }
   }
   return absl::OkStatus();
 }

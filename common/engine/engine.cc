@@ -46,8 +46,8 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o,
     for (int64_t b = 0; b < table_len; ++b) table[b] = static_cast<int32_t>(b);
     ForwardInput in;
     in.token_ids.assign(static_cast<size_t>(tokens), 0);
-    for (int64_t s = 0; s < seqs;
-         ++s) {  // the sequences share one table: only the shapes matter here
+    // The sequences share one table: only the shapes matter here.
+    for (int64_t s = 0; s < seqs; ++s) {
       in.seqs.push_back({tokens / seqs + (s < tokens % seqs ? 1 : 0), 0, table});
     }
     for (int64_t r = 0; r < tokens; ++r) in.logits_rows.push_back(static_cast<int32_t>(r));
@@ -321,8 +321,8 @@ StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
   plan.seqs.reserve(step.chunks.size());
   for (const ScheduledChunk& ch : step.chunks) {
     SchedRequest* r = ch.request;
-    SequenceState& seq =
-        sequences_.at(r->id);  // looked up once a step: the per-row work is the host's share
+    // Looked up once a step: the per-row work is the host's share of a step.
+    SequenceState& seq = sequences_.at(r->id);
     const int64_t begin = r->num_computed_tokens, end = begin + ch.num_new_tokens;
     plan.computes_prompt |= begin < r->prompt_len;
     if (seq.first_scheduled == absl::InfinitePast()) seq.first_scheduled = step_start;
@@ -334,9 +334,9 @@ StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
       row.position = p;
       row.prompt_logprobs = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
                             p + 1 >= seq.prompt_logprobs_sent_until;
-      const bool last = ch.samples && p == end - 1;
-      if (!row.prompt_logprobs && !last) continue;
-      row.sample = last && seq.params.max_tokens != 0;
+      row.last = ch.samples && p == end - 1;
+      if (!row.prompt_logprobs && !row.last) continue;
+      row.sample = row.last && seq.params.max_tokens != 0;
       // A plain greedy step needs the argmax alone, taken on the device, and its logprobs (if
       // asked) can be computed there too.
       const int32_t k = row.prompt_logprobs ? seq.params.prompt_logprobs : seq.params.logprobs;
@@ -512,9 +512,7 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
                                                                   seq.params.prompt_logprobs);
       if (p + 2 == r->prompt_len) seq.prompt_logprobs_sent_until = r->prompt_len;
     }
-    const bool last = plan.seqs[rp.seq].samples &&
-                      p == plan.seqs[rp.seq].begin + plan.seqs[rp.seq].num_new_tokens - 1;
-    if (last && !rp.sample) {
+    if (rp.last && !rp.sample) {
       // Prompt only (max_tokens 0): the prompt is evaluated, nothing is sampled.
       RequestOutput& o = output_for(rp.seq);
       if (seq.params.prompt_logprobs >= 0) o.prompt_logprobs = seq.prompt_logprobs;

@@ -49,7 +49,8 @@ struct RowPlan {
   int32_t seq = 0;               // index into StepPlan::seqs
   int64_t position = 0;          // absolute position of the row's token in its sequence
   bool prompt_logprobs = false;  // gives the distribution of prompt position + 1
-  bool sample = false;  // the sequence's next token is drawn from it (false for max_tokens 0)
+  bool last = false;    // the sequence's last row this step, which samples (SeqPlan::samples)
+  bool sample = false;  // the sequence's next token is drawn from it: last, unless max_tokens is 0
   // How the draw happens. kHost: from the row's logits on the host; otherwise on the device, as
   // DeviceSamplingPlan says (kArgmax: argmax_only; kTopK/kNucleus: sample_top_k candidates; kDraw).
   DeviceSamplingPlan::Kind sampling = DeviceSamplingPlan::Kind::kHost;

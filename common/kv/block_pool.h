@@ -77,8 +77,8 @@ class BlockPool {
   std::vector<Block> blocks_;
   int32_t head_ = -1, tail_ = -1;
   int32_t num_free_ = 0;
-  absl::flat_hash_map<uint64_t, std::vector<int32_t>>
-      cache_;  // hash → blocks (collisions kept apart)
+  // Hash → blocks (collisions kept apart)
+  absl::flat_hash_map<uint64_t, std::vector<int32_t>> cache_;
 };
 
 }  // namespace tandem

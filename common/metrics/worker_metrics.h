@@ -68,8 +68,8 @@ class WorkerMetrics {
   prometheus::Counter& sampled_device_;
   prometheus::Counter& sampled_host_;
   prometheus::Counter& sampling_row_copies_;
-  prometheus::Counter&
-      prompt_forward_seconds_;  // tandem_engine_forward_seconds_total{step="prompt"}
+  // tandem_engine_forward_seconds_total{step="prompt"}
+  prometheus::Counter& prompt_forward_seconds_;
   prometheus::Counter& decode_forward_seconds_;  // {step="decode"}
   prometheus::Counter& host_seconds_;
   prometheus::Counter& transfer_bytes_;

@@ -61,8 +61,8 @@ struct DeviceSamplingPlan {
   };
   Kind kind = Kind::kHost;
   int32_t k = 0;  // kTopK, kNucleus: the candidates wanted
-  bool edits =
-      false;  // logits processors are active: their LogitEdits are applied on the device first
+  // Logits processors are active: their LogitEdits are applied on the device first.
+  bool edits = false;
 };
 
 // The token a sampled step without top-k and top-p takes from a processed row with uniform draw u:

@@ -12,10 +12,7 @@ TextStream::TextStream(const Tokenizer* tokenizer, bool skip_special_tokens,
 
 std::string TextStream::Emit(std::string_view text) {
   StopStringMatcher::Result m = stops_.Add(text);
-  if (m.stopped) {
-    stopped_ = true;
-    matched_ = std::move(m.matched);
-  }
+  stopped_ |= m.stopped;
   text_ += m.emit;
   return std::move(m.emit);
 }

@@ -42,8 +42,6 @@ class TextStream {
   std::string Finish(absl::Status* detokenizer_status = nullptr);
 
   bool stopped() const { return stopped_; }
-  // The stop string that matched ("" if none).
-  const std::string& matched_stop() const { return matched_; }
   // Everything returned so far.
   const std::string& text() const { return text_; }
 
@@ -54,7 +52,6 @@ class TextStream {
   StopStringMatcher stops_;
   bool stopped_ = false;
   bool finished_ = false;
-  std::string matched_;
   std::string text_;
 };
 

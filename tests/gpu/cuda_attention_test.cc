@@ -351,8 +351,8 @@ TEST_F(CudaBackendTest, TiledPrefillAttentionMatchesTheCpu) {
               << "tensor cores, " << DTypeName(dt) << " head_dim " << hd << " heads " << hq << "/"
               << kvh;
           tc.mode = cuda::AttentionMode::kAuto;
-          tc.allow_tiled =
-              true;  // as CudaBackend::PagedAttention sets it outside the batch-invariant mode
+          // As CudaBackend::PagedAttention sets it outside the batch-invariant mode.
+          tc.allow_tiled = true;
           tc.tensor_core_prefill = true;
           tc.out = Zeros(c.n * hq * hd);
           ASSERT_EQ(cuda::LaunchPagedAttention(tc, nullptr), cudaSuccess);

@@ -396,8 +396,8 @@ TEST_F(KvLinkTest, AReceiveFromASilentPeerEndsAtItsDeadlineAndAbortsTheLink) {
   // a free that synchronised the whole device would wait for the receive's deadline.
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time alloc0 = absl::Now();
-  absl::Status
-      allocated;  // (checked after the join: a failed ASSERT here would leave the thread running)
+  // (checked after the join: a failed ASSERT here would leave the thread running)
+  absl::Status allocated;
   for (int round = 0; round < 3 && allocated.ok(); ++round) {
     allocated = device_->backend->Allocate(size_t{4} << 20).status();
   }

@@ -29,8 +29,8 @@ class LoopbackKvHub {
     bool joined[2] = {false, false};
     bool aborted = false;
     std::string why;
-    std::deque<std::vector<char>>
-        queue;  // layers sent and not yet received: [2][blocks][block bytes]
+    // Layers sent and not yet received: [2][blocks][block bytes].
+    std::deque<std::vector<char>> queue;
     int64_t sent = 0, taken = 0;
   };
   std::shared_ptr<Pair> Get(const std::string& token) {

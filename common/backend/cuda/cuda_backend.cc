@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +31,7 @@ bool EnvIsOne(const char* name) {
 
 // Environment variable `name` as one of `choices` into *value (unset: *value stays, the default);
 // INVALID_ARGUMENT naming the variable and its choices for anything else (the backend's tunings).
-absl::Status EnvChoice(const char* name, std::initializer_list<int> choices, int* value) {
+absl::Status EnvChoice(const char* name, std::span<const int> choices, int* value) {
   const char* p = std::getenv(name);
   if (p == nullptr) return absl::OkStatus();
   for (int c : choices) {
@@ -40,10 +40,8 @@ absl::Status EnvChoice(const char* name, std::initializer_list<int> choices, int
       return absl::OkStatus();
     }
   }
-  const std::vector<int> all(choices);
-  return absl::InvalidArgumentError(absl::StrCat(name, " must be ",
-                                                 absl::StrJoin(all.begin(), all.end() - 1, ", "),
-                                                 " or ", all.back(), ", not '", p, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " must be ", ChoicesText(choices), ", not '", p, "'"));
 }
 
 // Memory from the backend's stream's pool (cudaMallocAsync), given back in that stream's order: a
@@ -189,24 +187,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   // that is set (benchmarks compare settings that way).
   CudaTunings t = options.tunings;
   RETURN_IF_ERROR(ValidateCudaTunings(t));
-  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GEMV_COLUMNS", {1, 2, 4}, &t.gemv_columns));
-  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GRID_SPLIT_KEYS", {32, 64, 128, 256}, &t.grid_split_keys));
+  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GEMV_COLUMNS", kCudaGemvColumns, &t.gemv_columns));
+  RETURN_IF_ERROR(EnvChoice("TANDEM_CUDA_GRID_SPLIT_KEYS", kCudaGridSplitKeys, &t.grid_split_keys));
   for (auto [name, value] : {std::pair<const char*, bool*>{"TANDEM_CUDA_FUSION", &t.fusion},
                              {"TANDEM_CUDA_GEMV_NORM", &t.gemv_norm},
                              {"TANDEM_CUDA_GEMV_HEADS", &t.gemv_heads}}) {
+    constexpr int kOffOn[] = {0, 1};
     int on = *value;
-    RETURN_IF_ERROR(EnvChoice(name, {0, 1}, &on));
+    RETURN_IF_ERROR(EnvChoice(name, kOffOn, &on));
     *value = on == 1;
   }
   if (EnvIsOne("TANDEM_CUDA_TC_ATTENTION")) t.tensor_core_attention = true;
   if (EnvIsOne("TANDEM_CUDA_PDL")) t.programmatic_launch = true;
   if (EnvIsOne("TANDEM_CUDA_OP_PROFILE")) t.op_profile = true;
-  backend->gemv_columns_ = t.gemv_columns;
-  backend->grid_split_keys_ = t.grid_split_keys;
-  backend->fusion_ = t.fusion;
-  backend->gemv_norm_ = t.gemv_norm;
-  backend->gemv_heads_ = t.gemv_heads;
-  backend->tensor_core_prefill_ = t.tensor_core_attention;
+  backend->tunings_ = t;
   if (t.programmatic_launch) cuda::RequestProgrammaticLaunch();
   if (t.op_profile) backend->SetOpProfiling(true);
   // The q|k|v GEMV's per-head counters (GemvEpilogue::head_counters), zero, fixed up front
@@ -223,16 +217,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const Options& 
   }
   // The tunings off their defaults, in the description (workers log it, forward_bench records it).
   std::vector<std::string> tunings;
-  if (!backend->fusion_) tunings.push_back("fusion off");
-  if (backend->fusion_ && !backend->gemv_norm_) tunings.push_back("GEMV norm off");
-  if (backend->fusion_ && !backend->gemv_heads_) tunings.push_back("GEMV heads off");
-  if (backend->gemv_columns_ != 1)
-    tunings.push_back(absl::StrCat("GEMV columns ", backend->gemv_columns_));
-  if (backend->grid_split_keys_ != 256 && !backend->batch_invariant_) {
-    tunings.push_back(absl::StrCat("grid splits of ", backend->grid_split_keys_, " keys"));
+  if (!t.fusion) tunings.push_back("fusion off");
+  if (t.fusion && !t.gemv_norm) tunings.push_back("GEMV norm off");
+  if (t.fusion && !t.gemv_heads) tunings.push_back("GEMV heads off");
+  if (t.gemv_columns != 1) tunings.push_back(absl::StrCat("GEMV columns ", t.gemv_columns));
+  if (t.grid_split_keys != 256 && !backend->batch_invariant_) {
+    tunings.push_back(absl::StrCat("grid splits of ", t.grid_split_keys, " keys"));
   }
   if (cuda::ProgrammaticLaunchOn()) tunings.push_back("programmatic dependent launch");
-  if (backend->tensor_core_prefill_) tunings.push_back("tensor-core prompt attention");
+  if (t.tensor_core_attention) tunings.push_back("tensor-core prompt attention");
   if (options.compute_dtype.has_value()) {
     tunings.push_back(absl::StrCat("16-bit weights and GEMMs in ",
                                    std::string(DTypeName(*options.compute_dtype))));

@@ -215,22 +215,9 @@ class CudaBackend final : public Backend {
   bool batch_invariant_;
   std::optional<DType> compute_dtype_;  // Options::compute_dtype
   bool split_gemm_inputs_ = false;      // Options::split_gemm_inputs
-  bool tensor_core_prefill_ = false;    // TANDEM_CUDA_TC_ATTENTION=1
-  int gemv_columns_ = 1;                // TANDEM_CUDA_GEMV_COLUMNS
-  // Keys of a split where attention's splits take blocks of their own (PagedAttentionArgs::
-  // grid_split_keys): TANDEM_CUDA_GRID_SPLIT_KEYS (32, 64, 128 or 256), 256 until a GPU run has
-  // compared them; always 256 with batch_invariant (a token's bits then match the in-block mode's).
-  int grid_split_keys_ = 256;
-  // Fusions (bias and silu·up in the GEMV; the q|k|v split, q/k norms, RoPE and the cache write in
-  // one kernel): TANDEM_CUDA_FUSION=0 turns them off, for benchmarks to compare (the same bits
-  // either way).
-  bool fusion_ = true;
-  // The norms and residual adds inside the GEMV (FusesNormsIntoLinear): TANDEM_CUDA_GEMV_NORM=0
-  // turns only these off (each GEMV block recomputes its rows' norm: for a GPU run to weigh).
-  bool gemv_norm_ = true;
-  // The q|k|v prologue run by the q|k|v GEMV's last block of each head (ProjectQkvWithPrologue):
-  // TANDEM_CUDA_GEMV_HEADS=0 turns only this off (the prologue kernel then runs after the GEMV).
-  bool gemv_heads_ = true;
+  // Options::tunings after the TANDEM_CUDA_* overrides (cuda_tunings.h); grid_split_keys is not
+  // used batch-invariant (a token's bits then match the in-block mode's).
+  CudaTunings tunings_;
   static constexpr int64_t kHeadCounters = 4096;
   unsigned* head_counters_ = nullptr;  // [kHeadCounters], zero between launches
   // The 16-bit type of the 2-D weights uploaded (kF32: none yet, or both 16-bit types: no rounded

@@ -118,8 +118,8 @@ void CudaBackend::Gemm(const float* x, int64_t n, const DeviceWeight& w, float* 
 
 cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t d) {
   rounded_ = {};
-  if (!fusion_ || batch_invariant_ || n <= cuda::kGemvMaxRows || gemm_dtype_ == DType::kF32 ||
-      gemm_dtype_mixed_) {
+  if (!tunings_.fusion || batch_invariant_ || n <= cuda::kGemvMaxRows ||
+      gemm_dtype_ == DType::kF32 || gemm_dtype_mixed_) {
     return {};
   }
   void* data = Scratch(kHalfInput, static_cast<size_t>(n * d) * 2, /*optional=*/true);
@@ -142,8 +142,9 @@ void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const
     // A decode step's few rows: one pass over the weights at memory bandwidth, f32 activations, the
     // bias added as each column is written.
     cuda::GemvEpilogue epilogue;
-    if (fusion_ && bias != nullptr) epilogue.bias = static_cast<const float*>(bias->data);
-    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, gemv_columns_, epilogue),
+    if (tunings_.fusion && bias != nullptr) epilogue.bias = static_cast<const float*>(bias->data);
+    Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, k, out, stream_, tunings_.gemv_columns,
+                           epilogue),
           "gemv");
     if (epilogue.bias != nullptr) return;
   } else if (!batch_invariant_) {
@@ -227,8 +228,8 @@ void CudaBackend::PagedAttention(const float* q, const float* k, const float* v,
 void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
   a.rounded = RoundOutput(a.out, a.num_tokens, a.num_q_heads * a.layer.head_dim);
   a.allow_tiled = !batch_invariant_;
-  a.tensor_core_prefill = tensor_core_prefill_;
-  a.grid_split_keys = batch_invariant_ ? 0 : grid_split_keys_;
+  a.tensor_core_prefill = tunings_.tensor_core_attention;
+  a.grid_split_keys = batch_invariant_ ? 0 : tunings_.grid_split_keys;
   // Split partials when a small batch spreads long contexts over blocks of their own. The workspace
   // is optional: without it (over 64 MiB, out of memory, or not allocated before a capture) the
   // splits merge in-block, with the same bits. A captured launch is split for the context its graph
@@ -246,7 +247,7 @@ void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
 void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
                                const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
                                int64_t num_q_heads, float scale, float* out) {
-  if (!fusion_ || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim) {
+  if (!tunings_.fusion || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim) {
     Backend::QkvAttention(in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
     return;
   }
@@ -294,7 +295,7 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
     prologue.norm = static_cast<const float*>(in.norm->data);
     prologue.eps = in.eps;
   }
-  if (!fusion_ || !gemv_heads_ || batch_invariant_ || p.layer.dtype != w.dtype ||
+  if (!tunings_.fusion || !tunings_.gemv_heads || batch_invariant_ || p.layer.dtype != w.dtype ||
       p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters ||
       !FusedGemvRuns(in.x, n, w, epilogue, prologue, in.norm != nullptr ? in.norm->cols : 0)) {
     return false;
@@ -305,8 +306,8 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
                                             w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
                              : "",
                    w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(in.x, n, w.dtype, w.data, w.rows, w.cols, in.qkv, stream_, gemv_columns_,
-                         epilogue, prologue),
+  Check(cuda::LaunchGemv(in.x, n, w.dtype, w.data, w.rows, w.cols, in.qkv, stream_,
+                         tunings_.gemv_columns, epilogue, prologue),
         "gemv (q|k|v prologue)");
   return true;
 }
@@ -314,7 +315,8 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
 void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up,
                                 float* scratch, float* out) {
   const int64_t d = gate_up.rows / 2, k = gate_up.cols;
-  if (!fusion_ || batch_invariant_ || !cuda::GemvCovers(n, gate_up.dtype, k, x, gate_up.data)) {
+  if (!tunings_.fusion || batch_invariant_ ||
+      !cuda::GemvCovers(n, gate_up.dtype, k, x, gate_up.data)) {
     Backend::LinearSiluMul(x, n, gate_up, scratch, out);
     return;
   }
@@ -325,8 +327,8 @@ void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& g
       gate_up.rows * k * static_cast<int64_t>(DTypeSize(gate_up.dtype)), stream_);
   cuda::GemvEpilogue epilogue;
   epilogue.silu_mul = true;
-  Check(cuda::LaunchGemv(x, n, gate_up.dtype, gate_up.data, d, k, out, stream_, gemv_columns_,
-                         epilogue),
+  Check(cuda::LaunchGemv(x, n, gate_up.dtype, gate_up.data, d, k, out, stream_,
+                         tunings_.gemv_columns, epilogue),
         "gemv (silu-mul)");
 }
 
@@ -338,12 +340,12 @@ bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w
     return false;
   }
   return cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) &&
-         cuda::GemvTakes(epilogue, prologue, gemv_columns_);
+         cuda::GemvTakes(epilogue, prologue, tunings_.gemv_columns);
 }
 
 bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
-  return fusion_ && gemv_norm_ && !batch_invariant_ && gemv_columns_ == 1 && n >= 1 &&
-         n <= cuda::kGemvMaxRows && (w.dtype == DType::kBF16 || w.dtype == DType::kF16) &&
+  return tunings_.fusion && tunings_.gemv_norm && !batch_invariant_ && tunings_.gemv_columns == 1 &&
+         n >= 1 && n <= cuda::kGemvMaxRows && (w.dtype == DType::kBF16 || w.dtype == DType::kF16) &&
          w.cols % 8 == 0;
 }
 
@@ -367,8 +369,8 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
                                             w.cols, n > 1 ? " (batched)" : "")
                              : "",
                    w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, gemv_columns_, epilogue,
-                         prologue),
+  Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, tunings_.gemv_columns,
+                         epilogue, prologue),
         "gemv (norm prologue)");
 }
 
@@ -386,9 +388,9 @@ void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight&
       profiler_ ? absl::StrCat("gemv+residual ", w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
                 : "",
       w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(
-      cuda::LaunchGemv(in, n, w.dtype, w.data, w.rows, w.cols, x, stream_, gemv_columns_, epilogue),
-      "gemv (residual)");
+  Check(cuda::LaunchGemv(in, n, w.dtype, w.data, w.rows, w.cols, x, stream_, tunings_.gemv_columns,
+                         epilogue),
+        "gemv (residual)");
 }
 
 void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {

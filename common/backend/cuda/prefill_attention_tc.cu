@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(kTcThreads) TensorCorePrefillKernel(PagedAtten
         wmma::load_matrix_sync(qa, qs + warp * 16 * kLd + d0, kLd);
 #pragma unroll
         for (int j = 0; j < kTcTileK / 16; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major>
-              kb;  // Kᵀ: K's rows as columns
+          // Kᵀ: K's rows as columns.
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> kb;
           wmma::load_matrix_sync(kb, ks + j * 16 * kLd + d0, kLd);
           wmma::mma_sync(s_frag[j], qa, kb, s_frag[j]);
         }

@@ -85,8 +85,8 @@ class NcclKvLink final : public KvLink {
   int32_t* index_ = nullptr;  // [kChunkBlocks] block ids of a gather or scatter (device)
   bool aborted_ = false;
   std::string abort_reason_;
-  std::shared_ptr<std::atomic<int64_t>>
-      live_;  // the factory's count of links up (this one included)
+  // The factory's count of links up (this one included)
+  std::shared_ptr<std::atomic<int64_t>> live_;
 };
 
 class NcclKvLinkFactory final : public KvLinkFactory {

@@ -170,10 +170,10 @@ struct Block {
   Context scheduler;
   Fiber* running = nullptr;
   const std::function<void()>* body = nullptr;
-  std::unique_ptr<unsigned char[]>
-      dynamic_shared;  // exactly the launch's bytes (so ASan sees overruns)
-  std::vector<std::array<uint64_t, 32>>
-      released;  // by warp: the values of its last released warp op
+  // Exactly the launch's bytes (so ASan sees overruns)
+  std::unique_ptr<unsigned char[]> dynamic_shared;
+  // By warp: the values of its last released warp op.
+  std::vector<std::array<uint64_t, 32>> released;
   // By warp: its warp ops some lanes wait at, one per mask (masks of one warp's pending ops are
   // disjoint: lanes apart may exchange in groups of their own).
   struct PendingOp {

@@ -50,8 +50,8 @@ struct Allocation {
 std::map<void*, Allocation> allocations;
 std::map<void*, size_t> imported;  // cudaIpcOpenMemHandle's mappings (state_mu)
 thread_local cudaError_t last_error = cudaSuccess;
-thread_local CUstream_st* thread_capture =
-    nullptr;  // the stream this thread is capturing (thread-local mode)
+// The stream this thread is capturing (thread-local mode)
+thread_local CUstream_st* thread_capture = nullptr;
 
 size_t DeviceMemoryBytes() {
   static const size_t bytes = [] {
