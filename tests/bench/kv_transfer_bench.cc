@@ -12,6 +12,7 @@
 //   kv_transfer_bench [--presets qwen2.5-0.5b,llama-3-8b] [--tokens 512,2048] [--iterations 5]
 //                     [--device cuda [--transports tcp,nccl,cuda-ipc]] [--two-processes]
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -167,6 +168,12 @@ int RunReceiver() {
       }
     }
   }
+  // Stay until the sender has its last acknowledgement: Wait() returns once the blocks have landed,
+  // which can be before the connection's thread has written that acknowledgement, and exiting then
+  // closes the connection under it ("peer closed the connection" on the sender).
+  const std::string done = absl::GetFlag(FLAGS_ready_file) + ".done";
+  for (int i = 0; i < 1200 && ::access(done.c_str(), F_OK) != 0; ++i)
+    absl::SleepFor(absl::Milliseconds(50));
   return 0;
 }
 
@@ -181,6 +188,7 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens,
   const std::string ready =
       absl::StrCat("/tmp/kv_transfer_bench_", ::getpid(), "_", transport, "_", tokens);
   std::remove(ready.c_str());
+  std::remove((ready + ".done").c_str());
   const int iterations = absl::GetFlag(FLAGS_iterations);
   auto child = Subprocess::Spawn(
       {ExecutableDir() + "/kv_transfer_bench", "--role=receiver",
@@ -208,11 +216,26 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens,
     for (int32_t l = 0; s.ok() && l < g->num_layers; ++l)
       s = (*sender)->SendLayer(id, l, end->table, end->storage.get());
     if (s.ok()) s = (*sender)->End(id, 1);
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      // Say how the receiver ended (a crash prints nothing of its own), and leave no ready file.
+      const std::optional<int> status = child->Wait(absl::Seconds(10));
+      std::remove(ready.c_str());
+      std::remove((ready + ".done").c_str());
+      std::string how = "still running";
+      if (status.has_value() && WIFSIGNALED(*status)) {
+        how = absl::StrCat("killed by signal ", WTERMSIG(*status));
+      } else if (status.has_value() && WIFEXITED(*status)) {
+        how = absl::StrCat("exited with ", WEXITSTATUS(*status));
+      }
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (the receiver: ", how, ")"));
+    }
     if (it > 0) best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
+  const std::string done = ready + ".done";
+  if (std::FILE* f = std::fopen(done.c_str(), "w")) std::fclose(f);  // the receiver may exit now
   std::optional<int> status = child->Wait(absl::Seconds(120));
   std::remove(ready.c_str());
+  std::remove(done.c_str());
   if (!status.has_value() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
     return absl::InternalError("the receiver failed (its stderr is above)");
   }
