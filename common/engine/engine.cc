@@ -52,7 +52,7 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o,
     }
     for (int64_t r = 0; r < tokens; ++r) in.logits_rows.push_back(static_cast<int32_t>(r));
     std::vector<float> logits;
-    absl::Status s = model->Forward(in, scratch.get(), &logits);
+    absl::Status s = model->runner().Forward(in, scratch.get(), &logits);
     if (!s.ok())
       return absl::Status(s.code(), absl::StrCat("profiling the activation peak: ", s.message()));
   }
@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
   std::unique_ptr<Engine> e(new Engine());
   e->model_ = model;
   e->options_ = options;
-  model->set_use_graphs(options.cuda_graphs);
+  model->runner().set_use_graphs(options.cuda_graphs);
   const ModelConfig& c = model->config();
   SchedulerConfig& sc = e->options_.scheduler;
   if (sc.max_model_len <= 0 || sc.max_model_len > c.max_position_embeddings) {
@@ -142,7 +142,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
   }
   if (sc.max_model_len < 2)
     return absl::InvalidArgumentError("the KV cache must hold at least 2 tokens");
-  model->set_graph_context_limit(sc.max_model_len);
+  model->runner().set_graph_context_limit(sc.max_model_len);
   ASSIGN_OR_RETURN(e->storage_, KvCacheStorage::Create(
                                     model->backend(),
                                     model->KvGeometry(num_blocks, options.block_size, kv_dtype)));
@@ -314,9 +314,9 @@ StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
   StepPlan plan;
   plan.allow_graph = options_.scheduler.role != SchedulerRole::kPrefill;
   // Logprobs where the logits are (CUDA): such rows then need no logits on the host.
-  const bool device_logprobs = model_->backend()->SupportsLogprobs();
+  const bool device_logprobs = model_->runner().logprobs_on_device();
   // Sampling where the logits are: such rows copy a token, or k candidates, instead of the row.
-  const bool device_sampling = options_.device_sampling && model_->backend()->SupportsSampling();
+  const bool device_sampling = options_.device_sampling && model_->runner().samples_on_device();
   using PlanKind = DeviceSamplingPlan::Kind;
   plan.seqs.reserve(step.chunks.size());
   for (const ScheduledChunk& ch : step.chunks) {
@@ -340,17 +340,17 @@ StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
       // A plain greedy step needs the argmax alone, taken on the device, and its logprobs (if
       // asked) can be computed there too.
       const int32_t k = row.prompt_logprobs ? seq.params.prompt_logprobs : seq.params.logprobs;
-      const bool lp_on_device = device_logprobs && k >= 0 && k <= LlamaModel::kMaxLogprobsTopK;
+      const bool lp_on_device = device_logprobs && k >= 0 && k <= ModelRunner::kMaxLogprobsTopK;
       const bool sampled = row.sample && !row.prompt_logprobs;
       row.argmax_only =
           sampled && seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
       // The rest of sampling on the device. A row with logprobs needs them of its raw logits, which
-      // the device computes for the sampled token after the step (Backend::Logprobs): only when no
-      // logits processor edits the row.
+      // the device computes for the sampled token after the step (DeviceSampler::Logprobs): only
+      // when no logits processor edits the row.
       DeviceSamplingPlan dp;
       if (device_sampling && sampled && !row.argmax_only &&
           (seq.params.logprobs < 0 || lp_on_device)) {
-        dp = seq.sampler->DevicePlan(LlamaModel::kMaxSampleTopK);
+        dp = seq.sampler->DevicePlan(ModelRunner::kMaxSampleTopK);
         if (seq.params.logprobs >= 0 && dp.edits) dp = DeviceSamplingPlan{};
       }
       row.sampling = dp.kind;
@@ -393,8 +393,8 @@ absl::Status Engine::RunForward(const StepPlan& plan, StepResults* out) {
     }
   }
   const absl::Time forward_start = absl::Now();
-  const absl::Status forwarded = model_->Forward(in, storage_.get(), &out->logits, &out->argmax,
-                                                 &out->logprobs, &out->samples);
+  const absl::Status forwarded = model_->runner().Forward(
+      in, storage_.get(), &out->logits, &out->argmax, &out->logprobs, &out->samples);
   const double forward_seconds = absl::ToDoubleSeconds(absl::Now() - forward_start);
   forward_seconds_ += forward_seconds;
   if (plan.computes_prompt) prompt_forward_seconds_ += forward_seconds;
@@ -432,7 +432,7 @@ absl::StatusOr<std::vector<int32_t>> Engine::SampleRows(const StepPlan& plan,
         chosen[k] = *from_candidates;
       } else {  // a nucleus wider than the candidates: the edited row, after all
         ++nucleus_row_copies_;
-        RETURN_IF_ERROR(model_->CopyLogitsRow(static_cast<int64_t>(k), &edited_row_));
+        RETURN_IF_ERROR(model_->runner().CopyLogitsRow(static_cast<int64_t>(k), &edited_row_));
         chosen[k] = seq.sampler->SampleProcessed(edited_row_, workspace_);
       }
     } else if (row.sampling == PlanKind::kDraw) {
@@ -458,7 +458,7 @@ absl::Status Engine::LogprobsAfterSampling(const StepPlan& plan, const std::vect
   }
   if (!any) return absl::OkStatus();
   std::vector<std::optional<RowLogprobs>> after;
-  RETURN_IF_ERROR(model_->LastStepLogprobs(tokens, top_k, &after));
+  RETURN_IF_ERROR(model_->runner().LastStepLogprobs(tokens, top_k, &after));
   res->logprobs.resize(plan.rows.size());
   for (size_t k = 0; k < plan.rows.size(); ++k) {
     if (plan.rows[k].logprobs_after) res->logprobs[k] = std::move(after[k]);

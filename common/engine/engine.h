@@ -41,10 +41,10 @@ struct EngineOptions {
   std::optional<DType> kv_cache_dtype;
   SchedulerConfig scheduler;  // max_model_len 0 → the model's max_position_embeddings
   int32_t max_logprobs = 20;  // cap on logprobs / prompt_logprobs per request
-  // Decode steps as CUDA graphs where the backend has them (LlamaModel::set_use_graphs).
+  // Decode steps as CUDA graphs where the backend has them (ModelRunner::set_use_graphs).
   bool cuda_graphs = true;
-  // Sampling where the logits are, when the backend can (Backend::SupportsSampling: CUDA); false:
-  // every sampled row's logits come to the host sampler, as on the CPU.
+  // Sampling where the logits are, when the backend can (DeviceSampler::SupportsSampling: CUDA);
+  // false: every sampled row's logits come to the host sampler, as on the CPU.
   bool device_sampling = true;
 };
 

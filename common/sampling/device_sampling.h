@@ -64,7 +64,7 @@ TANDEM_HOST_DEVICE inline float ApplyLogitEdit(float x, const LogitEdit& e) {
   return x;
 }
 
-// What the device computes for one row (Backend::SampleRows). Weights are
+// What the device computes for one row (DeviceSampler::SampleRows). Weights are
 // exp((logit - max) × inv_temperature), NaN and -inf weighing 0.
 struct RowDraw {
   static constexpr int32_t kNone = 0;

@@ -137,7 +137,8 @@ class SequenceSampler {
 
   // Sample(row) for a kTopK step, from the (edited) row's top-k candidates alone: ids and logits of
   // at least k entries, most likely first, lower id first among equal logits, NaN given as -inf
-  // (Backend::TopKRows' order). The same token and the same draw as Sample() over the whole row.
+  // (DeviceSampler::TopKRows' order). The same token and the same draw as Sample() over the whole
+  // row.
   int32_t SampleFromTopK(std::span<const int32_t> ids, std::span<const float> logits,
                          SamplingWorkspace& workspace);
   // Sample(row) for a kNucleus step from the (edited) row's top candidates (as SampleFromTopK's)

@@ -187,13 +187,13 @@ int Run() {
   std::vector<float> logits;
   std::vector<int32_t> argmax;
   DeviceSamples samples;
-  model->set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
+  model->runner().set_use_graphs(absl::GetFlag(FLAGS_cuda_graphs));
   const auto prefill = [&](int64_t s) {
     ForwardInput in;
     in.token_ids = prompt;
     in.seqs.push_back({prompt_len, 0, tables[s]});
     in.logits_rows = {static_cast<int32_t>(prompt_len - 1)};
-    return model->Forward(in, kv.get(), &logits).ok();
+    return model->runner().Forward(in, kv.get(), &logits).ok();
   };
   const auto decode = [&] {
     for (int64_t step = 0; step < decode_tokens; ++step) {
@@ -210,11 +210,12 @@ int Run() {
           d.u = static_cast<double>((step * 7919 + s * 104729) % 1000003) / 1000003.0;
           in.sample_draws.push_back(d);
           in.sample_top_k.push_back(
-              sampling == "nucleus" ? std::min<int32_t>(LlamaModel::kMaxSampleTopK, c.vocab_size)
+              sampling == "nucleus" ? std::min<int32_t>(ModelRunner::kMaxSampleTopK, c.vocab_size)
                                     : 0);
         }
       }
-      if (!model->Forward(in, kv.get(), &logits, &argmax, nullptr, &samples).ok()) return false;
+      if (!model->runner().Forward(in, kv.get(), &logits, &argmax, nullptr, &samples).ok())
+        return false;
     }
     return true;
   };
@@ -233,7 +234,8 @@ int Run() {
     best_decode = std::min(best_decode, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double step_seconds = best_decode / decode_tokens;
-  const bool measured_with_graphs = model->use_graphs();  // --profile-ops turns them off below
+  const bool measured_with_graphs =
+      model->runner().use_graphs();  // --profile-ops turns them off below
   std::printf("model=%s arch=%s dtype=%s weights=%.1f MB kv=%s backend=%s\n", dir.c_str(),
               c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
               weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(),
@@ -255,16 +257,16 @@ int Run() {
       "GB/s)%s%s\n",
       static_cast<long long>(batch), step_seconds * 1e3, batch / step_seconds,
       step_bytes / step_seconds / 1e9, measured_with_graphs ? ", CUDA graphs" : "",
-      sampling == "argmax"                                 ? ", argmax on the device"
-      : sampling == "host" || !backend->SupportsSampling() ? ", logits to the host"
-      : sampling == "draw"                                 ? ", tokens drawn on the device"
-                                                           : ", top-p candidates on the device");
-  if (!model->graph_error().empty())
-    std::printf("graphs failed: %s\n", model->graph_error().c_str());
+      sampling == "argmax"                                         ? ", argmax on the device"
+      : sampling == "host" || !model->runner().samples_on_device() ? ", logits to the host"
+      : sampling == "draw"                                         ? ", tokens drawn on the device"
+                           : ", top-p candidates on the device");
+  if (!model->runner().graph_error().empty())
+    std::printf("graphs failed: %s\n", model->runner().graph_error().c_str());
   if (absl::GetFlag(FLAGS_profile_ops)) {
     // Once more, op by op with every op timed: sequence 0's prefill, then the decode steps.
     backend->SetOpProfiling(true);
-    model->set_use_graphs(false);
+    model->runner().set_use_graphs(false);
     if (!prefill(0)) return 1;
     const std::string prefill_ops = backend->OpProfileReport();
     if (prefill_ops.empty()) {
@@ -308,7 +310,7 @@ int Run() {
                            {"decode_ms", step_seconds * 1e3},
                            {"decode_tok_s", batch / step_seconds},
                            {"weight_gb_s", step_bytes / step_seconds / 1e9},
-                           {"graph_error", model->graph_error()}};
+                           {"graph_error", model->runner().graph_error()}};
 #ifdef TANDEM_HAVE_CUDA
   if (backend->name() == "cuda") {
     // Prefill does 2 FLOPs per weight per token (attention's share is small at these lengths),

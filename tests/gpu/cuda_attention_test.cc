@@ -65,7 +65,7 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
 }
 
 // The q|k|v prologue kernel (split, q/k norms, RoPE, cache write in one pass): the bits of the ops
-// it replaces (Backend's own QkvAttention: CopyColumns, RmsNorm, Rope, PagedAttention), output and
+// it replaces (AttendProjectedQkv: CopyColumns, RmsNorm, Rope, PagedAttention), output and
 // both caches, over the mixed batch with a padding token (slot -1) and over a single token, with
 // and without Qwen3's norms, over f32 and BF16 caches; and within rounding of the CPU. With the
 // projection in its input (proj 1: Linear, 2: RmsNormLinear with a bias), over BF16 weights: on a
@@ -113,7 +113,7 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
               std::vector<std::byte> kc, vc;
             };
             auto run = [&](bool fused) {
-              Backend::QkvAttentionInput in;
+              QkvAttentionInput in;
               in.qkv = Up(qkv);
               if (proj > 0) {
                 in.x = Up(x);
@@ -137,7 +137,8 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
               if (fused) {
                 gpu_->QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
               } else {
-                gpu_->Backend::QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+                gpu_->ProjectQkv(in, c.n);
+                AttendProjectedQkv(*gpu_, in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
               }
               Run r{Down(out, c.n * hq * hd), std::vector<std::byte>(cache_bytes),
                     std::vector<std::byte>(cache_bytes)};
@@ -166,7 +167,7 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
             std::vector<float> kc_c(elems), vc_c(elems);
             std::memcpy(kc_c.data(), cache_init.data(), cache_bytes);
             std::memcpy(vc_c.data(), cache_init.data(), cache_bytes);
-            Backend::QkvAttentionInput in;
+            QkvAttentionInput in;
             in.qkv = qkv_c.data();
             if (norms) {
               in.q_norm = &qc;
@@ -177,8 +178,8 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
             in.q = qb.data();
             in.k = kb.data();
             in.v = vb.data();
-            cpu_->QkvAttention(in, kc_c.data(), vc_c.data(), c.g, c.layer, c.Host(), hq, c.scale(),
-                               ref.data());
+            ComposedQkvAttention(*cpu_, in, kc_c.data(), vc_c.data(), c.g, c.layer, c.Host(), hq,
+                                 c.scale(), ref.data());
             EXPECT_LE(MaxRelDiff(b.out, ref), 1e-4f) << what;
           }
         }

@@ -72,7 +72,7 @@ std::vector<float> AllLogits(Backend* backend, const std::string& dir,
     in.seqs.push_back({static_cast<int64_t>(end - begin), static_cast<int64_t>(begin), table});
     for (size_t i = 0; i < end - begin; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
     const uint64_t before = KernelsRun();
-    const absl::Status s = (*model)->Forward(in, kv.get(), &step);
+    const absl::Status s = (*model)->runner().Forward(in, kv.get(), &step);
     EXPECT_TRUE(s.ok()) << s;
     if (kernels != nullptr) kernels->push_back(KernelsRun() - before);
     all.insert(all.end(), step.begin(), step.end());
@@ -159,7 +159,7 @@ std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs
   o.batch_invariant = batch_invariant;
   auto backend = CudaBackend::Create(o).value();
   auto model = LlamaModel::Load(dir, backend.get()).value();
-  model->set_use_graphs(graphs);
+  model->runner().set_use_graphs(graphs);
   auto kv = KvCacheStorage::Create(backend.get(), model->KvGeometry(320, 16, kv_dtype)).value();
   const int64_t vocab = model->config().vocab_size;
   std::vector<int64_t> len(5);
@@ -203,14 +203,14 @@ std::vector<std::vector<float>> DecodeScript(const std::string& dir, bool graphs
     }
     std::vector<float> logits;
     std::vector<int32_t> argmax;
-    const absl::Status s = model->Forward(in, kv.get(), &logits, &argmax);
+    const absl::Status s = model->runner().Forward(in, kv.get(), &logits, &argmax);
     EXPECT_TRUE(s.ok()) << s;
     logits.insert(logits.end(), argmax.begin(), argmax.end());  // ids are small: exact as floats
     outputs.push_back(std::move(logits));
   }
-  EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
-  *num_graphs = model->num_graphs();
-  *replays = model->graph_replays();
+  EXPECT_TRUE(model->runner().graph_error().empty()) << model->runner().graph_error();
+  *num_graphs = model->runner().num_graphs();
+  *replays = model->runner().graph_replays();
   EXPECT_TRUE(backend->CheckErrors().ok());
   return outputs;
 }
@@ -403,7 +403,7 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
     bool log = true;
   };
   auto run = [&](const Step& st) {
-    model->set_use_graphs(st.graphs);
+    model->runner().set_use_graphs(st.graphs);
     ForwardInput in;
     in.allow_graph = true;
     if (st.prompt > 0) {
@@ -437,7 +437,7 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
     std::vector<std::optional<RowLogprobs>> lp;
     DeviceSamples samples;
     if (st.log) tandem_emu::StartHostLog();
-    const absl::Status s = model->Forward(in, kv.get(), &logits, &argmax, &lp, &samples);
+    const absl::Status s = model->runner().Forward(in, kv.get(), &logits, &argmax, &lp, &samples);
     const std::vector<tandem_emu::HostCallEntry> calls = tandem_emu::TakeHostLog();
     ASSERT_TRUE(s.ok()) << st.name << ": " << s;
     EXPECT_TRUE(logits.empty()) << st.name << ": no row needs its logits on the host";
@@ -490,9 +490,9 @@ TEST(CudaDecodeStepTest, WaitsForTheDeviceOnlyToReadTheStepsTokens) {
        .seqs = {},
        .prompt = 8,
        .layer_listener = true});
-  EXPECT_EQ(model->graph_replays(), 7)
+  EXPECT_EQ(model->runner().graph_replays(), 7)
       << "one graph, captured by the first decode step, replayed by the others";
-  EXPECT_TRUE(model->graph_error().empty()) << model->graph_error();
+  EXPECT_TRUE(model->runner().graph_error().empty()) << model->runner().graph_error();
   EXPECT_TRUE(backend->CheckErrors().ok());
 }
 #endif

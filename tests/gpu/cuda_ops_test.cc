@@ -244,15 +244,15 @@ TEST_F(CudaBackendTest, GemvEpiloguesGiveTheBitsOfTheKernelsTheyReplace) {
         const DeviceWeight nc = cpu_->UploadWeight(View(nv, 1, sh.k, DType::kF32)).value();
         ASSERT_TRUE(gpu_->FusesNormsIntoLinear(2, wg));
         std::vector<float> h(2 * sh.k), scratch(2 * 2 * sh.m), ref(2 * sh.m), x_ref = xn;
-        cpu_->RmsNormLinear(x_ref.data(), 2, nc, 1e-5f, wc, nullptr, /*silu_mul=*/true, h.data(),
-                            scratch.data(), ref.data());
+        ComposedRmsNormLinear(*cpu_, x_ref.data(), 2, nc, 1e-5f, wc, nullptr, /*silu_mul=*/true,
+                              h.data(), scratch.data(), ref.data());
         float* out = Zeros(2 * sh.m);
         gpu_->RmsNormLinear(Up(xn), 2, ng, 1e-5f, wg, nullptr, /*silu_mul=*/true, Zeros(2 * sh.k),
                             Zeros(4 * sh.m), out);
         EXPECT_LE(MaxRelDiff(Down(out, 2 * sh.m), ref), 1e-4f)
             << "RmsNormLinear, " << DTypeName(dt);
         std::vector<float> acc_ref = res;
-        cpu_->LinearResidual(xn.data(), 2, wc, scratch.data(), acc_ref.data());
+        ComposedLinearResidual(*cpu_, xn.data(), 2, wc, scratch.data(), acc_ref.data());
         float* acc = Up(res);
         gpu_->LinearResidual(Up(xn), 2, wg, Zeros(4 * sh.m), acc);
         EXPECT_LE(MaxRelDiff(Down(acc, 4 * sh.m), acc_ref), 1e-4f)

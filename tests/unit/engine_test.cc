@@ -171,7 +171,8 @@ class RowCountingBackend : public ForwardingBackend {
   int row_copies = 0;
 };
 
-// Backend::Logprobs as the CUDA backend computes it, here with the sampler's own ComputeLogprobs.
+// DeviceSampler::Logprobs as the CUDA backend computes it, here with the sampler's own
+// ComputeLogprobs.
 void HostLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
                   int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
                   float* top_logprobs) {
@@ -192,8 +193,9 @@ void HostLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* toke
 
 // A backend that computes logprobs where the logits are: the engine's device-logprobs path on the
 // CPU.
-class DeviceLogprobsBackend final : public RowCountingBackend {
+class DeviceLogprobsBackend final : public RowCountingBackend, public DeviceSampler {
  public:
+  DeviceSampler* sampler() override { return this; }
   bool SupportsLogprobs() const override { return true; }
   void Logprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens, int32_t top_k,
                 int32_t* token_out, float* logprob, int32_t* rank, int32_t* top_ids,
@@ -206,8 +208,9 @@ class DeviceLogprobsBackend final : public RowCountingBackend {
 // A backend that samples where the logits are, as the CUDA one does, here on the host: candidates
 // by a plain sort, edits by ApplyLogitEdit, totals and draws by the sampler's definitions
 // (RowWeightTotal, DrawFromRow): the engine's device sampling path on the CPU.
-class DeviceSamplingBackend final : public RowCountingBackend {
+class DeviceSamplingBackend final : public RowCountingBackend, public DeviceSampler {
  public:
+  DeviceSampler* sampler() override { return this; }
   bool SupportsSampling() const override { return true; }
   // With logprobs where the logits are too (the CUDA backend has both).
   bool SupportsLogprobs() const override { return with_logprobs; }

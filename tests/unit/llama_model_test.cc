@@ -62,7 +62,7 @@ class ModelTest : public ::testing::TestWithParam<std::string> {
       in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
       in.seqs.push_back({static_cast<int64_t>(end - begin), static_cast<int64_t>(begin), table});
       for (size_t i = 0; i < end - begin; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
-      absl::Status s = model_->Forward(in, kv, &step);
+      absl::Status s = model_->runner().Forward(in, kv, &step);
       EXPECT_TRUE(s.ok()) << s;
       all.insert(all.end(), step.begin(), step.end());
     }
@@ -110,7 +110,7 @@ TEST_P(ModelTest, GemmPathMatchesWithinTolerance) {
   in.token_ids = tokens;
   in.seqs.push_back({45, 0, table});
   for (int i = 0; i < 45; ++i) in.logits_rows.push_back(i);
-  ASSERT_TRUE(gemm_model->Forward(in, kv_b.get(), &gemm).ok());
+  ASSERT_TRUE(gemm_model->runner().Forward(in, kv_b.get(), &gemm).ok());
   EXPECT_LE(MaxAbsDiff(invariant, gemm), kChunkTolerance);
 }
 
@@ -136,7 +136,7 @@ TEST_P(ModelTest, BatchedSequencesMatchSeparateRuns) {
   in.seqs.push_back({13, 0, {5, 4}});
   in.logits_rows = {19, 32};
   std::vector<float> together;
-  ASSERT_TRUE(model_->Forward(in, kv.get(), &together).ok());
+  ASSERT_TRUE(model_->runner().Forward(in, kv.get(), &together).ok());
   auto kv1 = Cache(8, 8), kv2 = Cache(8, 8);
   const auto a1 = AllLogits(s1, 20, {0, 1, 2}, kv1.get());
   const auto a2 = AllLogits(s2, 13, {0, 1}, kv2.get());
@@ -154,14 +154,14 @@ TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
   in.logits_rows = {3, 11, 19};
   std::vector<float> full;
   auto kv = Cache(8, 8);
-  ASSERT_TRUE(model_->Forward(in, kv.get(), &full).ok());
+  ASSERT_TRUE(model_->runner().Forward(in, kv.get(), &full).ok());
   ASSERT_EQ(full.size(), static_cast<size_t>(3 * vocab));
   // Every row argmax-only: nothing but the ids.
   in.argmax_only = {1, 1, 1};
   std::vector<float> logits{1.f};
   std::vector<int32_t> argmax;
   auto kv2 = Cache(8, 8);
-  ASSERT_TRUE(model_->Forward(in, kv2.get(), &logits, &argmax).ok());
+  ASSERT_TRUE(model_->runner().Forward(in, kv2.get(), &logits, &argmax).ok());
   EXPECT_TRUE(logits.empty());
   ASSERT_EQ(argmax.size(), 3u);
   for (int i = 0; i < 3; ++i) {
@@ -173,14 +173,14 @@ TEST_P(ModelTest, ArgmaxOnlyRowsReturnTheArgmaxOfTheirLogits) {
   // Mixed: the logits come back whole, and the ids too.
   in.argmax_only = {0, 1, 0};
   auto kv3 = Cache(8, 8);
-  ASSERT_TRUE(model_->Forward(in, kv3.get(), &logits, &argmax).ok());
+  ASSERT_TRUE(model_->runner().Forward(in, kv3.get(), &logits, &argmax).ok());
   EXPECT_EQ(logits, full);
   ASSERT_EQ(argmax.size(), 3u);
   EXPECT_EQ(argmax[1],
             static_cast<int32_t>(std::max_element(full.data() + vocab, full.data() + 2 * vocab) -
                                  (full.data() + vocab)));
   in.argmax_only = {1};
-  EXPECT_EQ(model_->Forward(in, kv3.get(), &logits, &argmax).code(),
+  EXPECT_EQ(model_->runner().Forward(in, kv3.get(), &logits, &argmax).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -208,7 +208,7 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
                               {static_cast<int32_t>(5 * i), static_cast<int32_t>(5 * i + 1),
                                static_cast<int32_t>(5 * i + 2), static_cast<int32_t>(5 * i + 3)}});
       std::vector<float> ignored;
-      EXPECT_TRUE(model->Forward(prefill, kv.get(), &ignored).ok());
+      EXPECT_TRUE(model->runner().Forward(prefill, kv.get(), &ignored).ok());
     }
     ForwardInput decode;
     decode.allow_graph = true;
@@ -221,9 +221,9 @@ TEST_P(ModelTest, DecodeGraphLayoutGivesTheSameResultsAndWritesNoPadding) {
       decode.logits_rows.push_back(static_cast<int32_t>(i));
       decode.argmax_only.push_back(i % 2);
     }
-    model->set_graph_layout_for_testing(graph_layout);
-    EXPECT_TRUE(model->Forward(decode, kv.get(), logits, argmax).ok());
-    model->set_graph_layout_for_testing(false);
+    model->runner().set_graph_layout_for_testing(graph_layout);
+    EXPECT_TRUE(model->runner().Forward(decode, kv.get(), logits, argmax).ok());
+    model->runner().set_graph_layout_for_testing(false);
     std::vector<float> cache(static_cast<float*>(kv->k_data()),
                              static_cast<float*>(kv->k_data()) + floats);
     cache.insert(cache.end(), static_cast<float*>(kv->v_data()),
@@ -244,7 +244,7 @@ TEST_P(ModelTest, FusedProjectionsGiveTheSameLogits) {
   // q|k|v and gate|up stacked into one weight each (what the CUDA backend runs): a prompt in two
   // chunks, then single-token steps (the fused path's pointer offsets instead of column copies).
   auto fused =
-      LlamaModel::Load(MakeModel(GetParam()), backend_.get(), /*fuse_projections=*/true).value();
+      LlamaModel::Load(MakeModel(GetParam()), backend_.get(), /*stack_projections=*/true).value();
   const int64_t vocab = model_->config().vocab_size;
   const auto tokens = RandomTokens(24, vocab, 17);
   auto run = [&](LlamaModel* m) {
@@ -256,7 +256,7 @@ TEST_P(ModelTest, FusedProjectionsGiveTheSameLogits) {
       in.token_ids.assign(tokens.begin() + begin, tokens.begin() + end);
       in.seqs.push_back({end - begin, begin, {0, 1, 2}});
       for (int64_t i = 0; i < end - begin; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
-      EXPECT_TRUE(m->Forward(in, kv.get(), &step).ok());
+      EXPECT_TRUE(m->runner().Forward(in, kv.get(), &step).ok());
       all.insert(all.end(), step.begin(), step.end());
     }
     return all;
@@ -272,26 +272,26 @@ TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {
   ForwardInput bad_token;
   bad_token.token_ids = {0, static_cast<int32_t>(model_->config().vocab_size)};
   bad_token.seqs.push_back({2, 0, {0}});
-  absl::Status s = model_->Forward(bad_token, kv.get(), &logits);
+  absl::Status s = model_->runner().Forward(bad_token, kv.get(), &logits);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("outside the vocabulary"));
 
   ForwardInput short_table;
   short_table.token_ids = RandomTokens(9, model_->config().vocab_size, 5);
   short_table.seqs.push_back({9, 0, {0, 1}});
-  s = model_->Forward(short_table, kv.get(), &logits);
+  s = model_->runner().Forward(short_table, kv.get(), &logits);
   EXPECT_THAT(s.message(), HasSubstr("cannot hold"));
 
   ForwardInput bad_block;
   bad_block.token_ids = {1};
   bad_block.seqs.push_back({1, 0, {4}});
-  s = model_->Forward(bad_block, kv.get(), &logits);
+  s = model_->runner().Forward(bad_block, kv.get(), &logits);
   EXPECT_THAT(s.message(), HasSubstr("outside the pool"));
 
   ForwardInput too_long;
   too_long.token_ids = {1};
   too_long.seqs.push_back({1, model_->config().max_position_embeddings, {0}});
-  s = model_->Forward(too_long, kv.get(), &logits);
+  s = model_->runner().Forward(too_long, kv.get(), &logits);
   EXPECT_THAT(s.message(), HasSubstr("max_position_embeddings"));
 
   // Device sampling's inputs: each bad one named, whatever the backend.
@@ -333,24 +333,25 @@ TEST_P(ModelTest, RefusesBadStepsWithoutTouchingTheCache) {
          in.logit_edits = {LogitEdit{0, 3}, LogitEdit{0, 3}};
        },
        "two logit edits of row 0, token 3"},
-      {[](ForwardInput& in) { in.sample_top_k = {LlamaModel::kMaxSampleTopK + 1}; },
+      {[](ForwardInput& in) { in.sample_top_k = {ModelRunner::kMaxSampleTopK + 1}; },
        "sample_top_k must be in"},
   };
   for (auto& [mutate, needle] : cases) {
     ForwardInput in = one_row();
     mutate(in);
-    s = model_->Forward(in, kv.get(), &logits);
+    s = model_->runner().Forward(in, kv.get(), &logits);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << needle;
     EXPECT_THAT(s.message(), HasSubstr(needle));
   }
-  EXPECT_EQ(model_->CopyLogitsRow(0, &logits).code(), absl::StatusCode::kFailedPrecondition)
+  EXPECT_EQ(model_->runner().CopyLogitsRow(0, &logits).code(),
+            absl::StatusCode::kFailedPrecondition)
       << "no step ran since the last failure";
   // After a step, its rows as the device holds them.
-  ASSERT_TRUE(model_->Forward(one_row(), kv.get(), &logits).ok());
+  ASSERT_TRUE(model_->runner().Forward(one_row(), kv.get(), &logits).ok());
   std::vector<float> row;
-  ASSERT_TRUE(model_->CopyLogitsRow(0, &row).ok());
+  ASSERT_TRUE(model_->runner().CopyLogitsRow(0, &row).ok());
   EXPECT_EQ(row, logits);
-  EXPECT_EQ(model_->CopyLogitsRow(1, &row).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(model_->runner().CopyLogitsRow(1, &row).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, ModelTest, testing_util::TinyPresets(),
@@ -461,7 +462,7 @@ TEST(ModelLoadTest, AllWeightDtypesAgree) {
     in.seqs.push_back({12, 0, {0}});
     in.logits_rows = {11};
     std::vector<float> logits;
-    ASSERT_TRUE(model->Forward(in, kv.get(), &logits).ok());
+    ASSERT_TRUE(model->runner().Forward(in, kv.get(), &logits).ok());
     outs.push_back(logits);
   }
   EXPECT_LE(MaxAbsDiff(outs[0], outs[1]), 0.05f);  // f16 keeps 11 mantissa bits

@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// LlamaModel::kMaxSampleTopK, without linking the model library.
+// ModelRunner::kMaxSampleTopK, without linking the model library.
 constexpr int32_t LlamaTopKLimit() { return 256; }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,8 +427,8 @@ std::vector<float> RandomLogits(int64_t vocab, float stddev, uint64_t seed) {
   return logits;
 }
 
-// Token ids most likely first, NaN as -inf, equal logits by id (a plain sort: Backend::TopKRows'
-// order).
+// Token ids most likely first, NaN as -inf, equal logits by id (a plain sort:
+// DeviceSampler::TopKRows' order).
 std::vector<int32_t> LikelihoodOrder(const std::vector<float>& row) {
   std::vector<int32_t> order(row.size());
   std::iota(order.begin(), order.end(), 0);

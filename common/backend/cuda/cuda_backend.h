@@ -25,15 +25,19 @@
 #include <vector>
 
 #include "common/backend/backend.h"
+#include "common/backend/composed_ops.h"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/op_profiler.h"
 #include "common/backend/cuda/paged_attention.h"
 #include "common/backend/cuda_tunings.h"
+#include "common/backend/device_sampler.h"
+#include "common/backend/transformer.h"
 
 namespace tandem {
 
-class CudaBackend final : public Backend {
+// Also the device sampler (DeviceSampler: top-k, logit edits, draws and logprobs on the device).
+class CudaBackend final : public Backend, public DeviceSampler {
  public:
   struct Options {
     int device = 0;  // CUDA device ordinal
@@ -111,28 +115,8 @@ class CudaBackend final : public Backend {
                                                 const KvCacheGeometry& geometry, int64_t layer,
                                                 const AttentionMetadata& metadata,
                                                 int64_t num_q_heads, float scale, float* out);
-  // The split, the q/k norms, RoPE and the cache write in one kernel (paged_attention.h:
-  // LaunchQkvPrologue).
-  void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
-                    const KvCacheGeometry& geometry, int64_t layer,
-                    const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
-                    float* out) override;
-  // Where the GEMV takes the rows: one kernel, silu · up applied as it writes (gemv.h:
-  // GemvEpilogue).
-  void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch,
-                     float* out) override;
-  // The GEMV's shapes (fusions on, one column a warp, not batch-invariant): the norm as the GEMV's
-  // prologue, the residual add as its epilogue (gemv.h).
-  bool FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const override;
-  void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,
-                     const DeviceWeight& w, const DeviceWeight* bias, bool silu_mul, float* h,
-                     float* scratch, float* out) override;
-  void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch,
-                      float* x) override;
   void SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) override;
   void Add(float* x, const float* y, int64_t n) override;
-  void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n,
-                  int64_t d, float* out) override;
   void GatherRows(const float* x, const int32_t* rows, int64_t m, int64_t d, float* out) override;
   void ArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out) override;
   bool SupportsSampling() const override { return true; }
@@ -148,7 +132,39 @@ class CudaBackend final : public Backend {
   void CopyColumns(const float* x, int64_t n, int64_t stride, int64_t offset, int64_t cols,
                    float* out) override;
   void SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) override;
-  bool PrefersFusedProjections() const override { return true; }
+  bool PrefersStackedProjections() const override { return true; }
+  DeviceSampler* sampler() override { return this; }
+  // A CudaModelRunner (cuda_model_runner.h), which runs the fusions below.
+  std::unique_ptr<ModelRunner> CreateModelRunner(TransformerWeights weights) override;
+
+  // --- Fusions: what CudaModelRunner runs in place of the compositions of composed_ops.h, with
+  // the same results (bit for bit: FusionsChangeNoBit); each falls back to its composition where
+  // its kernel does not take the shape or Options::tunings.fusion is off.
+  // ComposedQkvAttention with the split, the q/k norms, RoPE and the cache write in one kernel
+  // (paged_attention.h: LaunchQkvPrologue), which the q|k|v GEMV's last blocks may run.
+  void QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
+                    const KvCacheGeometry& geometry, int64_t layer,
+                    const AttentionMetadata& metadata, int64_t num_q_heads, float scale,
+                    float* out);
+  // QkvAttention's projection alone, into in.qkv (nothing when in.w is null): RmsNormLinear or
+  // Linear.
+  void ProjectQkv(const QkvAttentionInput& in, int64_t n);
+  // ComposedLinearSiluMul where the GEMV takes the rows: one kernel, silu · up applied as it
+  // writes (gemv.h: GemvEpilogue).
+  void LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up, float* scratch,
+                     float* out);
+  // Where RmsNormLinear and LinearResidual run as one GEMV each, for n rows over weights like w:
+  // the GEMV's shapes (fusions on, one column a warp, not batch-invariant), the norm as its
+  // prologue, the residual add as its epilogue (gemv.h). The model runner then uses those two in
+  // place of AddRmsNorm and the separate norms.
+  bool FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const;
+  void RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,
+                     const DeviceWeight& w, const DeviceWeight* bias, bool silu_mul, float* h,
+                     float* scratch, float* out);
+  void LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch, float* x);
+  // ComposedAddRmsNorm in one kernel (bit-identical).
+  void AddRmsNorm(float* x, const float* y, const DeviceWeight& weight, float eps, int64_t n,
+                  int64_t d, float* out);
   void SetOpProfiling(bool on) override;
   std::string OpProfileReport() override;
 

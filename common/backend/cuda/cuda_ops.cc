@@ -248,7 +248,8 @@ void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void*
                                const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
                                int64_t num_q_heads, float scale, float* out) {
   if (!tunings_.fusion || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim) {
-    Backend::QkvAttention(in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
+    ProjectQkv(in, md.num_tokens);
+    AttendProjectedQkv(*this, in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
     return;
   }
   cuda::PagedAttentionArgs a = AttentionArgs(in.q, nullptr, nullptr, k_cache, v_cache, g, layer, md,
@@ -280,6 +281,16 @@ void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void*
   cuda::OpScope op(profiler_.get(), capturing_, "attention", 0, stream_);
   a.kv_written = true;
   Attend(a);
+}
+
+void CudaBackend::ProjectQkv(const QkvAttentionInput& in, int64_t n) {
+  if (in.w == nullptr) return;
+  if (in.norm != nullptr) {
+    RmsNormLinear(in.x, n, *in.norm, in.eps, *in.w, in.bias, /*silu_mul=*/false, in.h, in.scratch,
+                  in.qkv);
+  } else {
+    Linear(in.x, n, *in.w, in.bias, in.qkv);
+  }
 }
 
 bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
@@ -317,7 +328,7 @@ void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& g
   const int64_t d = gate_up.rows / 2, k = gate_up.cols;
   if (!tunings_.fusion || batch_invariant_ ||
       !cuda::GemvCovers(n, gate_up.dtype, k, x, gate_up.data)) {
-    Backend::LinearSiluMul(x, n, gate_up, scratch, out);
+    ComposedLinearSiluMul(*this, x, n, gate_up, scratch, out);
     return;
   }
   Bind();
@@ -359,7 +370,13 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
   prologue.norm = static_cast<const float*>(norm.data);
   prologue.eps = eps;
   if (!FusedGemvRuns(x, n, w, epilogue, prologue, norm.cols)) {
-    Backend::RmsNormLinear(x, n, norm, eps, w, bias, silu_mul, h, scratch, out);
+    // ComposedRmsNormLinear, with this backend's LinearSiluMul.
+    RmsNorm(x, norm, eps, n, w.cols, h);
+    if (silu_mul) {
+      LinearSiluMul(h, n, w, scratch, out);
+    } else {
+      Linear(h, n, w, bias, out);
+    }
     return;
   }
   Bind();
@@ -379,7 +396,7 @@ void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight&
   cuda::GemvEpilogue epilogue;
   epilogue.accumulate = true;
   if (!FusedGemvRuns(in, n, w, epilogue, {}, 0)) {
-    Backend::LinearResidual(in, n, w, scratch, x);
+    ComposedLinearResidual(*this, in, n, w, scratch, x);
     return;
   }
   Bind();

@@ -85,7 +85,7 @@ cudaError_t LaunchScatterBlocks(const float* src, const int32_t* index, int64_t 
 cudaError_t LaunchArgmaxRows(const float* x, int64_t n, int64_t d, int32_t* out,
                              cudaStream_t stream);
 
-// Backend::Logprobs: one block per row; top_k at most kMaxLogprobsTopK.
+// DeviceSampler::Logprobs: one block per row; top_k at most kMaxLogprobsTopK.
 constexpr int32_t kMaxLogprobsTopK = 64;
 cudaError_t LaunchLogprobs(const float* logits, int64_t n, int64_t d, const int32_t* tokens,
                            int32_t top_k, int32_t* token_out, float* logprob, int32_t* rank,

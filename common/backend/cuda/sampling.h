@@ -1,4 +1,4 @@
-// Sampling where the logits are: the kernels behind Backend::TopKRows, ApplyLogitEdits and
+// Sampling where the logits are: the kernels behind DeviceSampler::TopKRows, ApplyLogitEdits and
 // SampleRows (common/sampling/device_sampling.h describes what the host asks of them). One block
 // per row; a row's result depends on that row alone.
 #pragma once
