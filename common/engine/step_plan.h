@@ -2,7 +2,7 @@
 // plan. The scheduler says which sequences compute how many tokens (SchedulerStep); the plan adds,
 // for every logits row the step needs, what that row is for and how it is sampled and scored,
 // decided once per row instead of in parallel per-row vectors. PackForward() turns a plan into the
-// model's input.
+// model runner's input (common/backend/model_runner.h: ForwardInput).
 //
 // Shape: seqs in the scheduler's order; rows grouped by sequence, ascending position within one.
 // A sequence contributes its new tokens' rows that need logits: prompt-logprob rows, and the last
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/model/llama_model.h"
+#include "common/backend/model_runner.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,8 +45,10 @@ size_t allocated_bytes = 0;
 struct Allocation {
   size_t bytes = 0;    // asked for
   size_t rounded = 0;  // what the device would take (256-byte granules): the accounting
-  size_t mapped = 0;   // > 0: an mmap of this many bytes (cudaMalloc), else aligned_alloc
-  int memfd = -1;      // once exported: the memfd behind the mapping, opened by importers
+  size_t mapped =
+      0;  // > 0: an mmap of this many bytes (cudaMalloc, large pool ones), else aligned_alloc
+  bool shareable = false;  // cudaMalloc's: cudaIpcGetMemHandle may export it
+  int memfd = -1;          // once exported: the memfd behind the mapping, opened by importers
 };
 std::map<void*, Allocation> allocations;
 std::map<void*, size_t> imported;  // cudaIpcOpenMemHandle's mappings (state_mu)
@@ -428,6 +431,47 @@ size_t PageBytes() {
   return page;
 }
 
+// Allocations of at least this many bytes are mappings of their own, and memsets to 0 of at least
+// this many bytes inside one give the whole pages back to the kernel (MADV_DONTNEED: a private
+// anonymous mapping reads zeros after it) instead of writing them: the backend zeroes every
+// allocation, and the KV cache is most of the emulated device.
+constexpr size_t kZeroByPagesBytes = size_t{1} << 20;
+
+// Zeroes [p, p + bytes): the whole pages inside a private mapping of this process's allocations
+// (not an exported one, whose pages are a memfd's) by MADV_DONTNEED, the rest by memset. `mapping`:
+// the start of that mapping, or nullptr for a plain memset.
+void ZeroBytes(void* p, size_t bytes, void* mapping) {
+  char* begin = static_cast<char*>(p);
+  char* end = begin + bytes;
+  if (mapping != nullptr) {
+    const size_t page = PageBytes();
+    char* first =
+        reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page);
+    char* last = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(end) / page * page);
+    if (first < last && ::madvise(first, static_cast<size_t>(last - first), MADV_DONTNEED) == 0) {
+      std::memset(begin, 0, static_cast<size_t>(first - begin));
+      std::memset(last, 0, static_cast<size_t>(end - last));
+      return;
+    }
+  }
+  std::memset(begin, 0, bytes);
+}
+
+// For a memset of `bytes` at p to 0: the private mapping it lies in (see ZeroBytes), else nullptr.
+void* ZeroablePages(void* p, size_t bytes) {
+  if (bytes < kZeroByPagesBytes) return nullptr;
+  std::lock_guard<std::mutex> lock(state_mu);
+  auto it = allocations.upper_bound(p);
+  if (it == allocations.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  char* base = static_cast<char*>(it->first);
+  if (a.mapped == 0 || a.memfd >= 0 || static_cast<char*>(p) + bytes > base + a.bytes) {
+    return nullptr;
+  }
+  return base;
+}
+
 // `shareable`: a mapping of its own (cudaMalloc), which cudaIpcGetMemHandle can export.
 cudaError_t Allocate(void** p, size_t bytes, bool shareable) {
   *p = nullptr;
@@ -437,7 +481,10 @@ cudaError_t Allocate(void** p, size_t bytes, bool shareable) {
   a.bytes = bytes;
   a.rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   if (allocated_bytes + a.rounded > DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
-  if (shareable) {
+  // Large pool allocations are mappings of their own too (not exportable): zeroing them whole is
+  // then giving their pages back (ZeroPages), where a memset would write every byte.
+  a.shareable = shareable;
+  if (shareable || a.rounded >= kZeroByPagesBytes) {
     a.mapped = (a.rounded + PageBytes() - 1) / PageBytes() * PageBytes();
     void* m = ::mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return SetLast(cudaErrorMemoryAllocation);
@@ -505,7 +552,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr) {
   const auto it = allocations.find(dev_ptr);
   // The base of a cudaMalloc allocation only (the device's rule; the pool's memory is not
   // exportable).
-  if (it == allocations.end() || it->second.mapped == 0) return SetLast(cudaErrorInvalidValue);
+  if (it == allocations.end() || !it->second.shareable) return SetLast(cudaErrorInvalidValue);
   Allocation& a = it->second;
   if (a.memfd < 0) {
     const int fd = ::memfd_create("tandem-cuda-emu-ipc", MFD_CLOEXEC);
@@ -630,8 +677,13 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   tandem_emu::NoteHostCall(tandem_emu::HostCall::kLaunch, "cudaMemsetAsync");
-  return SetLast(Enqueue(stream, [p, value, bytes] {
-    std::memset(p, value, bytes);
+  void* mapping = value == 0 ? tandem_emu::ZeroablePages(p, bytes) : nullptr;
+  return SetLast(Enqueue(stream, [p, value, bytes, mapping] {
+    if (value == 0) {
+      tandem_emu::ZeroBytes(p, bytes, mapping);
+    } else {
+      std::memset(p, value, bytes);
+    }
     return cudaSuccess;
   }));
 }
@@ -639,7 +691,11 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (RefusedInCapture()) return cudaErrorStreamCaptureUnsupported;
   tandem_emu::NoteHostCall(tandem_emu::HostCall::kWait, "cudaMemset");
   if (const cudaError_t e = tandem_emu::Flush(nullptr, false); e != cudaSuccess) return SetLast(e);
-  std::memset(p, value, bytes);
+  if (value == 0) {
+    tandem_emu::ZeroBytes(p, bytes, tandem_emu::ZeroablePages(p, bytes));
+  } else {
+    std::memset(p, value, bytes);
+  }
   return cudaSuccess;
 }
 
