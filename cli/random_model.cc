@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/checkpoint_writer.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/tensor/safetensors.h"
@@ -113,14 +114,6 @@ void FillTensor(const TensorInit& init, uint64_t seed, uint64_t tensor_index, DT
       }
     }
   });
-}
-
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path.string(), ": write failed"));
-  return absl::OkStatus();
 }
 
 // The 256 byte tokens of the GPT-2 byte-level alphabet, as UTF-8 strings.
@@ -236,7 +229,7 @@ absl::Status WriteRandomModel(const RandomModelOptions& options) {
     const std::string tok = MakeByteLevelTokenizerJson(c.vocab_size, options.seed);
     c.bos_token_id = c.vocab_size - 2;
     c.eos_token_id = c.vocab_size - 1;
-    RETURN_IF_ERROR(WriteText(dir / "tokenizer.json", tok));
+    RETURN_IF_ERROR(WriteTextFile((dir / "tokenizer.json").string(), tok));
   } else {
     RETURN_IF_ERROR(CheckTokenizerFits(options.tokenizer_file, c.vocab_size));
     fs::copy_file(options.tokenizer_file, dir / "tokenizer.json",
@@ -252,66 +245,30 @@ absl::Status WriteRandomModel(const RandomModelOptions& options) {
     tok_config["bos_token"] = "<|begin_of_text|>";
     tok_config["eos_token"] = "<|end_of_text|>";
   }
-  RETURN_IF_ERROR(WriteText(dir / "tokenizer_config.json", tok_config.dump(2) + "\n"));
+  RETURN_IF_ERROR(
+      WriteTextFile((dir / "tokenizer_config.json").string(), tok_config.dump(2) + "\n"));
   json gen = {{"do_sample", false}};
   if (c.bos_token_id >= 0) gen["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) gen["eos_token_id"] = c.eos_token_id;
-  RETURN_IF_ERROR(WriteText(dir / "generation_config.json", gen.dump(2) + "\n"));
-  RETURN_IF_ERROR(WriteText(dir / "config.json", ModelConfigToJson(c)));
+  RETURN_IF_ERROR(WriteTextFile((dir / "generation_config.json").string(), gen.dump(2) + "\n"));
+  RETURN_IF_ERROR(WriteTextFile((dir / "config.json").string(), ModelConfigToJson(c)));
 
   // Weights, split into shards of at most max_shard_bytes.
   const std::vector<TensorInit> plan = TensorPlan(c);
-  std::vector<std::vector<size_t>> shards(1);
-  uint64_t shard_bytes = 0, total_bytes = 0;
-  auto tensor_bytes = [&](const TensorInit& t) {
-    uint64_t n = DTypeSize(options.dtype);
-    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
-    return n;
-  };
+  std::vector<TensorSpec> specs;
   for (size_t i = 0; i < plan.size(); ++i) {
-    const uint64_t b = tensor_bytes(plan[i]);
-    if (shard_bytes > 0 && shard_bytes + b > options.max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(i);
-    shard_bytes += b;
-    total_bytes += b;
+    TensorSpec t;
+    t.name = plan[i].name;
+    t.dtype = options.dtype;
+    t.shape = plan[i].shape;
+    t.fill = [&, i, elements = static_cast<int64_t>(t.bytes() / DTypeSize(options.dtype))](
+                 std::byte* out) {
+      FillTensor(plan[i], options.seed, i, options.dtype, elements, out);
+    };
+    specs.push_back(std::move(t));
   }
-  // Remove weights of an earlier run so a stale shard or index cannot shadow the new files.
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.ends_with(".safetensors") || name == "model.safetensors.index.json") {
-      fs::remove(entry.path(), ec);
-    }
-  }
-  json weight_map = json::object();
-  uint64_t written = 0;
-  for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                : absl::StrFormat("model-%05d-of-%05d.safetensors",
-                                                                  s + 1, shards.size());
-    std::vector<TensorToWrite> tensors;
-    for (size_t i : shards[s]) {
-      const TensorInit& init = plan[i];
-      TensorToWrite t;
-      t.name = init.name;
-      t.dtype = options.dtype;
-      t.shape = init.shape;
-      t.data.resize(tensor_bytes(init));
-      FillTensor(init, options.seed, i, options.dtype,
-                 static_cast<int64_t>(t.data.size() / DTypeSize(options.dtype)), t.data.data());
-      written += t.data.size();
-      if (options.progress) options.progress(written, total_bytes);
-      weight_map[init.name] = file;
-      tensors.push_back(std::move(t));
-    }
-    RETURN_IF_ERROR(WriteSafetensors((dir / file).string(), tensors, {{"format", "pt"}}));
-  }
-  if (shards.size() > 1) {
-    json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
-  }
+  RETURN_IF_ERROR(
+      WriteCheckpointWeights(dir.string(), specs, options.max_shard_bytes, options.progress));
   return absl::OkStatus();
 }
 

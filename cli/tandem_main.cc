@@ -21,6 +21,9 @@ Commands:
                --preset P --out DIR [--seed N] [--dtype bf16|f16|f32] [--tokenizer FILE]
                [--shard-size-mb N]
                --list-presets prints the presets.
+               --pad-from DIR --out DIR [--intermediate-size N] [--extra-layers L]: the model
+               padded into a larger one computing the same function (zero-output neurons and
+               layers), a memory-bound benchmark target with the small model's predictions.
   up           Start a cluster on this machine: a router and prefill and decode workers.
                [--model DIR] [--prefill N] [--decode M] [--combined K] [--port 50051]
                [--log-dir DIR] [--ready-file F] [--worker-args=--flag,...] [engine flags]
