@@ -434,10 +434,9 @@ std::string SweepChart(const std::vector<json>& levels) {
   auto Y = [&](double v) { return H - bottom - v / max_y * (H - top - bottom); };
   std::string svg = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-      "font-family=\"sans-serif\" "
-      "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"%.0f\" y=\"22\" font-size=\"15\">Tandem: latency vs output throughput (labels: "
-      "concurrency)</text>\n",
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" "
+      "fill=\"white\"/>\n<text x=\"%.0f\" y=\"22\" font-size=\"15\">Tandem: latency vs output "
+      "throughput (labels: concurrency)</text>\n",
       W, H, left);
   absl::StrAppendFormat(
       &svg, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", left,

@@ -45,9 +45,9 @@ ABSL_FLAG(double, repetition_penalty, 1.0,
           "or output (1 = off)");
 ABSL_FLAG(double, presence_penalty, 0.0,
           "generate: in [-2, 2]; subtracted from the logit of every generated token (0 = off)");
-ABSL_FLAG(double, frequency_penalty, 0.0,
-          "generate: in [-2, 2]; subtracted from a generated token's logit per occurrence "
-          "(0 = off)");
+ABSL_FLAG(
+    double, frequency_penalty, 0.0,
+    "generate: in [-2, 2]; subtracted from a generated token's logit per occurrence (0 = off)");
 ABSL_FLAG(int32_t, min_tokens, 0,
           "generate: EOS and stop ids cannot end generation before N tokens");
 ABSL_FLAG(std::string, stop_token_ids, "", "generate: comma-separated ids that end generation");
@@ -60,11 +60,10 @@ ABSL_FLAG(int32_t, prompt_logprobs, -1,
           "generate: top-K logprobs for every prompt token (-1 = off)");
 ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated token (-1 = off)");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
-ABSL_FLAG(
-    std::string, batch_file, "",
-    "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": [...]}, "
-    "optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"seed\", "
-    "\"ignore_eos\"; other sampling flags apply to all)");
+ABSL_FLAG(std::string, batch_file, "",
+          "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": "
+          "[...]}, optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", "
+          "\"seed\", \"ignore_eos\"; other sampling flags apply to all)");
 ABSL_FLAG(bool, json, false, "generate, tokenize, detokenize: print JSON instead of text");
 
 namespace tandem::cli {
@@ -407,9 +406,8 @@ int GenerateCommand() {
   const EngineStats st = (*engine)->stats();
   std::fprintf(stderr,
                "batch: %zu requests, %lld prompt tokens (%lld from the prefix cache), %lld "
-               "generated in %.2f s: "
-               "%.2f requests/s, %.1f generated tokens/s, %.1f total tokens/s; %lld steps, %lld "
-               "preemptions\n",
+               "generated in %.2f s: %.2f requests/s, %.1f generated tokens/s, %.1f total "
+               "tokens/s; %lld steps, %lld preemptions\n",
                order.size(), static_cast<long long>(prompt_tokens),
                static_cast<long long>(st.prefix_hits), static_cast<long long>(generated), wall,
                order.size() / std::max(wall, 1e-9), generated / std::max(wall, 1e-9),

@@ -182,14 +182,13 @@ int RemoteGenerateCommand() {
       std::fputc('\n', stdout);
       std::fflush(stdout);  // the text before the summary on stderr, also when stdout is a pipe
       const v1::Timings& t = r.final.timings();
-      std::fprintf(stderr,
-                   "finish_reason=%s prompt=%d tokens (%d cached), first token after %.3f s "
-                   "(prefill queue %.3f, "
-                   "compute %.3f, KV transfer %.3f), generated=%zu tokens in %.3f s\n",
-                   r.c.finish_reason.c_str(), r.final.usage().prompt_tokens(),
-                   r.final.usage().cached_prompt_tokens(), t.time_to_first_token(),
-                   t.prefill_queue(), t.prefill_compute(), t.kv_transfer(), r.c.token_ids.size(),
-                   t.end_to_end());
+      std::fprintf(
+          stderr,
+          "finish_reason=%s prompt=%d tokens (%d cached), first token after %.3f s (prefill queue "
+          "%.3f, compute %.3f, KV transfer %.3f), generated=%zu tokens in %.3f s\n",
+          r.c.finish_reason.c_str(), r.final.usage().prompt_tokens(),
+          r.final.usage().cached_prompt_tokens(), t.time_to_first_token(), t.prefill_queue(),
+          t.prefill_compute(), t.kv_transfer(), r.c.token_ids.size(), t.end_to_end());
     }
     return 0;
   }

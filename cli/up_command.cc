@@ -42,21 +42,17 @@ ABSL_FLAG(std::string, ready_file, "",
 ABSL_FLAG(int32_t, metrics_port, -1,
           "up: serve GET /metrics: the router on this port, the workers on the ports after it (-1 "
           "= off)");
-ABSL_FLAG(
-    std::string, prometheus_targets, "",
-    "up: with --metrics-port, write every process's /metrics address to this file in Prometheus "
-    "file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
+ABSL_FLAG(std::string, prometheus_targets, "",
+          "up: with --metrics-port, write every process's /metrics address to this file in "
+          "Prometheus file_sd format (deploy/prometheus/prometheus.yml reads targets/*.json)");
 ABSL_FLAG(double, start_timeout_s, 120, "up: seconds to wait for every worker to serve");
 ABSL_FLAG(std::string, kv_transport, "",
           "up: how KV layers travel from prefill to decode workers: tcp, nccl or cuda-ipc, or a "
-          "comma-separated "
-          "list tried in order (the workers' flag). Default: cuda-ipc,tcp with a GPU --device (the "
-          "decode worker "
-          "maps the prefill worker's GPU staging, at device bandwidth on one GPU; inline TCP where "
-          "that fails), "
-          "tcp otherwise. With nccl and every worker on one device, each worker gets its own "
-          "--nccl-host-id, "
-          "which NCCL needs to pair two processes on one GPU (through its socket transport)");
+          "comma-separated list tried in order (the workers' flag). Default: cuda-ipc,tcp with a "
+          "GPU --device (the decode worker maps the prefill worker's GPU staging, at device "
+          "bandwidth on one GPU; inline TCP where that fails), tcp otherwise. With nccl and every "
+          "worker on one device, each worker gets its own --nccl-host-id, which NCCL needs to pair "
+          "two processes on one GPU (through its socket transport)");
 ABSL_FLAG(
     std::vector<std::string>, worker_args, {},
     "up: extra flags for every worker, comma-separated (e.g. --worker-args=--drain-grace-s=5)");

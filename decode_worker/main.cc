@@ -17,25 +17,20 @@ ABSL_FLAG(int32_t, kv_port, 0,
 ABSL_FLAG(double, kv_transfer_timeout_s, 30, "seconds a reservation waits for its KV transfer");
 ABSL_FLAG(double, kv_io_timeout_s, 10,
           "seconds a KV connection's handshake, a frame begun, or a layer's NCCL receive may take "
-          "before that "
-          "connection (and its NCCL communicator) is dropped");
+          "before that connection (and its NCCL communicator) is dropped");
 ABSL_FLAG(double, kv_idle_connection_s, 600,
           "seconds a KV connection may bring nothing, while no transfer begun on it still waits, "
-          "before it is "
-          "closed with its NCCL communicator (a stopped or wedged prefill worker's; an idle one "
-          "reconnects before "
-          "its next transfer); 0 = never");
+          "before it is closed with its NCCL communicator (a stopped or wedged prefill worker's; "
+          "an idle one reconnects before its next transfer); 0 = never");
 ABSL_FLAG(double, kv_high_water, 0.95,
           "share of the KV pool in use above which the worker reports itself full and the router "
-          "sends it "
-          "nothing new (1 = never)");
+          "sends it nothing new (1 = never)");
 
 int main(int argc, char** argv) {
   tandem::MaybeReexecWithFasterOpenBlasCore(argv);
   absl::SetProgramUsageMessage(
       "tandem-decode-worker --model DIR [--port P] [--router HOST:PORT] [--combined] [--kv-port P] "
-      "...\n"
-      "Decode worker of a Tandem cluster; --helpfull lists every flag.");
+      "...\nDecode worker of a Tandem cluster; --helpfull lists every flag.");
   tandem::ParseCommandLine(argc, argv);
   tandem::DecodeService::Options o;
   o.combined = absl::GetFlag(FLAGS_combined);

@@ -12,17 +12,16 @@ ABSL_FLAG(bool, layerwise_transfer, true,
           "comparison)");
 ABSL_FLAG(double, kv_io_timeout_s, 10,
           "seconds a KV send or acknowledgement may take before the transfer fails");
-ABSL_FLAG(int32_t, fault_stop_after_kv_layer, -1,
-          "fault drill: once layer N of a KV transfer has been sent, the process stops itself "
-          "(SIGSTOP), once: a "
-          "peer hung mid-transfer (then SIGCONT or SIGKILL it); -1 (default): never");
+ABSL_FLAG(
+    int32_t, fault_stop_after_kv_layer, -1,
+    "fault drill: once layer N of a KV transfer has been sent, the process stops itself (SIGSTOP), "
+    "once: a peer hung mid-transfer (then SIGCONT or SIGKILL it); -1 (default): never");
 
 int main(int argc, char** argv) {
   tandem::MaybeReexecWithFasterOpenBlasCore(argv);
   absl::SetProgramUsageMessage(
       "tandem-prefill-worker --model DIR [--port P] [--router HOST:PORT] [--layerwise-transfer] "
-      "...\n"
-      "Prefill worker of a Tandem cluster; --helpfull lists every flag.");
+      "...\nPrefill worker of a Tandem cluster; --helpfull lists every flag.");
   tandem::ParseCommandLine(argc, argv);
   tandem::PrefillService::Options o;
   o.layerwise_transfer = absl::GetFlag(FLAGS_layerwise_transfer);

@@ -43,8 +43,8 @@ ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish a
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tandem-router --model DIR [--port 50051] [--workers HOST:PORT,...] ...\n"
-      "Router of a Tandem cluster; --helpfull lists every flag.");
+      "tandem-router --model DIR [--port 50051] [--workers HOST:PORT,...] ...\nRouter of a Tandem "
+      "cluster; --helpfull lists every flag.");
   tandem::ParseCommandLine(argc, argv);
   tandem::InstallTerminationHandlers();
 

@@ -21,31 +21,24 @@ ABSL_FLAG(int64_t, max_queued_requests, 1024,
 ABSL_FLAG(int64_t, max_model_len, 0, "engine: prompt + output tokens (0 = the model's context)");
 ABSL_FLAG(std::string, kv_cache_memory, "0",
           "engine: bytes of KV cache, e.g. 512M or 2G (0 = on a GPU, from "
-          "--gpu-memory-utilization; on the CPU, "
-          "room for 8 sequences of max_model_len)");
+          "--gpu-memory-utilization; on the CPU, room for 8 sequences of max_model_len)");
 ABSL_FLAG(double, gpu_memory_utilization, 0.9,
           "engine: share of the GPU's memory this process takes for weights, activations and KV "
-          "cache when "
-          "--kv-cache-memory is 0 (GPU backends only; other processes' memory does not count "
-          "against it)");
+          "cache when --kv-cache-memory is 0 (GPU backends only; other processes' memory does not "
+          "count against it)");
 ABSL_FLAG(bool, cuda_graphs, true,
           "engine: run decode steps as CUDA graphs (captured once per bucketed batch size, "
-          "replayed after; "
-          "bit-identical to op by op with --batch-invariant); GPU backends only");
+          "replayed after; bit-identical to op by op with --batch-invariant); GPU backends only");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "engine: reuse cached KV blocks of shared prompt prefixes");
 ABSL_FLAG(bool, device_sampling, true,
           "engine: sample where the logits are when the backend can (GPU backends: penalties, "
-          "top-k, top-p, "
-          "min-p and temperature there, a token or candidates copied back); false copies every "
-          "sampled row's "
-          "logits to the host sampler");
+          "top-k, top-p, min-p and temperature there, a token or candidates copied back); false "
+          "copies every sampled row's logits to the host sampler");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "engine: what the KV cache stores: f32, bf16, f16, or auto (on a GPU the model's dtype "
-          "when it is bf16 "
-          "or f16, else f32); bf16/f16 halve the cache's memory and the attention's reads. Prefill "
-          "and decode "
-          "workers exchanging KV must agree");
+          "when it is bf16 or f16, else f32); bf16/f16 halve the cache's memory and the "
+          "attention's reads. Prefill and decode workers exchanging KV must agree");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 // The CUDA backend's tunings (common/backend/cuda_tunings.h); TANDEM_CUDA_* variables override
 // them.
@@ -62,32 +55,28 @@ ABSL_FLAG(bool, cuda_tc_attention, false,
           "to the cache's 16-bit type)");
 ABSL_FLAG(int32_t, cuda_gemv_columns, 1,
           "--device cuda: output columns a GEMV warp computes: 1, 2 or 4");
-ABSL_FLAG(int32_t, cuda_grid_split_keys, 256,
-          "--device cuda: keys of an attention split that takes blocks of its own: 32, 64, 128 or "
-          "256");
+ABSL_FLAG(
+    int32_t, cuda_grid_split_keys, 256,
+    "--device cuda: keys of an attention split that takes blocks of its own: 32, 64, 128 or 256");
 ABSL_FLAG(bool, cuda_pdl, false,
           "--device cuda: programmatic dependent launch (compute capability 9 and newer)");
 ABSL_FLAG(bool, cuda_op_profile, false,
           "--device cuda: per-op device time from the start (the op profile of forward_bench)");
 ABSL_FLAG(std::string, device, "cpu", "engine: where the model runs: cpu, cuda (GPU 0) or cuda:N");
-ABSL_FLAG(
-    std::string, compute_dtype, "auto",
-    "engine, --device cuda: 16-bit type of the weights and GEMMs: auto (the weights' own), bf16 or "
-    "f16. "
-    "f16 over BF16 weights (as vLLM's --dtype half) rounds GEMM inputs 8x finer at the same speed, "
-    "but overflows past 65504 (a weight beyond it is refused at load)");
+ABSL_FLAG(std::string, compute_dtype, "auto",
+          "engine, --device cuda: 16-bit type of the weights and GEMMs: auto (the weights' own), "
+          "bf16 or f16. f16 over BF16 weights (as vLLM's --dtype half) rounds GEMM inputs 8x finer "
+          "at the same speed, but overflows past 65504 (a weight beyond it is refused at load)");
 ABSL_FLAG(bool, split_gemm_inputs, false,
           "engine, --device cuda: run each GEMM over 16-bit weights on its input split into two "
-          "16-bit terms "
-          "(x = hi + lo): activations keep about 16 significant bits where rounding keeps 8 (BF16) "
-          "or 11 (F16), "
-          "close to f32 results, for twice the prefill GEMMs' arithmetic (steps of 9 to 128 rows "
-          "read the weights "
-          "once; steps of up to 8 rows are unchanged: their GEMV reads f32 activations)");
-ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
-          "engine: Linear results independent of the batch, so a request's outputs do not depend "
-          "on what it is "
-          "batched with (default: true on the CPU, false on CUDA, where it costs throughput)");
+          "16-bit terms (x = hi + lo): activations keep about 16 significant bits where rounding "
+          "keeps 8 (BF16) or 11 (F16), close to f32 results, for twice the prefill GEMMs' "
+          "arithmetic (steps of 9 to 128 rows read the weights once; steps of up to 8 rows are "
+          "unchanged: their GEMV reads f32 activations)");
+ABSL_FLAG(
+    absl::optional<bool>, batch_invariant, absl::nullopt,
+    "engine: Linear results independent of the batch, so a request's outputs do not depend on what "
+    "it is batched with (default: true on the CPU, false on CUDA, where it costs throughput)");
 
 namespace tandem {
 

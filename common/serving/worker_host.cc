@@ -35,23 +35,19 @@ ABSL_FLAG(int32_t, heartbeat_interval_ms, 500, "milliseconds between heartbeats 
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish after SIGTERM");
 ABSL_FLAG(bool, kv_host_staging, false,
           "copy KV layers for transfer through host staging buffers even when the cache is host "
-          "memory (what GPU "
-          "workers always do; for testing that path on the CPU)");
-ABSL_FLAG(std::string, kv_transport, "tcp",
-          "how KV layers travel from prefill to decode workers, a comma-separated list: tcp "
-          "(inline on the control "
-          "connection, from host memory or through host staging), nccl (an NCCL communicator per "
-          "prefill-decode "
-          "pair; GPU workers), cuda-ipc (the decode worker maps the prefill worker's GPU staging "
-          "memory; GPU workers "
-          "on one machine, sharing a GPU or GPUs with peer access). A prefill worker tries them in "
-          "order with each "
-          "decode worker and keeps the first that works; a decode worker offers every one it "
-          "names, and tcp always");
-ABSL_FLAG(std::string, nccl_host_id, "",
-          "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or "
-          "NCCL refuses "
-          "the pair (they then talk over NCCL's network transport); leave empty across GPUs");
+          "memory (what GPU workers always do; for testing that path on the CPU)");
+ABSL_FLAG(
+    std::string, kv_transport, "tcp",
+    "how KV layers travel from prefill to decode workers, a comma-separated list: tcp (inline on "
+    "the control connection, from host memory or through host staging), nccl (an NCCL communicator "
+    "per prefill-decode pair; GPU workers), cuda-ipc (the decode worker maps the prefill worker's "
+    "GPU staging memory; GPU workers on one machine, sharing a GPU or GPUs with peer access). A "
+    "prefill worker tries them in order with each decode worker and keeps the first that works; a "
+    "decode worker offers every one it names, and tcp always");
+ABSL_FLAG(
+    std::string, nccl_host_id, "",
+    "sets NCCL_HOSTID for this process: give each worker sharing one GPU its own value, or NCCL "
+    "refuses the pair (they then talk over NCCL's network transport); leave empty across GPUs");
 ABSL_FLAG(int32_t, metrics_port, -1,
           "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 

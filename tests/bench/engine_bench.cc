@@ -88,8 +88,7 @@ void Print(const char* name, const RunResult& r) {
   const double host = r.stats.step_seconds - r.stats.forward_seconds;
   std::printf(
       "  %-28s %8.2f s %9.1f tok/s %7.2f req/s  steps=%lld preemptions=%lld prefix hits %lld/%lld "
-      "tokens"
-      "  host %.0f us/step (%.2f%% of step time)\n",
+      "tokens  host %.0f us/step (%.2f%% of step time)\n",
       name, r.seconds, r.generated / r.seconds, r.requests / r.seconds,
       static_cast<long long>(r.stats.steps), static_cast<long long>(r.stats.preemptions),
       static_cast<long long>(r.stats.prefix_hits), static_cast<long long>(r.stats.prefix_queries),

@@ -42,62 +42,51 @@ ABSL_FLAG(std::string, compute_dtype, "auto",
           "engine's flag)");
 ABSL_FLAG(bool, split_gemm_inputs, false,
           "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant "
-          "bits for twice "
-          "the GEMM arithmetic (the engine's flag)");
+          "bits for twice the GEMM arithmetic (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, "
-          "else f32), as the "
-          "engine's flag");
+          "else f32), as the engine's flag");
 ABSL_FLAG(bool, profile_ops, false,
           "after the measurement, time every op of one prefill and of the decode steps (GPU "
-          "backends; op by op, "
-          "so without graphs) and print a table per phase");
+          "backends; op by op, so without graphs) and print a table per phase");
 ABSL_FLAG(bool, cuda_graphs, true,
           "decode steps as CUDA graphs (GPU backends), as the engine runs them");
 ABSL_FLAG(bool, tc_attention, false,
           "prompt attention on the tensor cores where it can (CUDA, 16-bit KV cache, head_dim 64 "
-          "or 128): sets "
-          "TANDEM_CUDA_TC_ATTENTION=1 for the backend");
+          "or 128): sets TANDEM_CUDA_TC_ATTENTION=1 for the backend");
 ABSL_FLAG(bool, pdl, false,
           "CUDA: launch the decode path's kernels with programmatic dependent launch (sets "
           "TANDEM_CUDA_PDL=1)");
-ABSL_FLAG(bool, fusion, true,
-          "CUDA: the fusions (bias and silu-mul in the GEMV; the q|k|v split, q/k norms, RoPE and "
-          "the KV cache "
-          "write in one kernel); false sets TANDEM_CUDA_FUSION=0, for a side-by-side run");
 ABSL_FLAG(
-    bool, gemv_norm, true,
-    "CUDA: the RMSNorm and the residual add inside the decode GEMV (with --fusion); false sets "
-    "TANDEM_CUDA_GEMV_NORM=0");
+    bool, fusion, true,
+    "CUDA: the fusions (bias and silu-mul in the GEMV; the q|k|v split, q/k norms, RoPE and the KV "
+    "cache write in one kernel); false sets TANDEM_CUDA_FUSION=0, for a side-by-side run");
+ABSL_FLAG(bool, gemv_norm, true,
+          "CUDA: the RMSNorm and the residual add inside the decode GEMV (with --fusion); false "
+          "sets TANDEM_CUDA_GEMV_NORM=0");
 ABSL_FLAG(bool, gemv_heads, true,
           "CUDA: the q|k|v prologue run by the q|k|v GEMV's last block of each head (with "
-          "--fusion, over a KV "
-          "cache of the weights' 16-bit type); false sets TANDEM_CUDA_GEMV_HEADS=0 (the prologue "
-          "kernel instead)");
+          "--fusion, over a KV cache of the weights' 16-bit type); false sets "
+          "TANDEM_CUDA_GEMV_HEADS=0 (the prologue kernel instead)");
 ABSL_FLAG(int, gemv_columns, 0,
           "output columns a GEMV warp computes on CUDA (1, 2 or 4; sets TANDEM_CUDA_GEMV_COLUMNS; "
-          "0: the backend's "
-          "default)");
+          "0: the backend's default)");
 ABSL_FLAG(int, grid_split_keys, 0,
           "CUDA: keys of an attention split where the splits take blocks of their own (32, 64, 128 "
-          "or 256; sets "
-          "TANDEM_CUDA_GRID_SPLIT_KEYS; 0: the backend's default, 256)");
+          "or 256; sets TANDEM_CUDA_GRID_SPLIT_KEYS; 0: the backend's default, 256)");
 ABSL_FLAG(std::string, sampling, "argmax",
           "what a decode step returns per row: argmax (taken on the device, as greedy steps), host "
-          "(the row's "
-          "logits copied to the host, as sampling without a device sampler), draw (a token drawn "
-          "on the device "
-          "at temperature 1, as temperature and min-p steps), nucleus (256 candidates and the "
-          "row's weight total, "
-          "as top-p steps); draw and nucleus need a GPU backend (elsewhere rows come to the host)");
+          "(the row's logits copied to the host, as sampling without a device sampler), draw (a "
+          "token drawn on the device at temperature 1, as temperature and min-p steps), nucleus "
+          "(256 candidates and the row's weight total, as top-p steps); draw and nucleus need a "
+          "GPU backend (elsewhere rows come to the host)");
 ABSL_FLAG(int64_t, roofline_copy_mib, 1024,
           "CUDA: MiB the copy kernel of the bandwidth ceiling copies");
 ABSL_FLAG(int, roofline_gemm, 8192,
           "CUDA: m = n = k of the cuBLAS BF16 GEMM of the tensor-core ceiling");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
           "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); "
-          "false on the CPU "
-          "uses OpenBLAS GEMM for large batches");
+          "false on the CPU uses OpenBLAS GEMM for large batches");
 
 namespace tandem {
 namespace {

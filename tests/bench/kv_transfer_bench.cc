@@ -47,10 +47,9 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::vector<std::string>, transports,
           std::vector<std::string>({"tcp", "nccl", "cuda-ipc"}),
           "with --device cuda: the data paths measured side by side");
-ABSL_FLAG(
-    bool, two_processes, false,
-    "the --device cuda layout (receiver in a second process) on any device; --device cpu with "
-    "--transports tcp checks it without a GPU");
+ABSL_FLAG(bool, two_processes, false,
+          "the --device cuda layout (receiver in a second process) on any device; --device cpu "
+          "with --transports tcp checks it without a GPU");
 ABSL_FLAG(std::string, role, "",
           "internal: 'receiver' is the receiving process of a --device cuda run");
 ABSL_FLAG(std::string, ready_file, "", "internal: where the receiver writes its port");
