@@ -1,0 +1,93 @@
+#include "common/spec/verify.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+// The index where `u` (in [0, 1)) falls in the cumulative sums of weights[vocab] / total; the last
+// positive weight when rounding leaves u past the end.
+int32_t DrawIndex(const std::vector<double>& weights, double total, double u) {
+  const double target = u * total;
+  double sum = 0.0;
+  int32_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0) continue;
+    sum += weights[i];
+    last = static_cast<int32_t>(i);
+    if (target < sum) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
+absl::StatusOr<Verdict> VerifyGreedy(absl::Span<const int32_t> proposed,
+                                     absl::Span<const int32_t> target_argmax) {
+  if (target_argmax.size() != proposed.size() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(target_argmax.size(), " target choices for ",
+                                                   proposed.size(), " proposed tokens (want ",
+                                                   proposed.size() + 1, ")"));
+  }
+  Verdict v;
+  while (v.accepted < static_cast<int32_t>(proposed.size()) &&
+         proposed[v.accepted] == target_argmax[v.accepted]) {
+    ++v.accepted;
+  }
+  v.next_token = target_argmax[v.accepted];
+  return v;
+}
+
+absl::StatusOr<Verdict> VerifySampled(absl::Span<const int32_t> proposed,
+                                      absl::Span<const float> draft, absl::Span<const float> target,
+                                      int64_t vocab, const std::function<double()>& uniform) {
+  const int64_t k = static_cast<int64_t>(proposed.size());
+  if (vocab <= 0 || static_cast<int64_t>(target.size()) != (k + 1) * vocab ||
+      (!draft.empty() && static_cast<int64_t>(draft.size()) != k * vocab)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("verification rows: ", target.size(), " target and ", draft.size(),
+                     " draft probabilities for ", k, " proposed tokens over ", vocab, " tokens"));
+  }
+  for (int32_t t : proposed) {
+    if (t < 0 || t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("proposed token ", t, " outside the vocabulary of ", vocab));
+    }
+  }
+  std::vector<double> weights(static_cast<size_t>(vocab));
+  Verdict v;
+  for (int64_t i = 0; i < k; ++i) {
+    const float* p = target.data() + i * vocab;
+    const float* q = draft.empty() ? nullptr : draft.data() + i * vocab;
+    const int32_t x = proposed[i];
+    const double px = p[x], qx = q != nullptr ? q[x] : 1.0;
+    // Kept with probability min(1, p(x) / q(x)): u < p(x) / q(x), as u · q(x) < p(x).
+    if (uniform() * qx < px) {
+      ++v.accepted;
+      continue;
+    }
+    // Refused: the residual max(0, p - q), which holds the mass p has beyond q.
+    double total = 0.0;
+    for (int64_t y = 0; y < vocab; ++y) {
+      const double qy = q != nullptr ? q[y] : (y == x ? 1.0 : 0.0);
+      weights[y] = std::max(0.0, static_cast<double>(p[y]) - qy);
+      total += weights[y];
+    }
+    if (!(total > 0.0)) {  // p equals q to rounding: draw from p itself
+      total = 0.0;
+      for (int64_t y = 0; y < vocab; ++y) total += (weights[y] = std::max(0.0f, p[y]));
+    }
+    v.next_token = DrawIndex(weights, total, uniform());
+    return v;
+  }
+  const float* p = target.data() + k * vocab;
+  double total = 0.0;
+  for (int64_t y = 0; y < vocab; ++y) total += (weights[y] = std::max(0.0f, p[y]));
+  v.next_token = DrawIndex(weights, total, uniform());
+  return v;
+}
+
+}  // namespace tandem
