@@ -584,16 +584,62 @@ absl::Status ModelRunner::RunDecodeGraph(std::pair<int64_t, int64_t> key, const 
   return absl::OkStatus();
 }
 
+float ModelRunner::attention_scale() const {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape().head_dim)));
+}
+
+QkvAttentionInput ModelRunner::StackedQkvInput(const TransformerLayerWeights& lw,
+                                               const StepBuffers& buf, const float* x) const {
+  const TransformerShape& c = shape();
+  QkvAttentionInput in;
+  in.x = x;
+  in.w = &lw.qkv;
+  in.bias = c.attention_bias ? &lw.qkv_bias : nullptr;
+  in.qkv = buf.qkv;
+  if (c.qk_norm) {
+    in.q_norm = &lw.q_norm;
+    in.k_norm = &lw.k_norm;
+  }
+  in.eps = c.rms_norm_eps;
+  in.inv_freq = inv_freq();
+  in.q = buf.q;
+  in.k = buf.k;
+  in.v = buf.v;
+  return in;
+}
+
+void ModelRunner::SeparateQkvAttention(const TransformerLayerWeights& lw, const StepBuffers& buf,
+                                       KvCacheStorage* kv, int64_t l) const {
+  const TransformerShape& c = shape();
+  const int64_t n = buf.md.num_tokens;
+  const float eps = c.rms_norm_eps;
+  Backend& b = *backend_;
+  b.Linear(buf.h, n, lw.q, c.attention_bias ? &lw.q_bias : nullptr, buf.q);
+  b.Linear(buf.h, n, lw.k, c.attention_bias ? &lw.k_bias : nullptr, buf.k);
+  b.Linear(buf.h, n, lw.v, c.attention_bias ? &lw.v_bias : nullptr, buf.v);
+  if (c.qk_norm) {
+    b.RmsNorm(buf.q, lw.q_norm, eps, n * c.num_q_heads, c.head_dim, buf.q);
+    b.RmsNorm(buf.k, lw.k_norm, eps, n * c.num_kv_heads, c.head_dim, buf.k);
+  }
+  b.Rope(buf.q, buf.k, buf.md.positions, inv_freq(), n, c.num_q_heads, c.num_kv_heads, c.head_dim);
+  b.PagedAttention(buf.q, buf.k, buf.v, kv->k_data(), kv->v_data(), kv->geometry(), l, buf.md,
+                   c.num_q_heads, attention_scale(), buf.attn);
+}
+
+void ModelRunner::SeparateGateUp(const TransformerLayerWeights& lw, const StepBuffers& buf) const {
+  const int64_t n = buf.md.num_tokens;
+  backend_->Linear(buf.h, n, lw.gate, nullptr, buf.gate);
+  backend_->Linear(buf.h, n, lw.up, nullptr, buf.up);
+  backend_->SiluMul(buf.gate, buf.up, n, shape().intermediate_size, buf.gate);
+}
+
 void ModelRunner::Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
                           const std::function<void(int64_t)>& on_layer_done, bool argmax) {
   const TransformerShape& c = shape();
   const TransformerWeights& w = weights_;
-  const KvCacheGeometry& g = kv->geometry();
   const int64_t n = buf.md.num_tokens, m = buf.num_rows, hidden = c.hidden_size;
   const float eps = c.rms_norm_eps;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  const AttentionMetadata& md = buf.md;
-  float *x = buf.x, *h = buf.h, *attn = buf.attn, *gate = buf.gate;
+  float *x = buf.x, *h = buf.h, *gate = buf.gate;
   Backend& b = *backend_;
   // h = input_norm(x) at the top of each layer: the first layer's here, the others' with the last
   // residual add of the layer before.
@@ -601,44 +647,20 @@ void ModelRunner::Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
   if (c.num_layers > 0) b.RmsNorm(x, w.layers[0].input_norm, eps, n, hidden, h);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const TransformerLayerWeights& lw = w.layers[l];
-    QkvAttentionInput in;
-    in.x = h;
-    in.eps = eps;
-    in.inv_freq = inv_freq();
-    if (c.qk_norm) {
-      in.q_norm = &lw.q_norm;
-      in.k_norm = &lw.k_norm;
-    }
-    in.q = buf.q;
-    in.k = buf.k;
-    in.v = buf.v;
     if (w.stacked) {
       // One GEMM for q|k|v, its rows split into heads on the way to attention.
-      in.w = &lw.qkv;
-      in.bias = c.attention_bias ? &lw.qkv_bias : nullptr;
-      in.qkv = buf.qkv;
-      ComposedQkvAttention(b, in, kv->k_data(), kv->v_data(), g, l, md, c.num_q_heads, scale, attn);
+      ComposedQkvAttention(b, StackedQkvInput(lw, buf, h), kv->k_data(), kv->v_data(),
+                           kv->geometry(), l, buf.md, c.num_q_heads, attention_scale(), buf.attn);
     } else {
-      b.Linear(h, n, lw.q, c.attention_bias ? &lw.q_bias : nullptr, buf.q);
-      b.Linear(h, n, lw.k, c.attention_bias ? &lw.k_bias : nullptr, buf.k);
-      b.Linear(h, n, lw.v, c.attention_bias ? &lw.v_bias : nullptr, buf.v);
-      if (c.qk_norm) {
-        b.RmsNorm(buf.q, lw.q_norm, eps, n * c.num_q_heads, c.head_dim, buf.q);
-        b.RmsNorm(buf.k, lw.k_norm, eps, n * c.num_kv_heads, c.head_dim, buf.k);
-      }
-      b.Rope(buf.q, buf.k, md.positions, inv_freq(), n, c.num_q_heads, c.num_kv_heads, c.head_dim);
-      b.PagedAttention(buf.q, buf.k, buf.v, kv->k_data(), kv->v_data(), g, l, md, c.num_q_heads,
-                       scale, attn);
+      SeparateQkvAttention(lw, buf, kv, l);
     }
     if (on_layer_done) on_layer_done(l);
-    b.Linear(attn, n, lw.o, nullptr, h);
+    b.Linear(buf.attn, n, lw.o, nullptr, h);
     ComposedAddRmsNorm(b, x, h, lw.post_norm, eps, n, hidden, h);
     if (w.stacked) {
       ComposedLinearSiluMul(b, h, n, lw.gate_up, buf.gate_up, gate);
     } else {
-      b.Linear(h, n, lw.gate, nullptr, gate);
-      b.Linear(h, n, lw.up, nullptr, buf.up);
-      b.SiluMul(gate, buf.up, n, c.intermediate_size, gate);
+      SeparateGateUp(lw, buf);
     }
     b.Linear(gate, n, lw.down, nullptr, h);
     if (l + 1 < c.num_layers) {

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
+#include "common/backend/composed_ops.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/backend/transformer.h"
 #include "common/sampling/device_sampling.h"
@@ -178,6 +179,18 @@ class ModelRunner {
   const TransformerWeights& weights() const { return weights_; }
   // The rotary inverse frequencies [head_dim / 2] on the device.
   const float* inv_freq() const { return static_cast<const float*>(weights_.rope_inv_freq.data); }
+  // 1 / sqrt(head_dim).
+  float attention_scale() const;
+  // Layer `lw`'s attention input over stacked weights, its projection taking `x` (q|k|v weights and
+  // bias, scratch, q/k norms, the rotary table); a runner that fuses the input norm adds it.
+  QkvAttentionInput StackedQkvInput(const TransformerLayerWeights& lw, const StepBuffers& buf,
+                                    const float* x) const;
+  // Layer l's attention over separate weights, on the core ops: q, k, v projected from buf.h,
+  // normalised per head (Qwen3), rotated, attended (writing the cache) into buf.attn.
+  void SeparateQkvAttention(const TransformerLayerWeights& lw, const StepBuffers& buf,
+                            KvCacheStorage* kv, int64_t l) const;
+  // buf.gate = silu(buf.h · gate^T) * (buf.h · up^T) over separate weights (buf.up scratch).
+  void SeparateGateUp(const TransformerLayerWeights& lw, const StepBuffers& buf) const;
 
  private:
   absl::Status Validate(const ForwardInput& input, const KvCacheStorage& kv) const;

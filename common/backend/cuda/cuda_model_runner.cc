@@ -1,7 +1,5 @@
 #include "common/backend/cuda/cuda_model_runner.h"
 
-#include <cmath>
-
 #include "common/backend/composed_ops.h"
 
 namespace tandem {
@@ -17,14 +15,9 @@ void CudaModelRunner::Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
                               const std::function<void(int64_t)>& on_layer_done, bool argmax) {
   const TransformerShape& c = shape();
   const TransformerWeights& weights = this->weights();
-  const KvCacheGeometry& g = kv->geometry();
-  const int64_t n = buf.md.num_tokens, m = buf.num_rows;
-  const int64_t hidden = c.hidden_size, inter = c.intermediate_size;
+  const int64_t n = buf.md.num_tokens, m = buf.num_rows, hidden = c.hidden_size;
   const float eps = c.rms_norm_eps;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  const AttentionMetadata& md = buf.md;
-  float *x = buf.x, *h = buf.h, *q = buf.q, *k = buf.k, *v = buf.v, *attn = buf.attn,
-        *gate = buf.gate, *up = buf.up;
+  float *x = buf.x, *h = buf.h, *attn = buf.attn, *gate = buf.gate;
   CudaBackend* b = cuda_;
   // Where the backend runs the norms and residual adds inside the projections (its GEMV's shapes),
   // h is scratch; elsewhere h = input_norm(x) at the top of each layer: the first layer's below,
@@ -38,38 +31,16 @@ void CudaModelRunner::Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
     const TransformerLayerWeights& w = weights.layers[l];
     if (weights.stacked) {
       // One GEMM for q|k|v, whose rows the backend splits into heads on the way to attention.
-      QkvAttentionInput in;
-      in.w = &w.qkv;
-      in.bias = c.attention_bias ? &w.qkv_bias : nullptr;
+      QkvAttentionInput in = StackedQkvInput(w, buf, norms_in_linear ? x : h);
       if (norms_in_linear) {
-        in.x = x;
         in.norm = &w.input_norm;
         in.h = h;
         in.scratch = buf.gate_up;
-      } else {
-        in.x = h;
       }
-      in.qkv = buf.qkv;
-      if (c.qk_norm) {
-        in.q_norm = &w.q_norm;
-        in.k_norm = &w.k_norm;
-      }
-      in.eps = eps;
-      in.inv_freq = inv_freq();
-      in.q = buf.q;
-      in.k = buf.k;
-      in.v = buf.v;
-      b->QkvAttention(in, kv->k_data(), kv->v_data(), g, l, md, c.num_q_heads, scale, attn);
+      b->QkvAttention(in, kv->k_data(), kv->v_data(), kv->geometry(), l, buf.md, c.num_q_heads,
+                      attention_scale(), attn);
     } else {
-      b->Linear(h, n, w.q, c.attention_bias ? &w.q_bias : nullptr, q);
-      b->Linear(h, n, w.k, c.attention_bias ? &w.k_bias : nullptr, k);
-      b->Linear(h, n, w.v, c.attention_bias ? &w.v_bias : nullptr, v);
-      if (c.qk_norm) {
-        b->RmsNorm(q, w.q_norm, eps, n * c.num_q_heads, c.head_dim, q);
-        b->RmsNorm(k, w.k_norm, eps, n * c.num_kv_heads, c.head_dim, k);
-      }
-      b->Rope(q, k, md.positions, inv_freq(), n, c.num_q_heads, c.num_kv_heads, c.head_dim);
-      b->PagedAttention(q, k, v, kv->k_data(), kv->v_data(), g, l, md, c.num_q_heads, scale, attn);
+      SeparateQkvAttention(w, buf, kv, l);
     }
     if (on_layer_done) on_layer_done(l);
     if (norms_in_linear) {
@@ -84,9 +55,7 @@ void CudaModelRunner::Enqueue(const StepBuffers& buf, KvCacheStorage* kv,
     if (weights.stacked) {
       b->LinearSiluMul(h, n, w.gate_up, buf.gate_up, gate);
     } else {
-      b->Linear(h, n, w.gate, nullptr, gate);
-      b->Linear(h, n, w.up, nullptr, up);
-      b->SiluMul(gate, up, n, inter, gate);
+      SeparateGateUp(w, buf);
     }
     b->Linear(gate, n, w.down, nullptr, h);
     if (l + 1 < c.num_layers) {

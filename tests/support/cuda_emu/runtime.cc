@@ -45,8 +45,8 @@ size_t allocated_bytes = 0;
 struct Allocation {
   size_t bytes = 0;    // asked for
   size_t rounded = 0;  // what the device would take (256-byte granules): the accounting
-  size_t mapped =
-      0;  // > 0: an mmap of this many bytes (cudaMalloc, large pool ones), else aligned_alloc
+  // > 0: an mmap of this many bytes (cudaMalloc's, and large pool ones), else aligned_alloc.
+  size_t mapped = 0;
   bool shareable = false;  // cudaMalloc's: cudaIpcGetMemHandle may export it
   int memfd = -1;          // once exported: the memfd behind the mapping, opened by importers
 };
@@ -437,13 +437,13 @@ size_t PageBytes() {
 // allocation, and the KV cache is most of the emulated device.
 constexpr size_t kZeroByPagesBytes = size_t{1} << 20;
 
-// Zeroes [p, p + bytes): the whole pages inside a private mapping of this process's allocations
-// (not an exported one, whose pages are a memfd's) by MADV_DONTNEED, the rest by memset. `mapping`:
-// the start of that mapping, or nullptr for a plain memset.
-void ZeroBytes(void* p, size_t bytes, void* mapping) {
+// Zeroes [p, p + bytes): with `by_pages` (the range lies in a private mapping of this process's
+// allocations, not an exported one, whose pages are a memfd's: ZeroablePages) the whole pages by
+// MADV_DONTNEED and the rest by memset; else by memset.
+void ZeroBytes(void* p, size_t bytes, bool by_pages) {
   char* begin = static_cast<char*>(p);
   char* end = begin + bytes;
-  if (mapping != nullptr) {
+  if (by_pages) {
     const size_t page = PageBytes();
     char* first =
         reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page);
@@ -457,19 +457,16 @@ void ZeroBytes(void* p, size_t bytes, void* mapping) {
   std::memset(begin, 0, bytes);
 }
 
-// For a memset of `bytes` at p to 0: the private mapping it lies in (see ZeroBytes), else nullptr.
-void* ZeroablePages(void* p, size_t bytes) {
-  if (bytes < kZeroByPagesBytes) return nullptr;
+// Whether a memset of `bytes` at p to 0 may give pages back (see ZeroBytes).
+bool ZeroablePages(void* p, size_t bytes) {
+  if (bytes < kZeroByPagesBytes) return false;
   std::lock_guard<std::mutex> lock(state_mu);
   auto it = allocations.upper_bound(p);
-  if (it == allocations.begin()) return nullptr;
+  if (it == allocations.begin()) return false;
   --it;
   const Allocation& a = it->second;
-  char* base = static_cast<char*>(it->first);
-  if (a.mapped == 0 || a.memfd >= 0 || static_cast<char*>(p) + bytes > base + a.bytes) {
-    return nullptr;
-  }
-  return base;
+  return a.mapped > 0 && a.memfd < 0 &&
+         static_cast<char*>(p) + bytes <= static_cast<char*>(it->first) + a.bytes;
 }
 
 // `shareable`: a mapping of its own (cudaMalloc), which cudaIpcGetMemHandle can export.
@@ -482,7 +479,7 @@ cudaError_t Allocate(void** p, size_t bytes, bool shareable) {
   a.rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   if (allocated_bytes + a.rounded > DeviceMemoryBytes()) return SetLast(cudaErrorMemoryAllocation);
   // Large pool allocations are mappings of their own too (not exportable): zeroing them whole is
-  // then giving their pages back (ZeroPages), where a memset would write every byte.
+  // then giving their pages back (ZeroBytes), where a memset would write every byte.
   a.shareable = shareable;
   if (shareable || a.rounded >= kZeroByPagesBytes) {
     a.mapped = (a.rounded + PageBytes() - 1) / PageBytes() * PageBytes();
@@ -677,10 +674,10 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
   tandem_emu::NoteHostCall(tandem_emu::HostCall::kLaunch, "cudaMemsetAsync");
-  void* mapping = value == 0 ? tandem_emu::ZeroablePages(p, bytes) : nullptr;
-  return SetLast(Enqueue(stream, [p, value, bytes, mapping] {
+  const bool by_pages = value == 0 && tandem_emu::ZeroablePages(p, bytes);
+  return SetLast(Enqueue(stream, [p, value, bytes, by_pages] {
     if (value == 0) {
-      tandem_emu::ZeroBytes(p, bytes, mapping);
+      tandem_emu::ZeroBytes(p, bytes, by_pages);
     } else {
       std::memset(p, value, bytes);
     }
