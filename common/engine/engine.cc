@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/spec/verify.h"
 
 namespace tandem {
 
@@ -89,6 +90,32 @@ absl::StatusOr<int64_t> PlanKvMemory(LlamaModel* model, const EngineOptions& o,
   return kv;
 }
 
+// A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
+LogprobEntry FromDevice(const RowLogprobs& d, int32_t top_k) {
+  LogprobEntry e{d.token, d.logprob, d.rank, {}};
+  for (int32_t i = 0; i < top_k && i < static_cast<int32_t>(d.top_ids.size()); ++i) {
+    e.top.push_back({d.top_ids[i], d.top_logprobs[i]});
+  }
+  return e;
+}
+
+absl::Status ValidateSpeculation(const SpeculationOptions& o) {
+  if (o.num_tokens < 1 || o.num_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--num-speculative-tokens must be in [1, ",
+                                                   kMaxSpeculativeTokens, "], got ", o.num_tokens));
+  }
+  if (o.step_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-step-rows must be at least 1, got ", o.step_rows));
+  }
+  if (o.method == SpeculationMethod::kDraft) {
+    return absl::InvalidArgumentError(
+        "--speculative-method draft needs a draft model (--speculative-model), which this engine "
+        "was not given");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
@@ -150,6 +177,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
                                                    static_cast<int32_t>(options.block_size),
                                                    options.enable_prefix_caching, 0}));
   ASSIGN_OR_RETURN(e->scheduler_, Scheduler::Create(sc, e->kv_.get()));
+  const SpeculationOptions& so = options.speculation;
+  RETURN_IF_ERROR(ValidateSpeculation(so));
+  absl::StatusOr<std::unique_ptr<NgramProposer>> ngram =
+      NgramProposer::Create({so.ngram_min, so.ngram_max});
+  if (!ngram.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--ngram-min ", so.ngram_min, " / --ngram-max ",
+                                                   so.ngram_max, ": ", ngram.status().message()));
+  }
+  e->ngram_ = std::move(ngram).value();
+  e->spec_policy_ = std::make_unique<SpeculationPolicy>(so);
   if (c.eos_token_id >= 0) e->eos_ids_.push_back(static_cast<int32_t>(c.eos_token_id));
   const int64_t tokens = num_blocks * options.block_size;
   TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size
@@ -181,7 +218,30 @@ absl::Status Engine::Validate(const EngineRequest& req) const {
                                                      c.vocab_size, ")"));
     }
   }
+  if (req.num_speculative_tokens < 0 || req.num_speculative_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "speculation.num_tokens must be in [1, ", kMaxSpeculativeTokens,
+        "] (0: the worker's --num-speculative-tokens), got ", req.num_speculative_tokens));
+  }
+  if (req.speculation == SpeculationMethod::kDraft) {
+    return absl::InvalidArgumentError(
+        "speculation method draft needs a worker started with --speculative-model; this one has "
+        "no draft model");
+  }
   return ValidateParams(req);
+}
+
+SequenceState Engine::NewSequence(const EngineRequest& req,
+                                  std::unique_ptr<SequenceSampler> sampler) const {
+  SequenceState seq;
+  seq.params = req.params;
+  seq.sampler = std::move(sampler);
+  if (options_.scheduler.role != SchedulerRole::kPrefill) {
+    seq.spec.method = req.speculation.value_or(options_.speculation.method);
+    seq.spec.k = req.num_speculative_tokens > 0 ? req.num_speculative_tokens
+                                                : options_.speculation.num_tokens;
+  }
+  return seq;
 }
 
 absl::Status Engine::AddRequest(EngineRequest req) {
@@ -197,10 +257,9 @@ absl::Status Engine::AddRequest(EngineRequest req) {
   r->max_tokens = req.params.max_tokens;
   r->use_prefix_cache = req.params.prompt_logprobs < 0;
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(r)));
-  SequenceState seq;
-  seq.params = req.params;
-  seq.sampler =
-      std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  SequenceState seq = NewSequence(
+      req,
+      std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_));
   if (req.params.prompt_logprobs >= 0) seq.prompt_logprobs.resize(req.prompt_token_ids.size());
   sequences_.emplace(req.id, std::move(seq));
   return absl::OkStatus();
@@ -259,17 +318,16 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   r->prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
   r->max_tokens = req.params.max_tokens;
   RETURN_IF_ERROR(scheduler_->AdmitPrefilled(std::move(r)));
-  SequenceState seq;
-  seq.params = req.params;
-  seq.sampler = std::move(sampler);
-  sequences_.emplace(req.id, std::move(seq));
+  sequences_.emplace(req.id, NewSequence(req, std::move(sampler)));
   return absl::OkStatus();
 }
 
 absl::Status Engine::Abort(const std::string& id) {
-  if (!sequences_.contains(id)) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
-  FinishRequest(id);
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return absl::NotFoundError(absl::StrCat("no request \"", id, "\""));
   RequestOutput o;
+  if (it->second.spec.method != SpeculationMethod::kOff) o.speculation = it->second.spec.counts;
+  FinishRequest(id);
   o.id = id;
   o.finished = true;
   o.finish_reason = FinishReason::kAbort;
@@ -287,8 +345,10 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   outputs.swap(pending_outputs_);
 
   const absl::Time schedule_start = absl::Now();
+  PrepareSpeculation();
   SchedulerStep step = scheduler_->Schedule();
   if (step.empty()) return outputs;
+  Propose(&step);
   const absl::Time step_start = absl::Now();
   // The step's wall time, whichever way it returns.
   struct StepClock {
@@ -327,7 +387,9 @@ StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
     plan.computes_prompt |= begin < r->prompt_len;
     if (seq.first_scheduled == absl::InfinitePast()) seq.first_scheduled = step_start;
     const int32_t s = static_cast<int32_t>(plan.seqs.size());
-    plan.seqs.push_back({r, &seq, begin, ch.num_new_tokens, ch.samples});
+    plan.seqs.push_back({r, &seq, begin, ch.num_new_tokens, ch.samples, ch.num_draft_tokens});
+    // A speculating sequence's last num_draft_tokens + 1 rows verify its proposal.
+    const int64_t verify_from = ch.num_draft_tokens > 0 ? end - 1 - ch.num_draft_tokens : end;
     for (int64_t p = begin; p < end; ++p) {
       RowPlan row;
       row.seq = s;
@@ -335,6 +397,21 @@ StepPlan Engine::PlanStep(const SchedulerStep& step, absl::Time step_start) {
       row.prompt_logprobs = seq.params.prompt_logprobs >= 0 && p + 1 < r->prompt_len &&
                             p + 1 >= seq.prompt_logprobs_sent_until;
       row.last = ch.samples && p == end - 1;
+      row.verify = p >= verify_from;
+      if (row.verify) {
+        // The target's choices: the argmax alone for plain greedy (with its logprobs, when asked,
+        // where the logits are); otherwise the row comes to the host, where the sampler's
+        // distribution is verified against (VerifyRows).
+        const bool lp_on_device = device_logprobs && seq.params.logprobs >= 0 &&
+                                  seq.params.logprobs <= ModelRunner::kMaxLogprobsTopK;
+        row.argmax_only = seq.sampler->PlainArgmax() && (seq.params.logprobs < 0 || lp_on_device);
+        if (row.argmax_only && lp_on_device) {
+          row.logprob_token = -1;
+          plan.logprob_top_k = std::max(plan.logprob_top_k, seq.params.logprobs);
+        }
+        plan.rows.push_back(row);
+        continue;
+      }
       if (!row.prompt_logprobs && !row.last) continue;
       row.sample = row.last && seq.params.max_tokens != 0;
       // A plain greedy step needs the argmax alone, taken on the device, and its logprobs (if
@@ -470,16 +547,9 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
                          const std::vector<int32_t>& chosen, const StepResults& res,
                          std::vector<RequestOutput>* outputs) {
   const int64_t vocab = model_->config().vocab_size;
-  // A device-computed row as the sampler's ComputeLogprobs would give it, with `top_k` entries.
-  auto from_device = [&](size_t k, int32_t top_k) {
-    const RowLogprobs& d = *res.logprobs[k];
-    LogprobEntry e{d.token, d.logprob, d.rank, {}};
-    for (int32_t i = 0; i < top_k && i < static_cast<int32_t>(d.top_ids.size()); ++i) {
-      e.top.push_back({d.top_ids[i], d.top_logprobs[i]});
-    }
-    return e;
-  };
+  auto from_device = [&](size_t k, int32_t top_k) { return FromDevice(*res.logprobs[k], top_k); };
   auto on_device = [&](size_t k) { return k < res.logprobs.size() && res.logprobs[k].has_value(); };
+  std::vector<int32_t> accepted(plan.seqs.size(), 0);  // speculating sequences' kept proposals
   // Per sequence: its sampled token and its output's index (a request has one sequence a step;
   // aborts and ended admissions in `outputs` already are not in the step).
   std::vector<int32_t> sampled(plan.seqs.size(), Scheduler::kNotSampled);
@@ -506,6 +576,22 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
     // device).
     const float* row = res.logits.empty() ? nullptr : res.logits.data() + k * vocab;
     const int64_t p = rp.position;
+    if (rp.verify) {
+      if (!rp.last) continue;  // verified together, at the sequence's last row
+      std::vector<int32_t> tokens;
+      std::vector<LogprobEntry> logprobs;
+      int32_t kept = 0;
+      VerifyRows(plan, k - static_cast<size_t>(plan.seqs[rp.seq].num_draft_tokens), res, &tokens,
+                 &logprobs, &kept);
+      // Every emitted token but the last is a kept proposal; the last is the scheduler's sample.
+      accepted[rp.seq] = static_cast<int32_t>(tokens.size()) - 1;
+      sampled[rp.seq] = tokens.back();
+      RequestOutput& o = output_for(rp.seq);
+      o.new_token_ids.insert(o.new_token_ids.end(), tokens.begin(), tokens.end());
+      for (LogprobEntry& e : logprobs) o.new_logprobs.push_back(std::move(e));
+      o.num_cached_tokens = r->num_cached_tokens;
+      continue;
+    }
     if (rp.prompt_logprobs) {
       seq.prompt_logprobs[p + 1] = on_device(k) ? from_device(k, seq.params.prompt_logprobs)
                                                 : ComputeLogprobs(row, vocab, r->token_ids[p + 1],
@@ -538,7 +624,7 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
       o.num_cached_tokens = r->num_cached_tokens;
     }
   }
-  scheduler_->Update(step, sampled);
+  scheduler_->Update(step, sampled, accepted);
   for (const std::string& id : prompt_only) FinishRequest(id);
   // Stop conditions of the sequences that took a token.
   for (size_t s = 0; s < plan.seqs.size(); ++s) {
@@ -553,14 +639,14 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
       reason = FinishReason::kPrefillDone;
     } else if (seq.sampler->IsStop(token, generated)) {
       reason = FinishReason::kStop;
-    } else if (generated >= seq.params.max_tokens ||
-               r->num_tokens() >= options_.scheduler.max_model_len) {
+    } else if (ReachedLength(seq, generated, r->num_tokens())) {
       reason = FinishReason::kLength;
     }
     if (reason == FinishReason::kNone) continue;
     RequestOutput& o = output_for(static_cast<int32_t>(s));
     o.finished = true;
     o.finish_reason = reason;
+    if (seq.spec.method != SpeculationMethod::kOff) o.speculation = seq.spec.counts;
     const std::string id = r->id;  // r goes with the request
     if (reason == FinishReason::kPrefillDone) {
       scheduler_->HandOut(id);  // blocks stay until Release()
@@ -569,6 +655,126 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
       FinishRequest(id);
     }
   }
+}
+
+bool Engine::ReachedLength(const SequenceState& seq, int64_t generated, int64_t num_tokens) const {
+  return generated >= seq.params.max_tokens || num_tokens >= options_.scheduler.max_model_len;
+}
+
+void Engine::PrepareSpeculation() {
+  if (options_.scheduler.role == SchedulerRole::kPrefill) return;
+  // Decoding: the prompt is done and a token was sampled, whose KV the next step computes.
+  auto decoding = [](const SchedRequest* r) {
+    return r->num_output_tokens() > 0 && r->num_computed_tokens == r->num_tokens() - 1;
+  };
+  int64_t num_decoding = 0;
+  for (SchedRequest* r : scheduler_->running()) {
+    r->spec_budget = 0;
+    num_decoding += decoding(r) ? 1 : 0;
+  }
+  spec_policy_->BeginStep(num_decoding);
+  int64_t budgets = 0, speculating = 0;
+  for (SchedRequest* r : scheduler_->running()) {
+    if (!decoding(r)) continue;
+    SequenceState& seq = sequences_.at(r->id);
+    if (seq.spec.method == SpeculationMethod::kOff) continue;
+    // Never past max_tokens or the context: the target adds a token after the kept ones.
+    const int64_t wanted =
+        std::min<int64_t>({seq.spec.k, seq.params.max_tokens - r->num_output_tokens() - 1,
+                           options_.scheduler.max_model_len - r->num_tokens() - 1});
+    if (wanted <= 0) continue;
+    SpecDecision decision;
+    r->spec_budget = spec_policy_->Budget(&seq.spec, static_cast<int32_t>(wanted), &decision);
+    ++spec_stats_.decisions[static_cast<int>(decision)];
+    budgets += r->spec_budget;
+    ++speculating;
+  }
+  if (speculating > 0) spec_stats_.k_in_force = static_cast<double>(budgets) / speculating;
+}
+
+void Engine::Propose(SchedulerStep* step) {
+  for (ScheduledChunk& ch : step->chunks) {
+    if (ch.num_draft_tokens == 0) continue;
+    SchedRequest* r = ch.request;
+    const SequenceState& seq = sequences_.at(r->id);
+    std::vector<int32_t> proposal;
+    if (seq.spec.method == SpeculationMethod::kNgram) {
+      proposal = ngram_->ProposeOne(r->token_ids, static_cast<int32_t>(ch.num_draft_tokens));
+    }
+    // The chunk shrinks to what was proposed; its unused room goes back in Scheduler::Update.
+    const int64_t unused = ch.num_draft_tokens - static_cast<int64_t>(proposal.size());
+    r->draft_tokens = std::move(proposal);
+    ch.num_draft_tokens -= unused;
+    ch.num_new_tokens -= unused;
+    step->num_tokens -= unused;
+  }
+}
+
+void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResults& res,
+                        std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs,
+                        int32_t* accepted) {
+  const int64_t vocab = model_->config().vocab_size;
+  const SeqPlan& sp = plan.seqs[plan.rows[first_row].seq];
+  SequenceState& seq = *sp.state;
+  SequenceSampler& sampler = *seq.sampler;
+  const SchedRequest& r = *sp.request;
+  const int64_t num_proposed = sp.num_draft_tokens;
+  const bool greedy = seq.params.greedy() || seq.params.top_k == 1;
+  auto uniform = [&sampler] { return sampler.Uniform(); };
+  *accepted = 0;
+  int64_t generated = r.num_output_tokens();
+  for (int64_t i = 0; i < num_proposed; ++i) ++spec_stats_.proposed_at[i];
+  // Row i is the target's distribution after the sequence and proposals [0, i). Each token is
+  // accepted into the sampler before the next row is read, so the penalties and min_tokens of row
+  // i + 1 count it, as they would have without speculation.
+  for (int64_t i = 0; i <= num_proposed; ++i) {
+    const size_t k = first_row + static_cast<size_t>(i);
+    const RowPlan& row = plan.rows[k];
+    const std::span<const float> logits =
+        res.logits.empty() ? std::span<const float>()
+                           : std::span<const float>(res.logits.data() + k * vocab, vocab);
+    const bool proposed = i < num_proposed;
+    int32_t token = 0;
+    bool kept = false;
+    if (greedy) {
+      token = row.argmax_only ? res.argmax[k] : sampler.Sample(logits, workspace_);
+      kept = proposed && token == r.draft_tokens[i];
+    } else {
+      sampler.Distribution(logits, workspace_, &verify_probs_);
+      if (proposed) {
+        const TokenVerdict v = VerifySampledToken(r.draft_tokens[i], {}, verify_probs_, uniform);
+        token = v.token;
+        kept = v.accepted;
+      } else {
+        token = DrawFromDistribution(verify_probs_, sampler.Uniform());
+      }
+    }
+    ++(row.sampled_on_device() ? sampled_on_device_ : sampled_on_host_);
+    if (kept) {
+      ++spec_stats_.accepted_at[i];
+      ++*accepted;
+    }
+    sampler.Accept(token);
+    tokens->push_back(token);
+    if (seq.params.logprobs >= 0) {
+      const bool on_device = k < res.logprobs.size() && res.logprobs[k].has_value();
+      LogprobEntry e = on_device
+                           ? FromDevice(*res.logprobs[k], seq.params.logprobs)
+                           : ComputeLogprobs(logits.data(), vocab, token, seq.params.logprobs);
+      e.token_id = token;
+      logprobs->push_back(std::move(e));
+    }
+    ++generated;
+    if (!kept || sampler.IsStop(token, static_cast<int32_t>(generated)) ||
+        ReachedLength(seq, generated, r.num_tokens() + static_cast<int64_t>(tokens->size())))
+      break;
+  }
+  seq.spec.counts.proposed += num_proposed;
+  seq.spec.counts.accepted += *accepted;
+  spec_stats_.counts.proposed += num_proposed;
+  spec_stats_.counts.accepted += *accepted;
+  ++spec_stats_.verify_steps;
+  SpeculationPolicy::Record(&seq.spec, static_cast<int32_t>(num_proposed), *accepted);
 }
 
 EngineStats Engine::stats() const {
@@ -591,6 +797,7 @@ EngineStats Engine::stats() const {
   s.sampled_on_device = sampled_on_device_;
   s.sampled_on_host = sampled_on_host_;
   s.sampling_row_copies = nucleus_row_copies_;
+  s.speculation = spec_stats_;
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/backend/kv_cache_storage.h"
+#include "common/engine/speculation.h"
 #include "common/engine/step_plan.h"
 #include "common/kv/kv_cache_manager.h"
 #include "common/model/llama_model.h"
@@ -23,6 +24,7 @@
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
 #include "common/sched/scheduler.h"
+#include "common/spec/ngram_proposer.h"
 
 namespace tandem {
 
@@ -46,12 +48,18 @@ struct EngineOptions {
   // Sampling where the logits are, when the backend can (DeviceSampler::SupportsSampling: CUDA);
   // false: every sampled row's logits come to the host sampler, as on the CPU.
   bool device_sampling = true;
+  // Speculative decoding's worker defaults and policy (speculation.h). Off in the prefill role.
+  SpeculationOptions speculation;
 };
 
 struct EngineRequest {
   std::string id;
   std::vector<int32_t> prompt_token_ids;
   SamplingParams params;
+  // Speculative decoding for this request; unset: the worker's --speculative-method. 0 tokens: the
+  // worker's --num-speculative-tokens.
+  std::optional<SpeculationMethod> speculation;
+  int32_t num_speculative_tokens = 0;
 };
 
 // What one step produced for one request.
@@ -66,6 +74,8 @@ struct RequestOutput {
   int64_t num_cached_tokens = 0;
   // With a request's first output: when its first prompt chunk was scheduled (queue time ends).
   absl::Time first_scheduled = absl::InfinitePast();
+  // With a finished (or aborted) request's last output, when it speculated: its counts.
+  std::optional<SpeculationCounts> speculation;
 };
 
 struct EngineStats {
@@ -96,6 +106,7 @@ struct EngineStats {
   int64_t sampled_on_device = 0;
   int64_t sampled_on_host = 0;
   int64_t sampling_row_copies = 0;
+  SpeculationStats speculation;
 };
 
 class Engine {
@@ -160,8 +171,24 @@ class Engine {
   void Postprocess(const SchedulerStep& step, const StepPlan& plan,
                    const std::vector<int32_t>& chosen, const StepResults& res,
                    std::vector<RequestOutput>* outputs);
+  // Speculative decoding: proposal budgets for the decoding sequences (before Schedule), the
+  // proposals themselves in the room the scheduler made (the chunks shrink to what was proposed),
+  // and one sequence's verification (its rows from `first_row`): the tokens it emits, in order,
+  // each accepted into its sampler, ending at a stop, max_tokens or the context; their logprobs
+  // when asked; `*accepted` proposed tokens were kept.
+  void PrepareSpeculation();
+  void Propose(SchedulerStep* step);
+  void VerifyRows(const StepPlan& plan, size_t first_row, const StepResults& res,
+                  std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs,
+                  int32_t* accepted);
+  // Where max_tokens or the context end a sequence that has emitted `generated` tokens and holds
+  // `num_tokens` (a stop id is the sampler's).
+  bool ReachedLength(const SequenceState& seq, int64_t generated, int64_t num_tokens) const;
   void FinishRequest(const std::string& id);
   absl::Status ValidateParams(const EngineRequest& req) const;
+  // A new sequence's state: its sampler over `sampler`, its speculation as asked.
+  SequenceState NewSequence(const EngineRequest& req,
+                            std::unique_ptr<SequenceSampler> sampler) const;
 
   LlamaModel* model_ = nullptr;
   EngineOptions options_;
@@ -176,6 +203,10 @@ class Engine {
   int64_t nucleus_row_copies_ = 0;
   int64_t sampled_on_device_ = 0, sampled_on_host_ = 0;
   LayerListener layer_listener_;
+  std::unique_ptr<NgramProposer> ngram_;
+  std::unique_ptr<SpeculationPolicy> spec_policy_;
+  SpeculationStats spec_stats_;
+  std::vector<float> verify_probs_;  // [vocab] a verification row's distribution
   int64_t steps_ = 0;
   int64_t computed_tokens_ = 0;
   double step_seconds_ = 0, forward_seconds_ = 0, prompt_forward_seconds_ = 0;

@@ -18,6 +18,7 @@
 
 #include "absl/time/time.h"
 #include "common/backend/model_runner.h"
+#include "common/engine/speculation.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
@@ -33,6 +34,7 @@ struct SequenceState {
   std::vector<std::optional<LogprobEntry>> prompt_logprobs;
   absl::Time first_scheduled = absl::InfinitePast();
   bool first_output_sent = false;
+  SequenceSpeculation spec;
 };
 
 // One sequence's part of a step.
@@ -42,6 +44,9 @@ struct SeqPlan {
   int64_t begin = 0;                // tokens already computed (cached)
   int64_t num_new_tokens = 0;  // request->token_ids[begin, begin + num_new_tokens) computed now
   bool samples = false;        // its next token is sampled this step
+  // Speculating: the last num_draft_tokens of the new tokens are request->draft_tokens, and the
+  // sequence's last num_draft_tokens + 1 rows verify them (RowPlan::verify).
+  int64_t num_draft_tokens = 0;
 };
 
 // One logits row: whose, where, and what for.
@@ -51,6 +56,9 @@ struct RowPlan {
   bool prompt_logprobs = false;  // gives the distribution of prompt position + 1
   bool last = false;    // the sequence's last row this step, which samples (SeqPlan::samples)
   bool sample = false;  // the sequence's next token is drawn from it: last, unless max_tokens is 0
+  // One of a speculating sequence's verification rows (SeqPlan::num_draft_tokens + 1 of them, the
+  // last with `last` set): the engine verifies them together, and none has `sample`.
+  bool verify = false;
   // How the draw happens. kHost: from the row's logits on the host; otherwise on the device, as
   // DeviceSamplingPlan says (kArgmax: argmax_only; kTopK/kNucleus: sample_top_k candidates; kDraw).
   DeviceSamplingPlan::Kind sampling = DeviceSamplingPlan::Kind::kHost;
@@ -88,8 +96,10 @@ ForwardInput PackForward(const StepPlan& plan, BlockTableFn&& block_table) {
     const SeqPlan& sp = plan.seqs[s];
     row0[s] = static_cast<int64_t>(in.token_ids.size());
     const auto& ids = sp.request->token_ids;
-    in.token_ids.insert(in.token_ids.end(), ids.begin() + sp.begin,
-                        ids.begin() + sp.begin + sp.num_new_tokens);
+    const int64_t known = sp.num_new_tokens - sp.num_draft_tokens;
+    in.token_ids.insert(in.token_ids.end(), ids.begin() + sp.begin, ids.begin() + sp.begin + known);
+    in.token_ids.insert(in.token_ids.end(), sp.request->draft_tokens.begin(),
+                        sp.request->draft_tokens.begin() + sp.num_draft_tokens);
     in.seqs.push_back({sp.num_new_tokens, sp.begin, block_table(*sp.request)});
   }
   for (const RowPlan& r : plan.rows) {

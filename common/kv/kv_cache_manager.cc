@@ -1,5 +1,7 @@
 #include "common/kv/kv_cache_manager.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
@@ -89,6 +91,18 @@ void KvCacheManager::CacheComputedBlocks(const std::string& id,
     r.hashes.push_back(key.hash);
     pool_.Cache(r.blocks[b], std::move(key));
   }
+}
+
+void KvCacheManager::Truncate(const std::string& id, int64_t num_tokens) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  RequestBlocks& r = it->second;
+  const size_t keep = static_cast<size_t>(std::max<int64_t>(0, BlocksFor(num_tokens)));
+  if (r.blocks.size() <= keep) return;
+  std::vector<int32_t> reversed(r.blocks.rbegin(), r.blocks.rend() - keep);
+  pool_.Free(reversed);
+  r.blocks.resize(keep);
+  if (r.hashes.size() > keep) r.hashes.resize(keep);
 }
 
 void KvCacheManager::Free(const std::string& id) {

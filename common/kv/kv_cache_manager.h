@@ -47,6 +47,11 @@ class KvCacheManager {
   void CacheComputedBlocks(const std::string& id, const std::vector<int32_t>& token_ids,
                            int64_t num_computed_tokens);
 
+  // Rolls request `id`'s table back to the blocks that `num_tokens` tokens need, returning the rest
+  // to the pool (tail first), with any prefix-cache identity they had in this request: speculative
+  // decoding's rejected positions. Unknown ids are ignored.
+  void Truncate(const std::string& id, int64_t num_tokens);
+
   // Returns every block of the request to the pool (tail first). Unknown ids are ignored.
   void Free(const std::string& id);
 

@@ -365,26 +365,39 @@ std::optional<int32_t> SequenceSampler::SampleFromNucleus(std::span<const int32_
 int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws,
                                              const std::vector<int32_t>* top_k_ids) {
   const double u = NextUniform();  // drawn first: one draw per sampled step, whatever the path
+  const Candidates c = SelectCandidates(ws, top_k_ids);
+  if (c.degenerate) return c.best;
+  // min_p, then one draw.
+  if (c.all_tokens) {
+    return DrawAmong(
+        static_cast<size_t>(vocab_size_), [](size_t i) { return static_cast<int32_t>(i); },
+        ws.weights_.data(), params_.min_p, u, c.best);
+  }
+  return DrawAmong(
+      c.n, [&](size_t i) { return ws.ids_[i]; }, ws.weights_.data(), params_.min_p, u, c.best);
+}
+
+SequenceSampler::Candidates SequenceSampler::SelectCandidates(
+    SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids) const {
   const float* logits = ws.logits_.data();
   const bool top_k_on = params_.top_k > 0 && params_.top_k < vocab_size_;
-  if (!top_k_on && params_.top_p >= 1.f) {
-    ws.weights_.resize(vocab_size_);
-    return DrawFromRow(logits, vocab_size_, inv_temperature(), params_.min_p, u,
-                       ws.weights_.data());
-  }
+  ws.weights_.resize(vocab_size_);
+  float* weights = ws.weights_.data();
   // SelectTopK's first is the row's argmax (the same order, the same tie rule).
   const int32_t best = top_k_ids != nullptr ? top_k_ids->front() : ArgmaxRow(logits, vocab_size_);
   const float max_logit = logits[best];
   // All masked, or an infinite logit: there is nothing to weigh.
-  if (!std::isfinite(max_logit)) return best;
+  if (!std::isfinite(max_logit)) return {true, 0, best, true};
   // Probability relative to the most likely token's, in [0, 1].
   const float inv_t = inv_temperature();
   auto weight = [&](int64_t t) { return Weight(logits[t], max_logit, inv_t); };
+  if (!top_k_on && params_.top_p >= 1.f) {
+    for (int64_t t = 0; t < vocab_size_; ++t) weights[t] = weight(t);
+    return {true, static_cast<size_t>(vocab_size_), best, false};
+  }
   const MoreLikely more_likely{logits};
 
   // Candidates: every token (all_tokens) or ids[0, n). weights[t] is set for every candidate t.
-  ws.weights_.resize(vocab_size_);
-  float* weights = ws.weights_.data();
   std::vector<int32_t>& ids = ws.ids_;
   bool all_tokens = true;
   size_t n = static_cast<size_t>(vocab_size_);
@@ -401,7 +414,6 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws,
   } else {
     for (int64_t t = 0; t < vocab_size_; ++t) total += weights[t] = weight(t);
   }
-
   if (params_.top_p < 1.f) {
     // The nucleus: the most likely tokens, in order, until their mass reaches the target.
     const double target = static_cast<double>(params_.top_p) * total;
@@ -446,9 +458,41 @@ int32_t SequenceSampler::SampleFromProcessed(SamplingWorkspace& ws,
     n = ids.size();
   }
 
-  // min_p, then one draw.
-  return DrawAmong(
-      n, [&](size_t i) { return ids[i]; }, weights, params_.min_p, u, best);
+  return {all_tokens, n, best, false};
+}
+
+void SequenceSampler::Distribution(std::span<const float> logits, SamplingWorkspace& ws,
+                                   std::vector<float>* probs) {
+  if (static_cast<int64_t>(logits.size()) != vocab_size_) {
+    TANDEM_LOG(ERROR) << "SequenceSampler::Distribution: " << logits.size()
+                      << " logits for a vocabulary of " << vocab_size_;
+    std::abort();
+  }
+  probs->assign(static_cast<size_t>(vocab_size_), 0.f);
+  ws.logits_.resize(vocab_size_);
+  CopyReplacingNaN(logits.data(), vocab_size_, ws.logits_.data());
+  ApplyLogitsProcessors(ws.logits_.data());
+  if (params_.greedy() || params_.top_k == 1) {
+    (*probs)[ArgmaxRow(ws.logits_.data(), vocab_size_)] = 1.f;
+    return;
+  }
+  const Candidates c = SelectCandidates(ws, nullptr);
+  if (c.degenerate) {
+    (*probs)[c.best] = 1.f;
+    return;
+  }
+  // The weights DrawAmong draws from: those below min_p count 0.
+  const float* weights = ws.weights_.data();
+  auto id = [&](size_t i) { return c.all_tokens ? static_cast<int32_t>(i) : ws.ids_[i]; };
+  double sum = 0;
+  for (size_t i = 0; i < c.n; ++i) {
+    const float w = weights[id(i)];
+    if (!(w < params_.min_p)) sum += w;
+  }
+  for (size_t i = 0; i < c.n; ++i) {
+    const float w = weights[id(i)];
+    if (!(w < params_.min_p)) (*probs)[id(i)] = static_cast<float>(w / sum);
+  }
 }
 
 void SequenceSampler::Accept(int32_t token) {

@@ -155,6 +155,16 @@ class SequenceSampler {
   // 1 / temperature, as the sampler's weights use it.
   float inv_temperature() const { return 1.f / params_.temperature; }
 
+  // The distribution Sample() draws the next token from, as probabilities [vocab_size] (raw logits
+  // in): the logits processors with this sequence's state, then temperature, top-k, top-p and
+  // min-p; greedy (or top_k 1) puts all the mass on the argmax. Draws nothing. Speculative
+  // decoding verifies proposed tokens against it (common/spec/verify.h).
+  void Distribution(std::span<const float> logits, SamplingWorkspace& workspace,
+                    std::vector<float>* probs);
+  // One uniform number in [0, 1) from the sequence's generator (a verification's decisions and
+  // draws: seeded requests repeat).
+  double Uniform() { return NextUniform(); }
+
   // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
   void Accept(int32_t token);
 
@@ -179,6 +189,16 @@ class SequenceSampler {
   }
   // Sample() with or without step 1-4 (a processed row).
   int32_t SampleRow(std::span<const float> logits, SamplingWorkspace& ws, bool apply_processors);
+  // The tokens a sampled step draws among, over ws.logits_ (processed): every token (all_tokens,
+  // n = vocab) or ws.ids_[0, n), each with its weight in ws.weights_ (min_p not yet applied);
+  // `degenerate` when the largest logit is not finite (the step takes `best`).
+  struct Candidates {
+    bool all_tokens = true;
+    size_t n = 0;
+    int32_t best = 0;
+    bool degenerate = false;
+  };
+  Candidates SelectCandidates(SamplingWorkspace& ws, const std::vector<int32_t>* top_k_ids) const;
   // The draw over ws.logits_ (processed). `top_k_ids`: the top-k candidates, already selected (then
   // only their entries of ws.logits_ are read).
   int32_t SampleFromProcessed(SamplingWorkspace& ws,

@@ -21,6 +21,11 @@ struct SchedRequest {
   RequestState state = RequestState::kWaiting;
   uint64_t arrival = 0;          // admission order
   bool use_prefix_cache = true;  // off when every prompt position's logits are needed
+  // Speculative decoding. The most tokens the engine may propose after token_ids in the next step
+  // (0: none), which the scheduler makes room for, and the tokens proposed: computed with the
+  // sequence's next token and verified, never part of token_ids until kept.
+  int32_t spec_budget = 0;
+  std::vector<int32_t> draft_tokens;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   int64_t num_output_tokens() const { return num_tokens() - prompt_len; }

@@ -86,6 +86,8 @@ absl::Status Scheduler::AdmitPrefilled(std::unique_ptr<SchedRequest> r) {
 
 void Scheduler::Preempt(SchedRequest* r) {
   kv_->Free(r->id);
+  r->draft_tokens.clear();
+  r->spec_budget = 0;
   r->num_computed_tokens = 0;
   r->num_cached_tokens = 0;
   r->state = RequestState::kPreempted;
@@ -107,10 +109,22 @@ SchedulerStep Scheduler::Schedule() {
   std::vector<SchedRequest*> scheduled_running;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SchedRequest* r = running_[i];
-    const int64_t n = chunk_of(r, r->num_computed_tokens);
+    int64_t n = chunk_of(r, r->num_computed_tokens);
     if (n <= 0) {
       ++i;
       continue;
+    }
+    // A decoding request that speculates: room for its proposals too, when the budget, the
+    // context and the pool have it (speculation never preempts anyone).
+    int64_t slots = 0;
+    if (r->spec_budget > 0 && n == 1 && r->num_computed_tokens == r->num_tokens() - 1) {
+      slots = std::min<int64_t>({r->spec_budget, budget - 1,
+                                 config_.max_model_len - r->num_tokens() - 1,
+                                 config_.max_prefill_chunk > 0 ? config_.max_prefill_chunk - 1
+                                                               : int64_t{r->spec_budget}});
+      if (slots > 0 && !kv_->Allocate(r->id, r->num_computed_tokens + n + slots)) slots = 0;
+      slots = std::max<int64_t>(0, slots);
+      n += slots;
     }
     bool ok = kv_->Allocate(r->id, r->num_computed_tokens + n);
     while (!ok) {
@@ -123,7 +137,8 @@ SchedulerStep Scheduler::Schedule() {
       ok = kv_->Allocate(r->id, r->num_computed_tokens + n);
     }
     if (!ok) break;  // r itself was preempted: nothing after it can run either
-    step.chunks.push_back({r, n, r->num_computed_tokens + n == r->num_tokens()});
+    step.chunks.push_back(
+        {r, n, slots > 0 || r->num_computed_tokens + n == r->num_tokens(), slots});
     step.num_tokens += n;
     budget -= n;
     ++i;
@@ -149,15 +164,23 @@ SchedulerStep Scheduler::Schedule() {
   return step;
 }
 
-void Scheduler::Update(const SchedulerStep& step, const std::vector<int32_t>& sampled) {
+void Scheduler::Update(const SchedulerStep& step, const std::vector<int32_t>& sampled,
+                       const std::vector<int32_t>& accepted) {
   for (size_t i = 0; i < step.chunks.size(); ++i) {
     const ScheduledChunk& c = step.chunks[i];
     SchedRequest* r = c.request;
     if (r->state != RequestState::kRunning) continue;  // finished or preempted meanwhile
-    r->num_computed_tokens += c.num_new_tokens;
+    const int64_t kept =
+        std::clamp<int64_t>(i < accepted.size() ? accepted[i] : 0, 0,
+                            std::min<int64_t>(c.num_draft_tokens, r->draft_tokens.size()));
+    r->num_computed_tokens += c.num_new_tokens - (c.num_draft_tokens - kept);
+    r->token_ids.insert(r->token_ids.end(), r->draft_tokens.begin(),
+                        r->draft_tokens.begin() + kept);
     kv_->CacheComputedBlocks(r->id, r->token_ids, r->num_computed_tokens);
     if (c.samples && i < sampled.size() && sampled[i] != kNotSampled)
       r->token_ids.push_back(sampled[i]);
+    if (c.num_draft_tokens > 0 || r->spec_budget > 0) kv_->Truncate(r->id, r->num_tokens());
+    r->draft_tokens.clear();
   }
 }
 

@@ -38,6 +38,10 @@ struct ScheduledChunk {
   int64_t num_new_tokens = 0;
   // True when the chunk reaches the end of the known tokens: the step samples its next token.
   bool samples = false;
+  // Speculative decoding: the chunk's last num_draft_tokens tokens are the request's draft_tokens
+  // (positions num_tokens() onwards), to be verified. Schedule() gives a decoding request with a
+  // spec_budget this many slots; the engine shrinks the chunk to what was proposed.
+  int64_t num_draft_tokens = 0;
 };
 
 struct SchedulerStep {
@@ -68,8 +72,12 @@ class Scheduler {
   SchedulerStep Schedule();
   // Records a computed step. `sampled[i]`: the token of step.chunks[i] when it samples one, else
   // kNotSampled (also for a request the caller finished instead). One entry a chunk.
+  // `accepted[i]` (empty: none): how many of a speculating chunk's draft tokens were kept; they
+  // join token_ids before the sampled token, the rest are rolled back (computed tokens and the
+  // blocks past the request's tokens).
   static constexpr int32_t kNotSampled = -1;
-  void Update(const SchedulerStep& step, const std::vector<int32_t>& sampled);
+  void Update(const SchedulerStep& step, const std::vector<int32_t>& sampled,
+              const std::vector<int32_t>& accepted = {});
 
   // Ends a request in any state (finished, aborted, failed) and frees its blocks. In the prefill
   // role a request whose prompt is done is handed out instead (blocks kept until Release).
@@ -79,6 +87,7 @@ class Scheduler {
 
   SchedRequest* Find(const std::string& id);
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  const std::vector<SchedRequest*>& running() const { return running_; }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }

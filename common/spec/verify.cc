@@ -25,6 +25,37 @@ int32_t DrawIndex(const std::vector<double>& weights, double total, double u) {
 
 }  // namespace
 
+TokenVerdict VerifySampledToken(int32_t x, absl::Span<const float> draft,
+                                absl::Span<const float> target,
+                                const std::function<double()>& uniform) {
+  const size_t vocab = target.size();
+  const float* p = target.data();
+  const float* q = draft.empty() ? nullptr : draft.data();
+  const double px = p[x], qx = q != nullptr ? q[x] : 1.0;
+  // Kept with probability min(1, p(x) / q(x)): u < p(x) / q(x), as u · q(x) < p(x).
+  if (uniform() * qx < px) return {true, x};
+  // Refused: the residual max(0, p - q), which holds the mass p has beyond q.
+  std::vector<double> weights(vocab);
+  double total = 0.0;
+  for (size_t y = 0; y < vocab; ++y) {
+    const double qy = q != nullptr ? q[y] : (static_cast<int32_t>(y) == x ? 1.0 : 0.0);
+    weights[y] = std::max(0.0, static_cast<double>(p[y]) - qy);
+    total += weights[y];
+  }
+  if (!(total > 0.0)) {  // p equals q to rounding: draw from p itself
+    total = 0.0;
+    for (size_t y = 0; y < vocab; ++y) total += (weights[y] = std::max(0.0f, p[y]));
+  }
+  return {false, DrawIndex(weights, total, uniform())};
+}
+
+int32_t DrawFromDistribution(absl::Span<const float> probs, double u) {
+  std::vector<double> weights(probs.size());
+  double total = 0.0;
+  for (size_t y = 0; y < probs.size(); ++y) total += (weights[y] = std::max(0.0f, probs[y]));
+  return DrawIndex(weights, total, u);
+}
+
 absl::StatusOr<Verdict> VerifyGreedy(absl::Span<const int32_t> proposed,
                                      absl::Span<const int32_t> target_argmax) {
   if (target_argmax.size() != proposed.size() + 1) {
@@ -57,36 +88,18 @@ absl::StatusOr<Verdict> VerifySampled(absl::Span<const int32_t> proposed,
           absl::StrCat("proposed token ", t, " outside the vocabulary of ", vocab));
     }
   }
-  std::vector<double> weights(static_cast<size_t>(vocab));
   Verdict v;
   for (int64_t i = 0; i < k; ++i) {
-    const float* p = target.data() + i * vocab;
-    const float* q = draft.empty() ? nullptr : draft.data() + i * vocab;
-    const int32_t x = proposed[i];
-    const double px = p[x], qx = q != nullptr ? q[x] : 1.0;
-    // Kept with probability min(1, p(x) / q(x)): u < p(x) / q(x), as u · q(x) < p(x).
-    if (uniform() * qx < px) {
-      ++v.accepted;
-      continue;
+    const TokenVerdict t = VerifySampledToken(
+        proposed[i], draft.empty() ? absl::Span<const float>() : draft.subspan(i * vocab, vocab),
+        target.subspan(i * vocab, vocab), uniform);
+    if (!t.accepted) {
+      v.next_token = t.token;
+      return v;
     }
-    // Refused: the residual max(0, p - q), which holds the mass p has beyond q.
-    double total = 0.0;
-    for (int64_t y = 0; y < vocab; ++y) {
-      const double qy = q != nullptr ? q[y] : (y == x ? 1.0 : 0.0);
-      weights[y] = std::max(0.0, static_cast<double>(p[y]) - qy);
-      total += weights[y];
-    }
-    if (!(total > 0.0)) {  // p equals q to rounding: draw from p itself
-      total = 0.0;
-      for (int64_t y = 0; y < vocab; ++y) total += (weights[y] = std::max(0.0f, p[y]));
-    }
-    v.next_token = DrawIndex(weights, total, uniform());
-    return v;
+    ++v.accepted;
   }
-  const float* p = target.data() + k * vocab;
-  double total = 0.0;
-  for (int64_t y = 0; y < vocab; ++y) total += (weights[y] = std::max(0.0f, p[y]));
-  v.next_token = DrawIndex(weights, total, uniform());
+  v.next_token = DrawFromDistribution(target.subspan(k * vocab, vocab), uniform());
   return v;
 }
 

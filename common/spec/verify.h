@@ -37,4 +37,19 @@ absl::StatusOr<Verdict> VerifySampled(absl::Span<const int32_t> proposed,
                                       absl::Span<const float> draft, absl::Span<const float> target,
                                       int64_t vocab, const std::function<double()>& uniform);
 
+// One step of VerifySampled, for a caller whose target rows depend on what was kept before (a
+// sequence's penalties count the kept tokens): proposed token `x` against the target's row
+// `target` and the draft's row `draft` (empty: the point mass on x), both [vocab] probabilities
+// with x in range. Kept: {true, x}; refused: {false, a draw from the residual}.
+struct TokenVerdict {
+  bool accepted = false;
+  int32_t token = 0;
+};
+TokenVerdict VerifySampledToken(int32_t x, absl::Span<const float> draft,
+                                absl::Span<const float> target,
+                                const std::function<double()>& uniform);
+// A token drawn from probabilities `probs` with uniform `u` (the bonus after every proposed token
+// is kept): the first id whose running sum exceeds u × the sum.
+int32_t DrawFromDistribution(absl::Span<const float> probs, double u);
+
 }  // namespace tandem

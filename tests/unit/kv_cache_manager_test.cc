@@ -167,3 +167,28 @@ TEST(KvCacheManagerTest, RandomOperationsReturnThePoolToBaseline) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(KvCacheManagerTest, TruncateReturnsTheTailAndKeepsTheCachedPrefix) {
+  auto m = Manager(8);
+  const std::vector<int32_t> tokens = Tokens(100, 9);
+  ASSERT_TRUE(m->Allocate("a", 9));
+  m->CacheComputedBlocks("a", tokens, 8);  // two full blocks cached
+  ASSERT_TRUE(m->Allocate("a", 20));       // room for proposals: 5 blocks
+  EXPECT_EQ(m->num_free_blocks(), 3);
+  m->Truncate("a", 10);  // 10 tokens kept: 3 blocks
+  EXPECT_THAT(m->BlockTable("a"), ElementsAre(0, 1, 2));
+  EXPECT_THAT(m->pool().FreeQueue(), ElementsAre(5, 6, 7, 4, 3));
+  m->Truncate("a", 12);  // never grows
+  EXPECT_EQ(m->BlockTable("a").size(), 3u);
+  m->Truncate("unknown", 0);
+  // The cached prefix still serves a new request.
+  EXPECT_EQ(m->FindCachedPrefix(tokens).num_tokens, 8);
+  m->Free("a");
+  EXPECT_EQ(m->num_free_blocks(), 8);
+}
+
+}  // namespace
+}  // namespace tandem

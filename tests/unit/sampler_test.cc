@@ -869,6 +869,45 @@ TEST(SequenceSamplerTest, FrequenciesMatchTheDistribution) {
   EXPECT_NEAR(g[2], std::sqrt(0.2) / z, 0.02);
 }
 
+TEST(SequenceSamplerTest, DistributionIsWhatSampleDrawsFrom) {
+  // The probabilities speculative decoding verifies against (Distribution) against the frequencies
+  // of Sample's draws, with each filter and processor on; the support must match exactly.
+  constexpr int64_t kVocab = 40;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::vector<float> logits(kVocab);
+  for (float& l : logits) l = normal(rng);
+  const std::vector<int32_t> prompt = {3, 4, 5};
+  std::vector<SamplingParams> cases(6);
+  cases[0].temperature = 0.8f;
+  cases[1].top_k = 7;
+  cases[2].top_p = 0.7f;
+  cases[3].min_p = 0.1f, cases[3].temperature = 1.5f;
+  cases[4].repetition_penalty = 1.5f, cases[4].presence_penalty = 0.5f,
+  cases[4].logit_bias = {{9, 3.f}}, cases[4].top_k = 12, cases[4].top_p = 0.9f;
+  cases[5].temperature = 0.f, cases[5].frequency_penalty = 1.f;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SamplingParams params = cases[c];
+    params.seed = 5;
+    SequenceSampler sampler(params, prompt, kVocab, {});
+    for (int32_t t : {1, 1, 2}) sampler.Accept(t);  // penalties see generated tokens
+    std::vector<float> probs;
+    SamplingWorkspace ws;
+    sampler.Distribution(logits, ws, &probs);
+    ASSERT_EQ(probs.size(), static_cast<size_t>(kVocab));
+    EXPECT_NEAR(std::accumulate(probs.begin(), probs.end(), 0.0), 1.0, 1e-5) << c;
+    constexpr int kDraws = 40000;
+    std::vector<double> freq(kVocab, 0.0);
+    for (int i = 0; i < kDraws; ++i) freq[sampler.Sample(logits)] += 1.0 / kDraws;
+    double tv = 0;
+    for (int64_t t = 0; t < kVocab; ++t) {
+      if (freq[t] > 0) EXPECT_GT(probs[t], 0.f) << "case " << c << " drew " << t;
+      tv += 0.5 * std::abs(freq[t] - probs[t]);
+    }
+    EXPECT_LT(tv, 0.02) << "case " << c;
+  }
+}
+
 TEST(SequenceSamplerTest, InputLogitsAreNotModified) {
   SamplingParams p;
   p.seed = 9;
