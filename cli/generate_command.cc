@@ -145,6 +145,10 @@ json ResultJson(const Collected& c, const SamplingParams& p) {
   out["token_ids"] = c.token_ids;
   out["text"] = c.text;
   out["finish_reason"] = c.finish_reason;
+  if (c.speculation) {
+    out["speculation"] = {{"proposed", c.speculation->proposed},
+                          {"accepted", c.speculation->accepted}};
+  }
   if (p.prompt_logprobs >= 0 && c.prompt_logprobs) {
     json pl = json::array();
     for (const auto& e : *c.prompt_logprobs) pl.push_back(e ? EntryToJson(*e) : json(nullptr));
@@ -324,15 +328,22 @@ int GenerateCommand() {
     const double now = std::chrono::duration<double>(Clock::now() - start).count();
     for (RequestOutput& o : *outs) {
       Collected& c = results[o.id];
+      if (o.speculation) c.speculation = o.speculation;
       if (c.text_stream && c.text_stream->stopped())
         continue;  // ended by a stop string: its abort's output
       if (c.token_ids.empty() && !o.new_token_ids.empty()) c.first_token_seconds = now;
-      c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(), o.new_logprobs.end());
+      // Several tokens at once (a speculative step's run) end at the one that completes a stop
+      // string.
+      size_t used = o.new_token_ids.size();
+      std::string delta;
+      if (c.text_stream) delta = c.text_stream->Add(o.new_token_ids, &used);
+      c.token_ids.insert(c.token_ids.end(), o.new_token_ids.begin(),
+                         o.new_token_ids.begin() + used);
+      c.logprobs.insert(c.logprobs.end(), o.new_logprobs.begin(),
+                        o.new_logprobs.begin() + std::min(used, o.new_logprobs.size()));
       if (o.prompt_logprobs) c.prompt_logprobs = std::move(o.prompt_logprobs);
       c.num_cached_tokens = std::max(c.num_cached_tokens, o.num_cached_tokens);
       if (c.text_stream) {
-        const std::string delta = c.text_stream->Add(o.new_token_ids);
         if (single && !as_json) {
           std::fwrite(delta.data(), 1, delta.size(), stdout);
           std::fflush(stdout);

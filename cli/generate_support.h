@@ -37,10 +37,12 @@ struct Collected {
   std::string text;
   double first_token_seconds = 0;
   double finish_seconds = 0;
+  std::optional<SpeculationCounts> speculation;  // when the request speculated
 };
 
 nlohmann::json EntryToJson(const LogprobEntry& e);
-// {"prompt_token_ids", "token_ids", "text", "finish_reason", "prompt_logprobs", "logprobs"}.
+// {"prompt_token_ids", "token_ids", "text", "finish_reason", "prompt_logprobs", "logprobs"}, and
+// "speculation": {"proposed", "accepted"} when the request speculated.
 nlohmann::json ResultJson(const Collected& c, const SamplingParams& p);
 // Sampling parameters from the flags (the defaults of every request).
 absl::StatusOr<SamplingParams> ParamsFromFlags();

@@ -12,6 +12,7 @@
 #include "cli/generate_support.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
+#include "common/serving/speculation_convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 ABSL_FLAG(std::string, server, "",
@@ -19,6 +20,9 @@ ABSL_FLAG(std::string, server, "",
 ABSL_FLAG(double, timeout_s, 0,
           "generate --server: deadline of each request in seconds (0 = the router's default)");
 ABSL_FLAG(int32_t, priority, 0, "generate --server: higher runs first among queued requests");
+
+ABSL_DECLARE_FLAG(std::string, speculative_method);
+ABSL_DECLARE_FLAG(int32_t, num_speculative_tokens);
 
 namespace tandem::cli {
 namespace {
@@ -49,6 +53,14 @@ void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::
   *g.mutable_sampling() = rpc::ToProto(req.params);
   for (const std::string& s : stops) g.mutable_sampling()->add_stop(s);
   g.mutable_sampling()->set_skip_special_tokens(true);
+  // --speculative-method given: this request's speculation (else the decode worker's default).
+  if (const std::string m = absl::GetFlag(FLAGS_speculative_method); !m.empty()) {
+    absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(m);
+    if (method.ok()) {
+      *g.mutable_sampling()->mutable_speculation() =
+          SpeculationToProto(*method, absl::GetFlag(FLAGS_num_speculative_tokens));
+    }
+  }
   g.set_priority(absl::GetFlag(FLAGS_priority));
   grpc::ClientContext ctx;
   if (absl::GetFlag(FLAGS_timeout_s) > 0) {
@@ -73,6 +85,10 @@ void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::
       out->final = r.final();
       c.finish_reason = rpc::FinishReasonName(r.final().finish_reason());
       c.num_cached_tokens = r.final().usage().cached_prompt_tokens();
+      if (r.final().has_speculation()) {
+        c.speculation = SpeculationCounts{r.final().speculation().proposed(),
+                                          r.final().speculation().accepted()};
+      }
       c.finish_seconds = now;
       if (r.final().prompt_logprobs_size() > 0) {
         c.prompt_logprobs.emplace();
@@ -112,6 +128,11 @@ int RemoteGenerateCommand() {
   }
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return GenerateFail(defaults.status());
+  if (const std::string m = absl::GetFlag(FLAGS_speculative_method); !m.empty()) {
+    if (absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(m); !method.ok())
+      return GenerateFail(absl::InvalidArgumentError(
+          absl::StrCat("--speculative-method: ", method.status().message())));
+  }
   std::vector<std::pair<EngineRequest, std::string>> requests;
   std::map<std::string, std::vector<std::string>> stops;
   if (!batch_file.empty()) {

@@ -4,6 +4,7 @@
 #include "common/base/logging.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
+#include "common/serving/speculation_convert.h"
 #include "common/serving/worker_host.h"
 
 namespace tandem {
@@ -134,6 +135,7 @@ void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream,
   call.request.prompt_token_ids.assign(request.prompt_token_ids().begin(),
                                        request.prompt_token_ids().end());
   call.request.params = rpc::FromProto(request.sampling());
+  SpeculationFromProto(request.sampling().speculation(), &call.request);
   call.num_tokens = static_cast<int64_t>(call.request.prompt_token_ids.size());
   if (absl::Status s = engine.Validate(call.request); !s.ok()) return refuse(s);
   if (options_.combined) {
@@ -224,6 +226,7 @@ void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
       v1::DecodeTokens* t = event.mutable_tokens();
       for (int32_t id : o.new_token_ids) t->add_token_ids(id);
       for (const LogprobEntry& e : o.new_logprobs) *t->add_logprobs() = rpc::ToProto(e);
+      if (o.speculation) *t->mutable_speculation() = ToProto(*o.speculation);
       if (o.prompt_logprobs)
         rpc::AppendPromptLogprobs(*o.prompt_logprobs, call.request.prompt_token_ids,
                                   t->mutable_prompt_logprobs());
@@ -234,6 +237,7 @@ void DecodeService::OnOutputs(std::vector<RequestOutput>& outputs) {
       v1::DecodeFinished* f = event.mutable_finished();
       f->set_finish_reason(rpc::ToProto(o.finish_reason));
       f->set_cached_prompt_tokens(static_cast<int32_t>(call.cached_tokens));
+      if (o.speculation) *f->mutable_speculation() = ToProto(*o.speculation);
       if (options_.combined) {
         if (call.first_scheduled != absl::InfinitePast()) {
           f->set_prefill_queue_seconds(absl::ToDoubleSeconds(call.first_scheduled - call.arrival));

@@ -145,6 +145,7 @@ class Flow {
       if (event.has_tokens()) {
         const v1::DecodeTokens& t = event.tokens();
         if (t.prompt_logprobs_size() > 0) *final_.mutable_prompt_logprobs() = t.prompt_logprobs();
+        if (t.has_speculation()) *final_.mutable_speculation() = t.speculation();
         if (t.token_ids_size() > 0 && first_token_ == absl::InfinitePast())
           first_token_ = absl::Now();
         if (!Emit({t.token_ids().begin(), t.token_ids().end()}, t.logprobs())) {
@@ -155,6 +156,7 @@ class Flow {
       } else if (event.has_finished()) {
         const v1::DecodeFinished& f = event.finished();
         finish_reason_ = f.finish_reason();
+        if (f.has_speculation()) *final_.mutable_speculation() = f.speculation();
         v1::Timings* t = final_.mutable_timings();
         t->set_decode_queue(f.decode_queue_seconds());
         if (f.prefill_queue_seconds() > 0) t->set_prefill_queue(f.prefill_queue_seconds());
@@ -293,14 +295,17 @@ class Flow {
   }
 
   // Detokenizes `ids`, applies stop strings and sends a delta. False when a stop string matched.
+  // Several ids at once (a speculative step's run) end at the one that completes a stop string.
   bool Emit(const std::vector<int32_t>& ids,
             const google::protobuf::RepeatedPtrField<v1::PositionLogprobs>& logprobs) {
     if (text_.stopped()) return false;
-    std::string text = text_.Add(ids);
-    completion_tokens_ += static_cast<int32_t>(ids.size());
+    size_t used = 0;
+    std::string text = text_.Add(ids, &used);
+    completion_tokens_ += static_cast<int32_t>(used);
     v1::TextDelta delta;
-    *delta.mutable_token_ids() = {ids.begin(), ids.end()};
-    for (const v1::PositionLogprobs& p : logprobs) {
+    *delta.mutable_token_ids() = {ids.begin(), ids.begin() + used};
+    for (int i = 0; i < logprobs.size() && i < static_cast<int>(used); ++i) {
+      const v1::PositionLogprobs& p = logprobs[i];
       v1::PositionLogprobs* q = delta.add_logprobs();
       *q = p;
       for (v1::TokenLogprob& t : *q->mutable_top())

@@ -624,6 +624,12 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
       o.num_cached_tokens = r->num_cached_tokens;
     }
   }
+  // A speculating request's counts so far travel with each of its outputs.
+  for (size_t s = 0; s < plan.seqs.size(); ++s) {
+    const SequenceSpeculation& spec = plan.seqs[s].state->spec;
+    if (output_index[s] != SIZE_MAX && spec.method != SpeculationMethod::kOff)
+      (*outputs)[output_index[s]].speculation = spec.counts;
+  }
   scheduler_->Update(step, sampled, accepted);
   for (const std::string& id : prompt_only) FinishRequest(id);
   // Stop conditions of the sequences that took a token.
@@ -646,7 +652,6 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
     RequestOutput& o = output_for(static_cast<int32_t>(s));
     o.finished = true;
     o.finish_reason = reason;
-    if (seq.spec.method != SpeculationMethod::kOff) o.speculation = seq.spec.counts;
     const std::string id = r->id;  // r goes with the request
     if (reason == FinishReason::kPrefillDone) {
       scheduler_->HandOut(id);  // blocks stay until Release()

@@ -74,7 +74,7 @@ struct RequestOutput {
   int64_t num_cached_tokens = 0;
   // With a request's first output: when its first prompt chunk was scheduled (queue time ends).
   absl::Time first_scheduled = absl::InfinitePast();
-  // With a finished (or aborted) request's last output, when it speculated: its counts.
+  // A request that speculates: its counts so far (with every output, an abort's included).
   std::optional<SpeculationCounts> speculation;
 };
 

@@ -5,17 +5,6 @@
 
 namespace tandem {
 
-std::string_view SpecDecisionName(SpecDecision decision) {
-  switch (decision) {
-    case SpecDecision::kFull: return "full";
-    case SpecDecision::kShrunkBatch: return "shrunk_batch";
-    case SpecDecision::kShrunkAcceptance: return "shrunk_acceptance";
-    case SpecDecision::kOffBatch: return "off_batch";
-    case SpecDecision::kOffAcceptance: return "off_acceptance";
-  }
-  return "full";
-}
-
 void SpeculationPolicy::BeginStep(int64_t decoding) {
   rows_left_ = std::max<int64_t>(0, options_.step_rows - decoding);
 }

@@ -12,7 +12,6 @@
 
 #include <array>
 #include <cstdint>
-#include <string_view>
 
 #include "common/spec/proposer.h"
 
@@ -41,8 +40,7 @@ enum class SpecDecision : uint8_t {
   kOffBatch,          // none: no rows left in the step
   kOffAcceptance,     // none: acceptance too low; paused for a few steps, then probed with one
 };
-inline constexpr int kNumSpecDecisions = 5;
-std::string_view SpecDecisionName(SpecDecision decision);
+inline constexpr int kNumSpecDecisions = 5;  // named in metrics' kSpecDecisionNames
 
 struct SpeculationCounts {
   int64_t proposed = 0;

@@ -1,5 +1,7 @@
 #include "common/metrics/worker_metrics.h"
 
+#include <string>
+
 #include <algorithm>
 
 namespace tandem {
@@ -70,7 +72,19 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
       transfers_(m->Counter("tandem_kv_transfers_total", "KV transfers finished, failed or not.")),
       transfer_seconds_(m->Histogram("tandem_kv_transfer_seconds",
                                      "Seconds from the first layer sent to the acknowledgement.",
-                                     Metrics::LatencyBuckets())) {
+                                     Metrics::LatencyBuckets())),
+      spec_proposed_(m->Counter("tandem_spec_decode_draft_tokens_total",
+                                "Tokens proposed by speculative decoding.")),
+      spec_accepted_(
+          m->Counter("tandem_spec_decode_accepted_tokens_total",
+                     "Proposed tokens the model kept (its own next token not counted).")),
+      spec_verify_steps_(m->Counter(
+          "tandem_spec_decode_verify_steps_total",
+          "Sequence-steps that verified proposed tokens; (accepted + these) / these is the mean "
+          "tokens a speculating step emits.")),
+      spec_k_in_force_(m->Gauge("tandem_spec_decode_num_speculative_tokens",
+                                "Mean proposal budget (adaptive k) of the last step that had "
+                                "speculating sequences.")) {
   // Every outcome's series exists from the start (at zero), so rates and alerts resolve on any
   // worker.
   static constexpr const char* kOutcomes[kNumKvReservationOutcomes] = {"landed", "failed",
@@ -82,12 +96,24 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
         "failed, timed out, or the request was cancelled while it waited.",
         {{"outcome", kOutcomes[i]}});
   }
-  // Speculative decoding lands later; the counters exist (at zero) so dashboards and alerts
-  // resolve.
-  m->Counter("tandem_spec_decode_draft_tokens_total",
-             "Draft tokens proposed by speculative decoding.");
-  m->Counter("tandem_spec_decode_accepted_tokens_total",
-             "Draft tokens accepted by the target model.");
+  for (int i = 0; i < EngineSnapshot::kSpecPositions; ++i) {
+    const std::string position = std::to_string(i + 1);
+    spec_proposed_at_[i] = &m->Counter(
+        "tandem_spec_decode_draft_tokens_at_position_total",
+        "Tokens proposed at each position of a step's proposal (1 = right after the sequence).",
+        {{"position", position}});
+    spec_accepted_at_[i] = &m->Counter(
+        "tandem_spec_decode_accepted_tokens_at_position_total",
+        "Proposed tokens kept, by position; over the proposed ones, the acceptance rate there.",
+        {{"position", position}});
+  }
+  for (int i = 0; i < EngineSnapshot::kSpecDecisions; ++i) {
+    spec_decisions_[i] = &m->Counter(
+        "tandem_spec_decode_decisions_total",
+        "The adaptive policy's choice for a decoding sequence's step: full k, shrunk or off for "
+        "the step's rows (batch) or the sequence's acceptance.",
+        {{"decision", kSpecDecisionNames[i]}});
+  }
 }
 
 void WorkerMetrics::ObserveStep(int64_t tokens, int64_t sequences, double seconds) {
@@ -126,6 +152,19 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
   decode_forward_seconds_.Increment(
       std::max(0.0, s.forward_seconds - last_.forward_seconds - prompt));
   host_seconds_.Increment(std::max(0.0, s.host_seconds - last_.host_seconds));
+  auto grow = [](prometheus::Counter& c, int64_t now, int64_t before) {
+    c.Increment(static_cast<double>(std::max<int64_t>(0, now - before)));
+  };
+  grow(spec_proposed_, s.spec_proposed, last_.spec_proposed);
+  grow(spec_accepted_, s.spec_accepted, last_.spec_accepted);
+  grow(spec_verify_steps_, s.spec_verify_steps, last_.spec_verify_steps);
+  for (int i = 0; i < EngineSnapshot::kSpecPositions; ++i) {
+    grow(*spec_proposed_at_[i], s.spec_proposed_at[i], last_.spec_proposed_at[i]);
+    grow(*spec_accepted_at_[i], s.spec_accepted_at[i], last_.spec_accepted_at[i]);
+  }
+  for (int i = 0; i < EngineSnapshot::kSpecDecisions; ++i)
+    grow(*spec_decisions_[i], s.spec_decisions[i], last_.spec_decisions[i]);
+  spec_k_in_force_.Set(s.spec_k_in_force);
   last_ = s;
 }
 

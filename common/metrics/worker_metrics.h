@@ -6,6 +6,7 @@
 // which belongs to its thread); per-step histograms are observed by the engine loop.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "absl/synchronization/mutex.h"
@@ -26,7 +27,20 @@ struct EngineSnapshot {
   double forward_seconds = 0, host_seconds = 0;
   double prompt_forward_seconds = 0;  // the part of forward_seconds in steps with prompt tokens
   bool kv_full = false;               // above the worker's KV high-water mark
+  // Speculative decoding (cumulative, but the last): proposed and kept tokens, sequence-steps that
+  // verified, the same per position (1-based position i at [i - 1]), the adaptive policy's
+  // decisions (kSpecDecisionNames), and the mean budget of the last speculating step.
+  static constexpr int kSpecPositions = 16;
+  static constexpr int kSpecDecisions = 5;
+  int64_t spec_proposed = 0, spec_accepted = 0, spec_verify_steps = 0;
+  std::array<int64_t, kSpecPositions> spec_proposed_at{}, spec_accepted_at{};
+  std::array<int64_t, kSpecDecisions> spec_decisions{};
+  double spec_k_in_force = 0;
 };
+
+// The adaptive policy's decisions in common/engine/speculation.h's SpecDecision order.
+inline constexpr const char* kSpecDecisionNames[EngineSnapshot::kSpecDecisions] = {
+    "full", "shrunk_batch", "shrunk_acceptance", "off_batch", "off_acceptance"};
 
 // How a decode worker's KV reservation ended: its transfer landed (the sequence was admitted),
 // failed (the prefill side or the link reported an error, or the landed KV could not be admitted),
@@ -77,6 +91,13 @@ class WorkerMetrics {
   prometheus::Counter& transfers_;
   prometheus::Histogram& transfer_seconds_;
   prometheus::Counter* reservations_[kNumKvReservationOutcomes];
+  prometheus::Counter& spec_proposed_;
+  prometheus::Counter& spec_accepted_;
+  prometheus::Counter& spec_verify_steps_;
+  prometheus::Gauge& spec_k_in_force_;
+  prometheus::Counter* spec_proposed_at_[EngineSnapshot::kSpecPositions];
+  prometheus::Counter* spec_accepted_at_[EngineSnapshot::kSpecPositions];
+  prometheus::Counter* spec_decisions_[EngineSnapshot::kSpecDecisions];
   absl::Mutex mu_;
   EngineSnapshot last_ ABSL_GUARDED_BY(mu_);
 };

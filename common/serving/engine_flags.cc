@@ -40,6 +40,28 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "when it is bf16 or f16, else f32); bf16/f16 halve the cache's memory and the "
           "attention's reads. Prefill and decode workers exchanging KV must agree");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
+ABSL_FLAG(
+    std::string, speculative_method, "",
+    "engine, decode and combined roles: speculative decoding for requests that do not choose: "
+    "off, ngram (prompt lookup: the continuation of the latest earlier occurrence of the "
+    "sequence's last --ngram-min..--ngram-max tokens) or draft (a draft model, "
+    "--speculative-model); default off");
+ABSL_FLAG(int32_t, num_speculative_tokens, 4,
+          "engine: k, the most tokens proposed per sequence and step when speculating, in [1, 16] "
+          "(a request's speculation.num_tokens overrides it)");
+ABSL_FLAG(int32_t, ngram_min, 1, "engine: --speculative-method ngram: shortest suffix matched");
+ABSL_FLAG(
+    int32_t, ngram_max, 4,
+    "engine: --speculative-method ngram: longest suffix matched (at most 32); the longest that "
+    "occurs earlier wins");
+ABSL_FLAG(bool, speculative_adaptive, true,
+          "engine: adapt speculation to load: proposals only while a step holds fewer than "
+          "--speculative-step-rows rows, and fewer (or none, for a few steps) for a sequence whose "
+          "proposals are rarely kept; false: always k");
+ABSL_FLAG(
+    int32_t, speculative_step_rows, 16,
+    "engine, --speculative-adaptive: rows (tokens) of decoding sequences a step may hold with "
+    "proposals added; past it speculation costs throughput");
 // The CUDA backend's tunings (common/backend/cuda_tunings.h); TANDEM_CUDA_* variables override
 // them.
 ABSL_FLAG(bool, cuda_fusion, true,
@@ -132,6 +154,19 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
                              : absl::GetFlag(FLAGS_max_prefill_chunk);
   sc.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   sc.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  SpeculationOptions& so = o.speculation;
+  if (const std::string m = absl::GetFlag(FLAGS_speculative_method); !m.empty()) {
+    absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(m);
+    if (!method.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speculative-method: ", method.status().message()));
+    so.method = *method;
+  }
+  so.num_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
+  so.ngram_min = absl::GetFlag(FLAGS_ngram_min);
+  so.ngram_max = absl::GetFlag(FLAGS_ngram_max);
+  so.adaptive = absl::GetFlag(FLAGS_speculative_adaptive);
+  so.step_rows = absl::GetFlag(FLAGS_speculative_step_rows);
   return o;
 }
 
@@ -186,6 +221,13 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--cuda-graphs=", absl::GetFlag(FLAGS_cuda_graphs) ? "true" : "false"),
       absl::StrCat("--device-sampling=", absl::GetFlag(FLAGS_device_sampling) ? "true" : "false"),
       absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
+      absl::StrCat("--speculative-method=", absl::GetFlag(FLAGS_speculative_method)),
+      absl::StrCat("--num-speculative-tokens=", absl::GetFlag(FLAGS_num_speculative_tokens)),
+      absl::StrCat("--ngram-min=", absl::GetFlag(FLAGS_ngram_min)),
+      absl::StrCat("--ngram-max=", absl::GetFlag(FLAGS_ngram_max)),
+      absl::StrCat("--speculative-adaptive=",
+                   absl::GetFlag(FLAGS_speculative_adaptive) ? "true" : "false"),
+      absl::StrCat("--speculative-step-rows=", absl::GetFlag(FLAGS_speculative_step_rows)),
       absl::StrCat("--kv-cache-dtype=", absl::GetFlag(FLAGS_kv_cache_dtype)),
       absl::StrCat("--compute-dtype=", absl::GetFlag(FLAGS_compute_dtype)),
       absl::StrCat("--split-gemm-inputs=",

@@ -1,7 +1,9 @@
 // The engine's command-line flags, shared by `tandem generate`, the workers and `tandem up` (which
 // forwards them to the workers it starts): --kv-cache-memory, --block-size, --max-num-seqs,
 // --max-num-batched-tokens, --max-prefill-chunk (alias --prefill-chunk), --max-queued-requests,
-// --max-model-len, --enable-prefix-caching, --device, --gpu-memory-utilization.
+// --max-model-len, --enable-prefix-caching, --device, --gpu-memory-utilization, and speculative
+// decoding's --speculative-method, --num-speculative-tokens, --ngram-min/max,
+// --speculative-adaptive, --speculative-step-rows.
 #pragma once
 
 #include <cstdint>

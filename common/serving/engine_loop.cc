@@ -5,6 +5,11 @@
 #include "common/base/logging.h"
 
 namespace tandem {
+static_assert(EngineSnapshot::kSpecPositions == kMaxSpeculativeTokens);
+static_assert(EngineSnapshot::kSpecDecisions == kNumSpecDecisions);
+}  // namespace tandem
+
+namespace tandem {
 
 EngineLoop::EngineLoop(Engine* engine, Handlers handlers)
     : engine_(engine), handlers_(std::move(handlers)) {
@@ -94,6 +99,14 @@ void EngineLoop::Run() {
     snapshot_.sampling_row_copies = s.sampling_row_copies;
     snapshot_.forward_seconds = s.forward_seconds;
     snapshot_.prompt_forward_seconds = s.prompt_forward_seconds;
+    const SpeculationStats& spec = s.speculation;
+    snapshot_.spec_proposed = spec.counts.proposed;
+    snapshot_.spec_accepted = spec.counts.accepted;
+    snapshot_.spec_verify_steps = spec.verify_steps;
+    snapshot_.spec_proposed_at = spec.proposed_at;
+    snapshot_.spec_accepted_at = spec.accepted_at;
+    snapshot_.spec_decisions = spec.decisions;
+    snapshot_.spec_k_in_force = spec.k_in_force;
     snapshot_.host_seconds = host_seconds;
     snapshot_.peak_used_blocks = std::max(
         {snapshot_.peak_used_blocks, peak_used_since_publish, s.num_blocks - s.free_blocks});

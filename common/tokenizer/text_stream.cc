@@ -17,13 +17,18 @@ std::string TextStream::Emit(std::string_view text) {
   return std::move(m.emit);
 }
 
-std::string TextStream::Add(std::span<const int32_t> ids) {
+std::string TextStream::Add(std::span<const int32_t> ids, size_t* used) {
+  if (used != nullptr) *used = 0;
   if (stopped_ || finished_) return "";
   std::string text;
   for (int32_t id : ids) {
-    if (absl::StatusOr<std::string> piece = detokenizer_.Add(id); piece.ok()) text += *piece;
+    if (used != nullptr) ++*used;
+    absl::StatusOr<std::string> piece = detokenizer_.Add(id);
+    if (!piece.ok() || piece->empty()) continue;
+    text += Emit(*piece);
+    if (stopped_) break;  // the ids after this one are not part of the output
   }
-  return Emit(text);
+  return text;
 }
 
 std::string TextStream::Finish(absl::Status* detokenizer_status) {

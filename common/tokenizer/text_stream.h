@@ -33,8 +33,10 @@ class TextStream {
   TextStream(const TextStream&) = delete;
   TextStream& operator=(const TextStream&) = delete;
 
-  // Appends `ids` and returns the text that became final; "" once stopped.
-  std::string Add(std::span<const int32_t> ids);
+  // Appends `ids` and returns the text that became final; "" once stopped. `used` (optional): how
+  // many of `ids` were taken, up to the one whose text completed a stop string; the rest are not
+  // part of the output (several tokens at once: a speculative step's accepted run).
+  std::string Add(std::span<const int32_t> ids, size_t* used = nullptr);
   // End of generation: the held-back text (detokenizer and stop matcher), which may still complete
   // a stop string. `detokenizer_status` (optional) gets the detokenizer's verdict: INTERNAL if the
   // whole decode disagrees with what was emitted, and then only the stop matcher's held text (final

@@ -163,9 +163,12 @@ std::vector<Expected> Reference(const std::string& model_dir,
   return out;
 }
 
-// kv_dtype: the workers' --kv-cache-dtype (unset: their default).
-void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, int num_requests,
-                      std::optional<DType> kv_dtype = std::nullopt) {
+// kv_dtype: the workers' --kv-cache-dtype (unset: their default). `edit` (optional) changes each
+// request before it is sent (the reference runs it without speculation). Returns what came back.
+std::vector<StreamResult> ExpectEquivalent(
+    v1::Generation::Stub* stub, const std::string& model_dir, int num_requests,
+    std::optional<DType> kv_dtype = std::nullopt,
+    const std::function<void(int, v1::GenerateRequest*)>& edit = nullptr) {
   std::mt19937 rng(77);
   std::vector<v1::GenerateRequest> reqs;
   for (int i = 0; i < num_requests; ++i) {
@@ -179,6 +182,7 @@ void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, 
       g.mutable_sampling()->set_temperature(0.8f);
       g.mutable_sampling()->set_seed(1000 + i);
     }
+    if (edit) edit(i, &g);
     reqs.push_back(g);
   }
   const std::vector<Expected> expected = Reference(model_dir, reqs, kv_dtype);
@@ -186,21 +190,23 @@ void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, 
   ParallelFor(num_requests, 12, [&](int i) { got[i] = Stream(stub, reqs[i]); });
   int mismatches = 0;
   for (int i = 0; i < num_requests; ++i) {
-    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    EXPECT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    if (!got[i].status.ok()) return got;
     if (got[i].ids != expected[i].ids) {
       ++mismatches;
       ADD_FAILURE() << "request " << i << ": token ids differ";
       continue;
     }
-    ASSERT_EQ(got[i].logprobs.size(), expected[i].logprobs.size()) << i;
+    EXPECT_EQ(got[i].logprobs.size(), expected[i].logprobs.size()) << i;
+    if (got[i].logprobs.size() != expected[i].logprobs.size()) return got;
     for (size_t k = 0; k < got[i].logprobs.size(); ++k) {
       const v1::PositionLogprobs& g = got[i].logprobs[k];
       const LogprobEntry& e = expected[i].logprobs[k];
       EXPECT_EQ(g.token_id(), e.token_id);
       EXPECT_EQ(g.logprob(), e.logprob) << "request " << i << " position " << k;
       EXPECT_EQ(g.rank(), e.rank);
-      ASSERT_EQ(g.top_size(), static_cast<int>(e.top.size()));
-      for (size_t t = 0; t < e.top.size(); ++t) {
+      EXPECT_EQ(g.top_size(), static_cast<int>(e.top.size()));
+      for (size_t t = 0; t < e.top.size() && t < static_cast<size_t>(g.top_size()); ++t) {
         EXPECT_EQ(g.top(t).token_id(), e.top[t].token_id);
         EXPECT_EQ(g.top(t).logprob(), e.top[t].logprob);
       }
@@ -208,6 +214,33 @@ void ExpectEquivalent(v1::Generation::Stub* stub, const std::string& model_dir, 
     EXPECT_EQ(got[i].final.usage().completion_tokens(), static_cast<int>(expected[i].ids.size()));
   }
   EXPECT_EQ(mismatches, 0);
+  return got;
+}
+
+// Greedy requests speculating with n-gram proposals (k = 1..8 per request, or the workers'
+// default) come back token for token, logprobs included, as the in-process engine gives them
+// without speculation; their counts come with the final message.
+void ExpectSpeculationEquivalent(v1::Generation::Stub* stub, const std::string& model_dir,
+                                 int num_requests) {
+  const std::vector<StreamResult> got = ExpectEquivalent(
+      stub, model_dir, num_requests, std::nullopt, [](int i, v1::GenerateRequest* g) {
+        g->mutable_sampling()->set_temperature(0);  // sampled output differs in its draws
+        g->mutable_sampling()->clear_seed();
+        if (i % 3 != 2) {
+          v1::Speculation* spec = g->mutable_sampling()->mutable_speculation();
+          spec->set_method(v1::SPECULATION_METHOD_NGRAM);
+          spec->set_num_tokens(1 + i % 8);
+        }
+      });
+  int64_t proposed = 0, accepted = 0;
+  for (const StreamResult& r : got) {
+    if (!r.final.has_speculation()) continue;
+    EXPECT_LE(r.final.speculation().accepted(), r.final.speculation().proposed());
+    proposed += r.final.speculation().proposed();
+    accepted += r.final.speculation().accepted();
+  }
+  EXPECT_GT(accepted, 0) << "the requests should have kept proposals";
+  EXPECT_GT(proposed, accepted) << "and refused some";
 }
 
 TEST_F(ServiceTest, OnePrefillOneDecodeMatchesTheInProcessEngine) {
@@ -250,6 +283,51 @@ TEST_F(ServiceTest, StaticWorkerListsWorkWithoutRegistration) {
 TEST_F(ServiceTest, CombinedRoleMatchesTheInProcessEngine) {
   auto c = StartCluster({.prefill = 0, .decode = 0, .combined = 1});
   ExpectEquivalent(c->generation(), model_dir_, 40);
+}
+
+TEST_F(ServiceTest, SpeculativeDecodingDisaggregatedAndCombinedMatchesTheInProcessEngine) {
+  // The decode and combined workers also speculate by default (the third of the requests that do
+  // not say).
+  const std::vector<std::string> speculate = {
+      "--speculative-method=ngram", "--num-speculative-tokens=3", "--speculative-adaptive=false"};
+  {
+    auto combined =
+        StartCluster({.prefill = 0, .decode = 0, .combined = 1, .decode_args = speculate});
+    ExpectSpeculationEquivalent(combined->generation(), model_dir_, 30);
+  }
+  auto c = StartCluster({.prefill = 1, .decode = 1, .decode_args = speculate});
+  ExpectSpeculationEquivalent(c->generation(), model_dir_, 50);
+  // A stop string inside an accepted run: the same text and tokens as without speculation.
+  v1::GenerateRequest g;
+  g.set_prompt("Once upon a time, once upon a time, once upon a time");
+  g.mutable_sampling()->set_temperature(0);
+  g.mutable_sampling()->set_max_tokens(60);
+  g.mutable_sampling()->set_ignore_eos(true);
+  g.mutable_sampling()->mutable_speculation()->set_method(v1::SPECULATION_METHOD_OFF);
+  const StreamResult full = Stream(c->generation(), g);
+  ASSERT_TRUE(full.status.ok()) << full.status.error_message();
+  ASSERT_GT(full.text.size(), 20u);
+  for (size_t cut : {full.text.size() / 3, full.text.size() / 2, full.text.size() * 3 / 4}) {
+    while (cut < full.text.size() && (static_cast<unsigned char>(full.text[cut]) & 0xC0) == 0x80)
+      ++cut;
+    size_t end = cut + 1;
+    while (end < full.text.size() && (static_cast<unsigned char>(full.text[end]) & 0xC0) == 0x80)
+      ++end;
+    v1::GenerateRequest stop = g;
+    stop.mutable_sampling()->add_stop(full.text.substr(cut, end - cut));
+    const StreamResult plain = Stream(c->generation(), stop);
+    stop.mutable_sampling()->mutable_speculation()->set_method(v1::SPECULATION_METHOD_NGRAM);
+    stop.mutable_sampling()->mutable_speculation()->set_num_tokens(8);
+    const StreamResult spec = Stream(c->generation(), stop);
+    ASSERT_TRUE(spec.status.ok()) << spec.status.error_message();
+    EXPECT_EQ(spec.final.finish_reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(spec.text, plain.text);
+    EXPECT_EQ(spec.ids, plain.ids);
+    EXPECT_EQ(spec.final.usage().completion_tokens(), plain.final.usage().completion_tokens());
+    EXPECT_TRUE(spec.final.has_speculation());
+  }
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
 }
 
 TEST_F(ServiceTest, HostStagedKvTransferGivesTheSameOutputs) {
@@ -529,7 +607,11 @@ TEST_F(ServiceTest, KvPressureRefusesNewWorkInsteadOfFallingOver) {
 // ---------------------------------------------------------------- cancellation, deadlines
 
 TEST_F(ServiceTest, CancellationAtEveryPhaseFreesTheBlocksOnBothWorkers) {
-  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--max-prefill-chunk=64"}});
+  // Cancelled mid-speculation too (the decode worker speculates).
+  auto c = StartCluster({.prefill = 1,
+                         .decode = 1,
+                         .worker_args = {"--max-prefill-chunk=64"},
+                         .decode_args = {"--speculative-method=ngram"}});
   std::mt19937 rng(5);
   const std::vector<int32_t> long_prompt = RandomPrompt(rng, 1500, vocab_);
   int cancelled = 0;
@@ -579,7 +661,9 @@ TEST_F(ServiceTest, DeadlineOnALongRequestEndsItInTimeAndOrphansNothing) {
 // ---------------------------------------------------------------- worker faults
 
 TEST_F(ServiceTest, KilledDecodeWorkerFailsOnlyItsStreamsAndIsRoutedAround) {
-  auto c = StartCluster({.prefill = 2, .decode = 2});
+  // The decode workers speculate: the survivor's blocks, rejected positions' included, all come
+  // back (WaitIdle).
+  auto c = StartCluster({.prefill = 2, .decode = 2, .decode_args = {"--speculative-method=ngram"}});
   const std::string victim = c->workers("decode")[0];
   // The kill lands a quarter into what one such stream takes here alone (at most 400 ms):
   // mid-decode on a CPU or a GPU alike.

@@ -222,6 +222,30 @@ if full:
                       f"a batch line with a bad stop is refused by itself: {rs['bad']}, {p.stderr!r}")
                 check(rs["plain"]["text"] == text and rs["plain"]["finish_reason"] == "length",
                       f"a batch line without stop is not cut: {rs['plain']}")
+# Speculative decoding (n-gram proposals, k = 1, 4, 8): the same greedy tokens and stop cut, with the
+# request's counts in "speculation"; none without it.
+long_full = generate_kjv("--max-tokens", "80")
+if long_full:
+    check("speculation" not in long_full, f"no speculation asked, yet counts: {long_full.get('speculation')}")
+    for k in ["1", "4", "8"]:
+        spec = generate_kjv("--max-tokens", "80", "--speculative-method", "ngram", "--num-speculative-tokens", k)
+        if spec:
+            check(spec["token_ids"] == long_full["token_ids"], f"ngram k={k}: greedy tokens differ")
+            counts = spec.get("speculation", {})
+            check(0 < counts.get("accepted", 0) <= counts.get("proposed", 0),
+                  f"ngram k={k}: counts {counts}")
+    if full and stop:
+        spec_cut = generate_kjv("--max-tokens", "24", "--stop", stop, "--speculative-method", "ngram",
+                                "--num-speculative-tokens", "8")
+        if spec_cut and cut:
+            check(spec_cut["token_ids"] == cut["token_ids"] and spec_cut["text"] == cut["text"],
+                  f"--stop with speculation: {spec_cut['token_ids']} vs {cut['token_ids']}")
+for bad, named in [(["--speculative-method", "medusa"], "--speculative-method"),
+                   (["--speculative-method", "ngram", "--num-speculative-tokens", "17"], "--num-speculative-tokens"),
+                   (["--speculative-method", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "--ngram-min"),
+                   (["--speculative-method", "draft"], "--speculative-model")]:
+    p = run("generate", "--model", model, "--prompt", "Hi", *bad, expect_rc=2)
+    check(named in p.stderr, f"{bad}: the error names {named}: {p.stderr!r}")
 p = run("generate", "--model", model, "--prompt", "Hi", "--stop", ",".join(["x"] * 17), expect_rc=2)
 check("--stop" in p.stderr and "at most 16" in p.stderr, f"too many stop strings named: {p.stderr!r}")
 

@@ -99,6 +99,18 @@ if remote and local:
     for r, l in zip(remote, local):
         check(r["token_ids"] == l["token_ids"], f"batch {r['id']}: token ids differ")
 
+# A request that asks to speculate (n-gram) gets the same greedy tokens as in-process without, and
+# its counts.
+spec_args = ["--prompt", "The quick brown fox jumps over the lazy dog. The quick brown fox", "--max-tokens",
+             "40", "--temperature", "0", "--ignore-eos"]
+remote = generate(*spec_args, "--speculative-method", "ngram", "--num-speculative-tokens", "5")
+local = generate(*spec_args, server=False)
+if remote and local:
+    check(remote[0]["token_ids"] == local[0]["token_ids"], "speculating through the router: tokens differ")
+    counts = remote[0].get("speculation", {})
+    check(counts.get("accepted", -1) <= counts.get("proposed", 0) and counts.get("proposed", 0) > 0,
+          f"server speculation counts {counts}")
+
 # A bad request is refused with exit code 2 and a message.
 p = subprocess.run([TANDEM, "generate", "--server", address, "--token-ids", "1,2", "--top-p", "0"],
                    capture_output=True, text=True, timeout=60)

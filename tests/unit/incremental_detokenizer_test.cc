@@ -14,6 +14,7 @@
 
 #include "cli/random_model.h"
 #include "common/tokenizer/byte_level.h"
+#include "common/tokenizer/text_stream.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -227,6 +228,29 @@ std::string Decoded(const Tokenizer& t, std::span<const int32_t> ids, bool skip_
   absl::StatusOr<std::string> s = t.Decode(ids, skip_special);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.value_or("");
+}
+
+TEST(TextStreamTest, SeveralIdsAtOnceEndAtTheOneCompletingAStopString) {
+  auto tok = ByteLevelTokenizer();
+  ASSERT_NE(tok, nullptr);
+  std::vector<int32_t> ids;
+  for (char c : std::string("abcSTOPdef")) ids.push_back(static_cast<uint8_t>(c));
+  TextStream stream(tok.get(), false, {}, {"STOP"});
+  size_t used = 0;
+  EXPECT_EQ(stream.Add(std::span<const int32_t>(ids).first(2), &used), "ab");
+  EXPECT_EQ(used, 2u);
+  const std::string rest = stream.Add(std::span<const int32_t>(ids).subspan(2), &used);
+  EXPECT_TRUE(stream.stopped());
+  EXPECT_EQ(used, 5u) << "c, S, T, O, P: the ids after the stop string are not taken";
+  EXPECT_EQ(stream.text(), "abc");
+  EXPECT_EQ(stream.Add(ids, &used), "");
+  EXPECT_EQ(used, 0u);
+  // Without a stop string every id is taken.
+  TextStream plain(tok.get(), false, {}, {});
+  std::string all = plain.Add(ids, &used);
+  all += plain.Finish();
+  EXPECT_EQ(all, "abcSTOPdef");
+  EXPECT_EQ(used, ids.size());
 }
 
 TEST(IncrementalDetokenizerTest, ByteLevelHoldsIncompleteCharacters) {
