@@ -15,6 +15,9 @@ constexpr int64_t kRows = 4864, kCols = 896;
 
 void BM_Linear(benchmark::State& state, DType dtype) {
   const int64_t n = state.range(0);
+  // Optional shape arguments (the padded kjv-target's MLP: [16384][256] and [256][16384]).
+  const int64_t kRows = state.range(1) > 0 ? state.range(1) : tandem::kRows;
+  const int64_t kCols = state.range(2) > 0 ? state.range(2) : tandem::kCols;
   auto backend = CpuBackend::Create({}).value();
   std::mt19937 rng(1);
   std::vector<uint16_t> w16(kRows * kCols);
@@ -37,9 +40,18 @@ void BM_Linear(benchmark::State& state, DType dtype) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK_CAPTURE(BM_Linear, F32, DType::kF32)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Linear, F16, DType::kF16)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();
-BENCHMARK_CAPTURE(BM_Linear, BF16, DType::kBF16)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, F32, DType::kF32)->ArgsProduct({{1, 8, 64}, {0}, {0}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, F16, DType::kF16)->ArgsProduct({{1, 8, 64}, {0}, {0}})->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, BF16, DType::kBF16)
+    ->ArgsProduct({{1, 2, 3, 4, 5, 6, 8, 9, 16, 64}, {0}, {0}})
+    ->UseRealTime();
+// Speculative decoding's verification steps (1 + k rows) on shapes whose weights come from DRAM.
+BENCHMARK_CAPTURE(BM_Linear, BF16_wide, DType::kBF16)
+    ->ArgsProduct({{1, 2, 3, 4, 5, 8}, {16384}, {256}})
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, BF16_deep, DType::kBF16)
+    ->ArgsProduct({{1, 2, 3, 4, 5, 8}, {256}, {16384}})
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace tandem

@@ -2,6 +2,7 @@
 // paths (direct dot products for small batches, tiled GEMM for large ones).
 #include "common/backend/cpu/cpu_backend.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -74,6 +75,29 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
                            return std::string(DTypeName(std::get<0>(info.param))) + "_n" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// Batch invariance: every batch size's Linear (register-blocked tiles of weight rows × up to 8
+// activation rows, and the rest) gives each row exactly the bits of a one-row Linear.
+TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
+  auto backend = CpuBackend::Create({}).value();
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const int64_t rows = 53, cols = 203;  // tiles with a remainder, vector tails
+    Matrix w = RandomWeight(rows, cols, dtype, 3);
+    Matrix x = RandomWeight(19, cols, DType::kF32, 4);
+    std::vector<float> one(rows);
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19}) {
+      std::vector<float> out(n * rows);
+      backend->Linear(x.f32.data(), n, w.weight, nullptr, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        backend->Linear(x.f32.data() + i * cols, 1, w.weight, nullptr, one.data());
+        for (int64_t j = 0; j < rows; ++j) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(out[i * rows + j]), std::bit_cast<uint32_t>(one[j]))
+              << DTypeName(dtype) << " n=" << n << " row " << i << " col " << j;
+        }
+      }
+    }
+  }
+}
 
 TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {
   auto b = CpuBackend::Create({}).value();

@@ -126,19 +126,16 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
   if (n <= kDirectDotMaxRows || batch_invariant_) {
     // Tiles of weight rows (kept in cache) × groups of activation rows; every output element is
     // one Dot, so results do not depend on n.
-    constexpr int64_t kRowTile = 16, kTokenGroup = 8;
+    constexpr int64_t kRowTile = 24, kTokenGroup = 8;
     pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
       const float* xs[kTokenGroup];
-      float res[kTokenGroup];
       for (int64_t t = tb; t < te; ++t) {
         const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
         for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
           const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
           for (int r = 0; r < rows; ++r) xs[r] = x + (i0 + r) * k;
-          for (int64_t j = j0; j < j1; ++j) {
-            cpu::DotRows(xs, rows, wbytes + j * row_bytes, w.dtype, k, res);
-            for (int r = 0; r < rows; ++r) out[(i0 + r) * m + j] = res[r];
-          }
+          cpu::DotTile(xs, rows, wbytes + j0 * row_bytes, row_bytes, static_cast<int>(j1 - j0),
+                       w.dtype, k, out + i0 * m + j0, m);
         }
       }
     });
