@@ -274,6 +274,9 @@ int GenerateCommand() {
   }
   auto engine_options = EngineOptionsFromFlags(config);
   if (!engine_options.ok()) return Fail(engine_options.status());
+  absl::StatusOr<std::unique_ptr<LlamaModel>> draft = DraftModelFromFlags(model_dir, **model);
+  if (!draft.ok()) return Fail(draft.status());
+  engine_options->speculation.draft = draft->get();
   auto engine = Engine::Create(model->get(), *engine_options);
   if (!engine.ok()) return Fail(engine.status());
   const double load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -108,10 +108,23 @@ absl::Status ValidateSpeculation(const SpeculationOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--speculative-step-rows must be at least 1, got ", o.step_rows));
   }
-  if (o.method == SpeculationMethod::kDraft) {
+  if (o.method == SpeculationMethod::kDraft && o.draft == nullptr) {
     return absl::InvalidArgumentError(
         "--speculative-method draft needs a draft model (--speculative-model), which this engine "
         "was not given");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDraft(const LlamaModel& target, const LlamaModel& draft) {
+  if (draft.config().vocab_size != target.config().vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the draft model's vocabulary (", draft.config().vocab_size,
+                     " tokens) differs from the target's (", target.config().vocab_size,
+                     "): speculative decoding needs a draft with the target's tokenizer"));
+  }
+  if (draft.backend() != target.backend()) {
+    return absl::InvalidArgumentError("the draft model must be on the target's device");
   }
   return absl::OkStatus();
 }
@@ -123,6 +136,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
   std::unique_ptr<Engine> e(new Engine());
   e->model_ = model;
   e->options_ = options;
+  // A prefill worker samples one token a request: nothing to speculate.
+  if (options.scheduler.role == SchedulerRole::kPrefill) e->options_.speculation = {};
+  LlamaModel* draft = e->options_.speculation.draft;
+  if (draft != nullptr) RETURN_IF_ERROR(ValidateDraft(*model, *draft));
   model->runner().set_use_graphs(options.cuda_graphs);
   const ModelConfig& c = model->config();
   SchedulerConfig& sc = e->options_.scheduler;
@@ -134,8 +151,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
         absl::StrCat("--block-size must be in [1, 1024], got ", options.block_size));
   }
   const DType kv_dtype = model->KvCacheDType(options.kv_cache_dtype);
+  // A draft model's KV cache shares the pool's blocks: each block holds both models' KV.
   const int64_t bytes_per_block =
-      KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size, kv_dtype));
+      KvCacheStorage::BytesPerBlock(model->KvGeometry(1, options.block_size, kv_dtype)) +
+      (draft != nullptr
+           ? DraftModelProposer::BytesPerBlock(*draft, options.block_size, options.kv_cache_dtype)
+           : 0);
   int64_t memory = options.kv_cache_memory;
   if (memory < 0) return absl::InvalidArgumentError("--kv-cache-memory must be >= 0");
   absl::StatusOr<DeviceMemory> device_memory = model->backend()->Memory();
@@ -177,8 +198,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
                                                    static_cast<int32_t>(options.block_size),
                                                    options.enable_prefix_caching, 0}));
   ASSIGN_OR_RETURN(e->scheduler_, Scheduler::Create(sc, e->kv_.get()));
-  const SpeculationOptions& so = options.speculation;
+  const SpeculationOptions& so = e->options_.speculation;
   RETURN_IF_ERROR(ValidateSpeculation(so));
+  if (draft != nullptr) {
+    draft->runner().set_use_graphs(options.cuda_graphs);
+    draft->runner().set_graph_context_limit(sc.max_model_len);
+    ASSIGN_OR_RETURN(e->draft_, DraftModelProposer::Create(
+                                    draft, {num_blocks, options.block_size, options.kv_cache_dtype,
+                                            std::max<int64_t>(1, sc.max_num_batched_tokens)}));
+  }
   absl::StatusOr<std::unique_ptr<NgramProposer>> ngram =
       NgramProposer::Create({so.ngram_min, so.ngram_max});
   if (!ngram.ok()) {
@@ -223,7 +251,7 @@ absl::Status Engine::Validate(const EngineRequest& req) const {
         "speculation.num_tokens must be in [1, ", kMaxSpeculativeTokens,
         "] (0: the worker's --num-speculative-tokens), got ", req.num_speculative_tokens));
   }
-  if (req.speculation == SpeculationMethod::kDraft) {
+  if (req.speculation == SpeculationMethod::kDraft && draft_ == nullptr) {
     return absl::InvalidArgumentError(
         "speculation method draft needs a worker started with --speculative-model; this one has "
         "no draft model");
@@ -348,7 +376,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   PrepareSpeculation();
   SchedulerStep step = scheduler_->Schedule();
   if (step.empty()) return outputs;
-  Propose(&step);
+  RETURN_IF_ERROR(Propose(&step));
   const absl::Time step_start = absl::Now();
   // The step's wall time, whichever way it returns.
   struct StepClock {
@@ -697,22 +725,64 @@ void Engine::PrepareSpeculation() {
   if (speculating > 0) spec_stats_.k_in_force = static_cast<double>(budgets) / speculating;
 }
 
-void Engine::Propose(SchedulerStep* step) {
+absl::Status Engine::Propose(SchedulerStep* step) {
+  // Draft-model sequences are proposed for together: one draft forward pass per token.
+  std::vector<ProposalRequest> draft_requests;
+  std::vector<ScheduledChunk*> draft_chunks;
+  std::vector<std::unique_ptr<SequenceSampler>> forks;
+  std::vector<Proposal> proposals;
   for (ScheduledChunk& ch : step->chunks) {
     if (ch.num_draft_tokens == 0) continue;
     SchedRequest* r = ch.request;
-    const SequenceState& seq = sequences_.at(r->id);
-    std::vector<int32_t> proposal;
-    if (seq.spec.method == SpeculationMethod::kNgram) {
-      proposal = ngram_->ProposeOne(r->token_ids, static_cast<int32_t>(ch.num_draft_tokens));
+    SequenceState& seq = sequences_.at(r->id);
+    if (seq.spec.method == SpeculationMethod::kDraft && draft_ != nullptr) {
+      SequenceSpeculation& spec = seq.spec;
+      if (spec.draft_preemptions != r->num_preemptions) {  // its blocks, and the draft's KV, went
+        spec.draft_computed = 0;
+        spec.draft_preemptions = r->num_preemptions;
+      }
+      ProposalRequest pr;
+      pr.seq_id = static_cast<int64_t>(draft_requests.size());
+      pr.tokens = r->token_ids;
+      pr.k = static_cast<int32_t>(ch.num_draft_tokens);
+      pr.block_table = kv_->BlockTable(r->id);
+      pr.draft_computed = spec.draft_computed;
+      // The draft draws as the sequence would (its parameters and history), from a generator of
+      // its own, seeded from the sequence's so that seeded requests repeat.
+      if (!seq.sampler->PlainArgmax()) {
+        const bool greedy = seq.params.greedy() || seq.params.top_k == 1;
+        const uint64_t seed = greedy ? 0 : static_cast<uint64_t>(seq.sampler->Uniform() * 0x1p53);
+        forks.push_back(seq.sampler->Fork(seed));
+        pr.sampler = forks.back().get();
+      }
+      draft_requests.push_back(pr);
+      draft_chunks.push_back(&ch);
+      continue;
     }
-    // The chunk shrinks to what was proposed; its unused room goes back in Scheduler::Update.
-    const int64_t unused = ch.num_draft_tokens - static_cast<int64_t>(proposal.size());
-    r->draft_tokens = std::move(proposal);
-    ch.num_draft_tokens -= unused;
-    ch.num_new_tokens -= unused;
-    step->num_tokens -= unused;
+    std::vector<int32_t> tokens;
+    if (seq.spec.method == SpeculationMethod::kNgram) {
+      tokens = ngram_->ProposeOne(r->token_ids, static_cast<int32_t>(ch.num_draft_tokens));
+    }
+    ShrinkToProposal(step, &ch, std::move(tokens));
   }
+  if (draft_requests.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(draft_->Propose(draft_requests, &proposals));
+  for (size_t i = 0; i < draft_chunks.size(); ++i) {
+    SequenceState& seq = sequences_.at(draft_chunks[i]->request->id);
+    seq.spec.draft_probs = std::move(proposals[i].probs);
+    ShrinkToProposal(step, draft_chunks[i], std::move(proposals[i].tokens));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::ShrinkToProposal(SchedulerStep* step, ScheduledChunk* ch,
+                              std::vector<int32_t> tokens) {
+  // The chunk shrinks to what was proposed; its unused room goes back in Scheduler::Update.
+  const int64_t unused = ch->num_draft_tokens - static_cast<int64_t>(tokens.size());
+  ch->request->draft_tokens = std::move(tokens);
+  ch->num_draft_tokens -= unused;
+  ch->num_new_tokens -= unused;
+  step->num_tokens -= unused;
 }
 
 void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResults& res,
@@ -747,7 +817,12 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
     } else {
       sampler.Distribution(logits, workspace_, &verify_probs_);
       if (proposed) {
-        const TokenVerdict v = VerifySampledToken(r.draft_tokens[i], {}, verify_probs_, uniform);
+        // The draft's distribution for this token, or none (n-gram: all its mass on the token).
+        const absl::Span<const float> q =
+            seq.spec.draft_probs.empty()
+                ? absl::Span<const float>()
+                : absl::Span<const float>(seq.spec.draft_probs.data() + i * vocab, vocab);
+        const TokenVerdict v = VerifySampledToken(r.draft_tokens[i], q, verify_probs_, uniform);
         token = v.token;
         kept = v.accepted;
       } else {
@@ -773,6 +848,11 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
     if (!kept || sampler.IsStop(token, static_cast<int32_t>(generated)) ||
         ReachedLength(seq, generated, r.num_tokens() + static_cast<int64_t>(tokens->size())))
       break;
+  }
+  // The draft holds KV for the sequence's tokens and the proposed ones it read (all but the last):
+  // the kept ones stay valid.
+  if (seq.spec.method == SpeculationMethod::kDraft) {
+    seq.spec.draft_computed = r.num_tokens() + std::min<int64_t>(*accepted, num_proposed - 1);
   }
   seq.spec.counts.proposed += num_proposed;
   seq.spec.counts.accepted += *accepted;

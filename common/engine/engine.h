@@ -24,6 +24,7 @@
 #include "common/sampling/sampler.h"
 #include "common/sampling/sampling_params.h"
 #include "common/sched/scheduler.h"
+#include "common/spec/draft_proposer.h"
 #include "common/spec/ngram_proposer.h"
 
 namespace tandem {
@@ -177,7 +178,8 @@ class Engine {
   // each accepted into its sampler, ending at a stop, max_tokens or the context; their logprobs
   // when asked; `*accepted` proposed tokens were kept.
   void PrepareSpeculation();
-  void Propose(SchedulerStep* step);
+  absl::Status Propose(SchedulerStep* step);
+  void ShrinkToProposal(SchedulerStep* step, ScheduledChunk* chunk, std::vector<int32_t> tokens);
   void VerifyRows(const StepPlan& plan, size_t first_row, const StepResults& res,
                   std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs,
                   int32_t* accepted);
@@ -204,6 +206,7 @@ class Engine {
   int64_t sampled_on_device_ = 0, sampled_on_host_ = 0;
   LayerListener layer_listener_;
   std::unique_ptr<NgramProposer> ngram_;
+  std::unique_ptr<DraftModelProposer> draft_;  // with --speculative-model
   std::unique_ptr<SpeculationPolicy> spec_policy_;
   SpeculationStats spec_stats_;
   std::vector<float> verify_probs_;  // [vocab] a verification row's distribution

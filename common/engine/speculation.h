@@ -12,7 +12,9 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
+#include "common/model/llama_model.h"
 #include "common/spec/proposer.h"
 
 namespace tandem {
@@ -29,6 +31,9 @@ struct SpeculationOptions {
   // growing it: while a step stays near the cost of reading the weights once, proposals are almost
   // free; past it they cost throughput (--speculative-step-rows).
   int32_t step_rows = 16;
+  // The draft model (--speculative-model), loaded by the caller on the target's backend; it must
+  // outlive the engine. Its KV cache shares the pool's blocks (common/spec/draft_proposer.h).
+  LlamaModel* draft = nullptr;
 };
 
 // Why a decoding sequence's proposal budget is what it is this step (counted per sequence-step:
@@ -56,6 +61,12 @@ struct SequenceSpeculation {
   double acceptance = 0.8;
   int32_t paused_steps = 0;  // steps left without proposing (kOffAcceptance)
   bool probe = false;        // the pause just ended: the next step proposes one token
+  // Draft model: tokens of the sequence whose KV the draft holds, valid while the sequence has
+  // been preempted draft_preemptions times (a preemption frees its blocks).
+  int64_t draft_computed = 0;
+  int64_t draft_preemptions = 0;
+  // The last proposal's distributions ([tokens][vocab]; empty when drawn without a sampler).
+  std::vector<float> draft_probs;
 };
 
 // The worker's speculation counters (EngineStats::speculation; cumulative).

@@ -495,6 +495,18 @@ void SequenceSampler::Distribution(std::span<const float> logits, SamplingWorksp
   }
 }
 
+std::unique_ptr<SequenceSampler> SequenceSampler::Fork(uint64_t seed) const {
+  SamplingParams params = params_;
+  params.seed = seed;
+  auto f = std::make_unique<SequenceSampler>(params, std::span<const int32_t>(), vocab_size_,
+                                             eos_token_ids_);
+  f->params_.seed = params_.seed;
+  f->num_generated_ = num_generated_;
+  f->seen_tokens_ = seen_tokens_;
+  f->output_counts_ = output_counts_;
+  return f;
+}
+
 void SequenceSampler::Accept(int32_t token) {
   ++num_generated_;
   if (token < 0 || token >= vocab_size_) return;

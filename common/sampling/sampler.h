@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -164,6 +165,11 @@ class SequenceSampler {
   // One uniform number in [0, 1) from the sequence's generator (a verification's decisions and
   // draws: seeded requests repeat).
   double Uniform() { return NextUniform(); }
+
+  // A sampler with this one's parameters and history (generated count, penalties' counts) and its
+  // own generator seeded with `seed`: a draft model draws its proposals with it, as the sequence
+  // would, without touching the sequence's state.
+  std::unique_ptr<SequenceSampler> Fork(uint64_t seed) const;
 
   // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
   void Accept(int32_t token);

@@ -1,6 +1,9 @@
 #include "common/serving/engine_flags.h"
 
 #include <cctype>
+#include <fstream>
+#include <iterator>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -45,7 +48,11 @@ ABSL_FLAG(
     "engine, decode and combined roles: speculative decoding for requests that do not choose: "
     "off, ngram (prompt lookup: the continuation of the latest earlier occurrence of the "
     "sequence's last --ngram-min..--ngram-max tokens) or draft (a draft model, "
-    "--speculative-model); default off");
+    "--speculative-model); default draft with --speculative-model, else off");
+ABSL_FLAG(std::string, speculative_model, "",
+          "engine, decode and combined roles: directory of a draft model for speculative decoding, "
+          "small, with the target's tokenizer (refused otherwise); its KV cache shares the pool's "
+          "blocks");
 ABSL_FLAG(int32_t, num_speculative_tokens, 4,
           "engine: k, the most tokens proposed per sequence and step when speculating, in [1, 16] "
           "(a request's speculation.num_tokens overrides it)");
@@ -161,6 +168,8 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
       return absl::InvalidArgumentError(
           absl::StrCat("--speculative-method: ", method.status().message()));
     so.method = *method;
+  } else if (!absl::GetFlag(FLAGS_speculative_model).empty()) {
+    so.method = SpeculationMethod::kDraft;
   }
   so.num_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
   so.ngram_min = absl::GetFlag(FLAGS_ngram_min);
@@ -200,6 +209,38 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   return CreateBackend(o);
 }
 
+absl::StatusOr<std::unique_ptr<LlamaModel>> DraftModelFromFlags(const std::string& target_dir,
+                                                                const LlamaModel& target) {
+  const std::string dir = absl::GetFlag(FLAGS_speculative_model);
+  if (dir.empty()) return nullptr;
+  // The same tokenizer: the draft's token ids must mean what the target's do.
+  auto read = [](const std::string& path) -> std::optional<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return std::nullopt;
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::optional<std::string> a = read(target_dir + "/tokenizer.json"),
+                                   b = read(dir + "/tokenizer.json");
+  if (a.has_value() != b.has_value() || (a && *a != *b)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-model ", dir, ": its tokenizer.json ",
+                     b ? "differs from" : "is missing, unlike", " the target's (", target_dir,
+                     "): a draft model must share the target's tokenizer"));
+  }
+  absl::StatusOr<std::unique_ptr<LlamaModel>> draft = LlamaModel::Load(dir, target.backend());
+  if (!draft.ok()) {
+    return absl::Status(draft.status().code(),
+                        absl::StrCat("--speculative-model ", dir, ": ", draft.status().message()));
+  }
+  if ((*draft)->config().vocab_size != target.config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-model ", dir, ": a vocabulary of ", (*draft)->config().vocab_size,
+        " tokens, the target's has ", target.config().vocab_size,
+        ": a draft model must share the target's tokenizer"));
+  }
+  return draft;
+}
+
 std::vector<std::string> EngineFlagArguments() {
   return {
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
@@ -222,6 +263,7 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--device-sampling=", absl::GetFlag(FLAGS_device_sampling) ? "true" : "false"),
       absl::StrCat("--block-size=", absl::GetFlag(FLAGS_block_size)),
       absl::StrCat("--speculative-method=", absl::GetFlag(FLAGS_speculative_method)),
+      absl::StrCat("--speculative-model=", absl::GetFlag(FLAGS_speculative_model)),
       absl::StrCat("--num-speculative-tokens=", absl::GetFlag(FLAGS_num_speculative_tokens)),
       absl::StrCat("--ngram-min=", absl::GetFlag(FLAGS_ngram_min)),
       absl::StrCat("--ngram-max=", absl::GetFlag(FLAGS_ngram_max)),

@@ -16,6 +16,7 @@
 #include "common/backend/create_backend.h"
 #include "common/engine/engine.h"
 #include "common/model/config.h"
+#include "common/model/llama_model.h"
 
 namespace tandem {
 
@@ -29,6 +30,12 @@ std::string DeviceFromFlags();
 // INVALID_ARGUMENT naming the flag for a bad value.
 absl::StatusOr<BackendOptions> BackendOptionsFromFlags();
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+
+// The draft model --speculative-model names, on the target's backend, or null without the flag.
+// INVALID_ARGUMENT naming the flag when its tokenizer.json or vocabulary differs from the
+// target's (in `target_dir`) or it does not load.
+absl::StatusOr<std::unique_ptr<LlamaModel>> DraftModelFromFlags(const std::string& target_dir,
+                                                                const LlamaModel& target);
 
 // The engine flags as "--name=value" arguments, to start another process with the same settings.
 std::vector<std::string> EngineFlagArguments();

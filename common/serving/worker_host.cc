@@ -229,6 +229,11 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   if (!model.ok()) return fail(model.status());
   auto fingerprint = ModelFingerprint(model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
+  // Decoding roles speculate with a draft model when one is named.
+  absl::StatusOr<std::unique_ptr<LlamaModel>> draft = std::unique_ptr<LlamaModel>();
+  if (role != v1::WORKER_ROLE_PREFILL) draft = DraftModelFromFlags(model_dir, **model);
+  if (!draft.ok()) return fail(draft.status());
+  engine_options->speculation.draft = draft->get();
   auto engine = Engine::Create(model->get(), *engine_options);
   if (!engine.ok()) return fail(engine.status());
   const ModelConfig& config = (*model)->config();

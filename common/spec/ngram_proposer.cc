@@ -31,11 +31,11 @@ std::vector<int32_t> NgramProposer::ProposeOne(absl::Span<const int32_t> tokens,
 }
 
 absl::Status NgramProposer::Propose(absl::Span<const ProposalRequest> requests,
-                                    std::vector<std::vector<int32_t>>* proposals) {
+                                    std::vector<Proposal>* proposals) {
   proposals->clear();
   if (absl::Status s = ValidateProposalRequests(requests); !s.ok()) return s;
   proposals->reserve(requests.size());
-  for (const ProposalRequest& r : requests) proposals->push_back(ProposeOne(r.tokens, r.k));
+  for (const ProposalRequest& r : requests) proposals->push_back({ProposeOne(r.tokens, r.k), {}});
   return absl::OkStatus();
 }
 

@@ -26,7 +26,7 @@ class NgramProposer final : public Proposer {
 
   SpeculationMethod method() const override { return SpeculationMethod::kNgram; }
   absl::Status Propose(absl::Span<const ProposalRequest> requests,
-                       std::vector<std::vector<int32_t>>* proposals) override;
+                       std::vector<Proposal>* proposals) override;
 
   // One sequence's proposal (what Propose gives it): the continuation, at most k tokens, of the
   // most recent earlier occurrence of the longest suffix of `tokens` of min_n..max_n tokens; empty

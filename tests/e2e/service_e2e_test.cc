@@ -217,18 +217,19 @@ std::vector<StreamResult> ExpectEquivalent(
   return got;
 }
 
-// Greedy requests speculating with n-gram proposals (k = 1..8 per request, or the workers'
-// default) come back token for token, logprobs included, as the in-process engine gives them
-// without speculation; their counts come with the final message.
-void ExpectSpeculationEquivalent(v1::Generation::Stub* stub, const std::string& model_dir,
-                                 int num_requests) {
+// Greedy requests speculating (k = 1..8 per request, or the workers' default) come back token for
+// token, logprobs included, as the in-process engine gives them without speculation; their counts
+// come with the final message. Returns the counts' sums: proposed, accepted.
+std::pair<int64_t, int64_t> ExpectSpeculationEquivalent(
+    v1::Generation::Stub* stub, const std::string& model_dir, int num_requests,
+    v1::SpeculationMethod method = v1::SPECULATION_METHOD_NGRAM) {
   const std::vector<StreamResult> got = ExpectEquivalent(
-      stub, model_dir, num_requests, std::nullopt, [](int i, v1::GenerateRequest* g) {
+      stub, model_dir, num_requests, std::nullopt, [method](int i, v1::GenerateRequest* g) {
         g->mutable_sampling()->set_temperature(0);  // sampled output differs in its draws
         g->mutable_sampling()->clear_seed();
         if (i % 3 != 2) {
           v1::Speculation* spec = g->mutable_sampling()->mutable_speculation();
-          spec->set_method(v1::SPECULATION_METHOD_NGRAM);
+          spec->set_method(method);
           spec->set_num_tokens(1 + i % 8);
         }
       });
@@ -239,8 +240,12 @@ void ExpectSpeculationEquivalent(v1::Generation::Stub* stub, const std::string& 
     proposed += r.final.speculation().proposed();
     accepted += r.final.speculation().accepted();
   }
-  EXPECT_GT(accepted, 0) << "the requests should have kept proposals";
-  EXPECT_GT(proposed, accepted) << "and refused some";
+  return {proposed, accepted};
+}
+
+void ExpectSomeKeptSomeRefused(std::pair<int64_t, int64_t> counts) {
+  EXPECT_GT(counts.second, 0) << "the requests should have kept proposals";
+  EXPECT_GT(counts.first, counts.second) << "and refused some";
 }
 
 TEST_F(ServiceTest, OnePrefillOneDecodeMatchesTheInProcessEngine) {
@@ -293,10 +298,10 @@ TEST_F(ServiceTest, SpeculativeDecodingDisaggregatedAndCombinedMatchesTheInProce
   {
     auto combined =
         StartCluster({.prefill = 0, .decode = 0, .combined = 1, .decode_args = speculate});
-    ExpectSpeculationEquivalent(combined->generation(), model_dir_, 30);
+    ExpectSomeKeptSomeRefused(ExpectSpeculationEquivalent(combined->generation(), model_dir_, 30));
   }
   auto c = StartCluster({.prefill = 1, .decode = 1, .decode_args = speculate});
-  ExpectSpeculationEquivalent(c->generation(), model_dir_, 50);
+  ExpectSomeKeptSomeRefused(ExpectSpeculationEquivalent(c->generation(), model_dir_, 50));
   // A stop string inside an accepted run: the same text and tokens as without speculation.
   v1::GenerateRequest g;
   g.set_prompt("Once upon a time, once upon a time, once upon a time");
@@ -326,6 +331,23 @@ TEST_F(ServiceTest, SpeculativeDecodingDisaggregatedAndCombinedMatchesTheInProce
     EXPECT_EQ(spec.final.usage().completion_tokens(), plain.final.usage().completion_tokens());
     EXPECT_TRUE(spec.final.has_speculation());
   }
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+// A decode worker with a draft model computes the draft's KV of each arriving prompt itself and
+// speculates: the same greedy tokens. The draft is the target itself, so every proposal it makes
+// that is verified is kept unless the draft's KV went wrong somewhere (a stop ends a run early).
+TEST_F(ServiceTest, DraftModelSpeculationOnADecodeWorkerMatchesTheInProcessEngine) {
+  auto c =
+      StartCluster({.prefill = 1,
+                    .decode = 1,
+                    .decode_args = {"--speculative-model=" + model_dir_,
+                                    "--num-speculative-tokens=3", "--speculative-adaptive=false"}});
+  const auto [proposed, accepted] =
+      ExpectSpeculationEquivalent(c->generation(), model_dir_, 40, v1::SPECULATION_METHOD_DRAFT);
+  EXPECT_GT(proposed, 100);
+  EXPECT_GE(accepted, proposed * 9 / 10);
   std::string why;
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
 }

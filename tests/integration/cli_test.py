@@ -234,6 +234,13 @@ if long_full:
             counts = spec.get("speculation", {})
             check(0 < counts.get("accepted", 0) <= counts.get("proposed", 0),
                   f"ngram k={k}: counts {counts}")
+    kjv_draft = os.path.join(os.path.dirname(kjv), "kjv-draft")
+    for k in ["2", "5"]:
+        spec = generate_kjv("--max-tokens", "80", "--speculative-model", kjv_draft, "--num-speculative-tokens", k)
+        if spec:
+            check(spec["token_ids"] == long_full["token_ids"], f"kjv-draft k={k}: greedy tokens differ")
+            counts = spec.get("speculation", {})
+            check(0 < counts.get("accepted", 0) <= counts.get("proposed", 0), f"kjv-draft k={k}: counts {counts}")
     if full and stop:
         spec_cut = generate_kjv("--max-tokens", "24", "--stop", stop, "--speculative-method", "ngram",
                                 "--num-speculative-tokens", "8")
@@ -243,7 +250,8 @@ if long_full:
 for bad, named in [(["--speculative-method", "medusa"], "--speculative-method"),
                    (["--speculative-method", "ngram", "--num-speculative-tokens", "17"], "--num-speculative-tokens"),
                    (["--speculative-method", "ngram", "--ngram-min", "3", "--ngram-max", "2"], "--ngram-min"),
-                   (["--speculative-method", "draft"], "--speculative-model")]:
+                   (["--speculative-method", "draft"], "--speculative-model"),
+                   (["--speculative-model", kjv], "tokenizer")]:
     p = run("generate", "--model", model, "--prompt", "Hi", *bad, expect_rc=2)
     check(named in p.stderr, f"{bad}: the error names {named}: {p.stderr!r}")
 p = run("generate", "--model", model, "--prompt", "Hi", "--stop", ",".join(["x"] * 17), expect_rc=2)

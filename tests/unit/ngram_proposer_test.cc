@@ -60,11 +60,12 @@ TEST(NgramProposerTest, ProposesForEveryRequestOfABatch) {
   const std::vector<int32_t> a = {1, 2, 3, 1, 2}, b = {4, 5, 6};
   std::vector<ProposalRequest> reqs = {{.seq_id = 1, .tokens = a, .k = 2},
                                        {.seq_id = 2, .tokens = b, .k = 4}};
-  std::vector<std::vector<int32_t>> out;
+  std::vector<Proposal> out;
   ASSERT_TRUE(p->Propose(reqs, &out).ok());
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_THAT(out[0], ElementsAre(3, 1));
-  EXPECT_THAT(out[1], IsEmpty());
+  EXPECT_THAT(out[0].tokens, ElementsAre(3, 1));
+  EXPECT_THAT(out[0].probs, IsEmpty());
+  EXPECT_THAT(out[1].tokens, IsEmpty());
   EXPECT_EQ(p->method(), SpeculationMethod::kNgram);
 }
 
@@ -76,7 +77,7 @@ TEST(NgramProposerTest, RefusesBadOptionsAndRequests) {
   }
   auto p = Make(1, 2);
   const std::vector<int32_t> a = {1, 2, 1}, empty;
-  std::vector<std::vector<int32_t>> out = {{9}};
+  std::vector<Proposal> out = {{{9}, {}}};
   for (int32_t k : {0, kMaxSpeculativeTokens + 1}) {
     std::vector<ProposalRequest> reqs = {{.seq_id = 1, .tokens = a, .k = k}};
     EXPECT_EQ(p->Propose(reqs, &out).code(), absl::StatusCode::kInvalidArgument) << k;

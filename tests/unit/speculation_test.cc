@@ -22,14 +22,24 @@ class SpeculationTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     backend_ = CpuBackend::Create({}).value();
     model_ = LlamaModel::Load(testing_util::TinyModel(GetParam(), 3), backend_.get()).value();
+    // A draft: another random model of the preset (its vocabulary; its own guesses).
+    draft_ = LlamaModel::Load(testing_util::TinyModel(GetParam(), 5), backend_.get()).value();
+    // And the target itself as a draft: its greedy guesses are all kept.
+    self_draft_ = LlamaModel::Load(testing_util::TinyModel(GetParam(), 3), backend_.get()).value();
   }
 
   EngineOptions Options(int64_t kv_blocks, int64_t budget, int64_t chunk, SpeculationMethod method,
-                        int32_t k) {
+                        int32_t k, LlamaModel* draft = nullptr) {
+    if (draft == nullptr) draft = draft_.get();
     EngineOptions o;
     o.block_size = 4;
     o.kv_cache_dtype = DType::kF32;
-    o.kv_cache_memory = kv_blocks * KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4));
+    // Blocks hold the draft's KV too.
+    o.kv_cache_memory =
+        kv_blocks * (KvCacheStorage::BytesPerBlock(model_->KvGeometry(1, 4)) +
+                     (method == SpeculationMethod::kDraft
+                          ? DraftModelProposer::BytesPerBlock(*draft, 4, DType::kF32)
+                          : 0));
     o.scheduler.max_num_batched_tokens = budget;
     o.scheduler.max_prefill_chunk = chunk;
     o.scheduler.max_model_len = 256;
@@ -38,6 +48,7 @@ class SpeculationTest : public ::testing::TestWithParam<std::string> {
     o.speculation.method = method;
     o.speculation.num_tokens = k;
     o.speculation.adaptive = false;
+    if (method == SpeculationMethod::kDraft) o.speculation.draft = draft;
     return o;
   }
   std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
@@ -128,6 +139,11 @@ class SpeculationTest : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<LlamaModel> draft_;
+  std::unique_ptr<LlamaModel> self_draft_;
+
+  void ExpectDistributedAsTarget(SpeculationMethod method, const std::vector<int32_t>& prompt,
+                                 float temperature, const std::vector<double>& p2);
 };
 
 TEST_P(SpeculationTest, GreedyOutputIsTokenIdenticalToDecodingWithout) {
@@ -145,9 +161,23 @@ TEST_P(SpeculationTest, GreedyOutputIsTokenIdenticalToDecodingWithout) {
   for (const auto& r : reqs) ASSERT_TRUE(plain->AddRequest(r).ok());
   const Run reference = RunAll(plain.get());
 
-  for (int32_t k : {1, 2, 3, 5, 8}) {
+  struct Case {
+    SpeculationMethod method;
+    int32_t k;
+    LlamaModel* draft;
+  };
+  for (const auto& [method, k, draft] :
+       std::vector<Case>{{SpeculationMethod::kNgram, 1, nullptr},
+                         {SpeculationMethod::kNgram, 2, nullptr},
+                         {SpeculationMethod::kNgram, 3, nullptr},
+                         {SpeculationMethod::kNgram, 5, nullptr},
+                         {SpeculationMethod::kNgram, 8, nullptr},
+                         {SpeculationMethod::kDraft, 1, draft_.get()},
+                         {SpeculationMethod::kDraft, 4, draft_.get()},
+                         {SpeculationMethod::kDraft, 3, self_draft_.get()},
+                         {SpeculationMethod::kDraft, 7, self_draft_.get()}}) {
     // A small pool (preemption), a small budget and prompt chunks.
-    auto e = MakeEngine(Options(48, 24, 8, SpeculationMethod::kNgram, k));
+    auto e = MakeEngine(Options(48, 24, 8, method, k, draft));
     std::vector<EngineRequest> late;
     for (const auto& r : reqs) {
       if (r.id == "shared") {
@@ -158,7 +188,8 @@ TEST_P(SpeculationTest, GreedyOutputIsTokenIdenticalToDecodingWithout) {
     }
     const Run got = RunAll(e.get(), late);
     for (const auto& r : reqs) {
-      ASSERT_EQ(got.tokens.at(r.id), reference.tokens.at(r.id)) << r.id << " k=" << k;
+      ASSERT_EQ(got.tokens.at(r.id), reference.tokens.at(r.id))
+          << r.id << " " << SpeculationMethodName(method) << " k=" << k;
       EXPECT_EQ(got.last.at(r.id).finish_reason, reference.last.at(r.id).finish_reason) << r.id;
       if (r.params.logprobs >= 0) {
         const auto& a = got.logprobs.at(r.id);
@@ -180,8 +211,14 @@ TEST_P(SpeculationTest, GreedyOutputIsTokenIdenticalToDecodingWithout) {
       }
     }
     const EngineStats s = e->stats();
-    EXPECT_GT(s.speculation.counts.accepted, 0) << "k=" << k;
-    EXPECT_GT(s.speculation.counts.proposed, s.speculation.counts.accepted) << "k=" << k;
+    // Some proposals kept, some refused (the target as its own draft: all it verifies kept).
+    if (draft != draft_.get()) EXPECT_GT(s.speculation.counts.accepted, 0) << "k=" << k;
+    if (draft != self_draft_.get()) {
+      EXPECT_GT(s.speculation.counts.proposed, s.speculation.counts.accepted) << "k=" << k;
+    } else {
+      // (All but those past a stop id that ended the run: proposed, never verified.)
+      EXPECT_GE(s.speculation.counts.accepted, s.speculation.counts.proposed * 9 / 10) << "k=" << k;
+    }
     EXPECT_GT(s.preemptions, 0) << "the test should force preemption";
     EXPECT_GT(s.prefix_hits, 0);
     EXPECT_EQ(s.free_blocks, 48) << "every block back, rejected positions' included";
@@ -250,6 +287,72 @@ TEST_P(SpeculationTest, RejectedPositionsAreRolledBackOutOfThePoolAndThePrefixCa
   EXPECT_GT(accepted, 0);
 }
 
+// Seeded draws of the second output token with speculation, against its exact distribution `p2`.
+void SpeculationTest::ExpectDistributedAsTarget(SpeculationMethod method,
+                                                const std::vector<int32_t>& prompt,
+                                                float temperature, const std::vector<double>& p2) {
+  const int64_t vocab = model_->config().vocab_size;
+  constexpr int kDraws = 2000;
+  auto e = MakeEngine(Options(2048, 8192, 0, method, 3));
+  for (int i = 0; i < kDraws; ++i) {
+    EngineRequest q;
+    q.id = std::to_string(i);
+    q.prompt_token_ids = prompt;
+    q.params.temperature = temperature;
+    q.params.ignore_eos = true;
+    q.params.max_tokens = 4;
+    q.params.seed = 1000 + i;
+    ASSERT_TRUE(e->AddRequest(q).ok());
+  }
+  const Run got = RunAll(e.get());
+  std::vector<double> counts(vocab, 0.0);
+  for (const auto& [id, t] : got.tokens) {
+    ASSERT_EQ(t.size(), 4u);
+    counts[t[1]] += 1.0 / kDraws;
+  }
+  // Pearson's chi-square over the tokens expected at least 5 times, the rest pooled in one bin,
+  // against the 0.1% critical value (Wilson-Hilferty).
+  double chi2 = 0, rest_observed = 0, rest_expected = 0;
+  int bins = 0;
+  for (int64_t t = 0; t < vocab; ++t) {
+    const double expected = p2[t] * kDraws, observed = counts[t] * kDraws;
+    if (expected >= 5) {
+      chi2 += (observed - expected) * (observed - expected) / expected;
+      ++bins;
+    } else {
+      rest_observed += observed;
+      rest_expected += expected;
+    }
+  }
+  if (rest_expected > 0) {
+    chi2 += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
+    ++bins;
+  }
+  const double df = bins - 1, z = 3.09;
+  const double critical = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
+  const EngineStats s = e->stats();
+  std::printf("chi-square %.1f over %d bins (0.1%% critical %.1f); %lld of %lld proposals kept\n",
+              chi2, bins, critical, static_cast<long long>(s.speculation.counts.accepted),
+              static_cast<long long>(s.speculation.counts.proposed));
+  EXPECT_GT(s.speculation.counts.accepted, 50) << "proposals should be kept";
+  EXPECT_GT(s.speculation.counts.proposed - s.speculation.counts.accepted, 10) << "and refused";
+  EXPECT_LT(chi2, critical) << "the second token is not distributed as the target's";
+  // Seeded: the same draws again give the same tokens.
+  auto again = MakeEngine(Options(2048, 8192, 0, method, 3));
+  for (int i = 0; i < 50; ++i) {
+    EngineRequest q;
+    q.id = std::to_string(i);
+    q.prompt_token_ids = prompt;
+    q.params.temperature = temperature;
+    q.params.ignore_eos = true;
+    q.params.max_tokens = 4;
+    q.params.seed = 1000 + i;
+    ASSERT_TRUE(again->AddRequest(q).ok());
+  }
+  const Run repeated = RunAll(again.get());
+  for (const auto& [id, t] : repeated.tokens) EXPECT_EQ(t, got.tokens.at(id)) << id;
+}
+
 TEST_P(SpeculationTest, SampledOutputIsDistributedAsTheTargets) {
   // The prompt: a seed and its greedy continuation, which a sampled continuation at a low
   // temperature often repeats, so n-gram proposals are both kept and refused.
@@ -299,66 +402,10 @@ TEST_P(SpeculationTest, SampledOutputIsDistributedAsTheTargets) {
     for (int64_t t = 0; t < vocab; ++t) p2[t] += p1[std::stoi(id)] * cond[t];
   }
 
-  // Seeded draws with speculation.
-  constexpr int kDraws = 3000;
-  auto e = MakeEngine(Options(2048, 8192, 0, SpeculationMethod::kNgram, 3));
-  for (int i = 0; i < kDraws; ++i) {
-    EngineRequest q;
-    q.id = std::to_string(i);
-    q.prompt_token_ids = prompt;
-    q.params.temperature = kTemperature;
-    q.params.ignore_eos = true;
-    q.params.max_tokens = 4;
-    q.params.seed = 1000 + i;
-    ASSERT_TRUE(e->AddRequest(q).ok());
+  for (SpeculationMethod method : {SpeculationMethod::kNgram, SpeculationMethod::kDraft}) {
+    SCOPED_TRACE(std::string(SpeculationMethodName(method)));
+    ExpectDistributedAsTarget(method, prompt, kTemperature, p2);
   }
-  const Run got = RunAll(e.get());
-  std::vector<double> counts(vocab, 0.0);
-  for (const auto& [id, t] : got.tokens) {
-    ASSERT_EQ(t.size(), 4u);
-    counts[t[1]] += 1.0 / kDraws;
-  }
-  // Pearson's chi-square over the tokens expected at least 5 times, the rest pooled in one bin,
-  // against the 0.1% critical value (Wilson-Hilferty).
-  double chi2 = 0, rest_observed = 0, rest_expected = 0;
-  int bins = 0;
-  for (int64_t t = 0; t < vocab; ++t) {
-    const double expected = p2[t] * kDraws, observed = counts[t] * kDraws;
-    if (expected >= 5) {
-      chi2 += (observed - expected) * (observed - expected) / expected;
-      ++bins;
-    } else {
-      rest_observed += observed;
-      rest_expected += expected;
-    }
-  }
-  if (rest_expected > 0) {
-    chi2 += (rest_observed - rest_expected) * (rest_observed - rest_expected) / rest_expected;
-    ++bins;
-  }
-  const double df = bins - 1, z = 3.09;
-  const double critical = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
-  const EngineStats s = e->stats();
-  std::printf("chi-square %.1f over %d bins (0.1%% critical %.1f); %lld of %lld proposals kept\n",
-              chi2, bins, critical, static_cast<long long>(s.speculation.counts.accepted),
-              static_cast<long long>(s.speculation.counts.proposed));
-  EXPECT_GT(s.speculation.counts.accepted, 100) << "proposals should be kept";
-  EXPECT_GT(s.speculation.counts.proposed - s.speculation.counts.accepted, 30) << "and refused";
-  EXPECT_LT(chi2, critical) << "the second token is not distributed as the target's";
-  // Seeded: the same draws again give the same tokens.
-  auto again = MakeEngine(Options(2048, 8192, 0, SpeculationMethod::kNgram, 3));
-  for (int i = 0; i < 50; ++i) {
-    EngineRequest q;
-    q.id = std::to_string(i);
-    q.prompt_token_ids = prompt;
-    q.params.temperature = kTemperature;
-    q.params.ignore_eos = true;
-    q.params.max_tokens = 4;
-    q.params.seed = 1000 + i;
-    ASSERT_TRUE(again->AddRequest(q).ok());
-  }
-  const Run repeated = RunAll(again.get());
-  for (const auto& [id, t] : repeated.tokens) EXPECT_EQ(t, got.tokens.at(id)) << id;
 }
 
 TEST_P(SpeculationTest, BadSpeculationIsRefused) {
@@ -386,7 +433,19 @@ TEST_P(SpeculationTest, BadSpeculationIsRefused) {
   o.speculation.ngram_max = 2;
   EXPECT_EQ(Engine::Create(model_.get(), o).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(64, 64, 0, SpeculationMethod::kDraft, 4);
+  o.speculation.draft = nullptr;
   EXPECT_EQ(Engine::Create(model_.get(), o).status().code(), absl::StatusCode::kInvalidArgument);
+  // A draft whose vocabulary differs from the target's.
+  RandomModelOptions other;
+  other.config = FindModelPreset(GetParam()).value().config;
+  other.config.vocab_size += 8;
+  other.out_dir = ::testing::TempDir() + "/tandem_other_vocab_" + GetParam();
+  ASSERT_TRUE(WriteRandomModel(other).ok());
+  auto wrong = LlamaModel::Load(other.out_dir, backend_.get()).value();
+  o = Options(64, 64, 0, SpeculationMethod::kDraft, 4, wrong.get());
+  const absl::Status refused = Engine::Create(model_.get(), o).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("vocabulary"), std::string::npos) << refused;
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, SpeculationTest, testing_util::TinyPresets(),
