@@ -46,7 +46,10 @@ int32_t SpeculationPolicy::Budget(SequenceSpeculation* seq, int32_t wanted,
 
 void SpeculationPolicy::Record(SequenceSpeculation* seq, int32_t proposed, int32_t accepted) {
   if (proposed <= 0) return;
-  const double share = static_cast<double>(accepted) / proposed;
+  // Each proposed token is a trial kept with probability a, until the first refusal: `accepted`
+  // successes in accepted + 1 trials, or in `accepted` when none was refused.
+  const int32_t trials = accepted + (accepted < proposed ? 1 : 0);
+  const double share = static_cast<double>(accepted) / trials;
   seq->acceptance = (1.0 - kAverageWeight) * seq->acceptance + kAverageWeight * share;
 }
 

@@ -30,7 +30,7 @@ struct SpeculationOptions {
   // Adaptive: the rows (tokens) of decoding sequences one step may hold before proposals stop
   // growing it: while a step stays near the cost of reading the weights once, proposals are almost
   // free; past it they cost throughput (--speculative-step-rows).
-  int32_t step_rows = 16;
+  int32_t step_rows = 6;
   // The draft model (--speculative-model), loaded by the caller on the target's backend; it must
   // outlive the engine. Its KV cache shares the pool's blocks (common/spec/draft_proposer.h).
   LlamaModel* draft = nullptr;
@@ -57,7 +57,8 @@ struct SequenceSpeculation {
   SpeculationMethod method = SpeculationMethod::kOff;
   int32_t k = 0;  // the most tokens it proposes per step
   SpeculationCounts counts;
-  // Moving average of the share of proposed tokens kept, per verification.
+  // Moving average of the rate at which a proposed token is kept (given the ones before it were),
+  // per verification: kept / (kept + 1 if one was refused).
   double acceptance = 0.8;
   int32_t paused_steps = 0;  // steps left without proposing (kOffAcceptance)
   bool probe = false;        // the pause just ended: the next step proposes one token
@@ -89,7 +90,7 @@ struct SpeculationStats {
 //    kept only costs); below kMinGain it pauses kPauseSteps steps, then proposes one to probe.
 class SpeculationPolicy {
  public:
-  static constexpr double kMinGain = 0.25;
+  static constexpr double kMinGain = 0.15;
   static constexpr int32_t kPauseSteps = 8;
   static constexpr double kAverageWeight = 0.3;  // of the newest verification in `acceptance`
 

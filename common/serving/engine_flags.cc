@@ -66,9 +66,10 @@ ABSL_FLAG(bool, speculative_adaptive, true,
           "--speculative-step-rows rows, and fewer (or none, for a few steps) for a sequence whose "
           "proposals are rarely kept; false: always k");
 ABSL_FLAG(
-    int32_t, speculative_step_rows, 16,
+    int32_t, speculative_step_rows, 0,
     "engine, --speculative-adaptive: rows (tokens) of decoding sequences a step may hold with "
-    "proposals added; past it speculation costs throughput");
+    "proposals added; past it speculation costs throughput (0 = by device: 6 on the CPU, whose "
+    "steps turn compute-bound within a few rows, 64 on a GPU)");
 // The CUDA backend's tunings (common/backend/cuda_tunings.h); TANDEM_CUDA_* variables override
 // them.
 ABSL_FLAG(bool, cuda_fusion, true,
@@ -176,6 +177,7 @@ absl::StatusOr<EngineOptions> EngineOptionsFromFlags() {
   so.ngram_max = absl::GetFlag(FLAGS_ngram_max);
   so.adaptive = absl::GetFlag(FLAGS_speculative_adaptive);
   so.step_rows = absl::GetFlag(FLAGS_speculative_step_rows);
+  if (so.step_rows == 0) so.step_rows = absl::StartsWith(DeviceFromFlags(), "cuda") ? 64 : 6;
   return o;
 }
 

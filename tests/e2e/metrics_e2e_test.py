@@ -61,7 +61,7 @@ ready = os.path.join(WORK, "ready")
 env = dict(os.environ, TANDEM_NUM_THREADS="1")
 up = subprocess.Popen([TANDEM, "up", "--model", model, "--port", str(port), "--metrics-port", str(metrics_port),
                        "--prometheus-targets", os.path.join(WORK, "targets", "tandem.json"), "--ready-file", ready,
-                       "--log-dir", os.path.join(WORK, "logs")],
+                       "--log-dir", os.path.join(WORK, "logs"), "--speculative-method", "ngram"],
                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 prom = None
 try:
@@ -149,6 +149,17 @@ try:
     check(by_step.get(("prefill", "prompt"), 0) > 0 and by_step.get(("prefill", "decode"), -1) == 0 and
           by_step.get(("decode", "decode"), 0) > 0 and by_step.get(("decode", "prompt"), -1) == 0,
           f"forward seconds by role and step: {by_step}, expected prefill workers all prompt, decode workers all decode")
+
+    # The decode worker speculates (n-gram): its counters count, per position too, and its policy's
+    # decisions; kept <= proposed everywhere.
+    proposed = sum(total('sum(tandem_spec_decode_draft_tokens_total{role="decode"})').values())
+    kept = sum(total('sum(tandem_spec_decode_accepted_tokens_total{role="decode"})').values())
+    at_first = sum(total('sum(tandem_spec_decode_draft_tokens_at_position_total{position="1"})').values())
+    decisions = sum(total('sum(tandem_spec_decode_decisions_total)').values())
+    steps = sum(total('sum(tandem_spec_decode_verify_steps_total)').values())
+    check(proposed > 0 and 0 <= kept <= proposed and at_first == steps > 0 and decisions >= steps,
+          f"speculation counters: proposed {proposed}, kept {kept}, proposed at position 1 {at_first}, "
+          f"verification steps {steps}, decisions {decisions}")
 
     dashboard = json.load(open(os.path.join(SRC, "deploy", "grafana", "dashboards", "tandem.json")))
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
