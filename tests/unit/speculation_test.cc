@@ -293,18 +293,22 @@ void SpeculationTest::ExpectDistributedAsTarget(SpeculationMethod method,
                                                 float temperature, const std::vector<double>& p2) {
   const int64_t vocab = model_->config().vocab_size;
   constexpr int kDraws = 2000;
+  // `n` seeded requests of 4 tokens, seeds 1000 onwards, run to the end.
+  auto draws = [&](Engine* engine, int n) {
+    for (int i = 0; i < n; ++i) {
+      EngineRequest q;
+      q.id = std::to_string(i);
+      q.prompt_token_ids = prompt;
+      q.params.temperature = temperature;
+      q.params.ignore_eos = true;
+      q.params.max_tokens = 4;
+      q.params.seed = 1000 + i;
+      EXPECT_TRUE(engine->AddRequest(q).ok());
+    }
+    return RunAll(engine);
+  };
   auto e = MakeEngine(Options(2048, 8192, 0, method, 3));
-  for (int i = 0; i < kDraws; ++i) {
-    EngineRequest q;
-    q.id = std::to_string(i);
-    q.prompt_token_ids = prompt;
-    q.params.temperature = temperature;
-    q.params.ignore_eos = true;
-    q.params.max_tokens = 4;
-    q.params.seed = 1000 + i;
-    ASSERT_TRUE(e->AddRequest(q).ok());
-  }
-  const Run got = RunAll(e.get());
+  const Run got = draws(e.get(), kDraws);
   std::vector<double> counts(vocab, 0.0);
   for (const auto& [id, t] : got.tokens) {
     ASSERT_EQ(t.size(), 4u);
@@ -339,17 +343,7 @@ void SpeculationTest::ExpectDistributedAsTarget(SpeculationMethod method,
   EXPECT_LT(chi2, critical) << "the second token is not distributed as the target's";
   // Seeded: the same draws again give the same tokens.
   auto again = MakeEngine(Options(2048, 8192, 0, method, 3));
-  for (int i = 0; i < 50; ++i) {
-    EngineRequest q;
-    q.id = std::to_string(i);
-    q.prompt_token_ids = prompt;
-    q.params.temperature = temperature;
-    q.params.ignore_eos = true;
-    q.params.max_tokens = 4;
-    q.params.seed = 1000 + i;
-    ASSERT_TRUE(again->AddRequest(q).ok());
-  }
-  const Run repeated = RunAll(again.get());
+  const Run repeated = draws(again.get(), 50);
   for (const auto& [id, t] : repeated.tokens) EXPECT_EQ(t, got.tokens.at(id)) << id;
 }
 
