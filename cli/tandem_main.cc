@@ -43,7 +43,9 @@ Commands:
                [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--stop S1,S2] [--min-tokens N] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
                [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16]
-               [engine flags]
+               [--speculative-method off|ngram|draft] [--speculative-model DIR]
+               [--num-speculative-tokens K] [--ngram-min N --ngram-max M]
+               [--speculative-adaptive=true|false] [engine flags]
                --server HOST:PORT streams from a Tandem router instead (no --model needed), with
                [--timeout-s T] [--priority P] besides the flags above.
   tokenize     Encode text with the model's tokenizer.json; prints the ids.

@@ -22,7 +22,8 @@
 #          among kv, forward, profile, throughput, budget (Tandem's throughput with 8192-token steps and
 #          2048-token prompt chunks), sampled (Tandem's throughput at temperature 0.8,
 #          top-p 0.95), disagg and mixed (disaggregated vs combined on long and short prompts,
-#          tests/bench/disagg_vs_combined.py), DECODE_BATCHES the forward batches.
+#          tests/bench/disagg_vs_combined.py) and spec (speculative decoding, spec_bench on a padded
+#          kjv-target with kjv-draft), DECODE_BATCHES the forward batches.
 #   llama  (not in the default STAGES) takes llama.cpp's llama-server built for sm_90 on the build
 #          machine (.gpu_bundle/llama-server.tar.xz, scripts/llama_cpp_server.sh), or else builds it here
 #          from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh; about 6 minutes), converts
@@ -99,7 +100,7 @@ bench_runs() {
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
-step() { [[ " ${BENCH_STEPS:-kv forward profile throughput budget sampled disagg mixed} " == *" $1 "* ]]; }
+step() { [[ " ${BENCH_STEPS:-kv forward profile throughput budget sampled disagg mixed spec} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
@@ -202,6 +203,15 @@ if stage bench; then
 ! step kv || NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 lim 180 "$W/kv_transfer_bench" --device cuda --presets llama-3-8b \
   --tokens 4096 --iterations 3 --kv-dtype bf16 --transports nccl 2>&1 | sed 's/^/NCCL 4x4 sockets: /' |
   tee -a "$OUT/kv_transfer.txt" || status=1
+# Speculative decoding (issue 29): kjv-target padded to 1.6 GB (same function, a real model's
+# weight reads) with kjv-draft, off / n-gram / draft / adaptive side by side.
+if step spec; then
+  pad=/tmp/tandem-models/kjv-pad
+  [[ -f $pad/config.json ]] || lim 300 "$W/tandem" make-model --pad-from models/kjv-target --intermediate-size 65536 \
+    --extra-layers 10 --out "$pad" > "$OUT/spec.txt" 2>&1 || status=1
+  lim 600 "$W/spec_bench" --device cuda --model "$pad" --draft models/kjv-draft --k 4 --output-len 128 \
+    --concurrency 1,8,32,64 2>&1 | grep -v "^[IW] " | tee -a "$OUT/spec.txt" || status=1
+fi
 for p in "${presets[@]}"; do
   dir=/tmp/tandem-models/$p
   make_model "$p" "$dir" || status=1

@@ -37,6 +37,10 @@ if [[ -n $emu_plugin ]]; then
     --iterations 1 --kv-dtype bf16 > "$out/kv_transfer_cuda.txt" 2>&1 ||
     fail "kv_transfer_bench --device cuda on the emulator ($(tail -3 "$out/kv_transfer_cuda.txt"))"
 fi
+# gpu_check.sh's spec step: spec_bench (beside kv_transfer_bench) with every configuration, tiny.
+"$(dirname "$kvb")/spec_bench" --model "$model" --draft "$src/models/kjv-draft" --prompts 1 --output-len 8 \
+  --concurrency 2 --concurrency-output-len 4 > "$out/spec.txt" 2>&1 || fail "spec_bench ($(tail -3 "$out/spec.txt"))"
+grep -q "draft adaptive" "$out/spec.txt" || fail "spec_bench: no draft rows ($(tail -3 "$out/spec.txt"))"
 python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
 python3 - "$out" <<'PY'
 import json, sys

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -252,6 +253,7 @@ int Main() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
+  setenv("TANDEM_LOG_LEVEL", "warning", 0);  // the engines' set-up lines would split the tables
   tandem::ParseCommandLine(argc, argv);
   return tandem::Main();
 }
