@@ -206,6 +206,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
     ASSIGN_OR_RETURN(e->draft_, DraftModelProposer::Create(
                                     draft, {num_blocks, options.block_size, options.kv_cache_dtype,
                                             std::max<int64_t>(1, sc.max_num_batched_tokens)}));
+    if (draft->config().max_position_embeddings < sc.max_model_len) {
+      TANDEM_LOG(WARNING) << "the draft model's context ("
+                          << draft->config().max_position_embeddings
+                          << " tokens) is shorter than max_model_len " << sc.max_model_len
+                          << ": sequences past it decode without proposals";
+    }
   }
   absl::StatusOr<std::unique_ptr<NgramProposer>> ngram =
       NgramProposer::Create({so.ngram_min, so.ngram_max});
@@ -712,9 +718,14 @@ void Engine::PrepareSpeculation() {
     SequenceState& seq = sequences_.at(r->id);
     if (seq.spec.method == SpeculationMethod::kOff) continue;
     // Never past max_tokens or the context: the target adds a token after the kept ones.
-    const int64_t wanted =
+    int64_t wanted =
         std::min<int64_t>({seq.spec.k, seq.params.max_tokens - r->num_output_tokens() - 1,
                            options_.scheduler.max_model_len - r->num_tokens() - 1});
+    // Nor past the draft's own context: it reads the proposed tokens but the last.
+    if (seq.spec.method == SpeculationMethod::kDraft && draft_ != nullptr) {
+      wanted = std::min<int64_t>(
+          wanted, draft_->model().config().max_position_embeddings - r->num_tokens());
+    }
     if (wanted <= 0) continue;
     SpecDecision decision;
     r->spec_budget = spec_policy_->Budget(&seq.spec, static_cast<int32_t>(wanted), &decision);
@@ -766,10 +777,16 @@ absl::Status Engine::Propose(SchedulerStep* step) {
     ShrinkToProposal(step, &ch, std::move(tokens));
   }
   if (draft_requests.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(draft_->Propose(draft_requests, &proposals));
+  if (absl::Status s = draft_->Propose(draft_requests, &proposals); !s.ok()) {
+    // The draft failed (out of device memory, say): this step decodes without proposals, and the
+    // draft starts these sequences over; the target's work goes on.
+    TANDEM_LOG(WARNING) << "draft model proposal failed, decoding without it this step: " << s;
+    proposals.assign(draft_requests.size(), Proposal{});
+  }
   for (size_t i = 0; i < draft_chunks.size(); ++i) {
     SequenceState& seq = sequences_.at(draft_chunks[i]->request->id);
     seq.spec.draft_probs = std::move(proposals[i].probs);
+    seq.spec.draft_computed = proposals[i].draft_computed;
     ShrinkToProposal(step, draft_chunks[i], std::move(proposals[i].tokens));
   }
   return absl::OkStatus();
@@ -852,7 +869,9 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
   // The draft holds KV for the sequence's tokens and the proposed ones it read (all but the last):
   // the kept ones stay valid.
   if (seq.spec.method == SpeculationMethod::kDraft) {
-    seq.spec.draft_computed = r.num_tokens() + std::min<int64_t>(*accepted, num_proposed - 1);
+    seq.spec.draft_computed =
+        std::min<int64_t>(seq.spec.draft_computed, r.num_tokens() + *accepted);
+    seq.spec.draft_probs.clear();
   }
   seq.spec.counts.proposed += num_proposed;
   seq.spec.counts.accepted += *accepted;

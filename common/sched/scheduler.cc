@@ -109,22 +109,10 @@ SchedulerStep Scheduler::Schedule() {
   std::vector<SchedRequest*> scheduled_running;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     SchedRequest* r = running_[i];
-    int64_t n = chunk_of(r, r->num_computed_tokens);
+    const int64_t n = chunk_of(r, r->num_computed_tokens);
     if (n <= 0) {
       ++i;
       continue;
-    }
-    // A decoding request that speculates: room for its proposals too, when the budget, the
-    // context and the pool have it (speculation never preempts anyone).
-    int64_t slots = 0;
-    if (r->spec_budget > 0 && n == 1 && r->num_computed_tokens == r->num_tokens() - 1) {
-      slots = std::min<int64_t>({r->spec_budget, budget - 1,
-                                 config_.max_model_len - r->num_tokens() - 1,
-                                 config_.max_prefill_chunk > 0 ? config_.max_prefill_chunk - 1
-                                                               : int64_t{r->spec_budget}});
-      if (slots > 0 && !kv_->Allocate(r->id, r->num_computed_tokens + n + slots)) slots = 0;
-      slots = std::max<int64_t>(0, slots);
-      n += slots;
     }
     bool ok = kv_->Allocate(r->id, r->num_computed_tokens + n);
     while (!ok) {
@@ -137,11 +125,28 @@ SchedulerStep Scheduler::Schedule() {
       ok = kv_->Allocate(r->id, r->num_computed_tokens + n);
     }
     if (!ok) break;  // r itself was preempted: nothing after it can run either
-    step.chunks.push_back(
-        {r, n, slots > 0 || r->num_computed_tokens + n == r->num_tokens(), slots});
+    step.chunks.push_back({r, n, r->num_computed_tokens + n == r->num_tokens()});
     step.num_tokens += n;
     budget -= n;
     ++i;
+  }
+
+  // 1b. Room for speculating decoders' proposals, from what the running requests left of the
+  // budget and the pool: proposals never preempt anyone nor push anyone's token out of a step.
+  for (ScheduledChunk& ch : step.chunks) {
+    SchedRequest* r = ch.request;
+    if (budget <= 0) break;
+    if (r->spec_budget <= 0 || ch.num_new_tokens != 1 ||
+        r->num_computed_tokens != r->num_tokens() - 1)
+      continue;
+    const int64_t slots = std::min<int64_t>(
+        {r->spec_budget, budget, config_.max_model_len - r->num_tokens() - 1,
+         config_.max_prefill_chunk > 0 ? config_.max_prefill_chunk - 1 : int64_t{r->spec_budget}});
+    if (slots <= 0 || !kv_->Allocate(r->id, r->num_computed_tokens + 1 + slots)) continue;
+    ch.num_new_tokens += slots;
+    ch.num_draft_tokens = slots;
+    step.num_tokens += slots;
+    budget -= slots;
   }
 
   // 2. Waiting requests, oldest (or preempted) first, unless this step had to preempt.

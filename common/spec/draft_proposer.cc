@@ -11,10 +11,10 @@ namespace tandem {
 absl::StatusOr<std::unique_ptr<DraftModelProposer>> DraftModelProposer::Create(
     LlamaModel* draft, const Options& options) {
   if (draft == nullptr) return absl::InvalidArgumentError("no draft model");
-  if (options.num_blocks < 1 || options.block_size < 1 || options.max_catch_up_chunk < 1) {
+  if (options.num_blocks < 1 || options.block_size < 1 || options.max_catch_up_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("draft KV cache of ", options.num_blocks, " blocks of ", options.block_size,
-                     " tokens, catch-up chunks of ", options.max_catch_up_chunk));
+                     " tokens, catch-up budget of ", options.max_catch_up_tokens));
   }
   std::unique_ptr<DraftModelProposer> p(new DraftModelProposer(draft, options));
   ASSIGN_OR_RETURN(
@@ -52,13 +52,19 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposalRequest> reque
   }
   proposals->resize(requests.size());
   // Each sequence's tokens are its request's then its proposal's; the draft holds KV for the first
-  // `computed`. A round computes, for every sequence still proposing, the next chunk of what it
-  // lacks; a sequence whose chunk reaches its last token gets that token's logits, and so its next
-  // proposed token.
+  // `computed`. The first round computes what each sequence lacks, as far as the call's catch-up
+  // budget goes (a sequence that does not get all of it proposes nothing this time); each later
+  // round computes the latest proposed token of every sequence still proposing. A sequence whose
+  // round reaches its last token gets that token's logits, and so its next proposed token.
   std::vector<int64_t> computed(requests.size());
+  std::vector<bool> proposing(requests.size());
+  int64_t catch_up_left = options_.max_catch_up_tokens;
   for (size_t i = 0; i < requests.size(); ++i) {
     computed[i] = std::min<int64_t>(requests[i].draft_computed,
                                     static_cast<int64_t>(requests[i].tokens.size()) - 1);
+    const int64_t need = static_cast<int64_t>(requests[i].tokens.size()) - computed[i];
+    proposing[i] = need <= std::max<int64_t>(catch_up_left, 1);
+    catch_up_left -= need;
   }
   auto known = [&](size_t i) {
     return static_cast<int64_t>(requests[i].tokens.size() + (*proposals)[i].tokens.size());
@@ -69,18 +75,23 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposalRequest> reque
   };
   std::vector<float> logits;
   std::vector<int32_t> argmax;
-  while (true) {
+  catch_up_left = options_.max_catch_up_tokens;
+  for (bool first = true;; first = false) {
     ForwardInput in;
     std::vector<size_t> row_seq;  // per logits row: its sequence
     for (size_t i = 0; i < requests.size(); ++i) {
       const ProposalRequest& r = requests[i];
-      if (static_cast<int32_t>((*proposals)[i].tokens.size()) >= r.k) continue;
-      const int64_t end = std::min(known(i), computed[i] + options_.max_catch_up_chunk);
+      if (!first && (!proposing[i] || static_cast<int32_t>((*proposals)[i].tokens.size()) >= r.k))
+        continue;
+      int64_t end = known(i);
+      if (!proposing[i]) end = std::min(end, computed[i] + std::max<int64_t>(0, catch_up_left));
+      if (end <= computed[i]) continue;
+      if (first) catch_up_left -= end - computed[i];
       const int64_t row0 = static_cast<int64_t>(in.token_ids.size());
       for (int64_t p = computed[i]; p < end; ++p) in.token_ids.push_back(token_at(i, p));
       in.seqs.push_back({end - computed[i], computed[i],
                          std::vector<int32_t>(r.block_table.begin(), r.block_table.end())});
-      if (end == known(i)) {
+      if (proposing[i]) {
         in.logits_rows.push_back(static_cast<int32_t>(row0 + (end - computed[i]) - 1));
         in.argmax_only.push_back(r.sampler == nullptr ? 1 : 0);
         row_seq.push_back(i);
@@ -111,6 +122,7 @@ absl::Status DraftModelProposer::Propose(absl::Span<const ProposalRequest> reque
       out.tokens.push_back(token);
     }
   }
+  for (size_t i = 0; i < requests.size(); ++i) (*proposals)[i].draft_computed = computed[i];
   return absl::OkStatus();
 }
 

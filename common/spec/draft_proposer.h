@@ -27,8 +27,10 @@ class DraftModelProposer final : public Proposer {
     int64_t num_blocks = 0;  // the target's pool: blocks, and tokens per block
     int64_t block_size = 16;
     std::optional<DType> kv_cache_dtype;  // as the target's --kv-cache-dtype
-    // Most tokens of one sequence the draft computes in one forward pass while catching up.
-    int64_t max_catch_up_chunk = 512;
+    // Most tokens one Propose call computes while catching up, all sequences together (the step
+    // budget): a sequence that cannot catch up within it proposes nothing this time, and goes on
+    // from its progress (Proposal::draft_computed) the next.
+    int64_t max_catch_up_tokens = 512;
   };
   // `draft` must outlive the proposer and share the target's vocabulary (the caller checks the
   // tokenizer). Allocates the draft's KV cache on its backend.
@@ -40,8 +42,8 @@ class DraftModelProposer final : public Proposer {
 
   SpeculationMethod method() const override { return SpeculationMethod::kDraft; }
   // Every request needs its block table; the draft catches up to requests[i].tokens and proposes
-  // exactly requests[i].k tokens, drawn by requests[i].sampler (with their distributions) or its
-  // argmax.
+  // requests[i].k tokens, drawn by requests[i].sampler (with their distributions) or its argmax;
+  // none for a sequence whose catch-up does not fit the call's budget (see Options).
   absl::Status Propose(absl::Span<const ProposalRequest> requests,
                        std::vector<Proposal>* proposals) override;
 

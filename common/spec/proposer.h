@@ -49,6 +49,10 @@ struct Proposal {
   // verification (common/spec/verify.h); empty when the tokens were chosen without one (argmax,
   // n-gram), which verification treats as all the mass on the token.
   std::vector<float> probs;
+  // A draft model's: tokens of the sequence (the request's, then the proposed ones) whose KV the
+  // draft holds now. With no tokens proposed (the catch-up did not finish within the call's
+  // budget) it still records the progress.
+  int64_t draft_computed = 0;
 };
 
 class Proposer {

@@ -21,7 +21,7 @@ class DraftProposerTest : public ::testing::TestWithParam<std::string> {
     backend_ = CpuBackend::Create({}).value();
     draft_ = LlamaModel::Load(testing_util::TinyModel(GetParam(), 5), backend_.get()).value();
     proposer_ =
-        DraftModelProposer::Create(draft_.get(), {kBlocks, kBlockSize, DType::kF32, 7}).value();
+        DraftModelProposer::Create(draft_.get(), {kBlocks, kBlockSize, DType::kF32, 64}).value();
     table_.resize(kBlocks);
     std::iota(table_.begin(), table_.end(), 0);
   }
@@ -51,7 +51,9 @@ class DraftProposerTest : public ::testing::TestWithParam<std::string> {
 
   std::vector<int32_t> Propose(const std::vector<int32_t>& tokens, int32_t k, int64_t computed,
                                SequenceSampler* sampler = nullptr,
-                               std::vector<float>* probs = nullptr) {
+                               std::vector<float>* probs = nullptr,
+                               DraftModelProposer* proposer = nullptr,
+                               int64_t* draft_computed = nullptr) {
     ProposalRequest r;
     r.seq_id = 1;
     r.tokens = tokens;
@@ -60,10 +62,11 @@ class DraftProposerTest : public ::testing::TestWithParam<std::string> {
     r.draft_computed = computed;
     r.sampler = sampler;
     std::vector<Proposal> out;
-    const absl::Status s = proposer_->Propose({r}, &out);
+    const absl::Status s = (proposer ? proposer : proposer_.get())->Propose({r}, &out);
     EXPECT_TRUE(s.ok()) << s;
     if (!s.ok() || out.size() != 1) return {};
     if (probs != nullptr) *probs = out[0].probs;
+    if (draft_computed != nullptr) *draft_computed = out[0].draft_computed;
     return out[0].tokens;
   }
 
@@ -95,6 +98,26 @@ TEST_P(DraftProposerTest, GreedyProposalsAreTheDraftsOwnContinuation) {
   EXPECT_EQ(Propose(seq, 3, kept), Greedy(seq, 3));
   // The caller's count may lag (a step without proposals): the draft catches up.
   EXPECT_EQ(Propose(seq, 3, 10), Greedy(seq, 3));
+}
+
+TEST_P(DraftProposerTest, CatchUpBeyondTheBudgetGoesOnOverSeveralCalls) {
+  // 7 tokens a call: a 29-token prompt takes four calls of catch-up without proposals (each
+  // reporting its progress), then the fifth proposes the draft's own continuation.
+  auto small =
+      DraftModelProposer::Create(draft_.get(), {kBlocks, kBlockSize, DType::kF32, 7}).value();
+  std::mt19937 rng(8);
+  std::vector<int32_t> prompt(29);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % draft_->config().vocab_size);
+  int64_t held = 0;
+  for (int call = 0; call < 4; ++call) {
+    int64_t progress = -1;
+    EXPECT_TRUE(Propose(prompt, 3, held, nullptr, nullptr, small.get(), &progress).empty());
+    EXPECT_EQ(progress, held + 7) << call;
+    held = progress;
+  }
+  int64_t progress = -1;
+  EXPECT_EQ(Propose(prompt, 3, held, nullptr, nullptr, small.get(), &progress), Greedy(prompt, 3));
+  EXPECT_EQ(progress, static_cast<int64_t>(prompt.size()) + 2) << "all but the last proposed";
 }
 
 TEST_P(DraftProposerTest, SampledProposalsComeWithTheirDistributions) {

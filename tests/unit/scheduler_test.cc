@@ -207,3 +207,43 @@ TEST(SchedulerTest, RandomAddsAbortsAndFinishesReturnThePoolToBaseline) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Room for speculative proposals comes from what every running request's own token left: it
+// never preempts anyone, never pushes a later request's token out of the step, and rolls back.
+TEST(SchedulerSpeculationTest, ProposalsTakeOnlyWhatIsLeftAndRollBack) {
+  SchedulerConfig c;
+  c.max_num_batched_tokens = 6;
+  Fixture f(5, c);  // 20 tokens of KV
+  auto a = Req("a", 0, 3);
+  a->max_tokens = 12;
+  auto b = Req("b", 100, 3);
+  b->max_tokens = 4;
+  ASSERT_TRUE(f.sched->AddRequest(std::move(a)).ok());
+  ASSERT_TRUE(f.sched->AddRequest(std::move(b)).ok());
+  f.Step();  // both prompts, each samples its first token
+  SchedRequest* ra = f.sched->Find("a");
+  ra->spec_budget = 8;  // wants more than the budget and the pool have
+  SchedulerStep s = f.sched->Schedule();
+  ASSERT_EQ(s.chunks.size(), 2u);
+  EXPECT_TRUE(s.preempted.empty());
+  EXPECT_EQ(s.chunks[1].request->id, "b");
+  EXPECT_EQ(s.chunks[1].num_new_tokens, 1) << "b's token comes first";
+  // a: its token and 4 proposal slots (6 tokens of budget, one is b's).
+  EXPECT_EQ(s.chunks[0].num_new_tokens, 5);
+  EXPECT_EQ(s.chunks[0].num_draft_tokens, 4);
+  EXPECT_EQ(f.kv->BlockTable("a").size(), 2u);  // 4 tokens + 4 proposals
+  // Two of the proposals kept, then the sampled token: the rest roll back.
+  ra->draft_tokens = {7, 8, 9, 10};
+  f.sched->Update(s, {42, 43}, {2, 0});
+  EXPECT_EQ(ra->num_computed_tokens, 6);
+  EXPECT_THAT(ra->token_ids, ElementsAre(0, 1, 2, 1000, 7, 8, 42));
+  EXPECT_TRUE(ra->draft_tokens.empty());
+  EXPECT_EQ(f.kv->BlockTable("a").size(), 2u);  // 7 tokens
+  EXPECT_EQ(f.sched->Find("b")->num_tokens(), 5);
+}
+
+}  // namespace
+}  // namespace tandem
