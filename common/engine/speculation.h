@@ -92,7 +92,7 @@ class SpeculationPolicy {
  public:
   static constexpr double kMinGain = 0.15;
   static constexpr int32_t kPauseSteps = 8;
-  static constexpr double kAverageWeight = 0.3;  // of the newest verification in `acceptance`
+  static constexpr double kAverageWeight = 0.15;  // of the newest verification in `acceptance`
 
   explicit SpeculationPolicy(const SpeculationOptions& options) : options_(options) {}
 

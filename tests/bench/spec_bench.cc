@@ -28,7 +28,7 @@ ABSL_FLAG(int32_t, k, 4, "proposed tokens per step (--num-speculative-tokens)");
 ABSL_FLAG(int32_t, output_len, 128, "batch 1: tokens generated per prompt");
 ABSL_FLAG(int32_t, prompts, 4, "batch 1: KJV prompts, one after another");
 ABSL_FLAG(std::string, concurrency, "1,8,32,64", "throughput levels (empty: skip part 2)");
-ABSL_FLAG(int32_t, concurrency_output_len, 64, "throughput: tokens generated per request");
+ABSL_FLAG(int32_t, concurrency_output_len, 128, "throughput: tokens generated per request");
 
 namespace tandem {
 namespace {

@@ -469,7 +469,7 @@ TEST(SpeculationPolicyTest, RowsAndAcceptanceDecideTheBudget) {
   EXPECT_EQ(policy.Budget(&half, 8, &d), 2);
   EXPECT_EQ(d, SpecDecision::kShrunkAcceptance);
   SequenceSpeculation low;
-  for (int i = 0; i < 10; ++i) SpeculationPolicy::Record(&low, 4, 0);
+  for (int i = 0; i < 20; ++i) SpeculationPolicy::Record(&low, 4, 0);
   EXPECT_LT(low.acceptance, SpeculationPolicy::kMinGain);
   for (int step = 0; step <= SpeculationPolicy::kPauseSteps; ++step) {
     policy.BeginStep(1);
