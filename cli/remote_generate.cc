@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -53,13 +54,10 @@ void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::
   *g.mutable_sampling() = rpc::ToProto(req.params);
   for (const std::string& s : stops) g.mutable_sampling()->add_stop(s);
   g.mutable_sampling()->set_skip_special_tokens(true);
-  // --speculative-method given: this request's speculation (else the decode worker's default).
-  if (const std::string m = absl::GetFlag(FLAGS_speculative_method); !m.empty()) {
-    absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(m);
-    if (method.ok()) {
-      *g.mutable_sampling()->mutable_speculation() =
-          SpeculationToProto(*method, absl::GetFlag(FLAGS_num_speculative_tokens));
-    }
+  // The request's speculation, when --speculative-method gave one (else the decode worker's).
+  if (req.speculation) {
+    *g.mutable_sampling()->mutable_speculation() =
+        SpeculationToProto(*req.speculation, req.num_speculative_tokens);
   }
   g.set_priority(absl::GetFlag(FLAGS_priority));
   grpc::ClientContext ctx;
@@ -128,10 +126,13 @@ int RemoteGenerateCommand() {
   }
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return GenerateFail(defaults.status());
+  std::optional<SpeculationMethod> speculation;
   if (const std::string m = absl::GetFlag(FLAGS_speculative_method); !m.empty()) {
-    if (absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(m); !method.ok())
+    absl::StatusOr<SpeculationMethod> method = ParseSpeculationMethod(m);
+    if (!method.ok())
       return GenerateFail(absl::InvalidArgumentError(
           absl::StrCat("--speculative-method: ", method.status().message())));
+    speculation = *method;
   }
   std::vector<std::pair<EngineRequest, std::string>> requests;
   std::map<std::string, std::vector<std::string>> stops;
@@ -150,6 +151,10 @@ int RemoteGenerateCommand() {
       r.prompt_token_ids = *std::move(ids);
     }
     requests.emplace_back(std::move(r), prompt);
+  }
+  for (auto& [req, text] : requests) {
+    req.speculation = speculation;
+    req.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
   }
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {

@@ -614,9 +614,8 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
       if (!rp.last) continue;  // verified together, at the sequence's last row
       std::vector<int32_t> tokens;
       std::vector<LogprobEntry> logprobs;
-      int32_t kept = 0;
       VerifyRows(plan, k - static_cast<size_t>(plan.seqs[rp.seq].num_draft_tokens), res, &tokens,
-                 &logprobs, &kept);
+                 &logprobs);
       // Every emitted token but the last is a kept proposal; the last is the scheduler's sample.
       accepted[rp.seq] = static_cast<int32_t>(tokens.size()) - 1;
       sampled[rp.seq] = tokens.back();
@@ -803,8 +802,7 @@ void Engine::ShrinkToProposal(SchedulerStep* step, ScheduledChunk* ch,
 }
 
 void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResults& res,
-                        std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs,
-                        int32_t* accepted) {
+                        std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs) {
   const int64_t vocab = model_->config().vocab_size;
   const SeqPlan& sp = plan.seqs[plan.rows[first_row].seq];
   SequenceState& seq = *sp.state;
@@ -813,7 +811,7 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
   const int64_t num_proposed = sp.num_draft_tokens;
   const bool greedy = seq.params.greedy() || seq.params.top_k == 1;
   auto uniform = [&sampler] { return sampler.Uniform(); };
-  *accepted = 0;
+  int32_t accepted = 0;  // proposed tokens kept
   int64_t generated = r.num_output_tokens();
   for (int64_t i = 0; i < num_proposed; ++i) ++spec_stats_.proposed_at[i];
   // Row i is the target's distribution after the sequence and proposals [0, i). Each token is
@@ -849,7 +847,7 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
     ++(row.sampled_on_device() ? sampled_on_device_ : sampled_on_host_);
     if (kept) {
       ++spec_stats_.accepted_at[i];
-      ++*accepted;
+      ++accepted;
     }
     sampler.Accept(token);
     tokens->push_back(token);
@@ -869,16 +867,15 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
   // The draft holds KV for the sequence's tokens and the proposed ones it read (all but the last):
   // the kept ones stay valid.
   if (seq.spec.method == SpeculationMethod::kDraft) {
-    seq.spec.draft_computed =
-        std::min<int64_t>(seq.spec.draft_computed, r.num_tokens() + *accepted);
+    seq.spec.draft_computed = std::min<int64_t>(seq.spec.draft_computed, r.num_tokens() + accepted);
     seq.spec.draft_probs.clear();
   }
   seq.spec.counts.proposed += num_proposed;
-  seq.spec.counts.accepted += *accepted;
+  seq.spec.counts.accepted += accepted;
   spec_stats_.counts.proposed += num_proposed;
-  spec_stats_.counts.accepted += *accepted;
+  spec_stats_.counts.accepted += accepted;
   ++spec_stats_.verify_steps;
-  SpeculationPolicy::Record(&seq.spec, static_cast<int32_t>(num_proposed), *accepted);
+  SpeculationPolicy::Record(&seq.spec, static_cast<int32_t>(num_proposed), accepted);
 }
 
 EngineStats Engine::stats() const {

@@ -176,13 +176,12 @@ class Engine {
   // proposals themselves in the room the scheduler made (the chunks shrink to what was proposed),
   // and one sequence's verification (its rows from `first_row`): the tokens it emits, in order,
   // each accepted into its sampler, ending at a stop, max_tokens or the context; their logprobs
-  // when asked; `*accepted` proposed tokens were kept.
+  // when asked.
   void PrepareSpeculation();
   absl::Status Propose(SchedulerStep* step);
   void ShrinkToProposal(SchedulerStep* step, ScheduledChunk* chunk, std::vector<int32_t> tokens);
   void VerifyRows(const StepPlan& plan, size_t first_row, const StepResults& res,
-                  std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs,
-                  int32_t* accepted);
+                  std::vector<int32_t>* tokens, std::vector<LogprobEntry>* logprobs);
   // Where max_tokens or the context end a sequence that has emitted `generated` tokens and holds
   // `num_tokens` (a stop id is the sampler's).
   bool ReachedLength(const SequenceState& seq, int64_t generated, int64_t num_tokens) const;

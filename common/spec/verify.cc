@@ -8,19 +8,29 @@
 namespace tandem {
 namespace {
 
-// The index where `u` (in [0, 1)) falls in the cumulative sums of weights[vocab] / total; the last
-// positive weight when rounding leaves u past the end.
-int32_t DrawIndex(const std::vector<double>& weights, double total, double u) {
+// The index where `u` (in [0, 1)) falls in the cumulative sums of weight(0..n) / total; the last
+// positive weight when rounding leaves u past the end. Weights are computed on the fly, so a draw
+// over a whole vocabulary needs no buffer of it.
+template <typename Weight>
+int32_t DrawIndex(size_t n, const Weight& weight, double total, double u) {
   const double target = u * total;
   double sum = 0.0;
   int32_t last = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (weights[i] <= 0.0) continue;
-    sum += weights[i];
+  for (size_t i = 0; i < n; ++i) {
+    const double w = weight(i);
+    if (w <= 0.0) continue;
+    sum += w;
     last = static_cast<int32_t>(i);
     if (target < sum) return last;
   }
   return last;
+}
+
+template <typename Weight>
+double Total(size_t n, const Weight& weight) {
+  double total = 0.0;
+  for (size_t i = 0; i < n; ++i) total += weight(i);
+  return total;
 }
 
 }  // namespace
@@ -35,25 +45,18 @@ TokenVerdict VerifySampledToken(int32_t x, absl::Span<const float> draft,
   // Kept with probability min(1, p(x) / q(x)): u < p(x) / q(x), as u · q(x) < p(x).
   if (uniform() * qx < px) return {true, x};
   // Refused: the residual max(0, p - q), which holds the mass p has beyond q.
-  std::vector<double> weights(vocab);
-  double total = 0.0;
-  for (size_t y = 0; y < vocab; ++y) {
+  auto residual = [&](size_t y) {
     const double qy = q != nullptr ? q[y] : (static_cast<int32_t>(y) == x ? 1.0 : 0.0);
-    weights[y] = std::max(0.0, static_cast<double>(p[y]) - qy);
-    total += weights[y];
-  }
-  if (!(total > 0.0)) {  // p equals q to rounding: draw from p itself
-    total = 0.0;
-    for (size_t y = 0; y < vocab; ++y) total += (weights[y] = std::max(0.0f, p[y]));
-  }
-  return {false, DrawIndex(weights, total, uniform())};
+    return std::max(0.0, static_cast<double>(p[y]) - qy);
+  };
+  const double total = Total(vocab, residual);
+  if (!(total > 0.0)) return {false, DrawFromDistribution(target, uniform())};  // p equals q
+  return {false, DrawIndex(vocab, residual, total, uniform())};
 }
 
 int32_t DrawFromDistribution(absl::Span<const float> probs, double u) {
-  std::vector<double> weights(probs.size());
-  double total = 0.0;
-  for (size_t y = 0; y < probs.size(); ++y) total += (weights[y] = std::max(0.0f, probs[y]));
-  return DrawIndex(weights, total, u);
+  auto weight = [&](size_t y) { return static_cast<double>(std::max(0.0f, probs[y])); };
+  return DrawIndex(probs.size(), weight, Total(probs.size(), weight), u);
 }
 
 absl::StatusOr<Verdict> VerifyGreedy(absl::Span<const int32_t> proposed,
