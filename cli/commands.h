@@ -18,5 +18,6 @@ int TokenizeCommand();
 int DetokenizeCommand();
 int UpCommand();
 int BenchCommand();
+int EvalCommand();
 
 }  // namespace tandem::cli

@@ -243,7 +243,9 @@ int GenerateCommand() {
   const auto t0 = Clock::now();
   auto backend = BackendFromFlags();
   if (!backend.ok()) return Fail(backend.status());
-  auto model = LlamaModel::Load(model_dir, backend->get());
+  auto load_options = ModelLoadOptionsFromFlags();
+  if (!load_options.ok()) return Fail(load_options.status());
+  auto model = LlamaModel::Load(model_dir, backend->get(), *load_options);
   if (!model.ok()) return Fail(model.status());
   const ModelConfig& config = (*model)->config();
   // Needed for text prompts; with token ids a missing or unsupported tokenizer only costs the text.

@@ -45,9 +45,14 @@ Commands:
                [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16]
                [--speculative-method off|ngram|draft] [--speculative-model DIR]
                [--num-speculative-tokens K] [--ngram-min N --ngram-max M]
-               [--speculative-adaptive=true|false] [engine flags]
+               [--speculative-adaptive=true|false] [--quantization none|int8|int4] [engine flags]
                --server HOST:PORT streams from a Tandem router instead (no --model needed), with
                [--timeout-s T] [--priority P] besides the flags above.
+  eval         A model's quality on a text: perplexity, and against a reference (default: the
+               same model unquantized, default KV cache) top-1 agreement and mean KL per token.
+               --model DIR --text-file F [--quantization none|int8|int4] [--kv-cache-dtype ...]
+               [--reference-model DIR] [--context N] [--max-eval-tokens N] [--json]
+               [--progress=false] [--device cpu|cuda]
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
                PATH is a model directory or a tokenizer.json file. --jsonl F: one JSON string per
@@ -84,6 +89,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return tandem::cli::GenerateCommand();
   if (command == "up") return tandem::cli::UpCommand();
   if (command == "bench") return tandem::cli::BenchCommand();
+  if (command == "eval") return tandem::cli::EvalCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);

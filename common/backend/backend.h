@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/backend/device.h"
 #include "common/backend/device_sampler.h"
+#include "common/quant/quantized_matrix.h"
 #include "common/tensor/dtype.h"
 #include "common/tensor/safetensors.h"
 
@@ -28,14 +29,24 @@ struct TransformerWeights;
 
 // A weight matrix [rows][cols] (PyTorch Linear layout [out_features][in_features]) or vector [cols]
 // (rows == 1) in its checkpoint dtype, resident on the device: the descriptor Linear and the other
-// ops take. A new storage format (quantized INT8/INT4 with per-group scales) is new fields here,
-// which each backend's UploadWeight fills and its Linear reads, not a new op.
+// ops take. A new storage format is new fields here, which each backend's upload fills and its
+// Linear reads, not a new op.
 struct DeviceWeight {
   DType dtype = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
   std::shared_ptr<void> owner;  // keeps converted or uploaded storage alive
+
+  // Weight-only quantized (quant != kNone; UploadQuantizedWeight): data is the codes and the
+  // fields below the rest of quantized_matrix.h's layout, all device pointers; dtype is unused.
+  QuantType quant = QuantType::kNone;
+  int64_t group_size = 0;
+  const float* scales = nullptr;  // [rows][groups]
+  const float* zeros = nullptr;   // [rows][groups], or null (all 0)
+  const int32_t* perm = nullptr;  // [cols], or null (identity)
+  // Bytes this weight holds on the device (codes, scales, zeros, perm; or rows × cols × dtype).
+  int64_t bytes() const;
 };
 
 // Geometry of a paged KV cache. K and V each: [layers][num_blocks][block_size][kv_heads][head_dim].
@@ -94,6 +105,12 @@ class Backend : public Device {
   // gate|up; TransformerWeights::stacked): fewer, larger GEMMs, each input converted once. The
   // CUDA backend's choice; a model asks before it uploads its weights.
   virtual bool PrefersStackedProjections() const { return false; }
+  // Makes a weight-only quantized matrix usable by Linear. Backends whose Linear reads the codes
+  // (the CPU's) keep them; the default dequantizes to f32 and uploads that (correct, no saving).
+  virtual absl::StatusOr<DeviceWeight> UploadQuantizedWeight(
+      std::shared_ptr<const QuantizedMatrix> matrix);
+  // Whether UploadQuantizedWeight keeps `type`'s codes (Linear dequantizes as it reads them).
+  virtual bool ReadsQuantizedWeights(QuantType type) const { return false; }
 
   // --- Ops (f32 activations) ---
   // out[n][cols] = table[ids[i]]; ids are device int32 and must be in range (validated above).

@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/quant/rtn.h"
 
 namespace tandem {
 namespace {
@@ -60,15 +62,17 @@ TransformerShape TransformerShapeOf(const ModelConfig& c) {
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
-    const std::string& model_dir, Backend* backend, std::optional<bool> stack_projections) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
+                                                             Backend* backend,
+                                                             const LlamaLoadOptions& options) {
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->backend_ = backend;
+  m->quantization_ = options.quantization;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
   TransformerWeights weights;
-  RETURN_IF_ERROR(
-      m->LoadWeights(stack_projections.value_or(backend->PrefersStackedProjections()), &weights));
+  RETURN_IF_ERROR(m->LoadWeights(
+      options.stack_projections.value_or(backend->PrefersStackedProjections()), &weights));
   m->runner_ = backend->CreateModelRunner(std::move(weights));
   return m;
 }
@@ -90,10 +94,12 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
     used.insert(name);
     return t;
   };
+  int64_t stored_bytes = 0, quantized_bytes = 0, num_quantized = 0;
   auto load = [&](const std::string& name, std::vector<int64_t> shape,
                   DeviceWeight* out) -> absl::Status {
     ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
     ASSIGN_OR_RETURN(*out, backend_->UploadWeight(*t));
+    weight_bytes_ += out->bytes();
     return absl::OkStatus();
   };
   // A host tensor the backend may map rather than copy: `bytes` stay alive with the weight.
@@ -101,7 +107,35 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
                           DeviceWeight* out) -> absl::Status {
     ASSIGN_OR_RETURN(*out, backend_->UploadWeight(t));
     if (out->data == t.data) out->owner = std::move(bytes);  // a backend computing in host memory
+    weight_bytes_ += out->bytes();
     return absl::OkStatus();
+  };
+  // A projection's weight: uploaded as stored, or quantized on load (--quantization).
+  auto upload_linear = [&](const TensorView& t, std::shared_ptr<void> bytes,
+                           DeviceWeight* out) -> absl::Status {
+    if (quantization_ == QuantType::kNone) return upload_owned(t, std::move(bytes), out);
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    if (quantization_ == QuantType::kInt4 && cols % 32 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(t.file, ": cannot quantize ", t.name, " to int4: its ", cols,
+                       " input features are not a multiple of 32 (use --quantization int8)"));
+    }
+    std::vector<float> f32(static_cast<size_t>(rows * cols));
+    ConvertToF32(t.dtype, t.data, f32.data(), f32.size());
+    auto matrix = std::make_shared<QuantizedMatrix>(
+        QuantizeRtn(f32.data(), rows, cols, DefaultRtnOptions(quantization_)));
+    stored_bytes += static_cast<int64_t>(t.nbytes);
+    quantized_bytes += matrix->bytes();
+    ++num_quantized;
+    ASSIGN_OR_RETURN(*out, backend_->UploadQuantizedWeight(std::move(matrix)));
+    weight_bytes_ += out->bytes();
+    return absl::OkStatus();
+  };
+  auto load_linear = [&](const std::string& name, std::vector<int64_t> shape,
+                         DeviceWeight* out) -> absl::Status {
+    if (quantization_ == QuantType::kNone) return load(name, std::move(shape), out);
+    ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
+    return upload_linear(*t, nullptr, out);
   };
   // Tensors stacked by rows into one weight; they share one dtype (checked below, before `stacked`
   // is relied on).
@@ -123,7 +157,8 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
     }
     stacked.data = bytes->data();
     stacked.nbytes = bytes->size();
-    return upload_owned(stacked, bytes, out);
+    return stacked.shape.size() == 2 ? upload_linear(stacked, bytes, out)
+                                     : upload_owned(stacked, bytes, out);
   };
   RETURN_IF_ERROR(load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, &tw.embed));
   RETURN_IF_ERROR(load("model.norm.weight", {c.hidden_size}, &tw.final_norm));
@@ -175,16 +210,19 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
                                      &w.qkv_bias));
       }
     } else {
-      RETURN_IF_ERROR(load(p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}, &w.q));
-      RETURN_IF_ERROR(load(p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}, &w.k));
-      RETURN_IF_ERROR(load(p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}, &w.v));
+      RETURN_IF_ERROR(
+          load_linear(p + "self_attn.q_proj.weight", {c.q_size(), c.hidden_size}, &w.q));
+      RETURN_IF_ERROR(
+          load_linear(p + "self_attn.k_proj.weight", {c.kv_size(), c.hidden_size}, &w.k));
+      RETURN_IF_ERROR(
+          load_linear(p + "self_attn.v_proj.weight", {c.kv_size(), c.hidden_size}, &w.v));
       if (c.attention_bias) {
         RETURN_IF_ERROR(load(p + "self_attn.q_proj.bias", {c.q_size()}, &w.q_bias));
         RETURN_IF_ERROR(load(p + "self_attn.k_proj.bias", {c.kv_size()}, &w.k_bias));
         RETURN_IF_ERROR(load(p + "self_attn.v_proj.bias", {c.kv_size()}, &w.v_bias));
       }
     }
-    RETURN_IF_ERROR(load(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_size()}, &w.o));
+    RETURN_IF_ERROR(load_linear(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_size()}, &w.o));
     if (c.qk_norm) {
       RETURN_IF_ERROR(load(p + "self_attn.q_norm.weight", {c.head_dim}, &w.q_norm));
       RETURN_IF_ERROR(load(p + "self_attn.k_norm.weight", {c.head_dim}, &w.k_norm));
@@ -196,11 +234,19 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
                        &w.gate_up));
     } else {
       RETURN_IF_ERROR(
-          load(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, &w.gate));
-      RETURN_IF_ERROR(load(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, &w.up));
+          load_linear(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, &w.gate));
+      RETURN_IF_ERROR(
+          load_linear(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, &w.up));
     }
     RETURN_IF_ERROR(
-        load(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, &w.down));
+        load_linear(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, &w.down));
+  }
+  if (num_quantized > 0) {
+    TANDEM_LOG(INFO) << "quantized " << num_quantized << " projection weights to "
+                     << QuantTypeName(quantization_)
+                     << " on load (round to nearest): " << stored_bytes << " bytes as stored -> "
+                     << quantized_bytes
+                     << " bytes with scales and zeros; embeddings, norms and lm_head as stored";
   }
   // The rotary table, computed from the config.
   auto inv = std::make_shared<std::vector<float>>(RopeInverseFrequencies(c));

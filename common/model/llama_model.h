@@ -21,19 +21,37 @@
 
 namespace tandem {
 
+struct LlamaLoadOptions {
+  // Load q|k|v and gate|up as one row-stacked weight each (unset: as the backend's runner
+  // prefers, Backend::PrefersStackedProjections).
+  std::optional<bool> stack_projections;
+  // Quantize the projections' weights on load (round to nearest, common/quant/rtn.h's defaults:
+  // int8 per output channel symmetric, int4 groups of 128 asymmetric). Embeddings, norms and
+  // lm_head stay as stored. INVALID_ARGUMENT when a projection cannot take the layout (int4 needs
+  // in_features a multiple of 32).
+  QuantType quantization = QuantType::kNone;
+};
+
 class LlamaModel {
  public:
-  // `stack_projections`: load q|k|v and gate|up as one row-stacked weight each (unset: as the
-  // backend's runner prefers, Backend::PrefersStackedProjections).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
+                                                          Backend* backend,
+                                                          const LlamaLoadOptions& options);
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
       const std::string& model_dir, Backend* backend,
-      std::optional<bool> stack_projections = std::nullopt);
+      std::optional<bool> stack_projections = std::nullopt) {
+    return Load(model_dir, backend, LlamaLoadOptions{stack_projections});
+  }
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
   ~LlamaModel();
 
   const ModelConfig& config() const { return config_; }
   Backend* backend() const { return backend_; }
+  // How its projections were quantized on load (kNone: as stored).
+  QuantType quantization() const { return quantization_; }
+  // Bytes of its weights as the backend holds them (quantized codes, scales and zeros included).
+  int64_t weight_bytes() const { return weight_bytes_; }
   // What runs its steps (model_runner.h): the backend's runner over this model's weights.
   ModelRunner& runner() { return *runner_; }
   // The KV cache geometry this model needs for `num_blocks` blocks of `block_size` tokens.
@@ -50,6 +68,8 @@ class LlamaModel {
 
   ModelConfig config_;
   Backend* backend_ = nullptr;
+  QuantType quantization_ = QuantType::kNone;
+  int64_t weight_bytes_ = 0;
   std::unique_ptr<Checkpoint> checkpoint_;  // the CPU backend's weights point into its mapping
   std::unique_ptr<ModelRunner> runner_;
 };

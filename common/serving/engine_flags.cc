@@ -43,6 +43,12 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "when it is bf16 or f16, else f32); bf16/f16 halve the cache's memory and the "
           "attention's reads. Prefill and decode workers exchanging KV must agree");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
+ABSL_FLAG(std::string, quantization, "none",
+          "engine: quantize the projection weights (q/k/v/o, gate/up/down) on load, round to "
+          "nearest: none, int8 (per output channel, symmetric) or int4 (groups of 128, "
+          "asymmetric); embeddings, norms and lm_head stay as stored, and so does a draft "
+          "model's. Linear dequantizes inside its dot products (CPU); prefill and decode workers "
+          "exchanging KV must agree");
 ABSL_FLAG(
     std::string, speculative_method, "",
     "engine, decode and combined roles: speculative decoding for requests that do not choose: "
@@ -243,8 +249,21 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> DraftModelFromFlags(const std::strin
   return draft;
 }
 
+absl::StatusOr<LlamaLoadOptions> ModelLoadOptionsFromFlags() {
+  LlamaLoadOptions o;
+  const std::string text = absl::GetFlag(FLAGS_quantization);
+  const std::optional<QuantType> q = ParseQuantType(text);
+  if (!q.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization: '", text, "' is not none, int8 or int4"));
+  }
+  o.quantization = *q;
+  return o;
+}
+
 std::vector<std::string> EngineFlagArguments() {
   return {
+      absl::StrCat("--quantization=", absl::GetFlag(FLAGS_quantization)),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--batch-invariant=",
                    absl::GetFlag(FLAGS_batch_invariant).has_value()

@@ -1,7 +1,8 @@
 // The engine's command-line flags, shared by `tandem generate`, the workers and `tandem up` (which
 // forwards them to the workers it starts): --kv-cache-memory, --block-size, --max-num-seqs,
 // --max-num-batched-tokens, --max-prefill-chunk (alias --prefill-chunk), --max-queued-requests,
-// --max-model-len, --enable-prefix-caching, --device, --gpu-memory-utilization, and speculative
+// --max-model-len, --enable-prefix-caching, --device, --gpu-memory-utilization, --quantization,
+// and speculative
 // decoding's --speculative-method, --num-speculative-tokens, --ngram-min/max,
 // --speculative-adaptive, --speculative-step-rows.
 #pragma once
@@ -30,6 +31,9 @@ std::string DeviceFromFlags();
 // INVALID_ARGUMENT naming the flag for a bad value.
 absl::StatusOr<BackendOptions> BackendOptionsFromFlags();
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+
+// How the model loads: --quantization. INVALID_ARGUMENT naming the flag for a bad value.
+absl::StatusOr<LlamaLoadOptions> ModelLoadOptionsFromFlags();
 
 // The draft model --speculative-model names, on the target's backend, or null without the flag.
 // INVALID_ARGUMENT naming the flag when its tokenizer.json or vocabulary differs from the

@@ -225,10 +225,17 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   };
   auto backend = BackendFromFlags();
   if (!backend.ok()) return fail(backend.status());
-  auto model = LlamaModel::Load(model_dir, backend->get());
+  auto load_options = ModelLoadOptionsFromFlags();
+  if (!load_options.ok()) return fail(load_options.status());
+  auto model = LlamaModel::Load(model_dir, backend->get(), *load_options);
   if (!model.ok()) return fail(model.status());
   auto fingerprint = ModelFingerprint(model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
+  // KV computed by quantized weights differs: a KV link's two ends must also agree on that.
+  const std::string kv_fingerprint =
+      load_options->quantization == QuantType::kNone
+          ? *fingerprint
+          : absl::StrCat(*fingerprint, "/", std::string(QuantTypeName(load_options->quantization)));
   // Decoding roles speculate with a draft model when one is named.
   absl::StatusOr<std::unique_ptr<LlamaModel>> draft = std::unique_ptr<LlamaModel>();
   if (role != v1::WORKER_ROLE_PREFILL) draft = DraftModelFromFlags(model_dir, **model);
@@ -253,8 +260,8 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   description.set_total_blocks(g.num_blocks);
   description.set_max_model_len((*engine)->stats().max_model_len);
   (*metrics)->SetBuildInfo((*backend)->name(), (*backend)->device_description());
-  if (absl::Status s =
-          service->Start(model->get(), engine->get(), *fingerprint, &worker_metrics, &description);
+  if (absl::Status s = service->Start(model->get(), engine->get(), kv_fingerprint, &worker_metrics,
+                                      &description);
       !s.ok()) {
     return fail(s);
   }

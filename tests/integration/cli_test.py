@@ -254,6 +254,69 @@ for bad, named in [(["--speculative-method", "medusa"], "--speculative-method"),
                    (["--speculative-model", kjv], "tokenizer")]:
     p = run("generate", "--model", model, "--prompt", "Hi", *bad, expect_rc=2)
     check(named in p.stderr, f"{bad}: the error names {named}: {p.stderr!r}")
+# --quantization: the trained target quantized on load still writes its text, and says how much
+# smaller it got; a value that is not a type is refused naming the flag.
+for q in ("int8", "int4"):
+    p = run("generate", "--model", kjv, "--json", "--prompt", prompt, "--temperature", "0", "--ignore-eos",
+            "--max-tokens", "24", "--quantization", q)
+    if p.returncode == 0 and full:
+        out = json.loads(p.stdout)
+        check(len(out["token_ids"]) == 24, f"--quantization {q}: 24 tokens")
+        check(f"to {q} on load" in p.stderr and "bytes as stored ->" in p.stderr,
+              f"--quantization {q} logs the bytes before and after: {p.stderr!r}")
+        if q == "int8":
+            # Per-channel int8 keeps this model's greedy choices for the first tokens.
+            check(out["token_ids"][:8] == full["token_ids"][:8],
+                  f"int8 greedy start {out['token_ids'][:8]} vs {full['token_ids'][:8]}")
+p = run("generate", "--model", model, "--prompt", "Hi", "--quantization", "int3", expect_rc=2)
+check("--quantization" in p.stderr, f"bad --quantization named: {p.stderr!r}")
+
+# tandem eval on the trained target's held-out windows: unquantized, its perplexity is PyTorch's
+# (heldout_eval.json, computed by the training code); quantized, close to it, with agreement and KL
+# against the unquantized model.
+heldout = os.path.join(kjv, "heldout_eval.json")
+torch_ppl = json.load(open(heldout))["perplexity"]
+
+
+def evaluate(*extra):
+    p = run("eval", "--model", kjv, "--windows-file", heldout, "--json", "--progress=false", *extra)
+    return json.loads(p.stdout) if p.returncode == 0 else None
+
+
+plain = evaluate()
+if plain:
+    check(abs(plain["perplexity"] / torch_ppl - 1) < 1e-4, f"eval perplexity {plain['perplexity']} vs PyTorch {torch_ppl}")
+    check(plain["tokens"] == 64 * 127, f"eval scored {plain['tokens']} tokens")
+    check(plain["top1_agreement"] is None and plain["mean_kl"] is None, "no reference without a change")
+for q, ppl_bound, top1_bound in (("int8", 1.005, 0.98), ("int4", 1.03, 0.9)):
+    r = evaluate("--quantization", q)
+    if r and plain:
+        check(r["reference_perplexity"] == plain["perplexity"], f"{q}: reference is the unquantized model")
+        check(r["perplexity"] <= plain["perplexity"] * ppl_bound, f"{q}: perplexity {r['perplexity']} vs {plain['perplexity']}")
+        check(top1_bound <= r["top1_agreement"] < 1, f"{q}: top-1 agreement {r['top1_agreement']}")
+        check(0 < r["mean_kl"] < 0.05, f"{q}: mean KL {r['mean_kl']}")
+# A text file: tokenized with BOS, windows overlapping by one token.
+text_file = os.path.join(WORK, "eval.txt")
+with open(text_file, "w") as f:
+    f.write("In the beginning God created the heaven and the earth.\n" * 12)
+r = run("eval", "--model", kjv, "--text-file", text_file, "--context", "32", "--json", "--reference-model",
+        os.path.join(os.path.dirname(kjv), "kjv-draft"))
+if r.returncode == 0:
+    j = json.loads(r.stdout)
+    check(j["context"] == 32 and j["tokens"] > 32 and 0 <= j["top1_agreement"] <= 1, f"eval --text-file: {j}")
+    check("eval [" in r.stderr and "100%" in r.stderr, f"eval draws a progress bar: {r.stderr[-200:]!r}")
+bad_windows = os.path.join(WORK, "bad_windows.json")
+for content, needle in (('{"windows": [[1, 2, 99999]]}', "outside the vocabulary"),
+                        ('{"windows": [[1, "a"]]}', "not a token id"),
+                        ('[1, 2]', "not JSON of the form")):
+    with open(bad_windows, "w") as f:
+        f.write(content)
+    p = run("eval", "--model", kjv, "--windows-file", bad_windows, expect_rc=2)
+    check(needle in p.stderr and p.stderr.startswith("tandem eval: "), f"eval {content}: {p.stderr!r}")
+p = run("eval", "--model", kjv, expect_rc=2)
+check("--text-file" in p.stderr, f"eval without input: {p.stderr!r}")
+p = run("eval", "--model", kjv, "--text-file", os.path.join(WORK, "missing.txt"), expect_rc=1)
+check("cannot open" in p.stderr, f"eval missing file: {p.stderr!r}")
 p = run("generate", "--model", model, "--prompt", "Hi", "--stop", ",".join(["x"] * 17), expect_rc=2)
 check("--stop" in p.stderr and "at most 16" in p.stderr, f"too many stop strings named: {p.stderr!r}")
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/backend/cpu/quant_kernels.h"
 
 namespace tandem {
 namespace {
@@ -91,6 +92,22 @@ absl::StatusOr<DeviceWeight> CpuBackend::UploadWeight(const TensorView& t) {
   return w;
 }
 
+absl::StatusOr<DeviceWeight> CpuBackend::UploadQuantizedWeight(
+    std::shared_ptr<const QuantizedMatrix> m) {
+  if (absl::Status s = Validate(*m, "quantized weight"); !s.ok()) return s;
+  DeviceWeight w;
+  w.quant = m->type;
+  w.rows = m->rows;
+  w.cols = m->cols;
+  w.group_size = m->group_size;
+  w.data = m->codes.data();
+  w.scales = m->scales.data();
+  w.zeros = m->zeros.empty() ? nullptr : m->zeros.data();
+  w.perm = m->perm.empty() ? nullptr : m->perm.data();
+  w.owner = std::const_pointer_cast<QuantizedMatrix>(std::move(m));
+  return w;
+}
+
 void CpuBackend::Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) {
   const int64_t d = table.cols;
   const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(table.dtype);
@@ -118,12 +135,80 @@ void CpuBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, 
                      });
 }
 
+void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out) {
+  const int64_t m = w.rows, k = w.cols;
+  cpu::QuantRows q;
+  q.type = w.quant;
+  q.cols = k;
+  q.group_size = w.group_size;
+  q.groups = (k + w.group_size - 1) / w.group_size;
+  q.row_bytes = static_cast<size_t>(w.quant == QuantType::kInt4 ? k / 2 : k);
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  // The activations in stored column order (act-order weights), and their group sums.
+  thread_local std::vector<float> permuted, sums;
+  if (w.perm != nullptr) {
+    permuted.resize(static_cast<size_t>(n * k));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < k; ++c) permuted[i * k + c] = x[i * k + w.perm[c]];
+    }
+    x = permuted.data();
+  }
+  sums.resize(static_cast<size_t>(n * q.groups));
+  if (w.zeros != nullptr) {
+    for (int64_t i = 0; i < n; ++i)
+      cpu::QuantGroupSums(x + i * k, k, q.group_size, &sums[i * q.groups]);
+  }
+  const float* xsum_base = sums.data();
+  if (n <= kDirectDotMaxRows || batch_invariant_) {
+    constexpr int64_t kRowTile = 24, kTokenGroup = 8;
+    pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
+      const float* xs[kTokenGroup];
+      const float* ss[kTokenGroup];
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
+        cpu::QuantRows tile = q;
+        tile.codes = codes + j0 * q.row_bytes;
+        tile.scales = w.scales + j0 * q.groups;
+        tile.zeros = w.zeros ? w.zeros + j0 * q.groups : nullptr;
+        for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
+          const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
+          for (int r = 0; r < rows; ++r) {
+            xs[r] = x + (i0 + r) * k;
+            ss[r] = xsum_base + (i0 + r) * q.groups;
+          }
+          cpu::QuantDotTile(xs, rows, ss, tile, static_cast<int>(j1 - j0), out + i0 * m + j0, m);
+        }
+      }
+    });
+    return;
+  }
+  // Larger batches without batch invariance: dequantize tiles of rows and SGEMM them.
+  const int64_t tile_rows = std::clamp<int64_t>(kTileBytes / (4 * k), 16, 512);
+  pool_->ParallelFor((m + tile_rows - 1) / tile_rows, 1, [&](int64_t tb, int64_t te) {
+    thread_local std::vector<float> tile;
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t r0 = t * tile_rows, rows = std::min(tile_rows, m - r0);
+      cpu::QuantRows part = q;
+      part.codes = codes + r0 * q.row_bytes;
+      part.scales = w.scales + r0 * q.groups;
+      part.zeros = w.zeros ? w.zeros + r0 * q.groups : nullptr;
+      tile.resize(static_cast<size_t>(rows * k));
+      cpu::DequantizeRows(part, rows, tile.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
+                  static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
+                  tile.data(), static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
+    }
+  });
+}
+
 void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
                         float* out) {
   const int64_t m = w.rows, k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
-  if (n <= kDirectDotMaxRows || batch_invariant_) {
+  if (w.quant != QuantType::kNone) {
+    QuantizedLinear(x, n, w, out);
+  } else if (n <= kDirectDotMaxRows || batch_invariant_) {
     // Tiles of weight rows (kept in cache) × groups of activation rows; every output element is
     // one Dot, so results do not depend on n.
     constexpr int64_t kRowTile = 24, kTokenGroup = 8;

@@ -1,6 +1,7 @@
-// The CPU backend: f32 compute over F32/F16/BF16 weights, multi-threaded with a ThreadPool, GEMMs
-// through OpenBLAS (weights in 16-bit types are converted tile by tile; small batches use AVX2/FMA
-// dot-product kernels that read 16-bit weights directly, halving the bytes read per token).
+// The CPU backend: f32 compute over F32/F16/BF16 weights (and INT8/INT4 weight-only quantized),
+// multi-threaded with a ThreadPool, GEMMs through OpenBLAS (weights in 16-bit types are converted
+// tile by tile; small batches use AVX2/FMA dot-product kernels that read 16-bit weights directly,
+// halving the bytes read per token).
 #pragma once
 
 #include <memory>
@@ -30,6 +31,10 @@ class CpuBackend final : public Backend {
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::StatusOr<DeviceWeight> UploadWeight(const TensorView& tensor) override;
+  // Keeps the codes: Linear widens INT8/INT4 in registers (quant_kernels.h).
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(
+      std::shared_ptr<const QuantizedMatrix> matrix) override;
+  bool ReadsQuantizedWeights(QuantType type) const override { return type != QuantType::kNone; }
 
   void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override;
   void RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,
@@ -53,6 +58,8 @@ class CpuBackend final : public Backend {
  private:
   CpuBackend(ThreadPool* pool, bool batch_invariant)
       : pool_(pool), batch_invariant_(batch_invariant) {}
+  // Linear over a weight-only quantized weight.
+  void QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out);
   ThreadPool* pool_;
   bool batch_invariant_;
 };

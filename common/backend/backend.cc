@@ -1,0 +1,27 @@
+#include "common/backend/backend.h"
+
+namespace tandem {
+
+int64_t DeviceWeight::bytes() const {
+  if (quant == QuantType::kNone) return rows * cols * static_cast<int64_t>(DTypeSize(dtype));
+  const int64_t groups = group_size > 0 ? (cols + group_size - 1) / group_size : 0;
+  const int64_t codes = quant == QuantType::kInt4 ? rows * cols / 2 : rows * cols;
+  return codes + rows * groups * static_cast<int64_t>(sizeof(float)) * (zeros ? 2 : 1) +
+         (perm ? cols * static_cast<int64_t>(sizeof(int32_t)) : 0);
+}
+
+absl::StatusOr<DeviceWeight> Backend::UploadQuantizedWeight(
+    std::shared_ptr<const QuantizedMatrix> matrix) {
+  auto values = std::make_shared<std::vector<float>>(Dequantize(*matrix));
+  TensorView t;
+  t.name = "dequantized";
+  t.dtype = DType::kF32;
+  t.shape = {matrix->rows, matrix->cols};
+  t.data = reinterpret_cast<const std::byte*>(values->data());
+  t.nbytes = values->size() * sizeof(float);
+  absl::StatusOr<DeviceWeight> w = UploadWeight(t);
+  if (w.ok() && w->data == t.data) w->owner = std::move(values);  // mapped, not copied
+  return w;
+}
+
+}  // namespace tandem

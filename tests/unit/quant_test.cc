@@ -1,0 +1,329 @@
+// Weight-only quantization below the model: Tandem's layout (codes, int4 nibble order, validation),
+// round-to-nearest quantization, and the CPU's fused-dequantization Linear against a plain f32
+// dot product over the dequantized weights, on every activation-row count, with ragged groups,
+// zero points and act-order permutations; batch invariance; the portable path.
+#include <cmath>
+#include <random>
+
+#include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/cpu/quant_kernels.h"
+#include "common/quant/quantized_matrix.h"
+#include "common/quant/rtn.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(QuantizedMatrixTest, Int4NibbleOrderIsTheDocumentedOne) {
+  QuantizedMatrix m = MakeQuantizedMatrix(QuantType::kInt4, 2, 64, 64);
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < 64; ++c) m.SetCode(r, c, static_cast<int>((c * 7 + r) % 16));
+  }
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < 64; ++c) {
+      EXPECT_EQ(m.Code(r, c), (c * 7 + r) % 16);
+      // Block b, byte j: column 32b + j low, 32b + 16 + j high.
+      const int64_t b = c / 32, j = c % 32;
+      const uint8_t byte = m.codes[r * 32 + b * 16 + j % 16];
+      EXPECT_EQ(j < 16 ? byte & 0xF : byte >> 4, (c * 7 + r) % 16) << r << "," << c;
+    }
+  }
+}
+
+TEST(QuantizedMatrixTest, Int8CodesAreSigned) {
+  QuantizedMatrix m = MakeQuantizedMatrix(QuantType::kInt8, 1, 3, 3);
+  m.SetCode(0, 0, -128);
+  m.SetCode(0, 1, 127);
+  m.SetCode(0, 2, -1);
+  m.scales[0] = 0.5f;
+  m.zeros = {-2.f};
+  EXPECT_EQ(m.Code(0, 0), -128);
+  EXPECT_EQ(m.Code(0, 1), 127);
+  EXPECT_FLOAT_EQ(m.Value(0, 0), (-128 + 2) * 0.5f);
+  EXPECT_FLOAT_EQ(m.Value(0, 2), (-1 + 2) * 0.5f);
+}
+
+TEST(QuantizedMatrixTest, DequantizeUndoesThePermutation) {
+  QuantizedMatrix m = MakeQuantizedMatrix(QuantType::kInt8, 1, 4, 2);
+  m.perm = {2, 0, 3, 1};
+  m.scales = {1.f, 10.f};
+  for (int c = 0; c < 4; ++c) m.SetCode(0, c, c + 1);
+  // Stored column c holds input column perm[c]; groups follow the stored order.
+  EXPECT_EQ(Dequantize(m), (std::vector<float>{2.f, 40.f, 1.f, 30.f}));
+}
+
+TEST(QuantizedMatrixTest, ValidateRefusesBrokenLayouts) {
+  const QuantizedMatrix good = MakeQuantizedMatrix(QuantType::kInt4, 4, 64, 32);
+  EXPECT_TRUE(Validate(good, "w").ok());
+  auto expect_bad = [](QuantizedMatrix m, const std::string& why) {
+    const absl::Status s = Validate(m, "model.layers.0.mlp.up_proj");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why;
+    EXPECT_THAT(s.message(), HasSubstr("model.layers.0.mlp.up_proj")) << why;
+    EXPECT_THAT(s.message(), HasSubstr(why));
+  };
+  QuantizedMatrix m = good;
+  m.codes.pop_back();
+  expect_bad(m, "codes holds");
+  m = good;
+  m.scales.push_back(1.f);
+  expect_bad(m, "scales holds");
+  m = good;
+  m.zeros.assign(3, 0.f);
+  expect_bad(m, "zeros holds");
+  m = good;
+  m.scales[5] = NAN;
+  expect_bad(m, "not finite");
+  m = good;
+  m.perm.assign(64, 0);
+  expect_bad(m, "not a permutation");
+  m = good;
+  m.perm.assign(64, 0);
+  for (int i = 0; i < 64; ++i) m.perm[i] = i;
+  m.perm[10] = 64;
+  expect_bad(m, "not a permutation");
+  expect_bad(MakeQuantizedMatrix(QuantType::kInt4, 2, 48, 48), "multiple of 32 input columns");
+  expect_bad(MakeQuantizedMatrix(QuantType::kInt4, 2, 64, 16), "multiple of 32 columns");
+  m = good;
+  m.group_size = 0;
+  expect_bad(m, "group size");
+}
+
+TEST(QuantTypeTest, ParsesTheFlagValues) {
+  EXPECT_EQ(ParseQuantType("INT8"), QuantType::kInt8);
+  EXPECT_EQ(ParseQuantType("int4"), QuantType::kInt4);
+  EXPECT_EQ(ParseQuantType("none"), QuantType::kNone);
+  EXPECT_EQ(ParseQuantType("fp8"), std::nullopt);
+  EXPECT_EQ(ParseQuantType(""), std::nullopt);
+}
+
+TEST(RtnTest, Int8PerChannelSymmetric) {
+  const int64_t rows = 5, cols = 70;
+  std::vector<float> w = Random(rows * cols, 1);
+  w[3] = 0;  // exact zeros stay zero
+  const QuantizedMatrix m = QuantizeRtn(w.data(), rows, cols, DefaultRtnOptions(QuantType::kInt8));
+  ASSERT_TRUE(Validate(m, "w").ok());
+  EXPECT_EQ(m.group_size, cols);
+  EXPECT_TRUE(m.zeros.empty());
+  const std::vector<float> d = Dequantize(m);
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+    EXPECT_FLOAT_EQ(m.scales[r], amax / 127.f);
+    for (int64_t c = 0; c < cols; ++c) {
+      EXPECT_GE(m.Code(r, c), -127);
+      EXPECT_LE(std::fabs(d[r * cols + c] - w[r * cols + c]), m.scales[r] * 0.5001f);
+    }
+  }
+  EXPECT_EQ(d[3], 0.f);
+}
+
+TEST(RtnTest, Int4GroupsAsymmetricWithARaggedLastGroup) {
+  const int64_t rows = 3, cols = 320;  // groups of 128: 128, 128, 64
+  const std::vector<float> w = Random(rows * cols, 2);
+  const QuantizedMatrix m = QuantizeRtn(w.data(), rows, cols, DefaultRtnOptions(QuantType::kInt4));
+  ASSERT_TRUE(Validate(m, "w").ok());
+  EXPECT_EQ(m.num_groups(), 3);
+  const std::vector<float> d = Dequantize(m);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < 3; ++g) {
+      const float s = m.scales[r * 3 + g], z = m.zeros[r * 3 + g];
+      EXPECT_EQ(z, std::nearbyint(z));
+      EXPECT_GE(z, 0);
+      EXPECT_LE(z, 15);
+      for (int64_t c = g * 128; c < std::min<int64_t>(cols, (g + 1) * 128); ++c) {
+        EXPECT_LE(std::fabs(d[r * cols + c] - w[r * cols + c]), s * 0.5001f) << r << "," << c;
+      }
+    }
+  }
+}
+
+TEST(RtnTest, AllZeroRowsStayZero) {
+  const std::vector<float> w(2 * 64, 0.f);
+  for (QuantType t : {QuantType::kInt8, QuantType::kInt4}) {
+    const QuantizedMatrix m = QuantizeRtn(w.data(), 2, 64, DefaultRtnOptions(t));
+    ASSERT_TRUE(Validate(m, "w").ok());
+    for (float v : Dequantize(m)) EXPECT_EQ(v, 0.f);
+  }
+}
+
+TEST(RtnTest, SymmetricInt4UsesZeroPointEight) {
+  const std::vector<float> w = Random(2 * 64, 3);
+  RtnOptions o = DefaultRtnOptions(QuantType::kInt4);
+  o.symmetric = true;
+  o.group_size = 32;
+  const QuantizedMatrix m = QuantizeRtn(w.data(), 2, 64, o);
+  for (float z : m.zeros) EXPECT_EQ(z, 8.f);
+}
+
+// Everything a quantized Linear can meet: both types, group sizes that do and do not divide the
+// row, zero points or none, act-order permutations.
+struct Case {
+  QuantType type;
+  int64_t rows, cols, group;
+  bool symmetric;
+  bool permuted;
+};
+
+class QuantLinearTest : public ::testing::TestWithParam<Case> {
+ protected:
+  std::shared_ptr<QuantizedMatrix> Make() {
+    const Case& c = GetParam();
+    RtnOptions o;
+    o.type = c.type;
+    o.group_size = c.group;
+    o.symmetric = c.symmetric;
+    const std::vector<float> w = Random(c.rows * c.cols, 11, 0.05f);
+    auto m = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), c.rows, c.cols, o));
+    if (c.permuted) {
+      m->perm.resize(c.cols);
+      for (int64_t i = 0; i < c.cols; ++i) m->perm[i] = static_cast<int32_t>(i);
+      std::shuffle(m->perm.begin(), m->perm.end(), std::mt19937(5));
+    }
+    return m;
+  }
+  // out[n][rows] = x · Dequantize(m)^T in double: the reference.
+  static std::vector<double> Reference(const QuantizedMatrix& m, const std::vector<float>& x,
+                                       int64_t n) {
+    const std::vector<float> d = Dequantize(m);
+    std::vector<double> out(static_cast<size_t>(n * m.rows));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t r = 0; r < m.rows; ++r) {
+        double s = 0;
+        for (int64_t c = 0; c < m.cols; ++c) s += double{x[i * m.cols + c]} * d[r * m.cols + c];
+        out[i * m.rows + r] = s;
+      }
+    }
+    return out;
+  }
+  static void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
+                          const std::vector<float>& x, int64_t cols, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    // f32 accumulation over `cols` terms: relative to the size of the terms, ~1e-6.
+    double scale = 0;
+    for (float v : x) scale = std::max(scale, std::fabs(double{v}));
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i],
+                  2e-6 * scale * std::sqrt(double(cols)) + 1e-6 * std::fabs(want[i]))
+          << what << " element " << i;
+    }
+  }
+};
+
+TEST_P(QuantLinearTest, MatchesTheDequantizedWeightsForEveryRowCount) {
+  const Case& c = GetParam();
+  auto backend = CpuBackend::Create({}).value();
+  auto m = Make();
+  const DeviceWeight w = backend->UploadQuantizedWeight(m).value();
+  EXPECT_EQ(w.bytes(), m->bytes());
+  for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
+    const std::vector<float> x = Random(n * c.cols, 100 + n);
+    std::vector<float> out(static_cast<size_t>(n * c.rows));
+    backend->Linear(x.data(), n, w, nullptr, out.data());
+    ExpectClose(out, Reference(*m, x, n), x, c.cols, "n=" + std::to_string(n));
+  }
+}
+
+TEST_P(QuantLinearTest, RowsAreBatchInvariant) {
+  const Case& c = GetParam();
+  auto backend = CpuBackend::Create({}).value();
+  const DeviceWeight w = backend->UploadQuantizedWeight(Make()).value();
+  const int64_t n = 11;
+  const std::vector<float> x = Random(n * c.cols, 7);
+  std::vector<float> all(static_cast<size_t>(n * c.rows)), one(static_cast<size_t>(c.rows));
+  backend->Linear(x.data(), n, w, nullptr, all.data());
+  for (int64_t i = 0; i < n; ++i) {
+    backend->Linear(x.data() + i * c.cols, 1, w, nullptr, one.data());
+    for (int64_t r = 0; r < c.rows; ++r) ASSERT_EQ(one[r], all[i * c.rows + r]) << i << "," << r;
+  }
+}
+
+TEST_P(QuantLinearTest, GemmPathAndPortablePathAgree) {
+  const Case& c = GetParam();
+  auto m = Make();
+  // Without batch invariance, 9+ rows dequantize tiles into SGEMM.
+  auto gemm = CpuBackend::Create({nullptr, /*batch_invariant=*/false}).value();
+  const DeviceWeight w = gemm->UploadQuantizedWeight(m).value();
+  const int64_t n = 12;
+  const std::vector<float> x = Random(n * c.cols, 8);
+  std::vector<float> out(static_cast<size_t>(n * c.rows));
+  gemm->Linear(x.data(), n, w, nullptr, out.data());
+  const std::vector<double> want = Reference(*m, x, n);
+  ExpectClose(out, want, x, c.cols, "gemm");
+  // The portable kernel, called directly (machines without AVX-512 run it), on stored-order x.
+  if (!c.permuted) {
+    cpu::QuantRows q;
+    q.type = m->type;
+    q.cols = m->cols;
+    q.group_size = m->group_size;
+    q.groups = m->num_groups();
+    q.codes = m->codes.data();
+    q.row_bytes = static_cast<size_t>(m->row_bytes());
+    q.scales = m->scales.data();
+    q.zeros = m->zeros.empty() ? nullptr : m->zeros.data();
+    std::vector<float> sums(static_cast<size_t>(n * q.groups));
+    std::vector<const float*> xs, ss;
+    for (int64_t i = 0; i < 3; ++i) {
+      cpu::QuantGroupSums(x.data() + i * c.cols, c.cols, q.group_size, &sums[i * q.groups]);
+      xs.push_back(x.data() + i * c.cols);
+      ss.push_back(&sums[i * q.groups]);
+    }
+    std::vector<float> portable(static_cast<size_t>(3 * c.rows));
+    cpu::QuantDotTilePortable(xs.data(), 3, ss.data(), q, static_cast<int>(c.rows), portable.data(),
+                              c.rows);
+    ExpectClose(portable, std::vector<double>(want.begin(), want.begin() + 3 * c.rows), x, c.cols,
+                "portable");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, QuantLinearTest,
+    ::testing::Values(Case{QuantType::kInt8, 37, 256, 0, true, false},
+                      Case{QuantType::kInt8, 29, 200, 64, false, false},  // tails of 8 and 16
+                      Case{QuantType::kInt8, 40, 131, 0, true, false},    // odd width
+                      Case{QuantType::kInt8, 30, 256, 128, false, true},
+                      Case{QuantType::kInt4, 37, 256, 128, false, false},
+                      Case{QuantType::kInt4, 26, 320, 128, false, false},  // ragged last group
+                      Case{QuantType::kInt4, 33, 192, 32, true, false},
+                      Case{QuantType::kInt4, 31, 256, 64, false, true},
+                      Case{QuantType::kInt4, 9, 512, 0, false, false}),  // one group per row
+    [](const ::testing::TestParamInfo<Case>& info) {
+      const Case& c = info.param;
+      return std::string(QuantTypeName(c.type)) + "_" + std::to_string(c.rows) + "x" +
+             std::to_string(c.cols) + "_g" + std::to_string(c.group) +
+             (c.symmetric ? "_sym" : "_asym") + (c.permuted ? "_perm" : "");
+    });
+
+TEST(QuantUploadTest, DefaultUploadDequantizesForBackendsWithoutKernels) {
+  // The Backend default (what a backend without quantized kernels gets): an f32 weight.
+  auto cpu = CpuBackend::Create({}).value();
+  const std::vector<float> w = Random(4 * 64, 9);
+  auto m = std::make_shared<QuantizedMatrix>(
+      QuantizeRtn(w.data(), 4, 64, DefaultRtnOptions(QuantType::kInt4)));
+  const DeviceWeight dw = cpu->Backend::UploadQuantizedWeight(m).value();
+  EXPECT_EQ(dw.quant, QuantType::kNone);
+  EXPECT_EQ(dw.dtype, DType::kF32);
+  const std::vector<float> d = Dequantize(*m);
+  const auto* values = static_cast<const float*>(dw.data);
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(values[i], d[i]);
+}
+
+TEST(QuantUploadTest, CpuRefusesAnInvalidMatrix) {
+  auto cpu = CpuBackend::Create({}).value();
+  auto m = std::make_shared<QuantizedMatrix>(MakeQuantizedMatrix(QuantType::kInt8, 2, 8, 8));
+  m->scales.pop_back();
+  EXPECT_EQ(cpu->UploadQuantizedWeight(m).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem
