@@ -19,5 +19,6 @@ int DetokenizeCommand();
 int UpCommand();
 int BenchCommand();
 int EvalCommand();
+int PlanCommand();
 
 }  // namespace tandem::cli

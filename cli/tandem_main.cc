@@ -53,6 +53,11 @@ Commands:
                --model DIR --text-file F [--quantization none|int8|int4] [--kv-cache-dtype ...]
                [--reference-model DIR] [--context N] [--max-eval-tokens N] [--json]
                [--progress=false] [--device cpu|cuda]
+  plan         Capacity from the checkpoint's headers, loading no weight: weight bytes (quantized
+               or not), KV bytes per token, an activation reserve, sequences that fit.
+               --model DIR --memory BYTES [--quantization none|int8|int4]
+               [--kv-cache-dtype auto|f32|bf16|f16] [--max-model-len N] [--max-num-seqs N]
+               [--max-num-batched-tokens N] [--block-size N] [--device cpu|cuda] [--json]
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
                PATH is a model directory or a tokenizer.json file. --jsonl F: one JSON string per
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
   if (command == "up") return tandem::cli::UpCommand();
   if (command == "bench") return tandem::cli::BenchCommand();
   if (command == "eval") return tandem::cli::EvalCommand();
+  if (command == "plan") return tandem::cli::PlanCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);

@@ -226,8 +226,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
   TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size
                    << " tokens (" << memory / (1 << 20) << " MiB, " << bytes_per_block
                    << " bytes per block, " << DTypeName(kv_dtype) << ") = " << tokens << " tokens, "
-                   << tokens / sc.max_model_len << " sequences of " << sc.max_model_len
-                   << " tokens; prefix caching " << (options.enable_prefix_caching ? "on" : "off");
+                   << num_blocks /
+                          ((sc.max_model_len + options.block_size - 1) / options.block_size)
+                   << " sequences of " << sc.max_model_len << " tokens; weights "
+                   << model->weight_bytes() << " bytes; prefix caching "
+                   << (options.enable_prefix_caching ? "on" : "off");
   return e;
 }
 

@@ -195,6 +195,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   }
   c.bos_token_id = GetTokenId(j, "bos_token_id");
   c.eos_token_id = GetTokenId(j, "eos_token_id");
+  if (auto qc = j.find("quantization_config"); qc != j.end()) {
+    absl::StatusOr<CheckpointQuantization> q = ParseQuantizationConfig(*qc);
+    if (!q.ok())
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", q.status().message()));
+    c.quantization = *q;
+  }
   return c;
 }
 

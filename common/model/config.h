@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/quant/checkpoint_formats.h"
 #include "common/tensor/dtype.h"
 
 namespace tandem {
@@ -46,6 +47,9 @@ struct ModelConfig {
   DType torch_dtype = DType::kBF16;
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  // How the checkpoint's Linear weights are quantized (config.json quantization_config: GPTQ,
+  // AWQ, compressed-tensors), or kNone.
+  CheckpointQuantization quantization;
 
   int64_t q_size() const { return num_attention_heads * head_dim; }
   int64_t kv_size() const { return num_key_value_heads * head_dim; }

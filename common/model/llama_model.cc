@@ -69,6 +69,14 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   m->backend_ = backend;
   m->quantization_ = options.quantization;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
+  if (options.quantization != QuantType::kNone &&
+      m->config_.quantization.format != CheckpointFormat::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quantization ", std::string(QuantTypeName(options.quantization)), ": ",
+                     model_dir, " is already quantized (",
+                     std::string(CheckpointFormatName(m->config_.quantization.format)),
+                     ", config.json quantization_config); it loads as stored without the flag"));
+  }
   ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(model_dir));
   TransformerWeights weights;
   RETURN_IF_ERROR(m->LoadWeights(
@@ -86,6 +94,12 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
   auto get = [&](const std::string& name,
                  const std::vector<int64_t>& shape) -> absl::StatusOr<const TensorView*> {
     ASSIGN_OR_RETURN(const TensorView* t, checkpoint_->Get(name));
+    if (!IsFloat(t->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          t->file, ": tensor ", name, " is ", std::string(DTypeName(t->dtype)),
+          ", not a floating-point weight (a quantized checkpoint needs its quantization_config in "
+          "config.json)"));
+    }
     if (t->shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor ", name, " has shape ",
                                                      ShapeString(t->shape), ", expected ",
@@ -94,7 +108,8 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
     used.insert(name);
     return t;
   };
-  int64_t stored_bytes = 0, quantized_bytes = 0, num_quantized = 0;
+  int64_t stored_bytes = 0, quantized_bytes = 0, num_quantized = 0, num_read = 0;
+  const CheckpointQuantization& cq = c.quantization;
   auto load = [&](const std::string& name, std::vector<int64_t> shape,
                   DeviceWeight* out) -> absl::Status {
     ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
@@ -131,8 +146,31 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
     weight_bytes_ += out->bytes();
     return absl::OkStatus();
   };
+  // A Linear the checkpoint stores quantized (GPTQ, AWQ, compressed-tensors), read into Tandem's
+  // layout with its tensors marked used; nullopt when it is stored as a plain `name` (.weight).
+  auto read_quantized =
+      [&](const std::string& name,
+          const std::vector<int64_t>& shape) -> absl::StatusOr<std::optional<QuantizedMatrix>> {
+    if (cq.format == CheckpointFormat::kNone || !name.ends_with(".weight")) return std::nullopt;
+    const std::string prefix = name.substr(0, name.size() - std::string_view(".weight").size());
+    const std::vector<std::string> names = QuantizedTensorNames(*checkpoint_, cq, prefix);
+    if (names.empty()) return std::nullopt;
+    ASSIGN_OR_RETURN(QuantizedMatrix m,
+                     ReadQuantizedLinear(*checkpoint_, cq, prefix, shape[0], shape[1]));
+    used.insert(names.begin(), names.end());
+    ++num_read;
+    return m;
+  };
+  auto upload_quantized = [&](QuantizedMatrix m, DeviceWeight* out) -> absl::Status {
+    ASSIGN_OR_RETURN(
+        *out, backend_->UploadQuantizedWeight(std::make_shared<QuantizedMatrix>(std::move(m))));
+    weight_bytes_ += out->bytes();
+    return absl::OkStatus();
+  };
   auto load_linear = [&](const std::string& name, std::vector<int64_t> shape,
                          DeviceWeight* out) -> absl::Status {
+    ASSIGN_OR_RETURN(std::optional<QuantizedMatrix> q, read_quantized(name, shape));
+    if (q.has_value()) return upload_quantized(*std::move(q), out);
     if (quantization_ == QuantType::kNone) return load(name, std::move(shape), out);
     ASSIGN_OR_RETURN(const TensorView* t, get(name, shape));
     return upload_linear(*t, nullptr, out);
@@ -141,6 +179,20 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
   // is relied on).
   auto load_stacked = [&](const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
                           DeviceWeight* out) -> absl::Status {
+    // Parts the checkpoint stores quantized stack in Tandem's layout.
+    std::vector<QuantizedMatrix> quantized;
+    for (const auto& [name, shape] : parts) {
+      ASSIGN_OR_RETURN(std::optional<QuantizedMatrix> q, read_quantized(name, shape));
+      if (q.has_value()) quantized.push_back(*std::move(q));
+    }
+    if (!quantized.empty()) {
+      if (quantized.size() != parts.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            parts[0].first, ": stacked with projections some of which are quantized and some not"));
+      }
+      ASSIGN_OR_RETURN(QuantizedMatrix m, StackQuantizedRows(quantized, parts[0].first));
+      return upload_quantized(std::move(m), out);
+    }
     auto bytes = std::make_shared<std::vector<std::byte>>();
     TensorView stacked;
     for (const auto& [name, shape] : parts) {
@@ -170,7 +222,15 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
       RETURN_IF_ERROR(load("lm_head.weight", {c.vocab_size, c.hidden_size}, &ignored));
     }
   } else {
-    RETURN_IF_ERROR(load("lm_head.weight", {c.vocab_size, c.hidden_size}, &tw.lm_head));
+    // As stored: quantized when the checkpoint quantized it (GPTQModel's lm_head option), never
+    // by --quantization.
+    ASSIGN_OR_RETURN(std::optional<QuantizedMatrix> q,
+                     read_quantized("lm_head.weight", {c.vocab_size, c.hidden_size}));
+    if (q.has_value()) {
+      RETURN_IF_ERROR(upload_quantized(*std::move(q), &tw.lm_head));
+    } else {
+      RETURN_IF_ERROR(load("lm_head.weight", {c.vocab_size, c.hidden_size}, &tw.lm_head));
+    }
   }
   // Stacking needs one dtype per group; a checkpoint that mixes them keeps separate projections.
   auto same_dtype = [&](const std::vector<std::string>& names) {
@@ -240,6 +300,13 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
     }
     RETURN_IF_ERROR(
         load_linear(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, &w.down));
+  }
+  if (num_read > 0) {
+    TANDEM_LOG(INFO) << "read " << num_read << " Linear weights quantized as "
+                     << CheckpointFormatName(cq.format) << " (" << cq.bits << "-bit, "
+                     << (cq.group_size > 0 ? absl::StrCat("groups of ", cq.group_size)
+                                           : std::string("per output channel"))
+                     << "); the CPU reads them as stored, other backends dequantize them";
   }
   if (num_quantized > 0) {
     TANDEM_LOG(INFO) << "quantized " << num_quantized << " projection weights to "

@@ -15,8 +15,8 @@ inline v1::WeightDType ToProto(DType t) {
     case DType::kF32: return v1::WEIGHT_DTYPE_F32;
     case DType::kF16: return v1::WEIGHT_DTYPE_F16;
     case DType::kBF16: return v1::WEIGHT_DTYPE_BF16;
+    default: return v1::WEIGHT_DTYPE_UNSPECIFIED;  // integer types name no weights
   }
-  return v1::WEIGHT_DTYPE_UNSPECIFIED;
 }
 
 // std::nullopt for UNSPECIFIED and values this build does not know.

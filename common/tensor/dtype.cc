@@ -11,6 +11,9 @@ std::string_view DTypeName(DType t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kI8: return "I8";
+    case DType::kI32: return "I32";
+    case DType::kI64: return "I64";
   }
   return "?";
 }
@@ -19,6 +22,9 @@ std::optional<DType> ParseDType(std::string_view name) {
   if (name == "F32") return DType::kF32;
   if (name == "F16") return DType::kF16;
   if (name == "BF16") return DType::kBF16;
+  if (name == "I8") return DType::kI8;
+  if (name == "I32") return DType::kI32;
+  if (name == "I64") return DType::kI64;
   return std::nullopt;
 }
 
@@ -30,8 +36,9 @@ bool ParseKvCacheDType(std::string_view text, std::optional<DType>* out) {
     return true;
   }
   const std::optional<DType> d = ParseDType(upper);
-  if (d.has_value()) *out = d;
-  return d.has_value();
+  if (!d.has_value() || !IsFloat(*d)) return false;
+  *out = d;
+  return true;
 }
 
 float F16ToF32(uint16_t h) {
@@ -81,6 +88,27 @@ void ConvertToF32(DType t, const void* src, float* dst, size_t n) {
     case DType::kF16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+    case DType::kI8: {
+      const auto* s = static_cast<const int8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    }
+    case DType::kI32: {
+      for (size_t i = 0; i < n; ++i) {
+        int32_t v;
+        std::memcpy(&v, static_cast<const std::byte*>(src) + 4 * i, 4);
+        dst[i] = static_cast<float>(v);
+      }
+      return;
+    }
+    case DType::kI64: {
+      for (size_t i = 0; i < n; ++i) {
+        int64_t v;
+        std::memcpy(&v, static_cast<const std::byte*>(src) + 8 * i, 8);
+        dst[i] = static_cast<float>(v);
+      }
       return;
     }
   }

@@ -8,11 +8,23 @@
 
 namespace tandem {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+// Floating-point types (what weights, activations and KV caches hold) and the integer types of
+// quantized checkpoints' packed codes, zero points and indices (I8, I32, I64: read by
+// common/quant/ only; IsFloat says which a tensor is).
+enum class DType : uint8_t { kF32, kF16, kBF16, kI8, kI32, kI64 };
 
-inline size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kI8: return 1;
+    case DType::kI64: return 8;
+    default: return 4;
+  }
+}
+inline bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-// The safetensors spelling: "F32", "F16", "BF16".
+// The safetensors spelling: "F32", "F16", "BF16", "I8", "I32", "I64".
 std::string_view DTypeName(DType t);
 std::optional<DType> ParseDType(std::string_view name);
 // --kv-cache-dtype's value: "auto" (any case) sets *out to std::nullopt, "f32", "bf16" or "f16"
@@ -38,7 +50,7 @@ inline uint16_t F32ToBf16(float f) {
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);
 
-// Converts n elements of type `t` at `src` to f32.
+// Converts n elements of type `t` at `src` to f32 (integers by value).
 void ConvertToF32(DType t, const void* src, float* dst, size_t n);
 
 }  // namespace tandem

@@ -89,12 +89,15 @@ BENCHMARK_CAPTURE(BM_LinearQuant, INT4, QuantType::kInt4)
 // Weights far larger than the caches (BF16 256 MiB): what batch-1 decode of a real model reads.
 BENCHMARK_CAPTURE(BM_Linear, BF16_dram, DType::kBF16)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->Args({1, 524288, 256})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT8_dram, QuantType::kInt8)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->Args({1, 524288, 256})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT4_dram, QuantType::kInt4)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->Args({1, 524288, 256})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT8_wide, QuantType::kInt8)
     ->ArgsProduct({{1, 5}, {16384}, {256}})

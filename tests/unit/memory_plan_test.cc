@@ -8,6 +8,7 @@
 
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine.h"
+#include "common/model/memory_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/forwarding_backend.h"
@@ -200,6 +201,111 @@ TEST_F(MemoryPlanTest, ExplicitKvCacheMemoryWins) {
   auto engine = Engine::Create(model_.get(), o).value();
   EXPECT_EQ(engine->stats().num_blocks, 40);
 }
+
+// `tandem plan`'s arithmetic (common/model/memory_plan.h), from headers alone, against what loading
+// the model and creating the engine with the same settings give.
+struct PlanCase {
+  std::string preset;
+  QuantType type;
+};
+
+class PlanMatchesTest : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(PlanMatchesTest, WeightsAndPoolEqualWhatTheModelAndEngineAllocate) {
+  const std::string dir = testing_util::TinyModel(GetParam().preset, 5);
+  auto cpu = CpuBackend::Create({}).value();
+  LlamaLoadOptions load;
+  load.quantization = GetParam().type;
+  auto model = LlamaModel::Load(dir, cpu.get(), load).value();
+  int64_t stored = 0;
+  EXPECT_EQ(PlannedWeightBytes(dir, GetParam().type, &stored).value(), model->weight_bytes());
+  for (int64_t block : {16, 5}) {
+    MemoryPlanOptions o;
+    o.quantization = GetParam().type;
+    o.block_size = block;
+    o.max_model_len = 300;
+    o.max_num_seqs = 16;
+    o.max_num_batched_tokens = 256;
+    o.memory = int64_t{24} << 20;
+    const MemoryPlan p = PlanMemory(dir, o).value();
+    EXPECT_EQ(p.weight_bytes, model->weight_bytes());
+    EXPECT_EQ(p.stored_weight_bytes, stored);
+    const ModelConfig& c = model->config();
+    EXPECT_EQ(p.kv_bytes_per_token,
+              2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4);
+    EXPECT_EQ(p.kv_cache_bytes, o.memory - p.weight_bytes - p.activation_reserve_bytes);
+    // A worker given the planned pool with the same settings allocates exactly it.
+    EngineOptions e;
+    e.block_size = block;
+    e.kv_cache_dtype = DType::kF32;
+    e.kv_cache_memory = p.kv_cache_bytes;
+    e.scheduler.max_model_len = o.max_model_len;
+    e.scheduler.max_num_seqs = o.max_num_seqs;
+    e.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+    auto engine = Engine::Create(model.get(), e).value();
+    EXPECT_EQ(engine->stats().num_blocks, p.num_blocks);
+    EXPECT_EQ(engine->stats().max_model_len, p.max_model_len);
+    EXPECT_EQ(p.max_concurrent_sequences, p.num_blocks / ((300 + block - 1) / block));
+    EXPECT_EQ(p.sequences_by_length.back(),
+              std::make_pair(p.max_model_len, p.max_concurrent_sequences));
+  }
+}
+
+TEST_P(PlanMatchesTest, TheActivationReserveCoversTheProfiledPeak) {
+  // The accounting backend's profile (what a GPU engine measures) against the plan's estimate.
+  const std::string dir = testing_util::TinyModel(GetParam().preset, 5);
+  AccountingBackend backend(int64_t{256} << 20);
+  LlamaLoadOptions load;
+  load.quantization = GetParam().type;
+  auto model = LlamaModel::Load(dir, &backend, load).value();
+  const int64_t before = backend.used();
+  EngineOptions e;
+  e.block_size = 16;
+  e.kv_cache_memory = 64 * KvCacheStorage::BytesPerBlock(model->KvGeometry(1, 16));
+  e.scheduler.max_num_batched_tokens = 256;
+  e.scheduler.max_num_seqs = 16;
+  auto engine = Engine::Create(model.get(), e).value();
+  // Run the largest step: 256 prompt tokens with logits for every row.
+  EngineRequest r;
+  r.id = "big";
+  r.prompt_token_ids.assign(256, 1);
+  r.params.max_tokens = 1;
+  r.params.prompt_logprobs = 0;
+  ASSERT_TRUE(engine->AddRequest(r).ok());
+  while (engine->HasWork()) ASSERT_TRUE(engine->Step().ok());
+  const int64_t activations = backend.peak() - before - e.kv_cache_memory;
+  MemoryPlanOptions o;
+  o.quantization = GetParam().type;
+  o.max_num_seqs = 16;
+  o.max_num_batched_tokens = 256;
+  o.memory = int64_t{1} << 30;
+  const MemoryPlan p = PlanMemory(dir, o).value();
+  EXPECT_GE(p.activation_reserve_bytes, activations);
+  EXPECT_LE(p.activation_reserve_bytes, 3 * std::max<int64_t>(activations, 1));
+}
+
+TEST(PlanTest, TooLittleMemoryIsRefusedWithTheNumbers) {
+  MemoryPlanOptions o;
+  o.memory = 1 << 20;
+  const absl::Status s = PlanMemory(testing_util::TinyModel("tiny-llama", 5), o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("holds no KV cache"));
+  EXPECT_EQ(SequencesThatFit(10, 16, 33), 3);  // 3 blocks each
+  EXPECT_EQ(SequencesThatFit(10, 16, 32), 5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, PlanMatchesTest,
+                         ::testing::Values(PlanCase{"tiny-llama", QuantType::kNone},
+                                           PlanCase{"tiny-llama", QuantType::kInt8},
+                                           PlanCase{"tiny-qwen2", QuantType::kInt4},
+                                           PlanCase{"tiny-qwen3", QuantType::kInt4},
+                                           PlanCase{"tiny-mistral", QuantType::kInt8}),
+                         [](const ::testing::TestParamInfo<PlanCase>& info) {
+                           std::string n = info.param.preset + "_" +
+                                           std::string(QuantTypeName(info.param.type));
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace tandem

@@ -243,6 +243,7 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: return DotRowsAvx512<Avx512F32, T>(x, w, n, out);
       case DType::kBF16: return DotRowsAvx512<Avx512Bf16, T>(x, w, n, out);
       case DType::kF16: return DotRowsAvx512<Avx512F16, T>(x, w, n, out);
+      default: break;  // weights are floating point (LlamaModel refuses others)
     }
   }
   if (kHaveAvx2) {
@@ -250,6 +251,7 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: return DotRowsAvx2<Avx2F32, T>(x, w, n, out);
       case DType::kBF16: return DotRowsAvx2<Avx2Bf16, T>(x, w, n, out);
       case DType::kF16: return DotRowsAvx2<Avx2F16, T>(x, w, n, out);
+      default: break;
     }
   }
   for (int t = 0; t < T; ++t) {
@@ -257,6 +259,7 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: out[t] = DotScalar<Avx2F32>(x[t], w, n); break;
       case DType::kBF16: out[t] = DotScalar<Avx2Bf16>(x[t], w, n); break;
       case DType::kF16: out[t] = DotScalar<Avx2F16>(x[t], w, n); break;
+      default: out[t] = 0.f; break;
     }
   }
 }
@@ -290,6 +293,7 @@ void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_byte
         return DotTileDispatch<Avx512Bf16>(x, rows_x, wb, w_row_bytes, rows_w, n, out, out_stride);
       case DType::kF16:
         return DotTileDispatch<Avx512F16>(x, rows_x, wb, w_row_bytes, rows_w, n, out, out_stride);
+      default: break;
     }
   }
   float res[8];
