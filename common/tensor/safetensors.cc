@@ -229,7 +229,8 @@ absl::StatusOr<TensorView> ParseTensorEntry(const std::string& path, const std::
   const std::optional<DType> parsed_dtype = ParseDType(dtype_name);
   if (!parsed_dtype) {
     return absl::InvalidArgumentError(
-        absl::StrCat(ctx, "unsupported dtype ", Quote(dtype_name), " (supported: F32, F16, BF16, and I8, I32, I64 for quantized checkpoints)"));
+        absl::StrCat(ctx, "unsupported dtype ", Quote(dtype_name),
+                     " (supported: F32, F16, BF16, and I8, I32, I64 for quantized checkpoints)"));
   }
   view.dtype = *parsed_dtype;
 

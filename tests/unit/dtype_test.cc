@@ -9,10 +9,13 @@ namespace tandem {
 namespace {
 
 TEST(DTypeTest, NamesRoundTrip) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI8, DType::kI32, DType::kI64}) {
     EXPECT_EQ(ParseDType(DTypeName(t)), t);
   }
-  EXPECT_FALSE(ParseDType("I8").has_value());
+  EXPECT_TRUE(IsFloat(DType::kBF16));
+  EXPECT_FALSE(IsFloat(DType::kI32));
+  EXPECT_FALSE(ParseDType("I16").has_value());
+  EXPECT_FALSE(ParseDType("U8").has_value());
   EXPECT_FALSE(ParseDType("f32").has_value());
 }
 
