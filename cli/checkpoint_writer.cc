@@ -20,6 +20,23 @@ uint64_t TensorSpec::bytes() const {
   return n;
 }
 
+absl::Status CopyTokenizerFiles(const std::string& from_dir, const std::string& out_dir) {
+  auto copied = [](const std::string& name) {
+    return name.starts_with("tokenizer") || name == "generation_config.json" ||
+           name == "special_tokens_map.json" || name == "vocab.json" || name == "merges.txt" ||
+           name == "chat_template.jinja" || name == "chat_template.json";
+  };
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(from_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || !copied(name)) continue;
+    fs::copy_file(entry.path(), fs::path(out_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", name, ": ", ec.message()));
+  }
+  if (ec) return absl::InternalError(absl::StrCat(from_dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;

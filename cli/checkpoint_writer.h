@@ -29,6 +29,10 @@ absl::Status WriteCheckpointWeights(const std::string& dir, const std::vector<Te
                                     uint64_t max_shard_bytes,
                                     const std::function<void(uint64_t, uint64_t)>& progress);
 
+// Copies the tokenizer's files and the generation defaults of `from_dir` into `out_dir` as they
+// are (not the weights, the config, or notes about the model such as a README).
+absl::Status CopyTokenizerFiles(const std::string& from_dir, const std::string& out_dir);
+
 // Writes `text` to `path` (truncating).
 absl::Status WriteTextFile(const std::string& path, const std::string& text);
 

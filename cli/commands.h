@@ -20,5 +20,6 @@ int UpCommand();
 int BenchCommand();
 int EvalCommand();
 int PlanCommand();
+int QuantizeCommand();
 
 }  // namespace tandem::cli

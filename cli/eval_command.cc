@@ -11,10 +11,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,12 +20,12 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/token_windows.h"
 #include "common/base/argmax.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/model/llama_model.h"
 #include "common/serving/engine_flags.h"
-#include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -39,10 +37,11 @@ ABSL_FLAG(std::string, windows_file, "",
 ABSL_FLAG(std::string, reference_model, "",
           "eval: the model to compare against (default: --model itself, unquantized, with the "
           "default KV cache)");
-ABSL_FLAG(int64_t, context, 0,
-          "eval: tokens per window (default: the smaller of 1024 and the model's context)");
+ABSL_FLAG(
+    int64_t, context, 0,
+    "eval and quantize: tokens per window (default: the smaller of 1024 and the model's context)");
 ABSL_FLAG(int64_t, max_eval_tokens, 0, "eval: score at most this many tokens (0: the whole text)");
-ABSL_FLAG(bool, progress, true, "eval: a progress bar on stderr");
+ABSL_FLAG(bool, progress, true, "eval and quantize: progress bars on stderr");
 
 namespace tandem::cli {
 namespace {
@@ -51,43 +50,6 @@ int EvalFail(const absl::Status& s) {
   std::fprintf(stderr, "tandem eval: %s\n", std::string(s.message()).c_str());
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
-
-// One model, its KV cache for a window, and the chunked prefill that gives every row's logits.
-class Scorer {
- public:
-  static absl::StatusOr<std::unique_ptr<Scorer>> Create(std::unique_ptr<LlamaModel> model,
-                                                        std::optional<DType> kv_dtype,
-                                                        int64_t context) {
-    auto s = std::unique_ptr<Scorer>(new Scorer());
-    constexpr int64_t kBlock = 16;
-    const int64_t blocks = (context + kBlock - 1) / kBlock;
-    ASSIGN_OR_RETURN(s->kv_, KvCacheStorage::Create(
-                                 model->backend(),
-                                 model->KvGeometry(blocks, kBlock, model->KvCacheDType(kv_dtype))));
-    s->table_.resize(static_cast<size_t>(blocks));
-    for (int64_t i = 0; i < blocks; ++i) s->table_[i] = static_cast<int32_t>(i);
-    s->model_ = std::move(model);
-    return s;
-  }
-  LlamaModel& model() { return *model_; }
-
-  // Logits [n][vocab] of tokens[begin, begin + n) of the window starting at `window_start`, whose
-  // earlier tokens are already in the cache.
-  absl::Status Chunk(const std::vector<int32_t>& window, int64_t begin, int64_t n,
-                     std::vector<float>* logits) {
-    ForwardInput in;
-    in.token_ids.assign(window.begin() + begin, window.begin() + begin + n);
-    in.seqs.push_back({n, begin, table_});
-    for (int64_t i = 0; i < n; ++i) in.logits_rows.push_back(static_cast<int32_t>(i));
-    return model_->runner().Forward(in, kv_.get(), logits);
-  }
-
- private:
-  Scorer() = default;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<KvCacheStorage> kv_;
-  std::vector<int32_t> table_;
-};
 
 // log-softmax of one row, in double: logp[v] = x[v] - logsumexp(x).
 void LogSoftmax(const float* x, int64_t vocab, std::vector<double>* logp) {
@@ -105,41 +67,6 @@ struct Totals {
   int64_t tokens = 0, agree = 0;
 };
 
-// {"windows": [[id, ...], ...]}.
-absl::StatusOr<std::vector<std::vector<int32_t>>> ParseWindows(const std::string& path,
-                                                               const std::string& content) {
-  const nlohmann::json j = nlohmann::json::parse(content, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("windows") || !j["windows"].is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not JSON of the form {\"windows\": [[id, ...], ...]}"));
-  }
-  std::vector<std::vector<int32_t>> windows;
-  for (const auto& w : j["windows"]) {
-    if (!w.is_array())
-      return absl::InvalidArgumentError(absl::StrCat(path, ": a window is not a list"));
-    std::vector<int32_t> ids;
-    for (const auto& id : w) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": window ", windows.size(),
-                                                       " holds a value that is not a token id"));
-      }
-      ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
-    }
-    windows.push_back(std::move(ids));
-  }
-  return windows;
-}
-
-void Progress(int64_t done, int64_t total, double seconds) {
-  constexpr int kWidth = 30;
-  const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
-  std::fprintf(stderr, "\reval [%s%s] %3d%% %lld/%lld tokens, %.0f tok/s ",
-               std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
-               total > 0 ? static_cast<int>(100 * done / total) : 100, static_cast<long long>(done),
-               static_cast<long long>(total), seconds > 0 ? done / seconds : 0.0);
-  std::fflush(stderr);
-}
-
 }  // namespace
 
 int EvalCommand() {
@@ -150,81 +77,29 @@ int EvalCommand() {
   if (text_file.empty() == windows_file.empty()) {
     return EvalFail(absl::InvalidArgumentError("give one of --text-file F or --windows-file F"));
   }
-  const std::string input = text_file.empty() ? windows_file : text_file;
-  std::ifstream in(input, std::ios::binary);
-  if (!in) return EvalFail(absl::NotFoundError(absl::StrCat(input, ": cannot open")));
-  std::ostringstream content;
-  content << in.rdbuf();
-
   auto engine = EngineOptionsFromFlags();
   if (!engine.ok()) return EvalFail(engine.status());
   auto load = ModelLoadOptionsFromFlags();
   if (!load.ok()) return EvalFail(load.status());
   auto backend = BackendFromFlags();
   if (!backend.ok()) return EvalFail(backend.status());
-  // The token windows to score; row i of a window predicts its token i + 1.
-  std::vector<std::vector<int32_t>> windows;
-  std::vector<int32_t> tokens;
-  if (!text_file.empty()) {
-    auto tokenizer = Tokenizer::Load(model_dir);
-    if (!tokenizer.ok()) return EvalFail(tokenizer.status());
-    tokens = (*tokenizer)->Encode(content.str(), /*add_special_tokens=*/true);
-  } else {
-    auto parsed = ParseWindows(windows_file, content.str());
-    if (!parsed.ok()) return EvalFail(parsed.status());
-    windows = std::move(parsed).value();
-  }
   auto model = LlamaModel::Load(model_dir, backend->get(), *load);
   if (!model.ok()) return EvalFail(model.status());
-  const int64_t max_pos = (*model)->config().max_position_embeddings;
-  int64_t context = absl::GetFlag(FLAGS_context);
-  if (context == 0) context = std::min<int64_t>(1024, max_pos);
-  if (context < 2 || context > max_pos) {
-    return EvalFail(absl::InvalidArgumentError(
-        absl::StrCat("--context ", context, ": must be in [2, ", max_pos, "]")));
-  }
+  auto context_or = WindowContext(**model, absl::GetFlag(FLAGS_context));
+  if (!context_or.ok()) return EvalFail(context_or.status());
+  const int64_t context = *context_or;
   const int64_t vocab = (*model)->config().vocab_size;
-  if (!text_file.empty()) {
-    // Windows of `context` tokens overlapping by one: every token after the first predicted once.
-    for (int64_t start = 0; start + 1 < static_cast<int64_t>(tokens.size());) {
-      const int64_t end = std::min<int64_t>(static_cast<int64_t>(tokens.size()), start + context);
-      windows.emplace_back(tokens.begin() + start, tokens.begin() + end);
-      start = end - 1;
-    }
-  }
-  // The cap, and the checks on every window against this model.
-  int64_t total = 0;
-  const int64_t cap = absl::GetFlag(FLAGS_max_eval_tokens);
-  for (size_t w = 0; w < windows.size(); ++w) {
-    if (cap > 0 && total + static_cast<int64_t>(windows[w].size()) - 1 > cap) {
-      windows[w].resize(static_cast<size_t>(std::max<int64_t>(0, cap - total) + 1));
-    }
-    if (static_cast<int64_t>(windows[w].size()) > context) {
-      return EvalFail(
-          absl::InvalidArgumentError(absl::StrCat(input, ": window ", w, " has ", windows[w].size(),
-                                                  " tokens, more than --context ", context)));
-    }
-    for (int32_t id : windows[w]) {
-      if (id < 0 || id >= vocab) {
-        return EvalFail(absl::InvalidArgumentError(absl::StrCat(
-            input, ": window ", w, " has token id ", id, ", outside the vocabulary of ", vocab)));
-      }
-    }
-    total += std::max<int64_t>(0, static_cast<int64_t>(windows[w].size()) - 1);
-    if (cap > 0 && total >= cap) {
-      windows.resize(w + 1);
-      break;
-    }
-  }
-  if (total < 1) {
-    return EvalFail(
-        absl::InvalidArgumentError(absl::StrCat(input, ": nothing to score (under 2 tokens)")));
-  }
-  auto scorer = Scorer::Create(std::move(model).value(), engine->kv_cache_dtype, context);
+  // The token windows to score; row i of a window predicts its token i + 1.
+  auto loaded = LoadTokenWindows(model_dir, text_file, windows_file, context, vocab,
+                                 absl::GetFlag(FLAGS_max_eval_tokens));
+  if (!loaded.ok()) return EvalFail(loaded.status());
+  const std::vector<std::vector<int32_t>>& windows = loaded->windows;
+  const int64_t total = loaded->predicted;
+  auto scorer = WindowRunner::Create(std::move(model).value(), engine->kv_cache_dtype, context);
   if (!scorer.ok()) return EvalFail(scorer.status());
 
   // The reference: another directory, or this one as stored, when anything differs from that.
-  std::unique_ptr<Scorer> reference;
+  std::unique_ptr<WindowRunner> reference;
   const std::string reference_dir = absl::GetFlag(FLAGS_reference_model);
   const bool self_reference = reference_dir.empty() || reference_dir == model_dir;
   if (!self_reference || load->quantization != QuantType::kNone ||
@@ -237,18 +112,17 @@ int EvalCommand() {
           absl::StrCat("--reference-model ", dir, ": a vocabulary of ", (*ref)->config().vocab_size,
                        " tokens, the model's has ", vocab)));
     }
-    auto r = Scorer::Create(std::move(ref).value(), std::nullopt, context);
+    auto r = WindowRunner::Create(std::move(ref).value(), std::nullopt, context);
     if (!r.ok()) return EvalFail(r.status());
     reference = std::move(r).value();
   }
 
-  const bool progress = absl::GetFlag(FLAGS_progress);
+  ProgressBar progress("eval", "tokens", total, absl::GetFlag(FLAGS_progress));
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   constexpr int64_t kChunk = 128;
-  double last_progress = -1;
   Totals sum;
   std::vector<float> logits, ref_logits;
   for (const std::vector<int32_t>& window : windows) {
@@ -292,14 +166,10 @@ int EvalCommand() {
         sum.agree += t.agree;
       }
       sum.tokens += n;
-      // At most five redraws a second.
-      if (progress && (sum.tokens == total || seconds() - last_progress >= 0.2)) {
-        last_progress = seconds();
-        Progress(sum.tokens, total, last_progress);
-      }
+      progress.Update(sum.tokens);
     }
   }
-  if (progress) std::fputc('\n', stderr);
+  progress.Finish();
 
   const double ppl = std::exp(sum.nll / sum.tokens);
   nlohmann::ordered_json j;
@@ -314,6 +184,9 @@ int EvalCommand() {
   j["tokens"] = sum.tokens;
   j["context"] = context;
   j["quantization"] = std::string(QuantTypeName(load->quantization));
+  // A checkpoint stored quantized (GPTQ, AWQ, compressed-tensors): "none" otherwise.
+  j["checkpoint_format"] =
+      std::string(CheckpointFormatName((*scorer)->model().config().quantization.format));
   j["kv_cache_dtype"] =
       std::string(DTypeName((*scorer)->model().KvCacheDType(engine->kv_cache_dtype)));
   j["seconds"] = seconds();

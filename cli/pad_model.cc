@@ -11,19 +11,8 @@
 #include "common/tensor/safetensors.h"
 
 namespace tandem {
-namespace {
 
 namespace fs = std::filesystem;
-
-// The files copied as they are: the tokenizer's and the generation defaults (not the weights, the
-// config, or notes about the small model such as its README or training trace).
-bool IsCopied(const std::string& name) {
-  return name.starts_with("tokenizer") || name == "generation_config.json" ||
-         name == "special_tokens_map.json" || name == "vocab.json" || name == "merges.txt" ||
-         name == "chat_template.jinja" || name == "chat_template.json";
-}
-
-}  // namespace
 
 absl::Status PadModel(const PadModelOptions& o) {
   std::error_code ec;
@@ -50,15 +39,7 @@ absl::Status PadModel(const PadModelOptions& o) {
 
   fs::create_directories(o.out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(o.out_dir, ": cannot create: ", ec.message()));
-  // Tokenizer and generation files as they are.
-  for (const auto& entry : fs::directory_iterator(o.from_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || !IsCopied(name)) continue;
-    fs::copy_file(entry.path(), fs::path(o.out_dir) / name, fs::copy_options::overwrite_existing,
-                  ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", name, ": ", ec.message()));
-  }
-  if (ec) return absl::InternalError(absl::StrCat(o.from_dir, ": ", ec.message()));
+  RETURN_IF_ERROR(CopyTokenizerFiles(o.from_dir, o.out_dir));
   RETURN_IF_ERROR(
       WriteTextFile((fs::path(o.out_dir) / "config.json").string(), ModelConfigToJson(dst)));
 

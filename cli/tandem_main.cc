@@ -50,7 +50,8 @@ Commands:
                [--timeout-s T] [--priority P] besides the flags above.
   eval         A model's quality on a text: perplexity, and against a reference (default: the
                same model unquantized, default KV cache) top-1 agreement and mean KL per token.
-               --model DIR --text-file F [--quantization none|int8|int4] [--kv-cache-dtype ...]
+               --model DIR (--text-file F | --windows-file F.json) [--quantization none|int8|int4]
+               [--kv-cache-dtype ...]
                [--reference-model DIR] [--context N] [--max-eval-tokens N] [--json]
                [--progress=false] [--device cpu|cuda]
   plan         Capacity from the checkpoint's headers, loading no weight: weight bytes (quantized
@@ -58,6 +59,12 @@ Commands:
                --model DIR --memory BYTES [--quantization none|int8|int4]
                [--kv-cache-dtype auto|f32|bf16|f16] [--max-model-len N] [--max-num-seqs N]
                [--max-num-batched-tokens N] [--block-size N] [--device cpu|cuda] [--json]
+  quantize     Writes a quantized checkpoint (GPTQ or compressed-tensors format) that Tandem and
+               other engines load: round to nearest, or GPTQ over calibration text.
+               --model DIR --out DIR [--bits 4|8] [--group-size N|-1] [--method gptq|rtn]
+               [--format gptq|compressed-tensors] [--sym=true|false] [--act-order]
+               [--calibration-file F | --calibration-windows-file F.json] [--calibration-tokens N]
+               [--context N] [--damp F] [--shard-size-mb N] [--json] [--progress=false]
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
                PATH is a model directory or a tokenizer.json file. --jsonl F: one JSON string per
@@ -96,6 +103,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return tandem::cli::BenchCommand();
   if (command == "eval") return tandem::cli::EvalCommand();
   if (command == "plan") return tandem::cli::PlanCommand();
+  if (command == "quantize") return tandem::cli::QuantizeCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);

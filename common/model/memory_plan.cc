@@ -9,10 +9,8 @@
 #include "common/tensor/safetensors.h"
 
 namespace tandem {
-namespace {
 
-// The weights a Linear of the layers multiplies by (what --quantization quantizes).
-bool IsProjection(const std::string& name) {
+bool IsProjectionWeight(const std::string& name) {
   if (!name.starts_with("model.layers.")) return false;
   for (const char* suffix : {".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
                              ".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"}) {
@@ -20,6 +18,8 @@ bool IsProjection(const std::string& name) {
   }
   return false;
 }
+
+namespace {
 
 // QuantizedMatrix::bytes() of QuantizeRtn(rows × cols, DefaultRtnOptions(type)).
 int64_t QuantizedBytes(QuantType type, int64_t rows, int64_t cols) {
@@ -87,7 +87,8 @@ absl::StatusOr<int64_t> PlannedWeightBytes(const std::string& model_dir, QuantTy
     if (quantized_tensors.contains(name)) continue;
     if (t->shape.size() == 1) {
       bytes += t->shape[0] * static_cast<int64_t>(sizeof(float));  // vectors become f32
-    } else if (t->shape.size() == 2 && quantization != QuantType::kNone && IsProjection(name)) {
+    } else if (t->shape.size() == 2 && quantization != QuantType::kNone &&
+               IsProjectionWeight(name)) {
       if (quantization == QuantType::kInt4 && t->shape[1] % 32 != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             name, ": ", t->shape[1], " input features are not a multiple of 32 (int4)"));

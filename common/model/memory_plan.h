@@ -46,6 +46,11 @@ struct MemoryPlan {
   std::vector<std::pair<int64_t, int64_t>> sequences_by_length;
 };
 
+// Whether checkpoint tensor `name` is the weight of one of the layers' projections (q, k, v, o,
+// gate, up, down): what --quantization and `tandem quantize` quantize (embeddings, norms and
+// lm_head stay as stored).
+bool IsProjectionWeight(const std::string& name);
+
 // Sequences of `length` tokens that `num_blocks` blocks of `block_size` hold at once.
 int64_t SequencesThatFit(int64_t num_blocks, int64_t block_size, int64_t length);
 
