@@ -92,11 +92,12 @@ int PlanCommand() {
   std::printf("  weights             %14lld bytes (%s; %lld as stored)\n",
               static_cast<long long>(p.weight_bytes), Mib(p.weight_bytes).c_str(),
               static_cast<long long>(p.stored_weight_bytes));
-  std::printf("  KV per token        %14lld bytes (2 x %lld layers x %lld KV heads x %lld x %zu)\n",
-              static_cast<long long>(p.kv_bytes_per_token),
-              static_cast<long long>(c.num_hidden_layers),
-              static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
-              DTypeSize(o.kv_dtype));
+  std::printf(
+      "  KV per token        %14lld bytes (2 x %lld layers x %lld KV heads x %s)\n",
+      static_cast<long long>(p.kv_bytes_per_token), static_cast<long long>(c.num_hidden_layers),
+      static_cast<long long>(c.num_key_value_heads),
+      o.kv_dtype == DType::kI8 ? absl::StrCat("(", c.head_dim, " x 1 + a 4-byte scale)").c_str()
+                               : absl::StrCat(c.head_dim, " x ", DTypeSize(o.kv_dtype)).c_str());
   std::printf("  activation reserve  %14lld bytes (%s; a step of %lld tokens, estimated)\n",
               static_cast<long long>(p.activation_reserve_bytes),
               Mib(p.activation_reserve_bytes).c_str(),

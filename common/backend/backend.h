@@ -57,16 +57,37 @@ struct KvCacheGeometry {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
 
-  // What the cache stores: F32, or BF16/F16 (half the memory and the attention's reads; keys and
-  // values are rounded to it when written, and read back as f32).
+  // What the cache stores: F32, BF16/F16 (half the memory and the attention's reads; keys and
+  // values are rounded to it when written, and read back as f32), or I8 (a quarter, plus scales):
+  // each token's key (and value) of each head as int8 codes q = round(x / s), |q| ≤ 127, with one
+  // f32 scale s = max|x| / 127 (Backend::SupportsKvCacheDType says which a backend keeps). An I8
+  // block of one layer, of K or of V, is [block_size][kv_heads][head_dim] codes followed by
+  // [block_size][kv_heads] scales, so a block is still one run of bytes to transfer.
   DType dtype = DType::kF32;
 
-  int64_t elements_per_layer() const { return num_blocks * block_size * num_kv_heads * head_dim; }
+  int64_t elements_per_layer() const { return num_blocks * elements_per_block(); }
   int64_t elements_per_block() const { return block_size * num_kv_heads * head_dim; }
   int64_t bytes_per_element() const { return static_cast<int64_t>(DTypeSize(dtype)); }
+  // The scales of one block of one layer (I8; 0 otherwise).
+  int64_t scale_bytes_per_block() const {
+    return dtype == DType::kI8 ? block_size * num_kv_heads * static_cast<int64_t>(sizeof(float))
+                               : 0;
+  }
   // One block of one layer, of K or of V.
-  int64_t bytes_per_block() const { return elements_per_block() * bytes_per_element(); }
-  int64_t bytes_per_layer() const { return elements_per_layer() * bytes_per_element(); }
+  int64_t bytes_per_block() const {
+    return elements_per_block() * bytes_per_element() + scale_bytes_per_block();
+  }
+  int64_t bytes_per_layer() const { return num_blocks * bytes_per_block(); }
+  // Where `slot` (block · block_size + offset) keeps its [kv_heads][head_dim] elements, and (I8)
+  // its [kv_heads] scales, in bytes from the start of a layer.
+  int64_t slot_offset(int64_t slot) const {
+    return (slot / block_size) * bytes_per_block() +
+           (slot % block_size) * num_kv_heads * head_dim * bytes_per_element();
+  }
+  int64_t scale_offset(int64_t slot) const {
+    return (slot / block_size) * bytes_per_block() + elements_per_block() +
+           (slot % block_size) * num_kv_heads * static_cast<int64_t>(sizeof(float));
+  }
 };
 
 // Per-step attention metadata, CSR style (flashinfer's layout). All arrays are device pointers.
@@ -111,6 +132,9 @@ class Backend : public Device {
       std::shared_ptr<const QuantizedMatrix> matrix);
   // Whether UploadQuantizedWeight keeps `type`'s codes (Linear dequantizes as it reads them).
   virtual bool ReadsQuantizedWeights(QuantType type) const { return false; }
+  // Whether its PagedAttention keeps a KV cache of `dtype` (KvCacheGeometry::dtype): the float
+  // types everywhere; I8 where the backend says so (the CPU's).
+  virtual bool SupportsKvCacheDType(DType dtype) const { return IsFloat(dtype); }
 
   // --- Ops (f32 activations) ---
   // out[n][cols] = table[ids[i]]; ids are device int32 and must be in range (validated above).

@@ -11,9 +11,11 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(Backend* 
       g.head_dim <= 0) {
     return absl::InvalidArgumentError("KV cache geometry must be positive in every dimension");
   }
-  if (g.dtype != DType::kF32 && g.dtype != DType::kBF16 && g.dtype != DType::kF16) {
+  if (!backend->SupportsKvCacheDType(g.dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a KV cache stores f32, bf16 or f16, not ", std::string(DTypeName(g.dtype))));
+        absl::StrCat("--kv-cache-dtype ", std::string(KvCacheDTypeName(g.dtype)), ": the ",
+                     backend->name(), " backend's KV cache stores f32, bf16 or f16",
+                     g.dtype == DType::kI8 ? " (int8 is the CPU's)" : ""));
   }
   const int64_t bytes = g.num_layers * g.bytes_per_layer();
   ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(bytes)));

@@ -1,5 +1,6 @@
 // Device memory of a paged KV cache: K and V, each
-// [layers][num_blocks][block_size][kv_heads][head_dim] in the geometry's dtype (f32, bf16 or f16).
+// [layers][num_blocks][block_size][kv_heads][head_dim] in the geometry's dtype (f32, bf16 or f16;
+// int8 blocks also hold their scales, KvCacheGeometry).
 // Which blocks belong to which sequence is host-side bookkeeping (common/kv/); this object only
 // owns the memory, and moves blocks between it and the host for KV transfer. Non-copyable.
 #pragma once

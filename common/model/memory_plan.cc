@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/backend.h"
 #include "common/base/status_macros.h"
 #include "common/quant/rtn.h"
 #include "common/tensor/safetensors.h"
@@ -111,9 +112,16 @@ absl::StatusOr<MemoryPlan> PlanMemory(const std::string& model_dir, const Memory
                    PlannedWeightBytes(model_dir, o.quantization, &p.stored_weight_bytes));
   p.max_model_len = o.max_model_len > 0 ? std::min(o.max_model_len, c.max_position_embeddings)
                                         : c.max_position_embeddings;
-  p.kv_bytes_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
-                         static_cast<int64_t>(DTypeSize(o.kv_dtype));
-  p.kv_bytes_per_block = p.kv_bytes_per_token * o.block_size;
+  // K and V of every layer, as KvCacheStorage lays a block out (an int8 cache's scales included).
+  KvCacheGeometry g;
+  g.num_layers = c.num_hidden_layers;
+  g.num_blocks = 1;
+  g.block_size = o.block_size;
+  g.num_kv_heads = c.num_key_value_heads;
+  g.head_dim = c.head_dim;
+  g.dtype = o.kv_dtype;
+  p.kv_bytes_per_block = 2 * g.num_layers * g.bytes_per_block();
+  p.kv_bytes_per_token = p.kv_bytes_per_block / o.block_size;
   // The generic runner's buffers for a step of `tokens` rows, every row with logits: hidden
   // states, residual and norm output, q|k|v, attention output, gate|up and its product, logits.
   const int64_t tokens = std::max<int64_t>(

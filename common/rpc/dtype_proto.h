@@ -15,7 +15,8 @@ inline v1::WeightDType ToProto(DType t) {
     case DType::kF32: return v1::WEIGHT_DTYPE_F32;
     case DType::kF16: return v1::WEIGHT_DTYPE_F16;
     case DType::kBF16: return v1::WEIGHT_DTYPE_BF16;
-    default: return v1::WEIGHT_DTYPE_UNSPECIFIED;  // integer types name no weights
+    case DType::kI8: return v1::WEIGHT_DTYPE_I8;
+    default: return v1::WEIGHT_DTYPE_UNSPECIFIED;  // I32/I64 name neither weights nor caches
   }
 }
 
@@ -25,6 +26,7 @@ inline std::optional<DType> FromProto(v1::WeightDType t) {
     case v1::WEIGHT_DTYPE_F32: return DType::kF32;
     case v1::WEIGHT_DTYPE_F16: return DType::kF16;
     case v1::WEIGHT_DTYPE_BF16: return DType::kBF16;
+    case v1::WEIGHT_DTYPE_I8: return DType::kI8;
     default: return std::nullopt;
   }
 }

@@ -35,10 +35,24 @@ bool ParseKvCacheDType(std::string_view text, std::optional<DType>* out) {
     *out = std::nullopt;
     return true;
   }
+  if (upper == "INT8" || upper == "I8") {
+    *out = DType::kI8;
+    return true;
+  }
   const std::optional<DType> d = ParseDType(upper);
   if (!d.has_value() || !IsFloat(*d)) return false;
   *out = d;
   return true;
+}
+
+std::string_view KvCacheDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kI8: return "int8";
+    default: return DTypeName(t);
+  }
 }
 
 float F16ToF32(uint16_t h) {

@@ -27,9 +27,11 @@ inline bool IsFloat(DType t) { return t == DType::kF32 || t == DType::kF16 || t 
 // The safetensors spelling: "F32", "F16", "BF16", "I8", "I32", "I64".
 std::string_view DTypeName(DType t);
 std::optional<DType> ParseDType(std::string_view name);
-// --kv-cache-dtype's value: "auto" (any case) sets *out to std::nullopt, "f32", "bf16" or "f16"
-// (any case) to that type; false for anything else.
+// --kv-cache-dtype's value: "auto" (any case) sets *out to std::nullopt, "f32", "bf16", "f16" or
+// "int8" ("i8"; any case) to that type; false for anything else.
 bool ParseKvCacheDType(std::string_view text, std::optional<DType>* out);
+// The --kv-cache-dtype spelling of a cache type: "f32", "bf16", "f16", "int8".
+std::string_view KvCacheDTypeName(DType t);
 
 inline float Bf16ToF32(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;

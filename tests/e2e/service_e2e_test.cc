@@ -264,6 +264,15 @@ TEST_F(ServiceTest, Bf16KvCacheDisaggregatedMatchesTheInProcessEngine) {
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
 }
 
+// An int8 KV cache (the CPU's): blocks cross the wire with their scales, and decode goes on from
+// them exactly as the in-process engine with the same cache does.
+TEST_F(ServiceTest, Int8KvCacheDisaggregatedMatchesTheInProcessEngine) {
+  auto c = StartCluster({.prefill = 1, .decode = 1, .worker_args = {"--kv-cache-dtype=int8"}});
+  ExpectEquivalent(c->generation(), model_dir_, 40, DType::kI8);
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
 TEST_F(ServiceTest, TwoPrefillTwoDecodeMatchesTheInProcessEngine) {
   auto c = StartCluster({.prefill = 2, .decode = 2});
   ExpectEquivalent(c->generation(), model_dir_, 100);

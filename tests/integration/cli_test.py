@@ -295,6 +295,15 @@ for q, ppl_bound, top1_bound in (("int8", 1.005, 0.98), ("int4", 1.03, 0.9)):
         check(r["perplexity"] <= plain["perplexity"] * ppl_bound, f"{q}: perplexity {r['perplexity']} vs {plain['perplexity']}")
         check(top1_bound <= r["top1_agreement"] < 1, f"{q}: top-1 agreement {r['top1_agreement']}")
         check(0 < r["mean_kl"] < 0.05, f"{q}: mean KL {r['mean_kl']}")
+# An int8 KV cache (a scale per token and head): close to the f32 cache's predictions, and
+# `tandem plan` counts its bytes (kjv-target: 2 x 6 layers x 4 KV heads x (32 + a 4-byte scale)).
+r = evaluate("--kv-cache-dtype", "int8")
+if r:
+    check(r["kv_cache_dtype"] == "I8" and r["top1_agreement"] >= 0.99 and r["mean_kl"] < 1e-4,
+          f"eval --kv-cache-dtype int8: {r}")
+p = run("plan", "--model", kjv, "--memory", "1G", "--kv-cache-dtype", "int8", "--json")
+if p.returncode == 0:
+    check(json.loads(p.stdout)["kv_bytes_per_token"] == 2 * 6 * 4 * 36, f"plan with int8 KV: {p.stdout}")
 # A text file: tokenized with BOS, windows overlapping by one token.
 text_file = os.path.join(WORK, "eval.txt")
 with open(text_file, "w") as f:

@@ -58,6 +58,12 @@ def generate(*args, device="cuda", plan=False):
     return json.loads(p.stdout)
 
 
+# An int8 KV cache is the CPU's: the CUDA backend refuses it at start, saying so.
+p = subprocess.run([TANDEM, "generate", "--model", MODEL, "--prompt", "x", "--device", "cuda",
+                    "--kv-cache-dtype", "int8", FIXED_KV], capture_output=True, text=True, timeout=600, env=ENV)
+check(p.returncode == 2 and "int8 is the CPU's" in p.stderr, f"--device cuda --kv-cache-dtype int8: {p.returncode} {p.stderr[-500:]!r}")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

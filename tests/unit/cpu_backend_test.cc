@@ -171,8 +171,9 @@ TEST(CpuBackendTest, RopeRotatesHalvesByPosition) {
 
 class CpuPagedAttentionTest : public ::testing::TestWithParam<DType> {};
 
-// In every cache dtype: the cache holds k and v rounded to it, and the output is dense causal
-// attention over those rounded keys and values.
+// In every cache dtype: the cache holds k and v rounded to it (int8: codes and a scale per token
+// and head, within the slot's block), and the output is dense causal attention over those rounded
+// keys and values.
 TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
   auto backend = CpuBackend::Create({}).value();
   const DType dtype = GetParam();
@@ -186,10 +187,23 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
       out(n * heads * hd);
   for (auto* vec : {&q, &k, &v})
     for (auto& e : *vec) e = dist(rng);
-  const auto round = [&](float x) {
-    return dtype == DType::kBF16  ? Bf16ToF32(F32ToBf16(x))
-           : dtype == DType::kF16 ? F16ToF32(F32ToF16(x))
-                                  : x;
+  // k or v as the cache holds it: rounded to its type; int8 per token and head, codes of
+  // max|x| / 127.
+  const auto rounded = [&](const std::vector<float>& x) {
+    std::vector<float> r(x.size());
+    for (int64_t row = 0; row < n * kv_heads; ++row) {
+      const float* xs = x.data() + row * hd;
+      float amax = 0;
+      for (int64_t i = 0; i < hd; ++i) amax = std::max(amax, std::abs(xs[i]));
+      for (int64_t i = 0; i < hd; ++i) {
+        r[row * hd + i] = dtype == DType::kBF16  ? Bf16ToF32(F32ToBf16(xs[i]))
+                          : dtype == DType::kF16 ? F16ToF32(F32ToF16(xs[i]))
+                          : dtype == DType::kI8
+                              ? std::nearbyint(xs[i] / (amax / 127)) * (amax / 127)
+                              : xs[i];
+      }
+    }
+    return r;
   };
   std::vector<int32_t> table = {3, 1, 0};
   std::vector<int32_t> seq_indptr = {0, 5}, positions = {0, 1, 2, 3, 4}, ctx = {5}, bptr = {0, 3},
@@ -201,16 +215,26 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
   const float scale = 1 / std::sqrt(float(hd));
   backend->PagedAttention(q.data(), k.data(), v.data(), kc.data(), vc.data(), g, 0, md, heads,
                           scale, out.data());
-  // Token p's keys sit at its slot, rounded to the cache's type.
+  // Token p's keys and values sit at its slot, rounded to the cache's type.
+  const std::vector<float> k_held = rounded(k), v_held = rounded(v);
   for (int64_t p = 0; p < n; ++p) {
-    std::vector<float> stored(kv_heads * hd);
-    ConvertToF32(dtype, kc.data() + slots[p] * kv_heads * hd * g.bytes_per_element(), stored.data(),
-                 stored.size());
-    for (int64_t i = 0; i < kv_heads * hd; ++i)
-      ASSERT_EQ(stored[i], round(k[p * kv_heads * hd + i])) << p;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      for (const auto& [cache, held] : {std::pair{&kc, &k_held}, std::pair{&vc, &v_held}}) {
+        std::vector<float> stored(hd);
+        ConvertToF32(dtype,
+                     cache->data() + g.slot_offset(slots[p]) + h * hd * g.bytes_per_element(),
+                     stored.data(), stored.size());
+        const float s =
+            dtype == DType::kI8
+                ? reinterpret_cast<const float*>(cache->data() + g.scale_offset(slots[p]))[h]
+                : 1.f;
+        for (int64_t i = 0; i < hd; ++i)
+          ASSERT_EQ(stored[i] * s, (*held)[(p * kv_heads + h) * hd + i]) << p << " " << h;
+      }
+    }
   }
-  for (auto* vec : {&k, &v})
-    for (auto& e : *vec) e = round(e);
+  k = k_held;
+  v = v_held;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kh = h / (heads / kv_heads);
@@ -234,7 +258,7 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheTypes, CpuPagedAttentionTest,
-                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kI8),
                          [](const ::testing::TestParamInfo<DType>& i) {
                            return std::string(DTypeName(i.param));
                          });

@@ -158,6 +158,15 @@ TEST_P(EngineTest, Bf16KvCacheHalvesTheBlockAndKeepsBatchInvariance) {
   ExpectBatchInvariance(/*requests=*/16, /*seed=*/23, /*together_blocks=*/24, DType::kBF16);
 }
 
+// An int8 KV cache: a quarter of the f32 block plus a scale per token and head, and the same
+// batch invariance (each token's codes and scales depend on that token alone).
+TEST_P(EngineTest, Int8KvCacheQuartersTheBlockAndKeepsBatchInvariance) {
+  const KvCacheGeometry g = model_->KvGeometry(1, 4, DType::kI8);
+  EXPECT_EQ(KvCacheStorage::BytesPerBlock(g),
+            2 * g.num_layers * 4 * g.num_kv_heads * (g.head_dim + 4));
+  ExpectBatchInvariance(/*requests=*/16, /*seed=*/29, /*together_blocks=*/24, DType::kI8);
+}
+
 // A CPU backend standing in for a device: counts the copies to the host of whole rows of logits (a
 // size that is a multiple of a row's; the sampling results never are, in these tests).
 class RowCountingBackend : public ForwardingBackend {

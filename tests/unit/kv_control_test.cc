@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/rpc/dtype_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/kv_transfer.pb.h"
@@ -361,7 +362,7 @@ TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations
   hello.mutable_geometry()->set_block_size(4);
   // An f32 cache is announced as senders from before 16-bit caches did (no dtype, 4-byte elements).
   hello.mutable_geometry()->set_bytes_per_element(static_cast<int32_t>(DTypeSize(kv_dtype())));
-  if (kv_dtype() == DType::kBF16) hello.mutable_geometry()->set_dtype(v1::WEIGHT_DTYPE_BF16);
+  if (kv_dtype() != DType::kF32) hello.mutable_geometry()->set_dtype(ToProto(kv_dtype()));
   const std::string h = hello.SerializeAsString();
   RawFrame(fd, 1, h, static_cast<uint32_t>(h.size()));
   unsigned char reply_header[5];
@@ -513,17 +514,17 @@ TEST_P(TcpKvTransportTest,
   EXPECT_TRUE(SameBlock(1, 2));
 }
 
-INSTANTIATE_TEST_SUITE_P(DataPaths, TcpKvTransportTest,
-                         ::testing::Combine(::testing::Values(Mode::kHost, Mode::kStaged,
-                                                              Mode::kLink),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
-                         [](const ::testing::TestParamInfo<std::tuple<Mode, DType>>& i) {
-                           const Mode m = std::get<0>(i.param);
-                           return std::string(m == Mode::kHost     ? "host"
-                                              : m == Mode::kStaged ? "staged"
-                                                                   : "link") +
-                                  (std::get<1>(i.param) == DType::kF32 ? "_f32" : "_bf16");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    DataPaths, TcpKvTransportTest,
+    ::testing::Combine(::testing::Values(Mode::kHost, Mode::kStaged, Mode::kLink),
+                       ::testing::Values(DType::kF32, DType::kBF16, DType::kI8)),
+    [](const ::testing::TestParamInfo<std::tuple<Mode, DType>>& i) {
+      const Mode m = std::get<0>(i.param);
+      return std::string(m == Mode::kHost     ? "host"
+                         : m == Mode::kStaged ? "staged"
+                                              : "link") +
+             "_" + std::string(KvCacheDTypeName(std::get<1>(i.param)));
+    });
 
 // ---------------------------------------------------------------- side link only
 

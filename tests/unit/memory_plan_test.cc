@@ -219,9 +219,12 @@ TEST_P(PlanMatchesTest, WeightsAndPoolEqualWhatTheModelAndEngineAllocate) {
   auto model = LlamaModel::Load(dir, cpu.get(), load).value();
   int64_t stored = 0;
   EXPECT_EQ(PlannedWeightBytes(dir, GetParam().type, &stored).value(), model->weight_bytes());
-  for (int64_t block : {16, 5}) {
+  for (const auto& [block, kv] :
+       {std::pair{int64_t{16}, DType::kF32}, std::pair{int64_t{5}, DType::kF32},
+        std::pair{int64_t{16}, DType::kI8}, std::pair{int64_t{5}, DType::kI8}}) {
     MemoryPlanOptions o;
     o.quantization = GetParam().type;
+    o.kv_dtype = kv;
     o.block_size = block;
     o.max_model_len = 300;
     o.max_num_seqs = 16;
@@ -231,13 +234,14 @@ TEST_P(PlanMatchesTest, WeightsAndPoolEqualWhatTheModelAndEngineAllocate) {
     EXPECT_EQ(p.weight_bytes, model->weight_bytes());
     EXPECT_EQ(p.stored_weight_bytes, stored);
     const ModelConfig& c = model->config();
-    EXPECT_EQ(p.kv_bytes_per_token,
-              2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4);
+    // f32: 4 bytes an element; int8: one, and a 4-byte scale per token and head.
+    EXPECT_EQ(p.kv_bytes_per_token, 2 * c.num_hidden_layers * c.num_key_value_heads *
+                                        (kv == DType::kI8 ? c.head_dim + 4 : c.head_dim * 4));
     EXPECT_EQ(p.kv_cache_bytes, o.memory - p.weight_bytes - p.activation_reserve_bytes);
     // A worker given the planned pool with the same settings allocates exactly it.
     EngineOptions e;
     e.block_size = block;
-    e.kv_cache_dtype = DType::kF32;
+    e.kv_cache_dtype = kv;
     e.kv_cache_memory = p.kv_cache_bytes;
     e.scheduler.max_model_len = o.max_model_len;
     e.scheduler.max_num_seqs = o.max_num_seqs;

@@ -291,25 +291,47 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
                                 float* out) {
   const int64_t hd = g.head_dim, kvh = g.num_kv_heads;
   const int64_t token_stride = kvh * hd;
-  const int64_t es = g.bytes_per_element();
+  const bool int8 = g.dtype == DType::kI8;
   std::byte* kc = static_cast<std::byte*>(k_cache) + layer * g.bytes_per_layer();
   std::byte* vc = static_cast<std::byte*>(v_cache) + layer * g.bytes_per_layer();
-  // 1. Scatter the new keys and values into their slots (rounded to the cache's dtype).
-  const auto store = [&](std::byte* dst, const float* src) {
+  // 1. Scatter the new keys and values into their slots (rounded to the cache's dtype; int8: one
+  // scale per head, max|x| / 127, codes rounded to nearest even).
+  const auto store = [&](std::byte* layer_base, int64_t slot, const float* src) {
+    std::byte* dst = layer_base + g.slot_offset(slot);
     if (g.dtype == DType::kF32) {
       std::memcpy(dst, src, token_stride * sizeof(float));
-      return;
+    } else if (int8) {
+      auto* codes = reinterpret_cast<int8_t*>(dst);
+      auto* scales = reinterpret_cast<float*>(layer_base + g.scale_offset(slot));
+      for (int64_t h = 0; h < kvh; ++h) {
+        const float* x = src + h * hd;
+        float amax = 0.f;
+        for (int64_t i = 0; i < hd; ++i) amax = std::max(amax, std::abs(x[i]));
+        const float s = amax > 0 && std::isfinite(amax) ? amax / 127.f : 1.f;
+        scales[h] = s;
+        for (int64_t i = 0; i < hd; ++i) {
+          codes[h * hd + i] =
+              static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f));
+        }
+      }
+    } else {
+      auto* d = reinterpret_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < token_stride; ++i)
+        d[i] = g.dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
     }
-    auto* d = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < token_stride; ++i)
-      d[i] = g.dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
   };
   for (int64_t t = 0; t < md.num_tokens; ++t) {
     const int64_t slot = md.slot_mapping[t];
     if (slot < 0) continue;  // a padding token: nothing to keep
-    store(kc + slot * token_stride * es, k + t * token_stride);
-    store(vc + slot * token_stride * es, v + t * token_stride);
+    store(kc, slot, k + t * token_stride);
+    store(vc, slot, v + t * token_stride);
   }
+  // The key or value of head kh at `slot`: its elements, and the scale they multiply (int8; else
+  // 1).
+  const auto at = [&](const std::byte* layer_base, int64_t slot, int64_t kh, float* scale) {
+    *scale = int8 ? reinterpret_cast<const float*>(layer_base + g.scale_offset(slot))[kh] : 1.f;
+    return layer_base + g.slot_offset(slot) + kh * hd * g.bytes_per_element();
+  };
   // 2. Causal attention of every (token, head) over its sequence's blocks.
   std::vector<int32_t> seq_of_token(md.num_tokens);
   for (int64_t s = 0; s < md.num_seqs; ++s) {
@@ -328,8 +350,9 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
       float max_score = -INFINITY;
       for (int64_t p = 0; p < len; ++p) {
         const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        const float sc =
-            cpu::Dot(qv, kc + (slot * token_stride + kh * hd) * es, g.dtype, hd) * scale;
+        float ks;
+        const std::byte* kb = at(kc, slot, kh, &ks);
+        const float sc = cpu::Dot(qv, kb, g.dtype, hd) * ks * scale;
         scores[p] = sc;
         max_score = std::max(max_score, sc);
       }
@@ -341,13 +364,14 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t p = 0; p < len; ++p) {
         const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        const std::byte* vb = vc + (slot * token_stride + kh * hd) * es;
+        float vs;
+        const std::byte* vb = at(vc, slot, kh, &vs);
         const float* vv = reinterpret_cast<const float*>(vb);
         if (g.dtype != DType::kF32) {
           ConvertToF32(g.dtype, vb, row.data(), static_cast<size_t>(hd));
           vv = row.data();
         }
-        const float wgt = scores[p];
+        const float wgt = scores[p] * vs;
         for (int64_t i = 0; i < hd; ++i) acc[i] += wgt * vv[i];
       }
       float* o = out + (t * num_q_heads + h) * hd;

@@ -35,6 +35,9 @@ class CpuBackend final : public Backend {
   absl::StatusOr<DeviceWeight> UploadQuantizedWeight(
       std::shared_ptr<const QuantizedMatrix> matrix) override;
   bool ReadsQuantizedWeights(QuantType type) const override { return type != QuantType::kNone; }
+  bool SupportsKvCacheDType(DType dtype) const override {
+    return IsFloat(dtype) || dtype == DType::kI8;
+  }
 
   void Embedding(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out) override;
   void RmsNorm(const float* x, const DeviceWeight& weight, float eps, int64_t n, int64_t d,

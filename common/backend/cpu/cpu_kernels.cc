@@ -38,6 +38,16 @@ struct Avx2F32 {
   }
   static float Scalar(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
 };
+struct Avx2I8 {  // an int8 KV cache's codes (their scale is applied by the caller)
+  __attribute__((target("avx2,fma,f16c"))) static __m256 Load(const void* w, int64_t i) {
+    const auto* p = static_cast<const int8_t*>(w) + i;
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static float Scalar(const void* w, int64_t i) {
+    return static_cast<float>(static_cast<const int8_t*>(w)[i]);
+  }
+};
 struct Avx512Bf16 {
   static constexpr int kBytes = 2;
   __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
@@ -57,6 +67,17 @@ struct Avx512F16 {
   }
   static float Scalar(const void* w, int64_t i) {
     return F16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
+};
+struct Avx512I8 {
+  static constexpr int kBytes = 1;
+  __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
+    const auto* p = static_cast<const int8_t*>(w) + i;
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static float Scalar(const void* w, int64_t i) {
+    return static_cast<float>(static_cast<const int8_t*>(w)[i]);
   }
 };
 struct Avx512F32 {
@@ -243,6 +264,7 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: return DotRowsAvx512<Avx512F32, T>(x, w, n, out);
       case DType::kBF16: return DotRowsAvx512<Avx512Bf16, T>(x, w, n, out);
       case DType::kF16: return DotRowsAvx512<Avx512F16, T>(x, w, n, out);
+      case DType::kI8: return DotRowsAvx512<Avx512I8, T>(x, w, n, out);
       default: break;  // weights are floating point (LlamaModel refuses others)
     }
   }
@@ -251,6 +273,7 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: return DotRowsAvx2<Avx2F32, T>(x, w, n, out);
       case DType::kBF16: return DotRowsAvx2<Avx2Bf16, T>(x, w, n, out);
       case DType::kF16: return DotRowsAvx2<Avx2F16, T>(x, w, n, out);
+      case DType::kI8: return DotRowsAvx2<Avx2I8, T>(x, w, n, out);
       default: break;
     }
   }
@@ -259,6 +282,7 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: out[t] = DotScalar<Avx2F32>(x[t], w, n); break;
       case DType::kBF16: out[t] = DotScalar<Avx2Bf16>(x[t], w, n); break;
       case DType::kF16: out[t] = DotScalar<Avx2F16>(x[t], w, n); break;
+      case DType::kI8: out[t] = DotScalar<Avx2I8>(x[t], w, n); break;
       default: out[t] = 0.f; break;
     }
   }

@@ -8,7 +8,7 @@
 
 namespace tandem::cpu {
 
-// Returns sum_i x[i] * w[i] with w of type `dtype`.
+// Returns sum_i x[i] * w[i] with w of type `dtype` (f32, bf16, f16, or int8 codes, unscaled).
 float Dot(const float* x, const void* w, DType dtype, int64_t n);
 // out[r] = Dot(x[r], w, dtype, n) for `rows` activation rows, bit-identical to calling Dot on each
 // (the weight row is loaded once per group of four or eight rows).
