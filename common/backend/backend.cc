@@ -13,14 +13,27 @@ int64_t DeviceWeight::bytes() const {
 absl::StatusOr<DeviceWeight> Backend::UploadQuantizedWeight(
     std::shared_ptr<const QuantizedMatrix> matrix) {
   auto values = std::make_shared<std::vector<float>>(Dequantize(*matrix));
+  const DType dtype = DequantizedWeightDType();
   TensorView t;
   t.name = "dequantized";
-  t.dtype = DType::kF32;
+  t.dtype = dtype;
   t.shape = {matrix->rows, matrix->cols};
-  t.data = reinterpret_cast<const std::byte*>(values->data());
-  t.nbytes = values->size() * sizeof(float);
+  std::shared_ptr<void> bytes = values;
+  if (dtype == DType::kBF16 || dtype == DType::kF16) {
+    auto half = std::make_shared<std::vector<uint16_t>>(values->size());
+    for (size_t i = 0; i < values->size(); ++i) {
+      (*half)[i] = dtype == DType::kBF16 ? F32ToBf16((*values)[i]) : F32ToF16((*values)[i]);
+    }
+    t.data = reinterpret_cast<const std::byte*>(half->data());
+    t.nbytes = half->size() * sizeof(uint16_t);
+    bytes = std::move(half);
+  } else {
+    t.dtype = DType::kF32;
+    t.data = reinterpret_cast<const std::byte*>(values->data());
+    t.nbytes = values->size() * sizeof(float);
+  }
   absl::StatusOr<DeviceWeight> w = UploadWeight(t);
-  if (w.ok() && w->data == t.data) w->owner = std::move(values);  // mapped, not copied
+  if (w.ok() && w->data == t.data) w->owner = std::move(bytes);  // mapped, not copied
   return w;
 }
 

@@ -127,9 +127,12 @@ class Backend : public Device {
   // CUDA backend's choice; a model asks before it uploads its weights.
   virtual bool PrefersStackedProjections() const { return false; }
   // Makes a weight-only quantized matrix usable by Linear. Backends whose Linear reads the codes
-  // (the CPU's) keep them; the default dequantizes to f32 and uploads that (correct, no saving).
+  // (the CPU's) keep them; the default dequantizes to DequantizedWeightDType and uploads that
+  // (correct; no saving over 16-bit weights).
   virtual absl::StatusOr<DeviceWeight> UploadQuantizedWeight(
       std::shared_ptr<const QuantizedMatrix> matrix);
+  // What the default UploadQuantizedWeight dequantizes to: f32, or a GPU's 16-bit compute type.
+  virtual DType DequantizedWeightDType() const { return DType::kF32; }
   // Whether UploadQuantizedWeight keeps `type`'s codes (Linear dequantizes as it reads them).
   virtual bool ReadsQuantizedWeights(QuantType type) const { return false; }
   // Whether its PagedAttention keeps a KV cache of `dtype` (KvCacheGeometry::dtype): the float

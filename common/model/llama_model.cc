@@ -14,6 +14,14 @@
 namespace tandem {
 namespace {
 
+// "", or how a backend that keeps no codes of `type` runs quantized weights.
+std::string DequantizedNote(const Backend& backend, QuantType type) {
+  if (backend.ReadsQuantizedWeights(type)) return "";
+  return absl::StrCat("; the ", backend.name(), " backend runs them dequantized to ",
+                      std::string(DTypeName(backend.DequantizedWeightDType())),
+                      " (no memory saved over 16-bit weights)");
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -306,14 +314,17 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
                      << CheckpointFormatName(cq.format) << " (" << cq.bits << "-bit, "
                      << (cq.group_size > 0 ? absl::StrCat("groups of ", cq.group_size)
                                            : std::string("per output channel"))
-                     << "); the CPU reads them as stored, other backends dequantize them";
+                     << ")"
+                     << DequantizedNote(*backend_,
+                                        cq.bits == 8 ? QuantType::kInt8 : QuantType::kInt4);
   }
   if (num_quantized > 0) {
     TANDEM_LOG(INFO) << "quantized " << num_quantized << " projection weights to "
                      << QuantTypeName(quantization_)
                      << " on load (round to nearest): " << stored_bytes << " bytes as stored -> "
                      << quantized_bytes
-                     << " bytes with scales and zeros; embeddings, norms and lm_head as stored";
+                     << " bytes with scales and zeros; embeddings, norms and lm_head as stored"
+                     << DequantizedNote(*backend_, quantization_);
   }
   // The rotary table, computed from the config.
   auto inv = std::make_shared<std::vector<float>>(RopeInverseFrequencies(c));

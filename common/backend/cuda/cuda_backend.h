@@ -77,6 +77,11 @@ class CudaBackend final : public Backend, public DeviceSampler {
 
   std::string name() const override { return "cuda"; }
   DType StoredWeightDType(DType checkpoint) const override;
+  // Quantized weights run dequantized, in the compute type (BF16 unless --compute-dtype or the
+  // 16-bit weights already uploaded say otherwise): no fused dequantizing kernels yet.
+  DType DequantizedWeightDType() const override {
+    return compute_dtype_.value_or(gemm_dtype_ != DType::kF32 ? gemm_dtype_ : DType::kBF16);
+  }
   std::string device_description() const override { return description_; }
   absl::Status CheckErrors() override;
   void* native_stream() override { return stream_; }
