@@ -31,9 +31,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     }
     CpuBackend::Options o;
     o.batch_invariant = options.batch_invariant.value_or(true);
+    o.int8_activations = options.int8_activations;
     auto cpu = CpuBackend::Create(o);
     if (!cpu.ok()) return cpu.status();
     return std::unique_ptr<Backend>(std::move(*cpu));
+  }
+  if (options.int8_activations) {
+    return absl::InvalidArgumentError(
+        "--activation-dtype int8 is for --device cpu: the CUDA backend's activations stay 16-bit "
+        "or f32");
   }
   int ordinal = 0;
   const std::string& name = device;

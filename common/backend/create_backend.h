@@ -24,6 +24,8 @@ struct BackendOptions {
   std::optional<DType> compute_dtype = std::nullopt;
   // GEMM inputs as two 16-bit terms (CudaBackend::Options::split_gemm_inputs). Not for the CPU.
   bool split_gemm_inputs = false;
+  // Quantized weights' activations as int8 (CpuBackend::Options::int8_activations). CPU only.
+  bool int8_activations = false;
   // The CUDA backend's kernel choices (cuda_tunings.h). Not for the CPU.
   CudaTunings cuda_tunings = {};
 };

@@ -104,6 +104,11 @@ ABSL_FLAG(std::string, compute_dtype, "auto",
           "engine, --device cuda: 16-bit type of the weights and GEMMs: auto (the weights' own), "
           "bf16 or f16. f16 over BF16 weights (as vLLM's --dtype half) rounds GEMM inputs 8x finer "
           "at the same speed, but overflows past 65504 (a weight beyond it is refused at load)");
+ABSL_FLAG(std::string, activation_dtype, "f32",
+          "engine, --device cpu: f32, or int8 to quantize the activations of quantized weights' "
+          "Linear to int8 (per row and weight group, symmetric) and multiply in integers (W8A8 / "
+          "W4A8 with AVX-512 VNNI): faster, less exact (docs/benchmarks.md). Prefill and decode "
+          "workers exchanging KV must agree");
 ABSL_FLAG(bool, split_gemm_inputs, false,
           "engine, --device cuda: run each GEMM over 16-bit weights on its input split into two "
           "16-bit terms (x = hi + lo): activations keep about 16 significant bits where rounding "
@@ -200,6 +205,12 @@ absl::StatusOr<BackendOptions> BackendOptionsFromFlags() {
   if (!compute.ok()) return compute.status();
   o.compute_dtype = *compute;
   o.split_gemm_inputs = absl::GetFlag(FLAGS_split_gemm_inputs);
+  if (const std::string a = absl::GetFlag(FLAGS_activation_dtype); a == "int8") {
+    o.int8_activations = true;
+  } else if (a != "f32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--activation-dtype must be f32 or int8, got '", a, "'"));
+  }
   CudaTunings& t = o.cuda_tunings;
   t.fusion = absl::GetFlag(FLAGS_cuda_fusion);
   t.gemv_norm = absl::GetFlag(FLAGS_cuda_gemv_norm);
@@ -294,6 +305,7 @@ std::vector<std::string> EngineFlagArguments() {
       absl::StrCat("--speculative-step-rows=", absl::GetFlag(FLAGS_speculative_step_rows)),
       absl::StrCat("--kv-cache-dtype=", absl::GetFlag(FLAGS_kv_cache_dtype)),
       absl::StrCat("--compute-dtype=", absl::GetFlag(FLAGS_compute_dtype)),
+      absl::StrCat("--activation-dtype=", absl::GetFlag(FLAGS_activation_dtype)),
       absl::StrCat("--split-gemm-inputs=",
                    absl::GetFlag(FLAGS_split_gemm_inputs) ? "true" : "false"),
       absl::StrCat("--cuda-fusion=", absl::GetFlag(FLAGS_cuda_fusion) ? "true" : "false"),

@@ -231,11 +231,15 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   if (!model.ok()) return fail(model.status());
   auto fingerprint = ModelFingerprint(model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
-  // KV computed by quantized weights differs: a KV link's two ends must also agree on that.
-  const std::string kv_fingerprint =
+  // KV computed by quantized weights, or from int8 activations, differs: a KV link's two ends
+  // must also agree on that.
+  std::string kv_fingerprint =
       load_options->quantization == QuantType::kNone
           ? *fingerprint
           : absl::StrCat(*fingerprint, "/", std::string(QuantTypeName(load_options->quantization)));
+  if (auto b = BackendOptionsFromFlags(); b.ok() && b->int8_activations) {
+    absl::StrAppend(&kv_fingerprint, "/a8");
+  }
   // Decoding roles speculate with a draft model when one is named.
   absl::StatusOr<std::unique_ptr<LlamaModel>> draft = std::unique_ptr<LlamaModel>();
   if (role != v1::WORKER_ROLE_PREFILL) draft = DraftModelFromFlags(model_dir, **model);

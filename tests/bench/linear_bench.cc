@@ -56,12 +56,14 @@ BENCHMARK_CAPTURE(BM_Linear, BF16_deep, DType::kBF16)
 
 // Weight-only INT8 (per channel) / INT4 (groups of 128) with --quantization's RTN defaults; the
 // weight_GB/s counter counts the bytes a BF16 weight would have (the speed-up over BF16 at equal
-// work), and quant_GB/s the bytes actually read.
-void BM_LinearQuant(benchmark::State& state, QuantType type) {
+// work), and quant_GB/s the bytes actually read. `a8`: with int8 activations (--activation-dtype).
+void BM_LinearQuant(benchmark::State& state, QuantType type, bool a8 = false) {
   const int64_t n = state.range(0);
   const int64_t rows = state.range(1) > 0 ? state.range(1) : kRows;
   const int64_t cols = state.range(2) > 0 ? state.range(2) : kCols;
-  auto backend = CpuBackend::Create({}).value();
+  CpuBackend::Options options;
+  options.int8_activations = a8;
+  auto backend = CpuBackend::Create(options).value();
   std::mt19937 rng(1);
   std::vector<float> w32(rows * cols), x(n * cols), out(n * rows);
   for (auto& v : w32) v = (rng() % 2001) * 1e-3f - 1.0f;
@@ -99,6 +101,12 @@ BENCHMARK_CAPTURE(BM_LinearQuant, INT4_dram, QuantType::kInt4)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
     ->Args({1, 524288, 256})
     ->UseRealTime();
+BENCHMARK_CAPTURE(BM_LinearQuant, INT8_A8_dram, QuantType::kInt8, true)
+    ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_LinearQuant, INT4_A8_dram, QuantType::kInt4, true)
+    ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT8_wide, QuantType::kInt8)
     ->ArgsProduct({{1, 5}, {16384}, {256}})
     ->UseRealTime();
@@ -110,6 +118,9 @@ BENCHMARK_CAPTURE(BM_LinearQuant, INT8_deep, QuantType::kInt8)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT4_deep, QuantType::kInt4)
     ->ArgsProduct({{1, 5}, {256}, {16384}})
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_LinearQuant, INT4_A8_wide, QuantType::kInt4, true)
+    ->ArgsProduct({{1, 5}, {16384}, {256}})
     ->UseRealTime();
 
 }  // namespace

@@ -295,6 +295,16 @@ for q, ppl_bound, top1_bound in (("int8", 1.005, 0.98), ("int4", 1.03, 0.9)):
         check(r["perplexity"] <= plain["perplexity"] * ppl_bound, f"{q}: perplexity {r['perplexity']} vs {plain['perplexity']}")
         check(top1_bound <= r["top1_agreement"] < 1, f"{q}: top-1 agreement {r['top1_agreement']}")
         check(0 < r["mean_kl"] < 0.05, f"{q}: mean KL {r['mean_kl']}")
+# --activation-dtype int8 (W8A8 / W4A8): close to the weight-only path's quality.
+for q, kl_bound in (("int8", 1e-3), ("int4", 2e-2)):
+    r = evaluate("--quantization", q, "--activation-dtype", "int8")
+    if r:
+        check(r["mean_kl"] < kl_bound and r["top1_agreement"] >= 0.9, f"eval {q} with int8 activations: {r}")
+p = run("generate", "--model", kjv, "--prompt", "x", "--activation-dtype", "int4", expect_rc=2)
+check("--activation-dtype" in p.stderr, f"bad --activation-dtype named: {p.stderr!r}")
+p = run("generate", "--model", kjv, "--prompt", "x", "--device", "cuda", "--activation-dtype", "int8",
+        expect_rc=2)
+check("--device cpu" in p.stderr, f"--activation-dtype int8 on cuda refused: {p.stderr!r}")
 # An int8 KV cache (a scale per token and head): close to the f32 cache's predictions, and
 # `tandem plan` counts its bytes (kjv-target: 2 x 6 layers x 4 KV heads x (32 + a 4-byte scale)).
 r = evaluate("--kv-cache-dtype", "int8")

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/backend/cpu/cpu_backend.h"
+#include "common/backend/cpu/quant_a8_kernels.h"
 #include "common/backend/cpu/quant_kernels.h"
 #include "common/quant/quantized_matrix.h"
 #include "common/quant/rtn.h"
@@ -283,6 +284,73 @@ TEST_P(QuantLinearTest, GemmPathAndPortablePathAgree) {
                               c.rows);
     ExpectClose(portable, std::vector<double>(want.begin(), want.begin() + 3 * c.rows), x, c.cols,
                 "portable");
+  }
+}
+
+// --activation-dtype int8: x as the kernels quantize it, written here from the documented rule
+// (quant_a8_kernels.h): in stored column order, blocks of the group (128 when the group is a
+// larger multiple of 128 or the whole row), sx = max|x| / 127, xq = round(x / sx); back in input
+// column order as xq · sx.
+std::vector<float> Int8Activations(const QuantizedMatrix& m, const std::vector<float>& x,
+                                   int64_t n) {
+  const int64_t cols = m.cols, g = m.group_size;
+  const int64_t block = g > 128 && (g % 128 == 0 || g >= cols) ? 128 : g;
+  std::vector<float> out(x.size());
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<float> stored(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) stored[c] = x[i * cols + (m.perm.empty() ? c : m.perm[c])];
+    for (int64_t c0 = 0; c0 < cols; c0 += block) {
+      const int64_t c1 = std::min(cols, c0 + block);
+      float amax = 0;
+      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(stored[c]));
+      const float sx = amax / 127;
+      for (int64_t c = c0; c < c1; ++c) stored[c] = std::nearbyint(stored[c] / sx) * sx;
+    }
+    for (int64_t c = 0; c < cols; ++c) out[i * cols + (m.perm.empty() ? c : m.perm[c])] = stored[c];
+  }
+  return out;
+}
+
+TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
+  const Case& c = GetParam();
+  CpuBackend::Options options;
+  options.int8_activations = true;
+  auto backend = CpuBackend::Create(options).value();
+  auto m = Make();
+  const DeviceWeight w = backend->UploadQuantizedWeight(m).value();
+  for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
+    const std::vector<float> x = Random(n * c.cols, 200 + n);
+    std::vector<float> out(static_cast<size_t>(n * c.rows));
+    backend->Linear(x.data(), n, w, nullptr, out.data());
+    ExpectClose(out, Reference(*m, Int8Activations(*m, x, n), n), x, c.cols,
+                "int8 activations, n=" + std::to_string(n));
+  }
+  // Batch invariance holds as on the f32 path.
+  const int64_t n = 11;
+  const std::vector<float> x = Random(n * c.cols, 9);
+  std::vector<float> all(static_cast<size_t>(n * c.rows)), one(static_cast<size_t>(c.rows));
+  backend->Linear(x.data(), n, w, nullptr, all.data());
+  for (int64_t i = 0; i < n; ++i) {
+    backend->Linear(x.data() + i * c.cols, 1, w, nullptr, one.data());
+    for (int64_t r = 0; r < c.rows; ++r) ASSERT_EQ(one[r], all[i * c.rows + r]) << i << "," << r;
+  }
+  // The portable kernel (CPUs without VNNI), on stored-order x.
+  if (!c.permuted) {
+    cpu::QuantRows q;
+    q.type = m->type;
+    q.cols = m->cols;
+    q.group_size = m->group_size;
+    q.groups = m->num_groups();
+    q.codes = m->codes.data();
+    q.row_bytes = static_cast<size_t>(m->row_bytes());
+    q.scales = m->scales.data();
+    q.zeros = m->zeros.empty() ? nullptr : m->zeros.data();
+    cpu::QuantizedActivations a;
+    cpu::QuantizeActivations(x.data(), 3, q, &a);
+    std::vector<float> portable(static_cast<size_t>(3 * c.rows));
+    cpu::QuantDotTileA8Portable(a, 0, 3, q, static_cast<int>(c.rows), portable.data(), c.rows);
+    ExpectClose(portable, Reference(*m, Int8Activations(*m, x, 3), 3), x, c.cols,
+                "int8 activations, portable");
   }
 }
 

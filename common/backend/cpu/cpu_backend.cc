@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/backend/cpu/quant_a8_kernels.h"
 #include "common/backend/cpu/quant_kernels.h"
 
 namespace tandem {
@@ -40,7 +41,9 @@ constexpr int64_t kTileBytes = 1 << 20;
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& options) {
   ThreadPool* pool = options.pool ? options.pool : &ThreadPool::Default();
   openblas_set_num_threads(1);
-  return std::unique_ptr<CpuBackend>(new CpuBackend(pool, options.batch_invariant));
+  auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(pool, options.batch_invariant));
+  backend->int8_activations_ = options.int8_activations;
+  return backend;
 }
 
 std::string CpuBackend::device_description() const {
@@ -49,6 +52,10 @@ std::string CpuBackend::device_description() const {
                       : cpu::HaveAvx2() ? "avx2+fma"
                                         : "portable",
                       " kernels, ", batch_invariant_ ? "batch-invariant Linear" : "OpenBLAS GEMM",
+                      int8_activations_
+                          ? (cpu::HaveAvx512Vnni() ? ", int8 activations (vnni)"
+                                                   : ", int8 activations (portable: no vnni)")
+                          : "",
                       ")");
 }
 
@@ -153,6 +160,7 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
     }
     x = permuted.data();
   }
+  if (int8_activations_) return QuantizedLinearA8(x, n, w, q, out);
   sums.resize(static_cast<size_t>(n * q.groups));
   if (w.zeros != nullptr) {
     for (int64_t i = 0; i < n; ++i)
@@ -197,6 +205,30 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
                   static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
                   tile.data(), static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
+    }
+  });
+}
+
+void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, const DeviceWeight& w,
+                                   const cpu::QuantRows& q, float* out) {
+  const int64_t m = w.rows;
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  thread_local cpu::QuantizedActivations quantized;
+  const cpu::QuantizedActivations& a = quantized;  // the caller's, captured by the pool's tasks
+  cpu::QuantizeActivations(x, n, q, &quantized);
+  // As the f32 path's tiles, for every batch size: integer products need no SGEMM to be fast.
+  constexpr int64_t kRowTile = 24, kTokenGroup = 8;
+  pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
+      cpu::QuantRows tile = q;
+      tile.codes = codes + j0 * q.row_bytes;
+      tile.scales = w.scales + j0 * q.groups;
+      tile.zeros = w.zeros ? w.zeros + j0 * q.groups : nullptr;
+      for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
+        const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
+        cpu::QuantDotTileA8(a, i0, rows, tile, static_cast<int>(j1 - j0), out + i0 * m + j0, m);
+      }
     }
   });
 }

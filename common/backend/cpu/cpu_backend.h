@@ -10,6 +10,9 @@
 #include "common/base/thread_pool.h"
 
 namespace tandem {
+namespace cpu {
+struct QuantRows;
+}  // namespace cpu
 
 class CpuBackend final : public Backend {
  public:
@@ -20,6 +23,10 @@ class CpuBackend final : public Backend {
     // (the engine's batch invariance). Off: large batches use OpenBLAS SGEMM (faster prefill,
     // results differ in the last bits with batch composition).
     bool batch_invariant = true;
+    // Quantized weights' Linear quantizes its activations to int8 (per row and weight group) and
+    // multiplies in integers (quant_a8_kernels.h: VNNI): faster, less exact. Other weights keep
+    // f32.
+    bool int8_activations = false;
   };
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Options& options);
 
@@ -61,10 +68,14 @@ class CpuBackend final : public Backend {
  private:
   CpuBackend(ThreadPool* pool, bool batch_invariant)
       : pool_(pool), batch_invariant_(batch_invariant) {}
+  // Linear over quantized weights with int8 activations (Options::int8_activations).
+  void QuantizedLinearA8(const float* x, int64_t n, const DeviceWeight& w, const cpu::QuantRows& q,
+                         float* out);
   // Linear over a weight-only quantized weight.
   void QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out);
   ThreadPool* pool_;
   bool batch_invariant_;
+  bool int8_activations_ = false;
 };
 
 }  // namespace tandem
