@@ -12,7 +12,7 @@ OUT=.gpu_bundle
 rm -rf "$OUT/stage" "$OUT/run" "$OUT/bundle.tar.xz" && mkdir -p "$OUT/stage/bin" "$OUT/stage/lib"
 bins=("$BUILD/tests/gpu/cuda_smoke_test" "$BUILD/tests/gpu/cuda_backend_test" "$BUILD/tests/gpu/kv_link_test"
       "$BUILD/tests/e2e/service_e2e_test" "$BUILD/tests/bench/kv_transfer_bench" "$BUILD/cli/tandem"
-      "$BUILD/tests/bench/forward_bench" "$BUILD/tests/bench/spec_bench" "$BUILD/router/tandem-router" "$BUILD/prefill_worker/tandem-prefill-worker"
+      "$BUILD/tests/bench/forward_bench" "$BUILD/tests/bench/spec_bench" "$BUILD/tests/bench/quant_bench" "$BUILD/router/tandem-router" "$BUILD/prefill_worker/tandem-prefill-worker"
       "$BUILD/decode_worker/tandem-decode-worker" "$BUILD/common/cuda_plugin/libtandem_cuda_plugin.so")
 for b in "${bins[@]}"; do
   [[ -x "$b" ]] || { echo "gpu_bundle: $b is missing: build it first (cmake --build $BUILD)" >&2; exit 1; }

@@ -100,7 +100,7 @@ bench_runs() {
 # Every program runs under a time limit (seconds; TO_PCT scales them all, in percent), so one hang costs its own step only.
 lim() { local s=$1; shift; timeout -k 10 "$(( s * ${TO_PCT:-100} / 100 ))" "$@"; }
 # The bench stage's steps (BENCH_STEPS picks; default all).
-step() { [[ " ${BENCH_STEPS:-kv forward profile throughput budget sampled disagg mixed spec} " == *" $1 "* ]]; }
+step() { [[ " ${BENCH_STEPS:-kv forward profile throughput budget sampled disagg mixed spec quant} " == *" $1 "* ]]; }
 # The benchmark models of the bench and llama stages.
 presets=(qwen2.5-0.5b)
 [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && presets+=(qwen2.5-7b llama-3-8b)
@@ -218,6 +218,10 @@ for p in "${presets[@]}"; do
   # forward_runs and profile_runs: scripts/gpu_forward_runs.sh (also run on the emulator by ctest).
   ! step forward || bench_runs forward_runs "$dir" forward_bench.txt
   ! step profile || bench_runs profile_runs "$dir" profile.txt
+  # Weight-only INT8/INT4 (quantized on load; the dequantizing GEMV, quant_gemv.cu) against BF16,
+  # batch-1 decode, side by side.
+  ! step quant || lim 600 "$W/quant_bench" --device cuda --model "$dir" --types none,int8,int4 --output-len 128 \
+    --kv-cache-memory=2G 2>&1 | grep -v "^[IW] " | tee -a "$OUT/quant.txt" || status=1
   levels=1,16,64; hf_levels=1,16
   [[ "${TANDEM_GPU_BIG:-0}" == 1 ]] && levels=1,16,64,256 && hf_levels=1,16,64,256
   ! step throughput || lim 900 python3 tests/bench/throughput_vs_hf.py "$W/tandem" "$dir" --device cuda --concurrency $levels \

@@ -331,17 +331,21 @@ TEST_P(CudaForwardTest, BF16WeightsComputedInF16MatchTheCpuEightTimesCloser) {
   EXPECT_EQ(model->KvCacheDType(std::nullopt), DType::kF16);
 }
 
-// Quantized projections on the GPU: dequantized to BF16 on upload (no fused kernels yet), so they
-// take a 16-bit weight's bytes, not f32's, and the logits are as close to the CPU's (which reads
-// the codes) as BF16 weights' are.
-TEST_P(CudaForwardTest, QuantizedWeightsRunDequantizedToTheComputeType) {
-  CompareModels(GetParam(), DType::kBF16, std::nullopt, false, QuantType::kInt8);
-  auto gpu = CudaBackend::Create({}).value();
-  const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
-  LlamaLoadOptions int8;
-  int8.quantization = QuantType::kInt8;
-  EXPECT_EQ(LlamaModel::Load(dir, gpu.get(), int8).value()->weight_bytes(),
-            LlamaModel::Load(dir, gpu.get()).value()->weight_bytes());
+// Quantized projections on the GPU keep their codes (quant_gemv.h): decode steps read them in the
+// dequantizing GEMV, prefill chunks through a 16-bit dequantized copy and cuBLAS; the logits are
+// the CPU's (which reads the codes too) within BF16's bounds, and the weights take the CPU's bytes.
+TEST_P(CudaForwardTest, QuantizedWeightsKeepTheirCodes) {
+  for (QuantType type : {QuantType::kInt8, QuantType::kInt4}) {
+    CompareModels(GetParam(), DType::kBF16, std::nullopt, false, type);
+    auto gpu = CudaBackend::Create({}).value();
+    auto cpu = CpuBackend::Create({}).value();
+    const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
+    LlamaLoadOptions load;
+    load.quantization = type;
+    const int64_t gpu_bytes = LlamaModel::Load(dir, gpu.get(), load).value()->weight_bytes();
+    EXPECT_EQ(gpu_bytes, LlamaModel::Load(dir, cpu.get(), load).value()->weight_bytes());
+    EXPECT_LT(gpu_bytes, LlamaModel::Load(dir, gpu.get()).value()->weight_bytes());
+  }
 }
 
 TEST_P(CudaForwardTest, SplitGemmInputsOverBF16WeightsMatchTheCpuAsF32Does) {

@@ -30,6 +30,7 @@
 #include "common/base/argmax.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
+#include "common/quant/rtn.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
@@ -94,6 +95,64 @@ TEST_F(CudaBackendTest, LinearMatchesInEveryDtypeAndBatch) {
       }
     }
   }
+}
+
+// Quantized weights keep their codes (quant_gemv.h): up to 8 rows the dequantizing GEMV with f32
+// activations gives the CPU's quantized Linear's result; more rows go through a BF16 dequantized
+// copy and the GEMM path, as 16-bit weights do; act-order inputs are gathered first; a GEMV row's
+// bits do not depend on the rows beside it.
+TEST_F(CudaBackendTest, QuantizedLinearKeepsTheCodes) {
+  const int64_t rows = 96, cols = 256;
+  const auto w = Random(rows * cols, 14, 0.1f), bias = Random(rows, 15);
+  auto [bc, bg] = Weights(bias, 1, rows, DType::kF32);
+  struct Layout {
+    QuantType type;
+    int64_t group;
+    bool act_order;
+  };
+  for (const Layout l :
+       {Layout{QuantType::kInt8, 0, false}, Layout{QuantType::kInt8, 64, true},
+        Layout{QuantType::kInt4, 128, false}, Layout{QuantType::kInt4, 64, true}}) {
+    RtnOptions o;
+    o.type = l.type;
+    o.group_size = l.group;
+    o.symmetric = false;
+    auto m = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), rows, cols, o));
+    if (l.act_order) {
+      m->perm.resize(cols);
+      std::iota(m->perm.begin(), m->perm.end(), 0);
+      std::shuffle(m->perm.begin(), m->perm.end(), std::mt19937(3));
+    }
+    const DeviceWeight wc = cpu_->UploadQuantizedWeight(m).value();
+    const DeviceWeight wg = gpu_->UploadQuantizedWeight(m).value();
+    EXPECT_EQ(wg.quant, l.type);
+    EXPECT_EQ(wg.bytes(), m->bytes());
+    const std::string what =
+        absl::StrCat(std::string(QuantTypeName(l.type)), " g", l.group, l.act_order ? " act" : "");
+    std::vector<float> eight;  // the 8-row GEMV's output, for the single rows below
+    for (int64_t n : {8, 1, 3, 12}) {
+      const auto x = Random(n * cols, 20 + n);
+      std::vector<float> ref(n * rows);
+      cpu_->Linear(x.data(), n, wc, &bc, ref.data());
+      float* out = Zeros(n * rows);
+      gpu_->Linear(Up(x), n, wg, &bg, out);
+      const std::vector<float> got = Down(out, n * rows);
+      // 12 rows: weights and activations rounded to BF16 for the GEMM.
+      EXPECT_LE(MaxRelDiff(got, ref), n <= cuda::kGemvMaxRows ? 1e-4f : 2e-2f)
+          << what << " n " << n;
+      if (n == 8) eight = got;
+    }
+    const auto x8 = Random(8 * cols, 28);
+    for (int64_t t = 0; t < 8; ++t) {
+      std::vector<float> row(x8.begin() + t * cols, x8.begin() + (t + 1) * cols);
+      float* out = Zeros(rows);
+      gpu_->Linear(Up(row), 1, wg, &bg, out);
+      const std::vector<float> one = Down(out, rows);
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(one[r], eight[t * rows + r]) << what << " row " << t;
+    }
+  }
+  EXPECT_TRUE(gpu_->CheckErrors().ok());
 }
 
 // The decode GEMV on model-sized shapes (odd column counts, the unrolled loop and its tail) against

@@ -13,7 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
+#include "common/backend/cuda/quant_gemv.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/base/status_macros.h"
 #include "common/tensor/dtype.h"
@@ -485,6 +487,53 @@ absl::Status CastHalfWeight(const TensorView& t, DType to, uint16_t* out) {
 }
 
 }  // namespace
+
+absl::StatusOr<DeviceWeight> CudaBackend::UploadQuantizedWeight(
+    std::shared_ptr<const QuantizedMatrix> matrix) {
+  const QuantizedMatrix& m = *matrix;
+  RETURN_IF_ERROR(Validate(m, "quantized weight"));
+  if (!cuda::QuantLayoutCovered(m.type, m.cols, m.group_size)) {
+    return Backend::UploadQuantizedWeight(std::move(matrix));  // dequantized
+  }
+  Bind();
+  // The codes, scales, zero points and column order, each its own device buffer, held together.
+  struct Buffers {
+    std::shared_ptr<void> codes, scales, zeros, perm;
+  };
+  auto held = std::make_shared<Buffers>();
+  ASSIGN_OR_RETURN(held->codes, UploadBytes(m.codes.data(), m.codes.size(), stream_, live_bytes_));
+  ASSIGN_OR_RETURN(held->scales, UploadBytes(m.scales.data(), m.scales.size() * sizeof(float),
+                                             stream_, live_bytes_));
+  if (!m.zeros.empty()) {
+    ASSIGN_OR_RETURN(held->zeros, UploadBytes(m.zeros.data(), m.zeros.size() * sizeof(float),
+                                              stream_, live_bytes_));
+  }
+  if (!m.perm.empty()) {
+    ASSIGN_OR_RETURN(held->perm, UploadBytes(m.perm.data(), m.perm.size() * sizeof(int32_t),
+                                             stream_, live_bytes_));
+  }
+  if (cudaError_t e = cudaStreamSynchronize(stream_); e != cudaSuccess)
+    return CudaStatus(e, "uploading a quantized weight");
+  DeviceWeight w;
+  w.dtype = DType::kI8;  // no 16-bit kernel takes it for its own (the fused GEMVs decline)
+  w.rows = m.rows;
+  w.cols = m.cols;
+  w.quant = m.type;
+  w.group_size = m.group_size;
+  w.data = held->codes.get();
+  w.scales = static_cast<const float*>(held->scales.get());
+  w.zeros = static_cast<const float*>(held->zeros.get());
+  w.perm = static_cast<const int32_t*>(held->perm.get());
+  w.owner = std::move(held);
+  // Scratch a step will need, grown now rather than inside a graph capture: larger steps'
+  // dequantized weight, and a decode step's gathered input.
+  Scratch(kDequantizedWeight, static_cast<size_t>(m.rows * m.cols) * 2, /*optional=*/true);
+  if (!m.perm.empty()) {
+    Scratch(kPermutedInput, static_cast<size_t>(cuda::kGemvMaxRows * m.cols) * sizeof(float),
+            /*optional=*/true);
+  }
+  return w;
+}
 
 absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const TensorView& t) {
   Bind();

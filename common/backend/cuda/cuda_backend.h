@@ -77,8 +77,14 @@ class CudaBackend final : public Backend, public DeviceSampler {
 
   std::string name() const override { return "cuda"; }
   DType StoredWeightDType(DType checkpoint) const override;
-  // Quantized weights run dequantized, in the compute type (BF16 unless --compute-dtype or the
-  // 16-bit weights already uploaded say otherwise): no fused dequantizing kernels yet.
+  // Keeps INT8/INT4 codes where the layout allows (quant_gemv.h: k and the group size multiples of
+  // 32): decode steps read them in a dequantizing GEMV, larger steps dequantize into scratch for
+  // cuBLAS. Other layouts run dequantized (DequantizedWeightDType).
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(
+      std::shared_ptr<const QuantizedMatrix> matrix) override;
+  bool ReadsQuantizedWeights(QuantType type) const override { return type != QuantType::kNone; }
+  // What quantized weights are dequantized to: the compute type (BF16 unless --compute-dtype or
+  // the 16-bit weights already uploaded say otherwise).
   DType DequantizedWeightDType() const override {
     return compute_dtype_.value_or(gemm_dtype_ != DType::kF32 ? gemm_dtype_ : DType::kBF16);
   }
@@ -208,6 +214,8 @@ class CudaBackend final : public Backend, public DeviceSampler {
     kPaddedInput,
     kPaddedOutput,
     kAttentionPartials,
+    kPermutedInput,      // an act-order quantized weight's input in its column order ([n][k] f32)
+    kDequantizedWeight,  // a quantized weight dequantized for cuBLAS ([m][k] 16-bit)
     kNumScratch
   };
   // `optional`: failing to allocate is not an error of the backend (the caller has a fallback).
@@ -226,6 +234,9 @@ class CudaBackend final : public Backend, public DeviceSampler {
                      int64_t norm_cols) const;
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
+  // Linear over a weight UploadQuantizedWeight kept as codes.
+  void QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+                       float* out);
   // Where an op producing `out` [n][d] also writes the 16-bit copy a GEMM reading it next would
   // convert (in the GEMM input scratch), recorded in rounded_; none (data null) when no GEMM of
   // 16-bit weights is likely to read it (the GEMV takes n rows, fusions off, batch-invariant) or no

@@ -12,6 +12,7 @@
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/paged_attention.h"
+#include "common/backend/cuda/quant_gemv.h"
 #include "common/backend/cuda/sampling.h"
 
 namespace tandem {
@@ -128,10 +129,51 @@ cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t 
   return {data, gemm_dtype_};
 }
 
+void CudaBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w,
+                                  const DeviceWeight* bias, float* out) {
+  const int64_t m = w.rows, k = w.cols;
+  const cuda::QuantWeight q =
+      cuda::MakeQuantWeight(w.quant, m, k, w.group_size, w.data, w.scales, w.zeros, w.perm);
+  const bool gemv = n <= cuda::kGemvMaxRows && !batch_invariant_;
+  {
+    cuda::OpScope op(profiler_.get(), capturing_,
+                     profiler_ ? absl::StrCat(gemv ? "quantized gemv " : "dequantize ", m, "x", k,
+                                              n > 1 ? " (batched)" : "")
+                               : "",
+                     w.bytes(), stream_);
+    if (w.perm != nullptr) {  // act-order: the input in the codes' column order
+      auto* xp =
+          static_cast<float*>(Scratch(kPermutedInput, static_cast<size_t>(n * k) * sizeof(float)));
+      if (xp == nullptr) return;
+      Check(cuda::LaunchGatherColumns(x, n, k, w.perm, xp, stream_), "act-order gather");
+      x = xp;
+    }
+    if (gemv) {
+      // A decode step: the codes read once, dequantized in registers, f32 activations.
+      Check(cuda::LaunchQuantGemv(x, n, q,
+                                  bias != nullptr ? static_cast<const float*>(bias->data) : nullptr,
+                                  out, stream_),
+            "quantized gemv");
+      return;
+    }
+  }
+  // More rows (or batch invariance): the weight dequantized to 16 bits, then the GEMM path.
+  DeviceWeight dense;
+  dense.dtype = DequantizedWeightDType();
+  dense.rows = m;
+  dense.cols = k;
+  dense.data = Scratch(kDequantizedWeight, static_cast<size_t>(m * k) * 2);
+  if (dense.data == nullptr) return;
+  Check(cuda::LaunchDequantize(q, dense.dtype, const_cast<void*>(dense.data), stream_),
+        "dequantizing a weight");
+  Linear(x, n, dense, bias, out);
+}
+
 void CudaBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
                          float* out) {
   Bind();
   if (n == 0) return;
+  if (w.quant != QuantType::kNone) return QuantizedLinear(x, n, w, bias, out);
   const int64_t m = w.rows, k = w.cols;
   const bool gemv = !batch_invariant_ && cuda::GemvCovers(n, w.dtype, k, x, w.data);
   cuda::OpScope op(

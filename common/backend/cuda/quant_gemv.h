@@ -1,0 +1,70 @@
+// Weight-only quantized Linear on the GPU (quantized_matrix.h's layout kept in device memory):
+// decode steps of up to kGemvMaxRows rows read the codes once in a fused dequantizing GEMV with f32
+// activations; larger steps dequantize the weight into 16-bit scratch for cuBLAS.
+//
+// The GEMV: each warp computes one output column for all n rows. Lane l takes the 32-column blocks
+// l, l + 32, ... of the weight row in order (int4: 16 bytes, byte j holding columns j and 16 + j;
+// int8: 32 bytes), dequantizes each code as (q − zero) · scale of the block's group and folds it
+// into one f32 sum per activation row (fma in column order within the block); the warp then adds
+// its lanes' sums by an xor-shuffle tree. A row's result does not depend on n or on the other rows
+// (batch invariance among GEMV steps).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/quant/quantized_matrix.h"
+#include "common/tensor/dtype.h"
+
+namespace tandem::cuda {
+
+// A quantized weight in device memory: codes [m][row bytes], scales and zeros [m][groups] f32
+// (zeros null: all 0), perm [k] or null.
+struct QuantWeight {
+  QuantType type = QuantType::kNone;
+  int64_t m = 0, k = 0, group_size = 0;
+  int64_t groups = 0;     // ceil(k / group_size)
+  int64_t row_bytes = 0;  // k / 2 (int4) or k (int8)
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  const float* zeros = nullptr;
+  const int32_t* perm = nullptr;
+};
+
+// The QuantWeight of a weight held as codes (DeviceWeight's quantized fields).
+inline QuantWeight MakeQuantWeight(QuantType type, int64_t m, int64_t k, int64_t group_size,
+                                   const void* codes, const float* scales, const float* zeros,
+                                   const int32_t* perm) {
+  QuantWeight w;
+  w.type = type;
+  w.m = m;
+  w.k = k;
+  w.group_size = group_size;
+  w.groups = group_size > 0 ? (k + group_size - 1) / group_size : 0;
+  w.row_bytes = type == QuantType::kInt4 ? k / 2 : k;
+  w.codes = static_cast<const uint8_t*>(codes);
+  w.scales = scales;
+  w.zeros = zeros;
+  w.perm = perm;
+  return w;
+}
+
+// Whether the GPU keeps this layout's codes (else it runs the weight dequantized): k and the group
+// size multiples of 32 (a 32-column block never straddles groups), codes 16-byte aligned rows.
+bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size);
+
+// out[n][m] = x[n][k] · dequantized(w)^T (+ bias[m]); x in stored column order (gathered through
+// perm first by the caller), 16-byte aligned. 1 <= n <= kGemvMaxRows; cudaErrorInvalidValue
+// otherwise or for a layout QuantLayoutCovered refuses.
+cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, const float* bias,
+                            float* out, cudaStream_t stream);
+
+// out[m][k] of `dtype` (BF16 or F16) = (q − zero) · scale, stored column order.
+cudaError_t LaunchDequantize(const QuantWeight& w, DType dtype, void* out, cudaStream_t stream);
+
+// out[n][k] = x[n][perm[c]] (an act-order weight's column order).
+cudaError_t LaunchGatherColumns(const float* x, int64_t n, int64_t k, const int32_t* perm,
+                                float* out, cudaStream_t stream);
+
+}  // namespace tandem::cuda
