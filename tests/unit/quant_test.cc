@@ -263,15 +263,7 @@ TEST_P(QuantLinearTest, GemmPathAndPortablePathAgree) {
   ExpectClose(out, want, x, c.cols, "gemm");
   // The portable kernel, called directly (machines without AVX-512 run it), on stored-order x.
   if (!c.permuted) {
-    cpu::QuantRows q;
-    q.type = m->type;
-    q.cols = m->cols;
-    q.group_size = m->group_size;
-    q.groups = m->num_groups();
-    q.codes = m->codes.data();
-    q.row_bytes = static_cast<size_t>(m->row_bytes());
-    q.scales = m->scales.data();
-    q.zeros = m->zeros.empty() ? nullptr : m->zeros.data();
+    const cpu::QuantRows q = cpu::QuantRowsOf(*m);
     std::vector<float> sums(static_cast<size_t>(n * q.groups));
     std::vector<const float*> xs, ss;
     for (int64_t i = 0; i < 3; ++i) {
@@ -336,15 +328,7 @@ TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
   }
   // The portable kernel (CPUs without VNNI), on stored-order x.
   if (!c.permuted) {
-    cpu::QuantRows q;
-    q.type = m->type;
-    q.cols = m->cols;
-    q.group_size = m->group_size;
-    q.groups = m->num_groups();
-    q.codes = m->codes.data();
-    q.row_bytes = static_cast<size_t>(m->row_bytes());
-    q.scales = m->scales.data();
-    q.zeros = m->zeros.empty() ? nullptr : m->zeros.data();
+    const cpu::QuantRows q = cpu::QuantRowsOf(*m);
     cpu::QuantizedActivations a;
     cpu::QuantizeActivations(x.data(), 3, q, &a);
     std::vector<float> portable(static_cast<size_t>(3 * c.rows));

@@ -142,6 +142,29 @@ void CpuBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, 
                      });
 }
 
+namespace {
+
+// Tiles of 24 weight rows (kept in cache), each against every group of up to 8 activation rows,
+// on the pool: kernel(first activation row, rows, the tile's weight rows, their count, out at the
+// tile). Every output is one kernel call's, whatever n (batch invariance).
+template <typename Kernel>
+void QuantTiles(ThreadPool* pool, const cpu::QuantRows& q, int64_t m, int64_t n, float* out,
+                const Kernel& kernel) {
+  constexpr int64_t kRowTile = 24, kTokenGroup = 8;
+  pool->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
+      const cpu::QuantRows tile = q.RowsFrom(j0);
+      for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
+        kernel(i0, static_cast<int>(std::min(kTokenGroup, n - i0)), tile, static_cast<int>(j1 - j0),
+               out + i0 * m + j0);
+      }
+    }
+  });
+}
+
+}  // namespace
+
 void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out) {
   const int64_t m = w.rows, k = w.cols;
   cpu::QuantRows q;
@@ -150,7 +173,9 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
   q.group_size = w.group_size;
   q.groups = (k + w.group_size - 1) / w.group_size;
   q.row_bytes = static_cast<size_t>(w.quant == QuantType::kInt4 ? k / 2 : k);
-  const auto* codes = static_cast<const uint8_t*>(w.data);
+  q.codes = static_cast<const uint8_t*>(w.data);
+  q.scales = w.scales;
+  q.zeros = w.zeros;
   // The activations in stored column order (act-order weights), and their group sums.
   thread_local std::vector<float> permuted, sums;
   if (w.perm != nullptr) {
@@ -160,7 +185,7 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
     }
     x = permuted.data();
   }
-  if (int8_activations_) return QuantizedLinearA8(x, n, w, q, out);
+  if (int8_activations_) return QuantizedLinearA8(x, n, m, q, out);
   sums.resize(static_cast<size_t>(n * q.groups));
   if (w.zeros != nullptr) {
     for (int64_t i = 0; i < n; ++i)
@@ -168,26 +193,16 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
   }
   const float* xsum_base = sums.data();
   if (n <= kDirectDotMaxRows || batch_invariant_) {
-    constexpr int64_t kRowTile = 24, kTokenGroup = 8;
-    pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
-      const float* xs[kTokenGroup];
-      const float* ss[kTokenGroup];
-      for (int64_t t = tb; t < te; ++t) {
-        const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
-        cpu::QuantRows tile = q;
-        tile.codes = codes + j0 * q.row_bytes;
-        tile.scales = w.scales + j0 * q.groups;
-        tile.zeros = w.zeros ? w.zeros + j0 * q.groups : nullptr;
-        for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
-          const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
-          for (int r = 0; r < rows; ++r) {
-            xs[r] = x + (i0 + r) * k;
-            ss[r] = xsum_base + (i0 + r) * q.groups;
-          }
-          cpu::QuantDotTile(xs, rows, ss, tile, static_cast<int>(j1 - j0), out + i0 * m + j0, m);
-        }
-      }
-    });
+    QuantTiles(pool_, q, m, n, out,
+               [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
+                 const float* xs[8];
+                 const float* ss[8];
+                 for (int r = 0; r < rows; ++r) {
+                   xs[r] = x + (i0 + r) * k;
+                   ss[r] = xsum_base + (i0 + r) * q.groups;
+                 }
+                 cpu::QuantDotTile(xs, rows, ss, tile, tile_rows, o, m);
+               });
     return;
   }
   // Larger batches without batch invariance: dequantize tiles of rows and SGEMM them.
@@ -196,12 +211,8 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
     thread_local std::vector<float> tile;
     for (int64_t t = tb; t < te; ++t) {
       const int64_t r0 = t * tile_rows, rows = std::min(tile_rows, m - r0);
-      cpu::QuantRows part = q;
-      part.codes = codes + r0 * q.row_bytes;
-      part.scales = w.scales + r0 * q.groups;
-      part.zeros = w.zeros ? w.zeros + r0 * q.groups : nullptr;
       tile.resize(static_cast<size_t>(rows * k));
-      cpu::DequantizeRows(part, rows, tile.data());
+      cpu::DequantizeRows(q.RowsFrom(r0), rows, tile.data());
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n),
                   static_cast<int>(rows), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
                   tile.data(), static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
@@ -209,28 +220,16 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
   });
 }
 
-void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, const DeviceWeight& w,
-                                   const cpu::QuantRows& q, float* out) {
-  const int64_t m = w.rows;
-  const auto* codes = static_cast<const uint8_t*>(w.data);
+void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, int64_t m, const cpu::QuantRows& q,
+                                   float* out) {
   thread_local cpu::QuantizedActivations quantized;
   const cpu::QuantizedActivations& a = quantized;  // the caller's, captured by the pool's tasks
   cpu::QuantizeActivations(x, n, q, &quantized);
   // As the f32 path's tiles, for every batch size: integer products need no SGEMM to be fast.
-  constexpr int64_t kRowTile = 24, kTokenGroup = 8;
-  pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
-      cpu::QuantRows tile = q;
-      tile.codes = codes + j0 * q.row_bytes;
-      tile.scales = w.scales + j0 * q.groups;
-      tile.zeros = w.zeros ? w.zeros + j0 * q.groups : nullptr;
-      for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
-        const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
-        cpu::QuantDotTileA8(a, i0, rows, tile, static_cast<int>(j1 - j0), out + i0 * m + j0, m);
-      }
-    }
-  });
+  QuantTiles(pool_, q, m, n, out,
+             [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
+               cpu::QuantDotTileA8(a, i0, rows, tile, tile_rows, o, m);
+             });
 }
 
 void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,

@@ -69,8 +69,7 @@ class CpuBackend final : public Backend {
   CpuBackend(ThreadPool* pool, bool batch_invariant)
       : pool_(pool), batch_invariant_(batch_invariant) {}
   // Linear over quantized weights with int8 activations (Options::int8_activations).
-  void QuantizedLinearA8(const float* x, int64_t n, const DeviceWeight& w, const cpu::QuantRows& q,
-                         float* out);
+  void QuantizedLinearA8(const float* x, int64_t n, int64_t m, const cpu::QuantRows& q, float* out);
   // Linear over a weight-only quantized weight.
   void QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out);
   ThreadPool* pool_;

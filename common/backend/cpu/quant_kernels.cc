@@ -157,6 +157,19 @@ void QuantDotRowsAvx512(const float* const* x, const float* const* xsum, const Q
 
 }  // namespace
 
+QuantRows QuantRowsOf(const QuantizedMatrix& m) {
+  QuantRows q;
+  q.type = m.type;
+  q.cols = m.cols;
+  q.group_size = m.group_size;
+  q.groups = m.num_groups();
+  q.codes = m.codes.data();
+  q.row_bytes = static_cast<size_t>(m.row_bytes());
+  q.scales = m.scales.data();
+  q.zeros = m.zeros.empty() ? nullptr : m.zeros.data();
+  return q;
+}
+
 void QuantGroupSums(const float* x, int64_t cols, int64_t group_size, float* xsum) {
   for (int64_t c0 = 0, g = 0; c0 < cols; c0 += group_size, ++g) {
     float s = 0.f;

@@ -20,7 +20,18 @@ struct QuantRows {
   size_t row_bytes = 0;
   const float* scales = nullptr;  // [rows][groups]
   const float* zeros = nullptr;   // [rows][groups], or null (all 0)
+
+  // The same rows from row r0 on.
+  QuantRows RowsFrom(int64_t r0) const {
+    QuantRows q = *this;
+    q.codes = codes + r0 * static_cast<int64_t>(row_bytes);
+    q.scales = scales + r0 * groups;
+    q.zeros = zeros != nullptr ? zeros + r0 * groups : nullptr;
+    return q;
+  }
 };
+// The rows of a whole matrix.
+QuantRows QuantRowsOf(const QuantizedMatrix& m);
 // xsum[g] = sum of x over group g's columns (what the zero points multiply).
 void QuantGroupSums(const float* x, int64_t cols, int64_t group_size, float* xsum);
 // A tile of a quantized Linear, for `rows_x` (at most 8) activation rows in stored column order
