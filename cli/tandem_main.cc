@@ -64,6 +64,7 @@ Commands:
                --model DIR --out DIR [--bits 4|8] [--group-size N|-1] [--method gptq|rtn]
                [--format gptq|compressed-tensors] [--sym=true|false] [--act-order]
                [--calibration-file F | --calibration-windows-file F.json] [--calibration-tokens N]
+               [--calibration-memory BYTES]
                [--context N] [--damp F] [--shard-size-mb N] [--json] [--progress=false]
   tokenize     Encode text with the model's tokenizer.json; prints the ids.
                --model PATH (--text T | --file F | --jsonl F) [--add-special-tokens] [--json]
