@@ -16,15 +16,6 @@ const bool kHaveVnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppor
 // How far ahead of the dot products a row's codes are asked for (as quant_kernels.cc's).
 constexpr int64_t kPrefetchBytes = 4096;
 
-// The unsigned byte vpdpbusd multiplies for stored column c of a row: int4's code, int8's code +
-// 128.
-inline int UnsignedCode(QuantType type, const uint8_t* row, int64_t c) {
-  if (type == QuantType::kInt8) return static_cast<int8_t>(row[c]) + 128;
-  const int64_t j = c % 32;
-  const uint8_t b = row[(c / 32) * 16 + j % 16];
-  return j >= 16 ? b >> 4 : b & 0xF;
-}
-
 // Where stored column c of an activation block [c0, c1) sits in the quantized activation row (the
 // header's layout: int4's full 128-column blocks as lows then highs).
 inline int64_t ActivationSlot(QuantType type, int64_t c0, int64_t c1, int64_t c) {
@@ -258,7 +249,7 @@ void QuantDotTileA8Portable(const QuantizedActivations& a, int64_t first_row, in
         const int64_t g = c0 / w.group_size;
         int64_t dot = 0;
         for (int64_t c = c0; c < c1; ++c) {
-          dot += UnsignedCode(w.type, q, c) * xq[ActivationSlot(w.type, c0, c1, c)];
+          dot += (CodeAt(w.type, q, c) + offset) * xq[ActivationSlot(w.type, c0, c1, c)];
         }
         const float k = w.scales[r * w.groups + g] * a.scales(first_row + t)[b];
         const float z = w.zeros != nullptr ? w.zeros[r * w.groups + g] : 0.f;

@@ -9,14 +9,6 @@
 namespace tandem::cpu {
 namespace {
 
-// The code of stored column c in one row's bytes (quantized_matrix.h's layouts).
-inline int CodeAt(QuantType type, const uint8_t* row, int64_t c) {
-  if (type == QuantType::kInt8) return static_cast<int8_t>(row[c]);
-  const int64_t j = c % 32;
-  const uint8_t b = row[(c / 32) * 16 + j % 16];
-  return j >= 16 ? b >> 4 : b & 0xF;
-}
-
 // How far ahead of the FMAs a row's codes are asked for (as cpu_kernels.cc's 16-bit tiles).
 constexpr int64_t kPrefetchBytes = 4096;
 

@@ -32,6 +32,13 @@ struct QuantRows {
 };
 // The rows of a whole matrix.
 QuantRows QuantRowsOf(const QuantizedMatrix& m);
+// The code of stored column c in one row's bytes (quantized_matrix.h's layouts; int8 signed).
+inline int CodeAt(QuantType type, const uint8_t* row, int64_t c) {
+  if (type == QuantType::kInt8) return static_cast<int8_t>(row[c]);
+  const int64_t j = c % 32;
+  const uint8_t b = row[(c / 32) * 16 + j % 16];
+  return j >= 16 ? b >> 4 : b & 0xF;
+}
 // xsum[g] = sum of x over group g's columns (what the zero points multiply).
 void QuantGroupSums(const float* x, int64_t cols, int64_t group_size, float* xsum);
 // A tile of a quantized Linear, for `rows_x` (at most 8) activation rows in stored column order
