@@ -184,6 +184,7 @@ int EvalCommand() {
   j["tokens"] = sum.tokens;
   j["context"] = context;
   j["quantization"] = std::string(QuantTypeName(load->quantization));
+  j["quantize_lm_head"] = load->quantize_lm_head;
   // A checkpoint stored quantized (GPTQ, AWQ, compressed-tensors): "none" otherwise.
   j["checkpoint_format"] =
       std::string(CheckpointFormatName((*scorer)->model().config().quantization.format));

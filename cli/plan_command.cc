@@ -52,6 +52,7 @@ int PlanCommand() {
   MemoryPlanOptions o;
   o.memory = *memory;
   o.quantization = load->quantization;
+  o.quantize_lm_head = load->quantize_lm_head;
   // As LlamaModel::KvCacheDType and the engine's defaults resolve "auto" and 0.
   o.kv_dtype = engine->kv_cache_dtype.value_or(
       gpu && config->torch_dtype != DType::kF32 ? config->torch_dtype : DType::kF32);
@@ -78,6 +79,7 @@ int PlanCommand() {
       j["sequences_by_length"].push_back({{"length", len}, {"sequences", n}});
     }
     j["quantization"] = std::string(QuantTypeName(o.quantization));
+    j["quantize_lm_head"] = o.quantize_lm_head;
     j["kv_cache_dtype"] = std::string(DTypeName(o.kv_dtype));
     j["block_size"] = o.block_size;
     std::printf("%s\n", j.dump().c_str());

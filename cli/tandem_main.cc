@@ -45,19 +45,20 @@ Commands:
                [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16]
                [--speculative-method off|ngram|draft] [--speculative-model DIR]
                [--num-speculative-tokens K] [--ngram-min N --ngram-max M]
-               [--speculative-adaptive=true|false] [--quantization none|int8|int4] [engine flags]
+               [--speculative-adaptive=true|false] [--quantization none|int8|int4]
+               [--quantize-lm-head] [engine flags]
                --server HOST:PORT streams from a Tandem router instead (no --model needed), with
                [--timeout-s T] [--priority P] besides the flags above.
   eval         A model's quality on a text: perplexity, and against a reference (default: the
                same model unquantized, default KV cache) top-1 agreement and mean KL per token.
                --model DIR (--text-file F | --windows-file F.json) [--quantization none|int8|int4]
-               [--kv-cache-dtype ...]
+               [--quantize-lm-head] [--kv-cache-dtype ...]
                [--reference-model DIR] [--context N] [--max-eval-tokens N] [--json]
                [--progress=false] [--device cpu|cuda]
   plan         Capacity from the checkpoint's headers, loading no weight: weight bytes (quantized
                or not), KV bytes per token, an activation reserve, sequences that fit.
-               --model DIR --memory BYTES [--quantization none|int8|int4]
-               [--kv-cache-dtype auto|f32|bf16|f16] [--max-model-len N] [--max-num-seqs N]
+               --model DIR --memory BYTES [--quantization none|int8|int4] [--quantize-lm-head]
+               [--kv-cache-dtype auto|f32|bf16|f16|int8] [--max-model-len N] [--max-num-seqs N]
                [--max-num-batched-tokens N] [--block-size N] [--device cpu|cuda] [--json]
   quantize     Writes a quantized checkpoint (GPTQ or compressed-tensors format) that Tandem and
                other engines load: round to nearest, or GPTQ over calibration text.

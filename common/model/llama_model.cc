@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->backend_ = backend;
   m->quantization_ = options.quantization;
+  m->quantize_lm_head_ = options.quantize_lm_head;
   ASSIGN_OR_RETURN(m->config_, LoadModelConfig(model_dir));
   if (options.quantization != QuantType::kNone &&
       m->config_.quantization.format != CheckpointFormat::kNone) {
@@ -222,6 +223,7 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
   };
   RETURN_IF_ERROR(load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, &tw.embed));
   RETURN_IF_ERROR(load("model.norm.weight", {c.hidden_size}, &tw.final_norm));
+  const bool quantize_head = quantize_lm_head_ && quantization_ != QuantType::kNone;
   if (c.tie_word_embeddings) {
     tw.lm_head = tw.embed;
     // Some tied checkpoints store the shared matrix twice; accept it when the shape matches.
@@ -229,13 +231,21 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
       DeviceWeight ignored;
       RETURN_IF_ERROR(load("lm_head.weight", {c.vocab_size, c.hidden_size}, &ignored));
     }
+    if (quantize_head) {
+      ASSIGN_OR_RETURN(const TensorView* t,
+                       get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+      RETURN_IF_ERROR(upload_linear(*t, nullptr, &tw.lm_head));
+    }
   } else {
-    // As stored: quantized when the checkpoint quantized it (GPTQModel's lm_head option), never
-    // by --quantization.
+    // As stored: quantized when the checkpoint quantized it (GPTQModel's lm_head option), and by
+    // --quantization only with quantize_lm_head.
     ASSIGN_OR_RETURN(std::optional<QuantizedMatrix> q,
                      read_quantized("lm_head.weight", {c.vocab_size, c.hidden_size}));
     if (q.has_value()) {
       RETURN_IF_ERROR(upload_quantized(*std::move(q), &tw.lm_head));
+    } else if (quantize_head) {
+      ASSIGN_OR_RETURN(const TensorView* t, get("lm_head.weight", {c.vocab_size, c.hidden_size}));
+      RETURN_IF_ERROR(upload_linear(*t, nullptr, &tw.lm_head));
     } else {
       RETURN_IF_ERROR(load("lm_head.weight", {c.vocab_size, c.hidden_size}, &tw.lm_head));
     }
@@ -319,12 +329,13 @@ absl::Status LlamaModel::LoadWeights(bool stacked, TransformerWeights* out) {
                                         cq.bits == 8 ? QuantType::kInt8 : QuantType::kInt4);
   }
   if (num_quantized > 0) {
-    TANDEM_LOG(INFO) << "quantized " << num_quantized << " projection weights to "
+    TANDEM_LOG(INFO) << "quantized " << num_quantized << " weights to "
                      << QuantTypeName(quantization_)
                      << " on load (round to nearest): " << stored_bytes << " bytes as stored -> "
-                     << quantized_bytes
-                     << " bytes with scales and zeros; embeddings, norms and lm_head as stored"
-                     << DequantizedNote(*backend_, quantization_);
+                     << quantized_bytes << " bytes with scales and zeros; "
+                     << (quantize_head ? "the LM head quantized too, embeddings and norms"
+                                       : "embeddings, norms and lm_head")
+                     << " as stored" << DequantizedNote(*backend_, quantization_);
   }
   // The rotary table, computed from the config.
   auto inv = std::make_shared<std::vector<float>>(RopeInverseFrequencies(c));

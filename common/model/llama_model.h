@@ -30,6 +30,10 @@ struct LlamaLoadOptions {
   // lm_head stay as stored. INVALID_ARGUMENT when a projection cannot take the layout (int4 needs
   // in_features a multiple of 32).
   QuantType quantization = QuantType::kNone;
+  // With `quantization`: quantize the LM head too (as the projections). A tied LM head gets a
+  // quantized copy of its own while the embedding table stays as stored for the row lookups. An
+  // LM head the checkpoint already quantized stays as it is.
+  bool quantize_lm_head = false;
 };
 
 class LlamaModel {
@@ -69,6 +73,7 @@ class LlamaModel {
   ModelConfig config_;
   Backend* backend_ = nullptr;
   QuantType quantization_ = QuantType::kNone;
+  bool quantize_lm_head_ = false;
   int64_t weight_bytes_ = 0;
   std::unique_ptr<Checkpoint> checkpoint_;  // the CPU backend's weights point into its mapping
   std::unique_ptr<ModelRunner> runner_;

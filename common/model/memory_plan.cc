@@ -59,7 +59,7 @@ int64_t SequencesThatFit(int64_t num_blocks, int64_t block_size, int64_t length)
 }
 
 absl::StatusOr<int64_t> PlannedWeightBytes(const std::string& model_dir, QuantType quantization,
-                                           int64_t* stored_bytes) {
+                                           int64_t* stored_bytes, bool quantize_lm_head) {
   ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(const std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
   int64_t bytes = 0, stored = 0;
@@ -83,21 +83,34 @@ absl::StatusOr<int64_t> PlannedWeightBytes(const std::string& model_dir, QuantTy
       quantized_tensors.insert(names.begin(), names.end());
     }
   }
+  auto quantized_bytes = [&](const std::string& name,
+                             const std::vector<int64_t>& shape) -> absl::StatusOr<int64_t> {
+    if (quantization == QuantType::kInt4 && shape[1] % 32 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", shape[1], " input features are not a multiple of 32 (int4)"));
+    }
+    return QuantizedBytes(quantization, shape[0], shape[1]);
+  };
+  const bool quantize_head = quantize_lm_head && quantization != QuantType::kNone;
   for (const auto& [name, t] : checkpoint->tensors()) {
     if (name.ends_with(".self_attn.rotary_emb.inv_freq")) continue;  // recomputed, not loaded
     if (quantized_tensors.contains(name)) continue;
     if (t->shape.size() == 1) {
       bytes += t->shape[0] * static_cast<int64_t>(sizeof(float));  // vectors become f32
     } else if (t->shape.size() == 2 && quantization != QuantType::kNone &&
-               IsProjectionWeight(name)) {
-      if (quantization == QuantType::kInt4 && t->shape[1] % 32 != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            name, ": ", t->shape[1], " input features are not a multiple of 32 (int4)"));
-      }
-      bytes += QuantizedBytes(quantization, t->shape[0], t->shape[1]);
+               (IsProjectionWeight(name) ||
+                (quantize_head && !c.tie_word_embeddings && name == "lm_head.weight"))) {
+      ASSIGN_OR_RETURN(const int64_t b, quantized_bytes(name, t->shape));
+      bytes += b;
     } else {
       bytes += static_cast<int64_t>(t->nbytes);
     }
+  }
+  // A tied LM head quantized gets its own copy beside the embedding table.
+  if (quantize_head && c.tie_word_embeddings) {
+    ASSIGN_OR_RETURN(const int64_t b,
+                     quantized_bytes("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+    bytes += b;
   }
   bytes += (c.head_dim / 2) * static_cast<int64_t>(sizeof(float));  // the rotary table
   if (stored_bytes != nullptr) *stored_bytes = stored;
@@ -108,8 +121,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const std::string& model_dir, const Memory
   ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(model_dir));
   if (o.block_size < 1) return absl::InvalidArgumentError("--block-size must be at least 1");
   MemoryPlan p;
-  ASSIGN_OR_RETURN(p.weight_bytes,
-                   PlannedWeightBytes(model_dir, o.quantization, &p.stored_weight_bytes));
+  ASSIGN_OR_RETURN(p.weight_bytes, PlannedWeightBytes(model_dir, o.quantization,
+                                                      &p.stored_weight_bytes, o.quantize_lm_head));
   p.max_model_len = o.max_model_len > 0 ? std::min(o.max_model_len, c.max_position_embeddings)
                                         : c.max_position_embeddings;
   // K and V of every layer, as KvCacheStorage lays a block out (an int8 cache's scales included).

@@ -21,7 +21,8 @@ namespace tandem {
 struct MemoryPlanOptions {
   int64_t memory = 0;  // bytes this engine may use: weights + activations + KV cache
   QuantType quantization = QuantType::kNone;
-  DType kv_dtype = DType::kF32;  // resolved (LlamaModel::KvCacheDType)
+  bool quantize_lm_head = false;  // LlamaLoadOptions::quantize_lm_head
+  DType kv_dtype = DType::kF32;   // resolved (LlamaModel::KvCacheDType)
   int64_t block_size = 16;
   int64_t max_model_len = 0;  // 0: the model's context
   int64_t max_num_seqs = 128;
@@ -54,10 +55,12 @@ bool IsProjectionWeight(const std::string& name);
 // Sequences of `length` tokens that `num_blocks` blocks of `block_size` hold at once.
 int64_t SequencesThatFit(int64_t num_blocks, int64_t block_size, int64_t length);
 
-// The weights' bytes as LlamaModel::Load(dir, backend, {quantization}) holds them on a backend
-// that keeps 2-D weights in their stored size and 1-D ones as f32 (the CPU and CUDA backends).
+// The weights' bytes as LlamaModel::Load(dir, backend, {quantization, quantize_lm_head}) holds
+// them on a backend that keeps 2-D weights in their stored size and 1-D ones as f32 (the CPU and
+// CUDA backends).
 absl::StatusOr<int64_t> PlannedWeightBytes(const std::string& model_dir, QuantType quantization,
-                                           int64_t* stored_bytes = nullptr);
+                                           int64_t* stored_bytes = nullptr,
+                                           bool quantize_lm_head = false);
 
 // RESOURCE_EXHAUSTED when the weights and activations leave nothing for the KV cache.
 absl::StatusOr<MemoryPlan> PlanMemory(const std::string& model_dir, const MemoryPlanOptions& o);

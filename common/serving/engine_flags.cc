@@ -50,6 +50,11 @@ ABSL_FLAG(std::string, quantization, "none",
           "asymmetric); embeddings, norms and lm_head stay as stored, and so does a draft "
           "model's. Linear dequantizes inside its dot products (CPU); prefill and decode workers "
           "exchanging KV must agree");
+ABSL_FLAG(bool, quantize_lm_head, false,
+          "engine: with --quantization, quantize the LM head too (the output projection, "
+          "vocab x hidden: on a model with a large vocabulary the largest single weight read "
+          "every step); a tied LM head gets a quantized copy of its own beside the embedding "
+          "table");
 ABSL_FLAG(
     std::string, speculative_method, "",
     "engine, decode and combined roles: speculative decoding for requests that do not choose: "
@@ -270,12 +275,19 @@ absl::StatusOr<LlamaLoadOptions> ModelLoadOptionsFromFlags() {
         absl::StrCat("--quantization: '", text, "' is not none, int8 or int4"));
   }
   o.quantization = *q;
+  o.quantize_lm_head = absl::GetFlag(FLAGS_quantize_lm_head);
+  if (o.quantize_lm_head && o.quantization == QuantType::kNone) {
+    return absl::InvalidArgumentError(
+        "--quantize-lm-head needs --quantization int8 or int4 (it quantizes the LM head as the "
+        "projections are)");
+  }
   return o;
 }
 
 std::vector<std::string> EngineFlagArguments() {
   return {
       absl::StrCat("--quantization=", absl::GetFlag(FLAGS_quantization)),
+      absl::StrCat("--quantize-lm-head=", absl::GetFlag(FLAGS_quantize_lm_head) ? "true" : "false"),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--batch-invariant=",
                    absl::GetFlag(FLAGS_batch_invariant).has_value()

@@ -10,12 +10,12 @@
 //                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
 //                 [--gemv-norm=false] [--gemv-heads=false] [--grid-split-keys 32|64|128|256]
 //                 [--roofline-copy-mib 1024] [--roofline-gemm 8192]
-//                 [--kv-cache-dtype auto|f32|bf16|f16]
+//                 [--kv-cache-dtype auto|f32|bf16|f16|int8] [--quantization none|int8|int4]
+//                 [--activation-dtype f32|int8]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <numeric>
 #include <random>
 #include <string>
@@ -30,6 +30,7 @@
 #include "common/backend/cpu/openblas_setup.h"
 #include "common/base/command_line.h"
 #include "common/model/llama_model.h"
+#include "common/quant/quantized_matrix.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(int64_t, prompt_len, 128, "prompt tokens for the prefill measurement");
@@ -44,8 +45,16 @@ ABSL_FLAG(bool, split_gemm_inputs, false,
           "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant "
           "bits for twice the GEMM arithmetic (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "what the KV cache stores: f32, bf16, f16 or auto (on a GPU the model's 16-bit dtype, "
-          "else f32), as the engine's flag");
+          "what the KV cache stores: f32, bf16, f16, int8 (CPU) or auto (on a GPU the model's "
+          "16-bit dtype, else f32), as the engine's flag");
+ABSL_FLAG(std::string, quantization, "none",
+          "quantize the projections on load: none, int8 (per output channel) or int4 (groups of "
+          "128), as the engine's flag; a checkpoint that is already quantized loads as it is");
+ABSL_FLAG(bool, quantize_lm_head, false,
+          "with --quantization, quantize the LM head too (the engine's flag)");
+ABSL_FLAG(std::string, activation_dtype, "f32",
+          "CPU: f32, or int8 (quantized weights' activations rounded to int8 for VNNI, as the "
+          "engine's flag)");
 ABSL_FLAG(bool, profile_ops, false,
           "after the measurement, time every op of one prefill and of the decode steps (GPU "
           "backends; op by op, so without graphs) and print a table per phase");
@@ -127,33 +136,48 @@ int Run() {
   }
   o.compute_dtype = *compute;
   o.split_gemm_inputs = absl::GetFlag(FLAGS_split_gemm_inputs);
+  const std::string activation = absl::GetFlag(FLAGS_activation_dtype);
+  if (activation != "f32" && activation != "int8") {
+    std::fprintf(stderr, "forward_bench: --activation-dtype must be f32 or int8\n");
+    return 1;
+  }
+  o.int8_activations = activation == "int8";
+  LlamaLoadOptions load;
+  if (const std::optional<QuantType> q = ParseQuantType(absl::GetFlag(FLAGS_quantization))) {
+    load.quantization = *q;
+    load.quantize_lm_head = absl::GetFlag(FLAGS_quantize_lm_head);
+  } else {
+    std::fprintf(stderr, "forward_bench: --quantization must be none, int8 or int4\n");
+    return 1;
+  }
   auto backend_or = CreateBackend(o);
   if (!backend_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(backend_or.status().message()).c_str());
     return 1;
   }
   std::unique_ptr<Backend> backend = std::move(backend_or).value();
-  auto model_or = LlamaModel::Load(dir, backend.get());
+  auto model_or = LlamaModel::Load(dir, backend.get(), load);
   if (!model_or.ok()) {
     std::fprintf(stderr, "forward_bench: %s\n", std::string(model_or.status().message()).c_str());
     return 1;
   }
   auto model = std::move(model_or).value();
   const ModelConfig& c = model->config();
-  uint64_t weight_bytes = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() == ".safetensors") weight_bytes += entry.file_size();
-  }
-  // Decode reads every weight once per step except the embedding table (one row per token).
+  // The bytes the backend holds (quantized codes, scales and zero points where quantized).
+  const double weight_bytes = static_cast<double>(model->weight_bytes());
+  // Decode reads every weight once per step except the embedding table (one row per token), which
+  // is read whole only when it is the LM head too (tied, and not quantized into a copy).
   const double dtype_bytes = static_cast<double>(DTypeSize(c.torch_dtype));
+  const bool embed_is_head =
+      c.tie_word_embeddings && !(load.quantize_lm_head && load.quantization != QuantType::kNone);
   const double step_bytes =
-      weight_bytes - (c.tie_word_embeddings ? 0.0 : c.vocab_size * c.hidden_size * dtype_bytes);
+      weight_bytes - (embed_is_head ? 0.0 : c.vocab_size * c.hidden_size * dtype_bytes);
 
   const int64_t block_size = 16;
   const int64_t per_seq_blocks = (prompt_len + decode_tokens + block_size) / block_size + 1;
   std::optional<DType> requested_kv;
   if (!ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), &requested_kv)) {
-    std::fprintf(stderr, "forward_bench: --kv-cache-dtype must be auto, f32, bf16 or f16\n");
+    std::fprintf(stderr, "forward_bench: --kv-cache-dtype must be auto, f32, bf16, f16 or int8\n");
     return 1;
   }
   const DType kv_dtype = model->KvCacheDType(requested_kv);
@@ -225,10 +249,12 @@ int Run() {
   const double step_seconds = best_decode / decode_tokens;
   const bool measured_with_graphs =
       model->runner().use_graphs();  // --profile-ops turns them off below
-  std::printf("model=%s arch=%s dtype=%s weights=%.1f MB kv=%s backend=%s\n", dir.c_str(),
-              c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
-              weight_bytes / 1e6, std::string(DTypeName(kv_dtype)).c_str(),
-              backend->device_description().c_str());
+  std::printf(
+      "model=%s arch=%s dtype=%s quantization=%s activations=%s weights=%.1f MB kv=%s "
+      "backend=%s\n",
+      dir.c_str(), c.architecture.c_str(), std::string(DTypeName(c.torch_dtype)).c_str(),
+      absl::GetFlag(FLAGS_quantization).c_str(), activation.c_str(), weight_bytes / 1e6,
+      std::string(DTypeName(kv_dtype)).c_str(), backend->device_description().c_str());
   std::printf("prefill: %lld tokens in %.4f s = %.1f tokens/s%s\n",
               static_cast<long long>(prompt_len), best_prefill, prompt_len / best_prefill,
               absl::GetFlag(FLAGS_tc_attention) && backend->name() == "cuda"
@@ -282,6 +308,8 @@ int Run() {
                            {"backend", backend->device_description()},
                            {"kv", std::string(DTypeName(kv_dtype))},
                            {"kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)},
+                           {"quantization", absl::GetFlag(FLAGS_quantization)},
+                           {"activation_dtype", activation},
                            {"compute_dtype", absl::GetFlag(FLAGS_compute_dtype)},
                            {"split_gemm_inputs", absl::GetFlag(FLAGS_split_gemm_inputs)},
                            {"prompt_len", prompt_len},

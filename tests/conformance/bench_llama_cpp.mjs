@@ -5,9 +5,11 @@
 //
 //   node bench_llama_cpp.mjs --model HF_DIR [--dtype bf16] [--prompt-len 128] [--decode-tokens 32]
 //                            [--repeats 3] [--threads 2] [--kv-type f16] [--keep-gguf FILE]
+//                            [--quantize-head]
 //
 // The model is exported to a temporary GGUF with its 2-D weights in --dtype (export_gguf.mjs; bf16 from a
-// bf16 checkpoint is a plain copy of the bits) and run by node-llama-cpp's prebuilt CPU llama.cpp with
+// bf16 checkpoint is a plain copy of the bits; q8_0 / q4_0 quantize the layers' projections, and with
+// --quantize-head the embedding table and lm_head too) and run by node-llama-cpp's prebuilt CPU llama.cpp with
 // flash attention off, a KV cache of --kv-type (f16 by default, llama.cpp's own default; Tandem's CPU KV
 // cache is f32 — at these lengths the KV cache is a tiny fraction of the bytes a step reads), --threads
 // threads, and batch = ubatch = context size ≥ prompt length, so the prompt is one llama_decode.
@@ -45,7 +47,7 @@ import { parseFlags, seededRandom } from "./lib/compare.mjs";
 
 const USAGE =
   "usage: node bench_llama_cpp.mjs --model HF_DIR [--dtype f32|f16|bf16] [--prompt-len 128] [--decode-tokens 32] " +
-  "[--repeats 3] [--threads 2] [--kv-type f16|f32|bf16] [--keep-gguf FILE]";
+  "[--repeats 3] [--threads 2] [--kv-type f16|f32|bf16] [--keep-gguf FILE] [--quantize-head]";
 
 const KV_TYPES = { f16: "F16", f32: "F32", bf16: "BF16" };
 
@@ -84,6 +86,7 @@ async function main() {
         threads: "number",
         "kv-type": "string",
         "keep-gguf": "string",
+        "quantize-head": "boolean",
       },
       { dtype: "bf16", "prompt-len": 128, "decode-tokens": 32, repeats: 3, threads: 2, "kv-type": "f16" },
     );
@@ -107,7 +110,7 @@ async function main() {
   const gguf = args["keep-gguf"] ?? path.join(tmp, `model-${args.dtype}.gguf`);
   let llama, model, context;
   try {
-    const summary = exportGguf(args.model, gguf, { dtype: args.dtype, warn: (s) => console.error(`bench_llama_cpp: export: ${s}`) });
+    const summary = exportGguf(args.model, gguf, { dtype: args.dtype, quantizeHead: !!args["quantize-head"], warn: (s) => console.error(`bench_llama_cpp: export: ${s}`) });
     const vocab = summary.vocab;
 
     // Info-level logs are captured (printTimings reports at info), never printed unless loading fails.
@@ -185,7 +188,7 @@ async function main() {
       .map((x) => x.replace(/\s*= 1$/, ""))
       .join(",");
     console.log(
-      `model=${args.model} arch=${summary.family} gguf=${args.dtype} (${(summary.bytes / 1e6).toFixed(1)} MB) ` +
+      `model=${args.model} arch=${summary.family} gguf=${args.dtype}${args["quantize-head"] ? "+head" : ""} (${(summary.bytes / 1e6).toFixed(1)} MB) ` +
         `backend=node-llama-cpp ${nodeLlamaCppVersion()} (llama.cpp ${llama.llamaCppRelease.release}; ${cpuFeatures || "?"}) ` +
         `threads=${context.currentThreads} kv=${args["kv-type"]} flash_attn=off batch=${context.batchSize}`,
     );

@@ -5,7 +5,14 @@
 // weight matrices in that type instead (for benchmarking llama.cpp at the precision Tandem runs), while
 // 1-D tensors (norms, biases) and rope_freqs stay F32, as llama.cpp expects.
 //
-//   node export_gguf.mjs --model DIR --out FILE.gguf [--dtype f32|f16|bf16]
+//   node export_gguf.mjs --model DIR --out FILE.gguf [--dtype f32|f16|bf16|q8_0|q4_0] [--quantize-head]
+//
+// `--dtype q8_0|q4_0` quantizes the layers' projection weights (attention q/k/v/o, MLP gate/up/down)
+// to llama.cpp's Q8_0 or Q4_0 blocks and keeps the embedding table and lm_head in BF16 — the split
+// Tandem's `--quantization` makes (embeddings and lm_head as stored) — for benchmarking llama.cpp's
+// quantized CPU path on the same weights (quantizeBlocks below gives the block formats).
+// `--quantize-head` quantizes the embedding table and lm_head to the same type as well (what Tandem's
+// `--quantize-lm-head` does to the LM head; llama.cpp reads embedding rows from quantized blocks).
 //
 // Conversions are exact where the target can hold the source (bf16 → bf16 and f16 → f16 reproduce the
 // source bits; anything → f32 is exact) and round to nearest, ties to even otherwise (f32 → f16/bf16,
@@ -33,9 +40,14 @@ const GGUF_VERSION = 3;
 const ALIGNMENT = 32;
 const T = { UINT32: 4, INT32: 5, FLOAT32: 6, BOOL: 7, STRING: 8, ARRAY: 9 };
 // ggml_type ids (ggml.h / GGUF spec) and the matching general.file_type (llama_ftype) values.
-const GGML_TYPE = { f32: 0, f16: 1, bf16: 30 };
+const GGML_TYPE = { f32: 0, f16: 1, bf16: 30, q8_0: 8, q4_0: 2 };
+// Bytes per element (f32, f16, bf16) or per block of QK = 32 elements (q8_0, q4_0).
 const GGML_TYPE_BYTES = { 0: 4, 1: 2, 30: 2 };
-const FILE_TYPE = { f32: 0, f16: 1, bf16: 32 }; // ALL_F32, MOSTLY_F16, MOSTLY_BF16 (1-D tensors stay F32)
+const QK = 32;
+const GGML_BLOCK_BYTES = { 8: 2 + QK, 2: 2 + QK / 2 };
+// ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0, MOSTLY_Q4_0 (1-D tensors stay F32).
+const FILE_TYPE = { f32: 0, f16: 1, bf16: 32, q8_0: 7, q4_0: 2 };
+const QUANT_DTYPES = new Set(["q8_0", "q4_0"]);
 export const EXPORT_DTYPES = Object.keys(GGML_TYPE);
 // llama.cpp token types.
 const TOKEN_NORMAL = 1;
@@ -277,6 +289,85 @@ export function toF16(data) {
   return { bits: out, overflows };
 }
 
+// llama.cpp's 8- and 4-bit blocks (ggml-common.h's block_q8_0 / block_q4_0, as ggml-quants.c's
+// reference quantizers fill them), over rows whose length is a multiple of QK = 32:
+// - Q8_0: per block an f16 scale d = max|x| / 127, then 32 int8 codes round(x / d); x ≈ d·q.
+// - Q4_0: per block an f16 scale d = m / −8, where m is the block's value of largest magnitude (sign
+//   kept), then 16 bytes: byte j holds element j's code in its low nibble and element j+16's in its
+//   high nibble, code = min(15, trunc(x / d + 8.5)); x ≈ d·(code − 8).
+// Codes are chosen with the f32 scale and the f16-rounded scale is stored, as llama.cpp does.
+export function quantizeBlocks(data, type) {
+  if (data.length % QK !== 0) fail(`internal: ${data.length} values do not split into blocks of ${QK}`);
+  const blocks = data.length / QK;
+  const per = GGML_BLOCK_BYTES[type];
+  const scales = new Float32Array(blocks);
+  const out = Buffer.alloc(blocks * per);
+  for (let b = 0; b < blocks; b++) {
+    const x = data.subarray(b * QK, (b + 1) * QK);
+    const o = b * per + 2;
+    if (type === GGML_TYPE.q8_0) {
+      let amax = 0;
+      for (let i = 0; i < QK; i++) amax = Math.max(amax, Math.abs(x[i]));
+      const d = Math.fround(amax / 127);
+      const id = d ? Math.fround(1 / d) : 0;
+      for (let i = 0; i < QK; i++) {
+        const v = Math.fround(x[i] * id);
+        out.writeInt8(Math.sign(v) * Math.round(Math.abs(v)), o + i); // roundf: halves away from zero
+      }
+      scales[b] = d;
+    } else {
+      let amax = 0;
+      let max = 0;
+      for (let i = 0; i < QK; i++) {
+        if (Math.abs(x[i]) > amax) {
+          amax = Math.abs(x[i]);
+          max = x[i];
+        }
+      }
+      const d = Math.fround(max / -8);
+      const id = d ? Math.fround(1 / d) : 0;
+      const code = (v) => Math.min(15, Math.trunc(Math.fround(Math.fround(v * id) + 8.5)));
+      for (let j = 0; j < QK / 2; j++) out[o + j] = code(x[j]) | (code(x[j + QK / 2]) << 4);
+      scales[b] = d;
+    }
+  }
+  const { bits } = toF16(scales);
+  for (let b = 0; b < blocks; b++) out.writeUInt16LE(bits[b], b * per);
+  return out;
+}
+
+// The values a Q8_0 / Q4_0 buffer holds (the inverse of quantizeBlocks), for tests.
+export function dequantizeBlocks(buf, type, numel) {
+  const per = GGML_BLOCK_BYTES[type];
+  const out = new Float32Array(numel);
+  for (let b = 0; b < numel / QK; b++) {
+    const d = f16ToF32(buf.readUInt16LE(b * per));
+    const o = b * per + 2;
+    for (let j = 0; j < QK; j++) {
+      if (type === GGML_TYPE.q8_0) out[b * QK + j] = d * buf.readInt8(o + j);
+      else {
+        const byte = buf[o + (j % (QK / 2))];
+        out[b * QK + j] = d * ((j < QK / 2 ? byte & 15 : byte >> 4) - 8);
+      }
+    }
+  }
+  return out;
+}
+
+function f16ToF32(h) {
+  const sign = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const m = h & 0x3ff;
+  if (e === 0) return sign * m * 2 ** -24;
+  if (e === 31) return m ? NaN : sign * Infinity;
+  return sign * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+export { GGML_TYPE };
+
+// The layers' projection weights, which q8_0 / q4_0 quantize.
+const PROJECTION = /^blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight$/;
+
 // Builds the GGUF tensor list: [{name, dims (GGUF order), numel, load() → Float32Array}]. The data are
 // always produced in f32 (exact for every source dtype) and converted to the output type when written.
 function planTensors(m) {
@@ -366,10 +457,15 @@ function writeAll(fd, buf) {
   while (off < buf.length) off += fs.writeSync(fd, buf, off, buf.length - off);
 }
 
-// Exports DIR to OUT. `dtype` (f32, f16, bf16) is the type of the 2-D weight matrices; 1-D tensors are
-// always F32. Returns a summary {arch, family, vocab, tensors, bytes, dtype}.
-export function exportGguf(modelDir, outPath, { dtype = "f32", warn = (s) => process.stderr.write(`export_gguf: ${s}\n`) } = {}) {
+// Exports DIR to OUT. `dtype` (f32, f16, bf16) is the type of the 2-D weight matrices, or (q8_0,
+// q4_0) of the projections with the other 2-D weights in BF16; 1-D tensors are always F32. Returns a summary {arch, family, vocab, tensors, bytes, dtype}.
+export function exportGguf(
+  modelDir,
+  outPath,
+  { dtype = "f32", quantizeHead = false, warn = (s) => process.stderr.write(`export_gguf: ${s}\n`) } = {},
+) {
   if (!EXPORT_DTYPES.includes(dtype)) fail(`--dtype ${JSON.stringify(dtype)} is not one of ${EXPORT_DTYPES.join(", ")}`);
+  if (quantizeHead && !QUANT_DTYPES.has(dtype)) fail(`--quantize-head needs --dtype ${[...QUANT_DTYPES].join(" or ")}`);
   const m = openModel(modelDir);
   const c = m.config;
   if (c.slidingWindow != null && c.slidingWindow < c.maxPositions) {
@@ -378,8 +474,12 @@ export function exportGguf(modelDir, outPath, { dtype = "f32", warn = (s) => pro
   const vocab = buildVocab(modelDir, c, warn);
   const tensors = planTensors(m);
   for (const t of tensors) {
-    t.type = t.dims.length >= 2 ? GGML_TYPE[dtype] : GGML_TYPE.f32;
-    t.nbytes = t.numel * GGML_TYPE_BYTES[t.type];
+    t.type = t.dims.length < 2 ? GGML_TYPE.f32 : GGML_TYPE[dtype];
+    if (QUANT_DTYPES.has(dtype) && t.dims.length >= 2 && !PROJECTION.test(t.name) && !quantizeHead) t.type = GGML_TYPE.bf16;
+    if (t.type in GGML_BLOCK_BYTES) {
+      if (t.dims[0] % QK !== 0) fail(`${t.name}: rows of ${t.dims[0]} values do not split into ${dtype}'s blocks of ${QK}`);
+      t.nbytes = (t.numel / QK) * GGML_BLOCK_BYTES[t.type];
+    } else t.nbytes = t.numel * GGML_TYPE_BYTES[t.type];
   }
   const md = buildMetadata(m, vocab, dtype);
 
@@ -421,7 +521,9 @@ export function exportGguf(modelDir, outPath, { dtype = "f32", warn = (s) => pro
       if (pos < t.offset) writeAll(fd, Buffer.alloc(t.offset - pos));
       let data = t.load();
       if (data.length !== t.numel) fail(`internal: ${t.name} produced ${data.length} values, expected ${t.numel}`);
-      if (t.type !== GGML_TYPE.f32) {
+      if (t.type in GGML_BLOCK_BYTES) {
+        data = quantizeBlocks(data, t.type);
+      } else if (t.type !== GGML_TYPE.f32) {
         const { bits, overflows } = t.type === GGML_TYPE.bf16 ? toBf16(data) : toF16(data);
         if (overflows) warn(`${t.name}: ${overflows} finite values are outside the ${dtype} range and became ±inf`);
         data = bits;
@@ -448,7 +550,7 @@ function parseArgs(argv) {
     if (a === "--model" || a === "--out" || a === "--dtype") {
       if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
       args[a.slice(2)] = argv[++i];
-    }
+    } else if (a === "--quantize-head") args.quantizeHead = true;
     else if (a === "-h" || a === "--help") args.help = true;
     else throw new Error(`unknown argument ${a}`);
   }
@@ -468,11 +570,11 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
     process.exit(2);
   }
   if (args.help || !args.model || !args.out) {
-    console.error("usage: node export_gguf.mjs --model HF_DIR --out FILE.gguf [--dtype f32|f16|bf16]");
+    console.error("usage: node export_gguf.mjs --model HF_DIR --out FILE.gguf [--dtype f32|f16|bf16|q8_0|q4_0] [--quantize-head]");
     process.exit(args.help ? 0 : 2);
   }
   try {
-    const s = exportGguf(args.model, args.out, { dtype: args.dtype ?? "f32" });
+    const s = exportGguf(args.model, args.out, { dtype: args.dtype ?? "f32", quantizeHead: !!args.quantizeHead });
     console.log(`export_gguf: ${args.model} (${s.arch} → ${s.family}) → ${args.out}: ${s.tensors} tensors, ${s.dtype} weights, vocab ${s.vocab}, ${s.bytes} bytes`);
   } catch (e) {
     console.error(e instanceof ModelError ? `export_gguf: refusing: ${e.message}` : `export_gguf: error: ${e.message}`);

@@ -57,9 +57,11 @@ uint64_t KernelsRun() {
 std::vector<float> AllLogits(Backend* backend, const std::string& dir,
                              const std::vector<int32_t>& tokens,
                              std::vector<uint64_t>* kernels = nullptr, DType kv_dtype = DType::kF32,
-                             QuantType quantization = QuantType::kNone) {
+                             QuantType quantization = QuantType::kNone,
+                             bool quantize_lm_head = false) {
   LlamaLoadOptions load;
   load.quantization = quantization;
+  load.quantize_lm_head = quantize_lm_head;
   auto model = LlamaModel::Load(dir, backend, load);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};
@@ -88,7 +90,7 @@ std::vector<float> AllLogits(Backend* backend, const std::string& dir,
 // dequantized to its compute type).
 void CompareModels(const std::string& preset, DType dtype,
                    std::optional<DType> compute = std::nullopt, bool split_inputs = false,
-                   QuantType quantization = QuantType::kNone) {
+                   QuantType quantization = QuantType::kNone, bool quantize_lm_head = false) {
   const std::string dir = testing_util::TinyModel(preset, 7, dtype);
   auto cpu = CpuBackend::Create({}).value();
   CudaBackend::Options options;
@@ -99,8 +101,10 @@ void CompareModels(const std::string& preset, DType dtype,
   std::vector<int32_t> tokens(48);
   std::mt19937 rng(3);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
-  const auto a = AllLogits(cpu.get(), dir, tokens, nullptr, DType::kF32, quantization),
-             b = AllLogits(gpu.get(), dir, tokens, nullptr, DType::kF32, quantization);
+  const auto a = AllLogits(cpu.get(), dir, tokens, nullptr, DType::kF32, quantization,
+                           quantize_lm_head),
+             b = AllLogits(gpu.get(), dir, tokens, nullptr, DType::kF32, quantization,
+                           quantize_lm_head);
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size(), tokens.size() * vocab);
   float max_logit_diff = 0, max_dp = 0;
@@ -346,6 +350,9 @@ TEST_P(CudaForwardTest, QuantizedWeightsKeepTheirCodes) {
     EXPECT_EQ(gpu_bytes, LlamaModel::Load(dir, cpu.get(), load).value()->weight_bytes());
     EXPECT_LT(gpu_bytes, LlamaModel::Load(dir, gpu.get()).value()->weight_bytes());
   }
+  // The LM head quantized too (--quantize-lm-head): the same GEMV reads its codes.
+  CompareModels(GetParam(), DType::kBF16, std::nullopt, false, QuantType::kInt4,
+                /*quantize_lm_head=*/true);
 }
 
 TEST_P(CudaForwardTest, SplitGemmInputsOverBF16WeightsMatchTheCpuAsF32Does) {

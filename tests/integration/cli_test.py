@@ -270,6 +270,8 @@ for q in ("int8", "int4"):
                   f"int8 greedy start {out['token_ids'][:8]} vs {full['token_ids'][:8]}")
 p = run("generate", "--model", model, "--prompt", "Hi", "--quantization", "int3", expect_rc=2)
 check("--quantization" in p.stderr, f"bad --quantization named: {p.stderr!r}")
+p = run("generate", "--model", model, "--prompt", "Hi", "--quantize-lm-head", expect_rc=2)
+check("--quantize-lm-head needs --quantization" in p.stderr, f"--quantize-lm-head alone refused: {p.stderr!r}")
 
 # tandem eval on the trained target's held-out windows: unquantized, its perplexity is PyTorch's
 # (heldout_eval.json, computed by the training code); quantized, close to it, with agreement and KL
@@ -300,6 +302,17 @@ for q, kl_bound in (("int8", 1e-3), ("int4", 2e-2)):
     r = evaluate("--quantization", q, "--activation-dtype", "int8")
     if r:
         check(r["mean_kl"] < kl_bound and r["top1_agreement"] >= 0.9, f"eval {q} with int8 activations: {r}")
+# --quantize-lm-head: the LM head quantized too costs a little more quality, and the plan counts it.
+r = evaluate("--quantization", "int8", "--quantize-lm-head")
+if r:
+    check(r["quantize_lm_head"] and r["top1_agreement"] >= 0.98 and 0 < r["mean_kl"] < 1e-3,
+          f"eval int8 with the LM head quantized: {r}")
+p = run("plan", "--model", kjv, "--memory", "1G", "--quantization", "int8", "--quantize-lm-head", "--json")
+q = run("plan", "--model", kjv, "--memory", "1G", "--quantization", "int8", "--json")
+if p.returncode == 0 and q.returncode == 0:
+    head, plain_plan = json.loads(p.stdout), json.loads(q.stdout)
+    check(head["quantize_lm_head"] and head["weight_bytes"] != plain_plan["weight_bytes"],
+          f"plan --quantize-lm-head: {head['weight_bytes']} vs {plain_plan['weight_bytes']}")
 p = run("generate", "--model", kjv, "--prompt", "x", "--activation-dtype", "int4", expect_rc=2)
 check("--activation-dtype" in p.stderr, f"bad --activation-dtype named: {p.stderr!r}")
 p = run("generate", "--model", kjv, "--prompt", "x", "--device", "cuda", "--activation-dtype", "int8",

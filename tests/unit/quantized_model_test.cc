@@ -11,6 +11,7 @@
 #include "cli/random_model.h"
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine.h"
+#include "common/model/memory_plan.h"
 #include "common/quant/rtn.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -83,6 +84,38 @@ TEST_P(QuantizedModelTest, LogitsEqualTheF32PathOnTheDequantizedWeights) {
   auto fused = LlamaModel::Load(Dir(), cpu.get(), Options()).value();
   const auto tokens = RandomTokens(9, plain->config().vocab_size, 5);
   EXPECT_NE(Logits(plain.get(), tokens), Logits(fused.get(), tokens));
+}
+
+TEST_P(QuantizedModelTest, LmHeadQuantizedOnRequestMatchesItsDequantizedWeightsAndThePlan) {
+  auto cpu = CpuBackend::Create({}).value();
+  ForwardingBackend dequantizing;
+  LlamaLoadOptions head = Options();
+  head.quantize_lm_head = true;
+  auto fused = LlamaModel::Load(Dir(), cpu.get(), head).value();
+  auto reference = LlamaModel::Load(Dir(), &dequantizing, head).value();
+  auto projections_only = LlamaModel::Load(Dir(), cpu.get(), Options()).value();
+  const auto tokens = RandomTokens(13, fused->config().vocab_size, 6);
+  const std::vector<float> a = Logits(fused.get(), tokens), b = Logits(reference.get(), tokens);
+  ASSERT_EQ(a.size(), b.size());
+  float max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(a[i] - b[i]));
+    max_abs = std::max(max_abs, std::fabs(b[i]));
+  }
+  EXPECT_LE(max_diff, 1e-5f * std::max(1.f, max_abs));
+  // The head is what changed: the logits move, the bytes follow the plan.
+  EXPECT_NE(a, Logits(projections_only.get(), tokens));
+  const ModelConfig& c = fused->config();
+  const int64_t head_quantized =
+      QuantizeRtn(std::vector<float>(c.vocab_size * c.hidden_size, 0.5f).data(), c.vocab_size,
+                  c.hidden_size, DefaultRtnOptions(GetParam().type))
+          .bytes();
+  const int64_t head_stored = c.vocab_size * c.hidden_size * DTypeSize(c.torch_dtype);
+  // Tied: a quantized copy beside the embedding table; untied: the head replaced.
+  EXPECT_EQ(fused->weight_bytes(), projections_only->weight_bytes() + head_quantized -
+                                       (c.tie_word_embeddings ? 0 : head_stored));
+  EXPECT_EQ(PlannedWeightBytes(Dir(), GetParam().type, nullptr, true).value(),
+            fused->weight_bytes());
 }
 
 TEST_P(QuantizedModelTest, WeightsShrinkAsTheLayoutSays) {
