@@ -42,7 +42,7 @@ Commands:
                [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F]
                [--logit-bias ID:BIAS,...] [--stop-token-ids 1,2] [--stop S1,S2] [--min-tokens N] [--ignore-eos]
                [--prompt-logprobs K] [--logprobs K] [--prefill-chunk N] [--block-size N] [--json]
-               [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16]
+               [--batch-file F.jsonl] [--device cpu|cuda] [--kv-cache-dtype auto|f32|bf16|f16|int8|fp8]
                [--speculative-method off|ngram|draft] [--speculative-model DIR]
                [--num-speculative-tokens K] [--ngram-min N --ngram-max M]
                [--speculative-adaptive=true|false] [--quantization none|int8|int4]
@@ -58,7 +58,7 @@ Commands:
   plan         Capacity from the checkpoint's headers, loading no weight: weight bytes (quantized
                or not), KV bytes per token, an activation reserve, sequences that fit.
                --model DIR --memory BYTES [--quantization none|int8|int4] [--quantize-lm-head]
-               [--kv-cache-dtype auto|f32|bf16|f16|int8] [--max-model-len N] [--max-num-seqs N]
+               [--kv-cache-dtype auto|f32|bf16|f16|int8|fp8] [--max-model-len N] [--max-num-seqs N]
                [--max-num-batched-tokens N] [--block-size N] [--device cpu|cuda] [--json]
   quantize     Writes a quantized checkpoint (GPTQ or compressed-tensors format) that Tandem and
                other engines load: round to nearest, or GPTQ over calibration text.

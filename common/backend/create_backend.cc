@@ -10,7 +10,7 @@ namespace tandem {
 
 absl::StatusOr<std::optional<DType>> ParseComputeDType(std::string_view text) {
   std::optional<DType> d;
-  if (!ParseKvCacheDType(text, &d) || d == DType::kF32 || d == DType::kI8) {
+  if (!ParseKvCacheDType(text, &d) || d == DType::kF32 || d == DType::kI8 || d == DType::kF8E4M3) {
     return absl::InvalidArgumentError(
         absl::StrCat("--compute-dtype must be auto, bf16 or f16, got '", std::string(text), "'"));
   }

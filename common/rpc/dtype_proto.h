@@ -16,6 +16,7 @@ inline v1::WeightDType ToProto(DType t) {
     case DType::kF16: return v1::WEIGHT_DTYPE_F16;
     case DType::kBF16: return v1::WEIGHT_DTYPE_BF16;
     case DType::kI8: return v1::WEIGHT_DTYPE_I8;
+    case DType::kF8E4M3: return v1::WEIGHT_DTYPE_F8_E4M3;
     default: return v1::WEIGHT_DTYPE_UNSPECIFIED;  // I32/I64 name neither weights nor caches
   }
 }
@@ -27,6 +28,7 @@ inline std::optional<DType> FromProto(v1::WeightDType t) {
     case v1::WEIGHT_DTYPE_F16: return DType::kF16;
     case v1::WEIGHT_DTYPE_BF16: return DType::kBF16;
     case v1::WEIGHT_DTYPE_I8: return DType::kI8;
+    case v1::WEIGHT_DTYPE_F8_E4M3: return DType::kF8E4M3;
     default: return std::nullopt;
   }
 }

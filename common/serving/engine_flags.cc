@@ -39,10 +39,11 @@ ABSL_FLAG(bool, device_sampling, true,
           "top-k, top-p, min-p and temperature there, a token or candidates copied back); false "
           "copies every sampled row's logits to the host sampler");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "engine: what the KV cache stores: f32, bf16, f16, int8 (CPU), or auto (on a GPU the "
-          "model's dtype when it is bf16 or f16, else f32); bf16/f16 halve the cache's memory and "
-          "the attention's reads, int8 (a scale per token and head) quarters them. Prefill and "
-          "decode workers exchanging KV must agree");
+          "engine: what the KV cache stores: f32, bf16, f16, int8 (CPU), fp8 (CUDA: E4M3, "
+          "saturating at +-448), or auto (on a GPU the model's dtype when it is bf16 or f16, else "
+          "f32); bf16/f16 halve the cache's memory and the attention's reads, int8 (a scale per "
+          "token and head) and fp8 quarter them. Prefill and decode workers exchanging KV must "
+          "agree");
 ABSL_FLAG(int64_t, block_size, 16, "engine: KV cache block size in tokens");
 ABSL_FLAG(std::string, quantization, "none",
           "engine: quantize the projection weights (q/k/v/o, gate/up/down) on load, round to "

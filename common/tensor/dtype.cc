@@ -14,6 +14,7 @@ std::string_view DTypeName(DType t) {
     case DType::kI8: return "I8";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -39,6 +40,10 @@ bool ParseKvCacheDType(std::string_view text, std::optional<DType>* out) {
     *out = DType::kI8;
     return true;
   }
+  if (upper == "FP8" || upper == "FP8_E4M3") {
+    *out = DType::kF8E4M3;
+    return true;
+  }
   const std::optional<DType> d = ParseDType(upper);
   if (!d.has_value() || !IsFloat(*d)) return false;
   *out = d;
@@ -51,8 +56,17 @@ std::string_view KvCacheDTypeName(DType t) {
     case DType::kBF16: return "bf16";
     case DType::kF16: return "f16";
     case DType::kI8: return "int8";
+    case DType::kF8E4M3: return "fp8";
     default: return DTypeName(t);
   }
+}
+
+float F8E4M3ToF32(uint8_t b) {
+  const int exp = (b >> 3) & 0xf, mant = b & 7;
+  const float sign = (b & 0x80) != 0 ? -1.f : 1.f;
+  if (exp == 0xf && mant == 7) return std::nanf("");
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(mant), -9);  // subnormal: m/8 · 2^-6
+  return sign * std::ldexp(static_cast<float>(8 + mant), exp - 10);      // (1 + m/8) · 2^(e-7)
 }
 
 float F16ToF32(uint16_t h) {
@@ -123,6 +137,11 @@ void ConvertToF32(DType t, const void* src, float* dst, size_t n) {
         std::memcpy(&v, static_cast<const std::byte*>(src) + 8 * i, 8);
         dst[i] = static_cast<float>(v);
       }
+      return;
+    }
+    case DType::kF8E4M3: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(s[i]);
       return;
     }
   }

@@ -10,7 +10,7 @@
 //                 [--profile-ops] [--tc-attention] [--gemv-columns 1|2|4] [--pdl] [--fusion=false]
 //                 [--gemv-norm=false] [--gemv-heads=false] [--grid-split-keys 32|64|128|256]
 //                 [--roofline-copy-mib 1024] [--roofline-gemm 8192]
-//                 [--kv-cache-dtype auto|f32|bf16|f16|int8] [--quantization none|int8|int4]
+//                 [--kv-cache-dtype auto|f32|bf16|f16|int8|fp8] [--quantization none|int8|int4]
 //                 [--activation-dtype f32|int8]
 #include <algorithm>
 #include <chrono>
@@ -45,7 +45,8 @@ ABSL_FLAG(bool, split_gemm_inputs, false,
           "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant "
           "bits for twice the GEMM arithmetic (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "what the KV cache stores: f32, bf16, f16, int8 (CPU) or auto (on a GPU the model's "
+          "what the KV cache stores: f32, bf16, f16, int8 (CPU), fp8 (CUDA) or auto (on a GPU the "
+          "model's "
           "16-bit dtype, else f32), as the engine's flag");
 ABSL_FLAG(std::string, quantization, "none",
           "quantize the projections on load: none, int8 (per output channel) or int4 (groups of "
@@ -177,7 +178,8 @@ int Run() {
   const int64_t per_seq_blocks = (prompt_len + decode_tokens + block_size) / block_size + 1;
   std::optional<DType> requested_kv;
   if (!ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), &requested_kv)) {
-    std::fprintf(stderr, "forward_bench: --kv-cache-dtype must be auto, f32, bf16, f16 or int8\n");
+    std::fprintf(stderr,
+                 "forward_bench: --kv-cache-dtype must be auto, f32, bf16, f16, int8 or fp8\n");
     return 1;
   }
   const DType kv_dtype = model->KvCacheDType(requested_kv);

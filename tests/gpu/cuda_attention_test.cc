@@ -261,6 +261,80 @@ TEST_F(CudaBackendTest, PagedAttentionOverA16BitCacheMatchesTheCpu) {
   }
 }
 
+// FP8 E4M3 from the format's definition (OCP 8-bit floating point: bias 7, 3 mantissa bits, no
+// infinities, largest finite 448): code c's value, and the nearest finite code to x (ties to the
+// even code), which saturates at ±448 as the cache's writes do.
+float E4M3Value(uint8_t c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  const float mag = e == 0 ? std::ldexp(m / 8.f, -6) : std::ldexp(1.f + m / 8.f, e - 7);
+  return (c & 0x80) != 0 ? -mag : mag;
+}
+uint8_t E4M3(float x) {
+  // The non-negative finite codes 0..0x7e increase with their values (0x7f is NaN).
+  static const std::vector<float> values = [] {
+    std::vector<float> v;
+    for (int c = 0; c <= 0x7e; ++c) v.push_back(E4M3Value(static_cast<uint8_t>(c)));
+    return v;
+  }();
+  const float a = std::fabs(x);
+  const int hi =
+      static_cast<int>(std::lower_bound(values.begin(), values.end(), a) - values.begin());
+  int best = std::min(hi, 0x7e);  // past 448: saturates
+  if (hi > 0 && hi <= 0x7e) {
+    const float below = a - values[hi - 1], above = values[hi] - a;
+    if (below < above || (below == above && (hi - 1) % 2 == 0)) best = hi - 1;
+  }
+  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));  // -0 keeps its sign
+}
+
+// An FP8 E4M3 cache (CUDA's --kv-cache-dtype fp8): new keys and values written rounded to nearest
+// even and saturated (the bytes against the encoder above), and attention over the cache within f32
+// rounding of the CPU's over an f32 cache holding the same values.
+TEST_F(CudaBackendTest, PagedAttentionOverAnFp8CacheMatchesTheCpuOnItsValues) {
+  ASSERT_TRUE(gpu_->SupportsKvCacheDType(DType::kF8E4M3));
+  ASSERT_FALSE(cpu_->SupportsKvCacheDType(DType::kF8E4M3));
+  for (int64_t hd : {32, 80, 128}) {  // 1-byte rows a lane; the per-token kernel; 4-byte
+    AttentionCase c(hd, 8, 2, kMixedBatch);
+    c.k[0] = 1000.f;  // beyond ±448: saturates
+    c.v[1] = -600.f;
+    const size_t cache_elems = c.g.num_layers * c.g.elements_per_layer();
+    std::vector<uint8_t> kc(cache_elems), vc(cache_elems);
+    std::vector<float> kf(cache_elems), vf(cache_elems);
+    for (size_t i = 0; i < cache_elems; ++i) {
+      kc[i] = E4M3(c.kc[i]), vc[i] = E4M3(c.vc[i]);
+      kf[i] = E4M3Value(kc[i]), vf[i] = E4M3Value(vc[i]);
+    }
+    // What the writes must leave, and the new rows as the fp8 cache keeps them, for the CPU.
+    std::vector<uint8_t> k_want = kc, v_want = vc;
+    std::vector<float> k_kept(c.k.size()), v_kept(c.v.size());
+    const int64_t row = c.g.num_kv_heads * hd, layer0 = c.layer * c.g.elements_per_layer();
+    for (size_t t = 0; t < c.slots.size(); ++t) {
+      for (int64_t j = 0; j < row; ++j) {
+        const size_t at = layer0 + c.slots[t] * row + j, in = t * row + j;
+        k_want[at] = E4M3(c.k[in]), v_want[at] = E4M3(c.v[in]);
+        k_kept[in] = E4M3Value(k_want[at]), v_kept[in] = E4M3Value(v_want[at]);
+      }
+    }
+    EXPECT_EQ(k_want[layer0 + c.slots[0] * row], 0x7e) << "1000 saturates to 448";
+    EXPECT_EQ(v_want[layer0 + c.slots[0] * row + 1], 0xfe) << "-600 saturates to -448";
+    KvCacheGeometry g8 = c.g;
+    g8.dtype = DType::kF8E4M3;
+    uint8_t *kg = Up(kc), *vg = Up(vc);
+    float* out = Zeros(c.n * c.hq * hd);
+    gpu_->PagedAttention(Up(c.q), Up(c.k), Up(c.v), kg, vg, g8, c.layer, OnDevice(c), c.hq,
+                         c.scale(), out);
+    std::vector<float> ref(c.n * c.hq * hd);
+    cpu_->PagedAttention(c.q.data(), k_kept.data(), v_kept.data(), kf.data(), vf.data(), c.g,
+                         c.layer, c.Host(), c.hq, c.scale(), ref.data());
+    EXPECT_LE(MaxRelDiff(Down(out, ref.size()), ref), 1e-4f) << "head_dim " << hd;
+    std::vector<uint8_t> k_back(cache_elems), v_back(cache_elems);
+    gpu_->CopyToHost(k_back.data(), kg, cache_elems);
+    gpu_->CopyToHost(v_back.data(), vg, cache_elems);
+    EXPECT_EQ(k_back, k_want) << "K cache writes, head_dim " << hd;
+    EXPECT_EQ(v_back, v_want) << "V cache writes, head_dim " << hd;
+  }
+}
+
 // The tiled prompt kernel against the CPU: long prompt chunks over cached prefixes, tiles that span
 // sequences, a decode token among them; a first tile of five runs with sequences of no new tokens
 // between them; in f32, BF16 and F16 caches. The backend's own launch (kAuto, not batch-invariant)

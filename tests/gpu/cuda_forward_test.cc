@@ -355,6 +355,49 @@ TEST_P(CudaForwardTest, QuantizedWeightsKeepTheirCodes) {
                 /*quantize_lm_head=*/true);
 }
 
+// An FP8 E4M3 KV cache through the whole model (prefill chunks, then decode steps): E4M3 keeps 3
+// mantissa bits (up to 1/16 of a key or value), so the distributions move (on these random tiny
+// models by up to about 0.1), but clear choices stay.
+TEST_P(CudaForwardTest, Fp8KvCacheStaysCloseToTheF32Cache) {
+  auto gpu = CudaBackend::Create({}).value();
+  const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
+  const int64_t vocab = LlamaModel::Load(dir, gpu.get()).value()->config().vocab_size;
+  std::vector<int32_t> tokens(48);
+  std::mt19937 rng(5);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+  const auto a = AllLogits(gpu.get(), dir, tokens, nullptr, DType::kF32),
+             b = AllLogits(gpu.get(), dir, tokens, nullptr, DType::kF8E4M3);
+  ASSERT_EQ(a.size(), tokens.size() * vocab);
+  ASSERT_EQ(b.size(), a.size());
+  float max_dp = 0;
+  bool differs = false;
+  int clear_rows = 0;
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    const float* x = a.data() + r * vocab;
+    const float* y = b.data() + r * vocab;
+    const float mx = *std::max_element(x, x + vocab), my = *std::max_element(y, y + vocab);
+    std::vector<float> sorted(x, x + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 0.5f) {  // a clear choice keeps its top-1
+      ++clear_rows;
+      EXPECT_EQ(std::max_element(x, x + vocab) - x, std::max_element(y, y + vocab) - y)
+          << "row " << r;
+    }
+    double sx = 0, sy = 0;
+    for (int64_t i = 0; i < vocab; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
+    for (int64_t i = 0; i < vocab; ++i) {
+      differs = differs || x[i] != y[i];
+      max_dp = std::max(max_dp, static_cast<float>(std::fabs(std::exp(x[i] - mx) / sx -
+                                                             std::exp(y[i] - my) / sy)));
+    }
+  }
+  std::printf("%s FP8 KV cache: max |Δp| %.3g against the f32 cache, top-1 kept on %d clear rows\n",
+              GetParam().c_str(), max_dp, clear_rows);
+  EXPECT_TRUE(differs) << "the cache stored FP8";
+  EXPECT_LE(max_dp, 0.15f);
+  EXPECT_GE(clear_rows, 8);
+}
+
 TEST_P(CudaForwardTest, SplitGemmInputsOverBF16WeightsMatchTheCpuAsF32Does) {
   CompareModels(GetParam(), DType::kBF16, std::nullopt, /*split_inputs=*/true);
 }

@@ -94,6 +94,16 @@ if gpu and cpu:
     check(gpu["token_ids"] == cpu["token_ids"],
           f"greedy tokens differ between the emulated GPU and the CPU:\n cuda {gpu['token_ids']}\n cpu  {cpu['token_ids']}")
 
+# An FP8 E4M3 KV cache is CUDA's: it generates on the emulated GPU, close to the default cache's
+# greedy choices; the CPU refuses it at start, saying so.
+fp8 = generate(*greedy, "--kv-cache-dtype", "fp8")
+if fp8 and gpu:
+    check(len(fp8["token_ids"]) == 24 and fp8["token_ids"][:4] == gpu["token_ids"][:4],
+          f"--kv-cache-dtype fp8 greedy {fp8['token_ids']} vs {gpu['token_ids']}")
+p = subprocess.run([TANDEM, "generate", "--model", MODEL, "--prompt", "x", "--device", "cpu",
+                    "--kv-cache-dtype", "fp8"], capture_output=True, text=True, timeout=600, env=ENV)
+check(p.returncode == 2 and "fp8 is CUDA's" in p.stderr, f"--device cpu --kv-cache-dtype fp8: {p.returncode} {p.stderr[-500:]!r}")
+
 # Decode graphs replay exactly what the ops compute one by one.
 exact = [*greedy, "--logprobs", "3", "--batch-invariant=true"]
 graphs, eager = generate(*exact, "--cuda-graphs=true"), generate(*exact, "--cuda-graphs=false")

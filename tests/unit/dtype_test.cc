@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "gtest/gtest.h"
 
@@ -17,6 +18,32 @@ TEST(DTypeTest, NamesRoundTrip) {
   EXPECT_FALSE(ParseDType("I16").has_value());
   EXPECT_FALSE(ParseDType("U8").has_value());
   EXPECT_FALSE(ParseDType("f32").has_value());
+}
+
+// FP8 E4M3 is a KV cache type only: --kv-cache-dtype spells it fp8; no checkpoint tensor is read
+// in it. Known values from the OCP FP8 definition (bias 7, no infinities, NaN S.1111.111).
+TEST(DTypeTest, Fp8E4M3IsAKvCacheTypeWithKnownValues) {
+  std::optional<DType> d;
+  for (const char* text : {"fp8", "FP8", "fp8_e4m3"}) {
+    ASSERT_TRUE(ParseKvCacheDType(text, &d)) << text;
+    EXPECT_EQ(d, DType::kF8E4M3);
+  }
+  EXPECT_FALSE(ParseKvCacheDType("fp8_e5m2", &d));
+  EXPECT_EQ(KvCacheDTypeName(DType::kF8E4M3), "fp8");
+  EXPECT_EQ(DTypeName(DType::kF8E4M3), "F8_E4M3");
+  EXPECT_FALSE(ParseDType("F8_E4M3").has_value());
+  EXPECT_FALSE(IsFloat(DType::kF8E4M3));
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3), 1u);
+  EXPECT_EQ(F8E4M3ToF32(0x38), 1.0f);
+  EXPECT_EQ(F8E4M3ToF32(0xb8), -1.0f);
+  EXPECT_EQ(F8E4M3ToF32(0x7e), 448.0f);                // largest finite
+  EXPECT_EQ(F8E4M3ToF32(0x08), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(F8E4M3ToF32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(F8E4M3ToF32(0x07), 7 * std::ldexp(1.0f, -9));
+  EXPECT_EQ(F8E4M3ToF32(0x3d), 1.625f);
+  EXPECT_TRUE(std::isnan(F8E4M3ToF32(0x7f)));
+  EXPECT_TRUE(std::isnan(F8E4M3ToF32(0xff)));
+  EXPECT_EQ(F8E4M3ToF32(0x78), 256.0f);  // 0.1111.000: no infinity in E4M3
 }
 
 TEST(DTypeTest, Bf16KnownValues) {

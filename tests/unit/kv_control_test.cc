@@ -514,6 +514,18 @@ TEST_P(TcpKvTransportTest,
   EXPECT_TRUE(SameBlock(1, 2));
 }
 
+// Every KV cache type names itself in the handshake's geometry, and only with its element size.
+TEST(KvGeometryProtoTest, EveryCacheTypeRoundTripsWithItsElementSize) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}) {
+    v1::KvGeometry g;
+    g.set_dtype(ToProto(dt));
+    g.set_bytes_per_element(static_cast<int64_t>(DTypeSize(dt)));
+    EXPECT_EQ(KvDTypeFromProto(g), dt) << DTypeName(dt);
+    g.set_bytes_per_element(g.bytes_per_element() + 1);
+    EXPECT_FALSE(KvDTypeFromProto(g).has_value()) << DTypeName(dt);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     DataPaths, TcpKvTransportTest,
     ::testing::Combine(::testing::Values(Mode::kHost, Mode::kStaged, Mode::kLink),

@@ -77,6 +77,10 @@ class CudaBackend final : public Backend, public DeviceSampler {
 
   std::string name() const override { return "cuda"; }
   DType StoredWeightDType(DType checkpoint) const override;
+  // f32, BF16, F16 and FP8 E4M3 (written saturating to ±448, rounded to nearest even).
+  bool SupportsKvCacheDType(DType dtype) const override {
+    return IsFloat(dtype) || dtype == DType::kF8E4M3;
+  }
   // Keeps INT8/INT4 codes where the layout allows (quant_gemv.h: k and the group size multiples of
   // 32): decode steps read them in a dequantizing GEMV, larger steps dequantize into scratch for
   // cuBLAS. Other layouts run dequantized (DequantizedWeightDType).

@@ -1,9 +1,11 @@
 // KV cache element types for the attention kernels: f32, or BF16/F16 rounded to nearest even when
-// written and read back as f32. Device code only (included by .cu files).
+// written and read back as f32, or FP8 E4M3 rounded to nearest even and saturated to ±448 (no
+// scale: values beyond E4M3's range clip). Device code only (included by .cu files).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,9 +18,19 @@ namespace tandem::cuda {
 __device__ __forceinline__ float LoadKv(const float* p) { return *p; }
 __device__ __forceinline__ float LoadKv(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ float LoadKv(const __half* p) { return __half2float(*p); }
+// An E4M3 byte as f32 (exact: through F16, which holds every E4M3 value).
+__device__ __forceinline__ float Fp8E4M3ToFloat(uint8_t b) {
+  __half_raw h;
+  h.x = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3).x;
+  return __half2float(__half(h));
+}
+__device__ __forceinline__ float LoadKv(const __nv_fp8_e4m3* p) { return Fp8E4M3ToFloat(p->__x); }
 __device__ __forceinline__ void StoreKv(float* p, float x) { *p = x; }
 __device__ __forceinline__ void StoreKv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void StoreKv(__half* p, float x) { *p = __float2half_rn(x); }
+__device__ __forceinline__ void StoreKv(__nv_fp8_e4m3* p, float x) {
+  p->__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
 
 // kN consecutive cache elements read by one access (2, 4, 8 or 16 bytes; several 16-byte ones past
 // that) and kept as raw words until each element is read, as LoadKv reads it: the attention
@@ -42,15 +54,19 @@ struct KvVec {
       w[0] = v.x, w[1] = v.y;
     } else if constexpr (kBytes == 4) {
       w[0] = *reinterpret_cast<const uint32_t*>(p);
-    } else {
-      static_assert(kBytes == 2, "one 16-bit element");
+    } else if constexpr (kBytes == 2) {
       w[0] = *reinterpret_cast<const uint16_t*>(p);
+    } else {
+      static_assert(kBytes == 1, "one 8-bit element");
+      w[0] = *reinterpret_cast<const uint8_t*>(p);
     }
   }
-  // Element e as f32 (exact: every 16-bit value is a float).
+  // Element e as f32 (exact: every 16- and 8-bit value is a float).
   __device__ __forceinline__ float operator[](int e) const {
     if constexpr (sizeof(T) == 4) {
       return __uint_as_float(w[e]);
+    } else if constexpr (sizeof(T) == 1) {
+      return Fp8E4M3ToFloat(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))));  // element 0 lowest
     } else {
       const uint32_t bits = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;  // element 0 in the low half
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -71,6 +87,7 @@ cudaError_t WithKvType(DType dtype, Fn&& fn) {
     case DType::kF32: return fn(static_cast<float*>(nullptr));
     case DType::kBF16: return fn(static_cast<__nv_bfloat16*>(nullptr));
     case DType::kF16: return fn(static_cast<__half*>(nullptr));
+    case DType::kF8E4M3: return fn(static_cast<__nv_fp8_e4m3*>(nullptr));
     default: return cudaErrorInvalidValue;
   }
 }
