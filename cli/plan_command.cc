@@ -57,10 +57,9 @@ int PlanCommand() {
   o.kv_dtype = engine->kv_cache_dtype.value_or(
       gpu && config->torch_dtype != DType::kF32 ? config->torch_dtype : DType::kF32);
   // What the device's backend keeps (KvCacheStorage::Create refuses the others at start).
-  if (o.kv_dtype == (gpu ? DType::kI8 : DType::kF8E4M3)) {
-    return PlanFail(absl::InvalidArgumentError(
-        absl::StrCat("--kv-cache-dtype ", std::string(KvCacheDTypeName(o.kv_dtype)),
-                     gpu ? ": int8 is the CPU's" : ": fp8 is CUDA's (--device cuda)")));
+  if (!gpu && o.kv_dtype == DType::kF8E4M3) {
+    return PlanFail(
+        absl::InvalidArgumentError("--kv-cache-dtype fp8: fp8 is CUDA's (--device cuda)"));
   }
   o.block_size = engine->block_size;
   o.max_model_len = engine->scheduler.max_model_len;

@@ -12,13 +12,14 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(Backend* 
     return absl::InvalidArgumentError("KV cache geometry must be positive in every dimension");
   }
   if (!backend->SupportsKvCacheDType(g.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-cache-dtype ", std::string(KvCacheDTypeName(g.dtype)), ": the ",
-                     backend->name(), " backend's KV cache stores f32, bf16, f16",
-                     backend->SupportsKvCacheDType(DType::kI8) ? " or int8" : " or fp8",
-                     g.dtype == DType::kI8       ? " (int8 is the CPU's)"
-                     : g.dtype == DType::kF8E4M3 ? " (fp8 is CUDA's)"
-                                                 : ""));
+    std::string kinds = "f32, bf16, f16";
+    for (DType d : {DType::kI8, DType::kF8E4M3}) {
+      if (backend->SupportsKvCacheDType(d))
+        absl::StrAppend(&kinds, ", ", std::string(KvCacheDTypeName(d)));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-dtype ", std::string(KvCacheDTypeName(g.dtype)), ": the ", backend->name(),
+        " backend's KV cache stores ", kinds, g.dtype == DType::kF8E4M3 ? " (fp8 is CUDA's)" : ""));
   }
   const int64_t bytes = g.num_layers * g.bytes_per_layer();
   ASSIGN_OR_RETURN(auto k, backend->Allocate(static_cast<size_t>(bytes)));

@@ -39,7 +39,7 @@ ABSL_FLAG(bool, device_sampling, true,
           "top-k, top-p, min-p and temperature there, a token or candidates copied back); false "
           "copies every sampled row's logits to the host sampler");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "engine: what the KV cache stores: f32, bf16, f16, int8 (CPU), fp8 (CUDA: E4M3, "
+          "engine: what the KV cache stores: f32, bf16, f16, int8, fp8 (CUDA: E4M3, "
           "saturating at +-448), or auto (on a GPU the model's dtype when it is bf16 or f16, else "
           "f32); bf16/f16 halve the cache's memory and the attention's reads, int8 (a scale per "
           "token and head) and fp8 quarter them. Prefill and decode workers exchanging KV must "

@@ -45,7 +45,7 @@ ABSL_FLAG(bool, split_gemm_inputs, false,
           "CUDA: GEMM inputs over 16-bit weights split into two 16-bit terms, about 16 significant "
           "bits for twice the GEMM arithmetic (the engine's flag)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "what the KV cache stores: f32, bf16, f16, int8 (CPU), fp8 (CUDA) or auto (on a GPU the "
+          "what the KV cache stores: f32, bf16, f16, int8, fp8 (CUDA) or auto (on a GPU the "
           "model's "
           "16-bit dtype, else f32), as the engine's flag");
 ABSL_FLAG(std::string, quantization, "none",

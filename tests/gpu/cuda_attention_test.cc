@@ -335,6 +335,75 @@ TEST_F(CudaBackendTest, PagedAttentionOverAnFp8CacheMatchesTheCpuOnItsValues) {
   }
 }
 
+// c's cached keys or values (`x`: c.kc or c.vc, f32 rows slot after slot) as an int8 cache holds
+// them (KvCacheGeometry's I8 layout: a block's codes, then its scales): per slot and head a scale
+// max|x| / 127 and codes round(x / scale).
+std::vector<uint8_t> Int8Cache(const AttentionCase& c, const std::vector<float>& x) {
+  KvCacheGeometry g = c.g;
+  g.dtype = DType::kI8;
+  std::vector<uint8_t> out(g.num_layers * g.bytes_per_layer());
+  const int64_t hd = g.head_dim, kvh = g.num_kv_heads;
+  for (int64_t l = 0; l < g.num_layers; ++l) {
+    for (int64_t slot = 0; slot < g.num_blocks * g.block_size; ++slot) {
+      uint8_t* layer = out.data() + l * g.bytes_per_layer();
+      for (int64_t h = 0; h < kvh; ++h) {
+        const float* src = x.data() + l * c.g.elements_per_layer() + (slot * kvh + h) * hd;
+        float amax = 0;
+        for (int64_t i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(src[i]));
+        const float scale = amax > 0 ? amax / 127.f : 1.f;
+        std::memcpy(layer + g.scale_offset(slot) + h * 4, &scale, 4);
+        for (int64_t i = 0; i < hd; ++i) {
+          layer[g.slot_offset(slot) + h * hd + i] =
+              static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(src[i] / scale)));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// An int8 cache (a scale per token and head, the scales after each block's codes): in every mode of
+// the kernels (split-KV in-block and grid split, the per-token kernel, the tiled prompt kernel) the
+// GPU writes the CPU's bytes and attends within f32 rounding of the CPU over the same cache.
+TEST_F(CudaBackendTest, PagedAttentionOverAnInt8CacheMatchesTheCpuInEveryMode) {
+  ASSERT_TRUE(gpu_->SupportsKvCacheDType(DType::kI8));
+  for (int64_t hd : {32, 80, 128, 256}) {
+    AttentionCase c(hd, 8, 2, kMixedBatch);
+    KvCacheGeometry g8 = c.g;
+    g8.dtype = DType::kI8;
+    const std::vector<uint8_t> kc = Int8Cache(c, c.kc), vc = Int8Cache(c, c.vc);
+    std::vector<uint8_t> k_cpu = kc, v_cpu = vc;
+    std::vector<float> ref(c.n * c.hq * hd);
+    cpu_->PagedAttention(c.q.data(), c.k.data(), c.v.data(), k_cpu.data(), v_cpu.data(), g8,
+                         c.layer, c.Host(), c.hq, c.scale(), ref.data());
+    const AttentionMetadata md = OnDevice(c);
+    std::vector<std::pair<std::string, cuda::AttentionMode>> modes = {
+        {"auto", cuda::AttentionMode::kAuto},
+        {"in-block", cuda::AttentionMode::kInBlock},
+        {"grid-split", cuda::AttentionMode::kGridSplit},
+        {"per-token", cuda::AttentionMode::kLegacy}};
+    if (hd != 80) modes.push_back({"tiled", cuda::AttentionMode::kTiled});
+    for (const auto& [name, mode] : modes) {
+      if (hd == 80 && mode == cuda::AttentionMode::kGridSplit) continue;  // split-KV: 32..256
+      uint8_t *kg = Up(kc), *vg = Up(vc);
+      cuda::PagedAttentionArgs a = CudaBackend::AttentionArgs(
+          Up(c.q), Up(c.k), Up(c.v), kg, vg, g8, c.layer, md, c.hq, c.scale(), nullptr);
+      a.mode = mode;
+      a.workspace_floats = cuda::SplitAttentionWorkspaceFloats(a);
+      a.workspace = a.workspace_floats > 0 ? Zeros(a.workspace_floats) : nullptr;
+      a.out = Zeros(c.n * c.hq * hd);
+      ASSERT_EQ(cuda::LaunchPagedAttention(a, nullptr), cudaSuccess) << name << " " << hd;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LE(MaxRelDiff(Down(a.out, ref.size()), ref), 1e-4f) << name << " head_dim " << hd;
+      std::vector<uint8_t> k_back(kc.size()), v_back(vc.size());
+      gpu_->CopyToHost(k_back.data(), kg, kc.size());
+      gpu_->CopyToHost(v_back.data(), vg, vc.size());
+      EXPECT_EQ(k_back, k_cpu) << "K cache writes, " << name << " head_dim " << hd;
+      EXPECT_EQ(v_back, v_cpu) << "V cache writes, " << name << " head_dim " << hd;
+    }
+  }
+}
+
 // The tiled prompt kernel against the CPU: long prompt chunks over cached prefixes, tiles that span
 // sequences, a decode token among them; a first tile of five runs with sequences of no new tokens
 // between them; in f32, BF16 and F16 caches. The backend's own launch (kAuto, not batch-invariant)

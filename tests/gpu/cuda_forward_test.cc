@@ -357,10 +357,11 @@ TEST_P(CudaForwardTest, QuantizedWeightsKeepTheirCodes) {
 
 // An FP8 E4M3 KV cache through the whole model (prefill chunks, then decode steps): E4M3 keeps 3
 // mantissa bits (up to 1/16 of a key or value), so the distributions move (on these random tiny
-// models by up to about 0.1), but clear choices stay.
-TEST_P(CudaForwardTest, Fp8KvCacheStaysCloseToTheF32Cache) {
+// models by up to about 0.1), but clear choices stay. On tiny-qwen3 (GQA, q/k norms), the preset
+// that moves most.
+TEST(CudaFp8KvCacheTest, StaysCloseToTheF32Cache) {
   auto gpu = CudaBackend::Create({}).value();
-  const std::string dir = testing_util::TinyModel(GetParam(), 7, DType::kBF16);
+  const std::string dir = testing_util::TinyModel("tiny-qwen3", 7, DType::kBF16);
   const int64_t vocab = LlamaModel::Load(dir, gpu.get()).value()->config().vocab_size;
   std::vector<int32_t> tokens(48);
   std::mt19937 rng(5);
@@ -391,8 +392,10 @@ TEST_P(CudaForwardTest, Fp8KvCacheStaysCloseToTheF32Cache) {
                                                              std::exp(y[i] - my) / sy)));
     }
   }
-  std::printf("%s FP8 KV cache: max |Δp| %.3g against the f32 cache, top-1 kept on %d clear rows\n",
-              GetParam().c_str(), max_dp, clear_rows);
+  std::printf(
+      "tiny-qwen3 FP8 KV cache: max |Δp| %.3g against the f32 cache, top-1 kept on %d "
+      "clear rows\n",
+      max_dp, clear_rows);
   EXPECT_TRUE(differs) << "the cache stored FP8";
   EXPECT_LE(max_dp, 0.15f);
   EXPECT_GE(clear_rows, 8);

@@ -77,9 +77,10 @@ class CudaBackend final : public Backend, public DeviceSampler {
 
   std::string name() const override { return "cuda"; }
   DType StoredWeightDType(DType checkpoint) const override;
-  // f32, BF16, F16 and FP8 E4M3 (written saturating to ±448, rounded to nearest even).
+  // f32, BF16, F16, FP8 E4M3 (written saturating to ±448, rounded to nearest even) and int8 with
+  // a scale per token and head (the CPU's layout and arithmetic: the same bytes).
   bool SupportsKvCacheDType(DType dtype) const override {
-    return IsFloat(dtype) || dtype == DType::kF8E4M3;
+    return IsFloat(dtype) || dtype == DType::kF8E4M3 || dtype == DType::kI8;
   }
   // Keeps INT8/INT4 codes where the layout allows (quant_gemv.h: k and the group size multiples of
   // 32): decode steps read them in a dequantizing GEMV, larger steps dequantize into scratch for

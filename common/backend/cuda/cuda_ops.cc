@@ -289,7 +289,9 @@ void CudaBackend::Attend(cuda::PagedAttentionArgs a) {
 void CudaBackend::QkvAttention(const QkvAttentionInput& in, void* k_cache, void* v_cache,
                                const KvCacheGeometry& g, int64_t layer, const AttentionMetadata& md,
                                int64_t num_q_heads, float scale, float* out) {
-  if (!tunings_.fusion || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim) {
+  // (An int8 row's scale needs the whole row: the attention's own write takes it.)
+  if (!tunings_.fusion || g.head_dim % 2 != 0 || g.head_dim > cuda::kMaxPrologueHeadDim ||
+      g.dtype == DType::kI8) {
     ProjectQkv(in, md.num_tokens);
     AttendProjectedQkv(*this, in, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
     return;

@@ -1,6 +1,8 @@
 // KV cache element types for the attention kernels: f32, or BF16/F16 rounded to nearest even when
 // written and read back as f32, or FP8 E4M3 rounded to nearest even and saturated to ±448 (no
-// scale: values beyond E4M3's range clip). Device code only (included by .cu files).
+// scale: values beyond E4M3's range clip), or int8 codes with one f32 scale per token and head
+// (KvCacheGeometry's I8 layout: a block's codes, then its scales; KvRows finds both; the writes are
+// WriteKvI8's). Device code only (included by .cu files).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,6 +27,49 @@ __device__ __forceinline__ float Fp8E4M3ToFloat(uint8_t b) {
   return __half2float(__half(h));
 }
 __device__ __forceinline__ float LoadKv(const __nv_fp8_e4m3* p) { return Fp8E4M3ToFloat(p->__x); }
+// An int8 code, to be multiplied by its row's scale (KvRows::Scale).
+__device__ __forceinline__ float LoadKv(const int8_t* p) { return static_cast<float>(*p); }
+
+template <typename T>
+inline constexpr bool kScaledKv = std::is_same_v<T, int8_t>;
+
+// Where a layer's cache of element type T keeps the row of KV head kh at `slot` (head_dim
+// elements), and the scale its elements multiply: rows of [kv_heads][head_dim] elements slot after
+// slot and scale 1, or (int8) blocks of [block_size][kv_heads][head_dim] codes followed by
+// [block_size][kv_heads] f32 scales.
+template <typename T>
+struct KvRows {
+  const T* base;  // the layer's K or V cache
+  int64_t num_kv_heads, head_dim, block_size;
+
+  __device__ __forceinline__ int64_t BlockElems() const {
+    return block_size * num_kv_heads * head_dim;
+  }
+  __device__ __forceinline__ const T* Row(int64_t slot, int64_t kh) const {
+    const int64_t row = num_kv_heads * head_dim;
+    if constexpr (kScaledKv<T>) {
+      const int64_t block_bytes = BlockElems() + block_size * num_kv_heads * 4;
+      return base + (slot / block_size) * block_bytes + (slot % block_size) * row + kh * head_dim;
+    } else {
+      return base + slot * row + kh * head_dim;
+    }
+  }
+  // The scale's address (int8 only).
+  __device__ __forceinline__ const float* ScaleAt(int64_t slot, int64_t kh) const {
+    const int64_t block_bytes = BlockElems() + block_size * num_kv_heads * 4;
+    const float* scales =
+        reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(base) +
+                                       (slot / block_size) * block_bytes + BlockElems());
+    return scales + (slot % block_size) * num_kv_heads + kh;
+  }
+  __device__ __forceinline__ float Scale(int64_t slot, int64_t kh) const {
+    if constexpr (kScaledKv<T>) {
+      return *ScaleAt(slot, kh);
+    } else {
+      return 1.f;
+    }
+  }
+};
 __device__ __forceinline__ void StoreKv(float* p, float x) { *p = x; }
 __device__ __forceinline__ void StoreKv(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void StoreKv(__half* p, float x) { *p = __float2half_rn(x); }
@@ -65,8 +110,11 @@ struct KvVec {
   __device__ __forceinline__ float operator[](int e) const {
     if constexpr (sizeof(T) == 4) {
       return __uint_as_float(w[e]);
+    } else if constexpr (std::is_same_v<T, int8_t>) {
+      return static_cast<float>(
+          static_cast<int8_t>(w[e / 4] >> (8 * (e % 4))));  // element 0 lowest
     } else if constexpr (sizeof(T) == 1) {
-      return Fp8E4M3ToFloat(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))));  // element 0 lowest
+      return Fp8E4M3ToFloat(static_cast<uint8_t>(w[e / 4] >> (8 * (e % 4))));
     } else {
       const uint32_t bits = (w[e / 2] >> (16 * (e % 2))) & 0xffffu;  // element 0 in the low half
       if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -88,6 +136,7 @@ cudaError_t WithKvType(DType dtype, Fn&& fn) {
     case DType::kBF16: return fn(static_cast<__nv_bfloat16*>(nullptr));
     case DType::kF16: return fn(static_cast<__half*>(nullptr));
     case DType::kF8E4M3: return fn(static_cast<__nv_fp8_e4m3*>(nullptr));
+    case DType::kI8: return fn(static_cast<int8_t*>(nullptr));
     default: return cudaErrorInvalidValue;
   }
 }

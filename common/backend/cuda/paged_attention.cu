@@ -35,6 +35,37 @@ __global__ void WriteKvKernel(T* kc, T* vc, const float* k, const float* v, cons
   }
 }
 
+// An int8 cache's writes: one block per token, warp w taking rows w, w + 8, ... of its 2 ·
+// num_kv_heads (K's heads, then V's). A row's scale is max|x| / 127 (1 when that is 0 or not
+// finite) and its codes round(x / scale) to nearest even, clamped to ±127: the CPU's arithmetic, so
+// both backends write the same bytes.
+__global__ void WriteKvI8Kernel(int8_t* kc, int8_t* vc, const float* k, const float* v,
+                                const int32_t* slots, int64_t num_kv_heads, int64_t head_dim,
+                                int64_t block_size) {
+  PdlPrologue();
+  const int64_t t = blockIdx.x, slot = slots[t];
+  if (slot < 0) return;  // a padding token: nothing to keep
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = num_kv_heads * head_dim;
+  for (int64_t i = warp; i < 2 * num_kv_heads; i += blockDim.x / 32) {
+    const bool is_v = i >= num_kv_heads;
+    const int64_t kh = is_v ? i - num_kv_heads : i;
+    const float* x = (is_v ? v : k) + t * row + kh * head_dim;
+    float amax = 0.f;
+    for (int64_t j = lane; j < head_dim; j += 32) amax = fmaxf(amax, fabsf(x[j]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = amax > 0.f && isfinite(amax) ? __fdiv_rn(amax, 127.f) : 1.f;
+    const KvRows<int8_t> rows{is_v ? vc : kc, num_kv_heads, head_dim, block_size};
+    int8_t* codes = const_cast<int8_t*>(rows.Row(slot, kh));
+    for (int64_t j = lane; j < head_dim; j += 32) {
+      // rintf: to nearest even, as the CPU's nearbyint.
+      codes[j] = static_cast<int8_t>(fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(x[j], s)))));
+    }
+    if (lane == 0) *const_cast<float*>(rows.ScaleAt(slot, kh)) = s;
+  }
+}
+
 constexpr int kPrologueWarps = 8;
 
 // LaunchQkvPrologue's kernel. Grid: one block per token; warp w takes heads w, w + 8, ... of its
@@ -79,10 +110,11 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
   const int64_t s = lo;
   const int64_t len = min(int64_t(a.positions[t]) + 1, int64_t(a.context_lens[s]));
   const int64_t group = a.num_q_heads / a.layer.num_kv_heads, kh = h / group;
-  const int64_t row = a.layer.num_kv_heads * hd;
   const int32_t* table = a.block_indices + a.block_indptr[s];
-  const T* kbase = static_cast<const T*>(a.layer.k_cache) + kh * hd;
-  const T* vbase = static_cast<const T*>(a.layer.v_cache) + kh * hd;
+  const KvRows<T> krows{static_cast<const T*>(a.layer.k_cache), a.layer.num_kv_heads, hd,
+                        a.layer.block_size};
+  const KvRows<T> vrows{static_cast<const T*>(a.layer.v_cache), a.layer.num_kv_heads, hd,
+                        a.layer.block_size};
   for (int64_t i = threadIdx.x; i < hd; i += blockDim.x)
     qs[i] = a.q[(t * a.num_q_heads + h) * hd + i];
   __syncthreads();
@@ -96,9 +128,10 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
       const int64_t slot =
           int64_t(table[p / a.layer.block_size]) * a.layer.block_size + p % a.layer.block_size;
       slots[threadIdx.x] = slot;
-      const T* kv = kbase + slot * row;
+      const T* kv = krows.Row(slot, kh);
       float dot = 0.f;
       for (int64_t i = 0; i < hd; ++i) dot += qs[i] * LoadKv(kv + i);
+      if constexpr (kScaledKv<T>) dot *= krows.Scale(slot, kh);
       score = dot * a.scale;
     }
     const float new_max = fmaxf(running_max, BlockReduce<true>(score, red));
@@ -113,7 +146,13 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
       const int64_t d = threadIdx.x + int64_t(j) * blockDim.x;
       if (d >= hd) break;
       float v = acc[j] * correction;
-      for (int64_t k = 0; k < tile; ++k) v += probs[k] * LoadKv(vbase + slots[k] * row + d);
+      for (int64_t k = 0; k < tile; ++k) {
+        if constexpr (kScaledKv<T>) {
+          v += probs[k] * vrows.Scale(slots[k], kh) * LoadKv(vrows.Row(slots[k], kh) + d);
+        } else {
+          v += probs[k] * LoadKv(vrows.Row(slots[k], kh) + d);
+        }
+      }
       acc[j] = v;
     }
     __syncthreads();  // the next tile overwrites probs and slots
@@ -235,10 +274,10 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
   const bool grid_split = gridDim.z > 1;
   const int64_t s_begin = grid_split ? blockIdx.z : 0,
                 s_end = grid_split ? min(s_begin + 1, splits) : splits;
-  const int64_t row = a.layer.num_kv_heads * hd, bs = a.layer.block_size;
+  const int64_t bs = a.layer.block_size;
   const int32_t* table = a.block_indices + a.block_indptr[seq];
-  const T* kb = static_cast<const T*>(a.layer.k_cache) + kh * hd;
-  const T* vb = static_cast<const T*>(a.layer.v_cache) + kh * hd;
+  const KvRows<T> krows{static_cast<const T*>(a.layer.k_cache), a.layer.num_kv_heads, hd, bs};
+  const KvRows<T> vrows{static_cast<const T*>(a.layer.v_cache), a.layer.num_kv_heads, hd, bs};
 
   float q[kGroup][kDims];
 #pragma unroll
@@ -267,13 +306,16 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
       // This warp's next keys p0, p0 + kSplitWarps, ...: every row load issued before the first
       // use.
       KvVec<T, kDims> kr[kBatch], vr[kBatch];
+      float ksc[kBatch], vsc[kBatch];  // int8: the rows' scales
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int64_t p = p0 + int64_t(b) * kSplitWarps;
         if (p < k1) {
           const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
-          kr[b].Load(kb + slot * row + lane * kDims);
-          vr[b].Load(vb + slot * row + lane * kDims);
+          kr[b].Load(krows.Row(slot, kh) + lane * kDims);
+          vr[b].Load(vrows.Row(slot, kh) + lane * kDims);
+          if constexpr (kScaledKv<T>)
+            ksc[b] = krows.Scale(slot, kh), vsc[b] = vrows.Scale(slot, kh);
         }
       }
 #pragma unroll
@@ -300,13 +342,23 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
         for (int g = 0; g < kGroup; ++g) {
           if (g >= gc) continue;
           // Explicit roundings: one arithmetic wherever the compiler places this loop.
-          const float score = __fmul_rn(dot[g], a.scale);
+          float score, ve;  // ve: the weight of the value's elements
+          if constexpr (kScaledKv<T>) {
+            score = __fmul_rn(__fmul_rn(dot[g], ksc[b]), a.scale);
+          } else {
+            score = __fmul_rn(dot[g], a.scale);
+          }
           const float nm = fmaxf(m[g], score);
           const float c = expf(m[g] - nm), e = expf(score - nm);
+          if constexpr (kScaledKv<T>) {
+            ve = __fmul_rn(e, vsc[b]);
+          } else {
+            ve = e;
+          }
           l[g] = __fmaf_rn(l[g], c, e);
 #pragma unroll
           for (int j = 0; j < kDims; ++j)
-            acc[g][j] = __fmaf_rn(acc[g][j], c, __fmul_rn(e, vr[b][j]));
+            acc[g][j] = __fmaf_rn(acc[g][j], c, __fmul_rn(ve, vr[b][j]));
           m[g] = nm;
         }
       }
@@ -435,6 +487,12 @@ int64_t FillBlocks() {
 bool SplitCapable(int64_t head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
+// And its lanes' row loads aligned: an int8 block is block_size · kv_heads · (head_dim + 4) bytes,
+// which the 8-byte loads of head_dim 256 need even.
+bool SplitCapable(const PagedLayer& l) {
+  return SplitCapable(l.head_dim) &&
+         (l.dtype != DType::kI8 || l.head_dim != 256 || (l.block_size * l.num_kv_heads) % 2 == 0);
+}
 
 int64_t SplitCount(int64_t max_context_len, int64_t keys = kSplitKeys) {
   return std::max<int64_t>(1, (max_context_len + keys - 1) / keys);
@@ -470,14 +528,18 @@ cudaError_t LaunchQkvPrologue(const QkvPrologueArgs& a, cudaStream_t stream) {
   }
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
-    LaunchKernel(QkvPrologueKernel<T>, static_cast<unsigned>(a.num_tokens), kPrologueWarps * 32, 0,
-                 stream, a);
-    return cudaGetLastError();
+    if constexpr (kScaledKv<T>) {
+      return cudaErrorInvalidValue;  // an int8 row's scale needs the whole row: WriteKvI8Kernel
+    } else {
+      LaunchKernel(QkvPrologueKernel<T>, static_cast<unsigned>(a.num_tokens), kPrologueWarps * 32,
+                   0, stream, a);
+      return cudaGetLastError();
+    }
   });
 }
 
 int64_t SplitAttentionWorkspaceFloats(const PagedAttentionArgs& a) {
-  if (!SplitCapable(a.layer.head_dim) || a.mode == AttentionMode::kInBlock ||
+  if (!SplitCapable(a.layer) || a.mode == AttentionMode::kInBlock ||
       a.mode == AttentionMode::kLegacy || a.mode == AttentionMode::kTiled ||
       a.mode == AttentionMode::kTensorCore || a.num_q_heads <= 0 || a.layer.num_kv_heads <= 0 ||
       TakesTiled(a)) {
@@ -513,9 +575,16 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
   return WithKvType(a.layer.dtype, [&](auto* type) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(type)>;
     if (!a.kv_written) {
-      LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kWriteKvThreads, 0,
-                   stream, static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache), a.k,
-                   a.v, a.slot_mapping, a.layer.num_kv_heads * a.layer.head_dim);
+      if constexpr (kScaledKv<T>) {
+        LaunchKernel(WriteKvI8Kernel, static_cast<unsigned>(a.num_tokens), kWriteKvThreads, 0,
+                     stream, static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache),
+                     a.k, a.v, a.slot_mapping, a.layer.num_kv_heads, a.layer.head_dim,
+                     a.layer.block_size);
+      } else {
+        LaunchKernel(WriteKvKernel<T>, static_cast<unsigned>(a.num_tokens), kWriteKvThreads, 0,
+                     stream, static_cast<T*>(a.layer.k_cache), static_cast<T*>(a.layer.v_cache),
+                     a.k, a.v, a.slot_mapping, a.layer.num_kv_heads * a.layer.head_dim);
+      }
     }
     if (a.mode == AttentionMode::kTiled) return LaunchTiledPrefillAttention(a, stream);
     if (a.mode == AttentionMode::kTensorCore) return LaunchTensorCorePrefillAttention(a, stream);
@@ -525,11 +594,10 @@ cudaError_t LaunchPagedAttention(const PagedAttentionArgs& a, cudaStream_t strea
       PagedAttentionArgs both = a;  // each kernel skips the other's sequences
       both.tiled_min_new_tokens = kMinTiledNewTokens;
       if (cudaError_t e = LaunchPromptAttention(both, stream); e != cudaSuccess) return e;
-      if (!SplitCapable(a.layer.head_dim))
-        return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
+      if (!SplitCapable(a.layer)) return cudaErrorInvalidValue;  // TiledPrefillCapable implies it
       return LaunchSplitAttentionForHeadDim<T>(both, 1, kSplitKeys, stream);
     }
-    if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer.head_dim)) {
+    if (a.mode == AttentionMode::kLegacy || !SplitCapable(a.layer)) {
       const size_t smem =
           SlotsOffset(a.layer.head_dim) * sizeof(float) + kAttentionThreads * sizeof(int64_t);
       const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(a.num_q_heads));

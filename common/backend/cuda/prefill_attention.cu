@@ -42,9 +42,9 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
   const int rg = threadIdx.x / 8, c8 = threadIdx.x % 8;
   const int64_t h = blockIdx.y, group = a.num_q_heads / a.layer.num_kv_heads, kh = h / group;
   const int64_t t_begin = int64_t(blockIdx.x) * kTileQ, t_end = min(t_begin + kTileQ, a.num_tokens);
-  const int64_t slot_row = a.layer.num_kv_heads * kHd, bs = a.layer.block_size;
-  const T* kbase = static_cast<const T*>(a.layer.k_cache) + kh * kHd;
-  const T* vbase = static_cast<const T*>(a.layer.v_cache) + kh * kHd;
+  const int64_t bs = a.layer.block_size;
+  const KvRows<T> krows{static_cast<const T*>(a.layer.k_cache), a.layer.num_kv_heads, kHd, bs};
+  const KvRows<T> vrows{static_cast<const T*>(a.layer.v_cache), a.layer.num_kv_heads, kHd, bs};
 
   for (int64_t run = t_begin; run < t_end;) {
     // This run: the tile's tokens of one sequence, [run, run_end).
@@ -82,8 +82,12 @@ __global__ void __launch_bounds__(kPrefillThreads) TiledPrefillKernel(PagedAtten
         float kv = 0.f, vv = 0.f;
         if (p < keys) {
           const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
-          kv = LoadKv(kbase + slot * slot_row + d);
-          vv = LoadKv(vbase + slot * slot_row + d);
+          kv = LoadKv(krows.Row(slot, kh) + d);
+          vv = LoadKv(vrows.Row(slot, kh) + d);
+          if constexpr (kScaledKv<T>) {  // staged dequantized
+            kv *= krows.Scale(slot, kh);
+            vv *= vrows.Scale(slot, kh);
+          }
         }
         ks[j * kStride + d] = kv;
         vs[j * kStride + d] = vv;
