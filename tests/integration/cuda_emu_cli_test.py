@@ -90,17 +90,19 @@ if gpu and cpu:
     check(gpu["token_ids"] == cpu["token_ids"],
           f"greedy tokens differ between the emulated GPU and the CPU:\n cuda {gpu['token_ids']}\n cpu  {cpu['token_ids']}")
 
-# An int8 KV cache: the emulated GPU writes the CPU's bytes, so their greedy choices agree.
+# An int8 KV cache: the emulated GPU writes the CPU's bytes, so their greedy choices agree (a few
+# tokens: emulated decode steps are what this test spends its time on).
+short = ["--prompt", "And God said", "--max-tokens", "6", "--temperature", "0"]
 i8 = ["--kv-cache-dtype", "int8"]
-gpu_i8, cpu_i8 = generate(*greedy, *i8), generate(*greedy, *i8, device="cpu")
+gpu_i8, cpu_i8 = generate(*short, *i8), generate(*short, *i8, device="cpu")
 if gpu_i8 and cpu_i8:
     check(gpu_i8["token_ids"] == cpu_i8["token_ids"],
           f"int8 KV greedy tokens differ:\n cuda {gpu_i8['token_ids']}\n cpu  {cpu_i8['token_ids']}")
 # An FP8 E4M3 KV cache is CUDA's: it generates on the emulated GPU, close to the default cache's
 # greedy choices; the CPU refuses it at start, saying so.
-fp8 = generate(*greedy, "--kv-cache-dtype", "fp8")
+fp8 = generate(*short, "--kv-cache-dtype", "fp8")
 if fp8 and gpu:
-    check(len(fp8["token_ids"]) == 24 and fp8["token_ids"][:4] == gpu["token_ids"][:4],
+    check(len(fp8["token_ids"]) == 6 and fp8["token_ids"][:4] == gpu["token_ids"][:4],
           f"--kv-cache-dtype fp8 greedy {fp8['token_ids']} vs {gpu['token_ids']}")
 p = subprocess.run([TANDEM, "generate", "--model", MODEL, "--prompt", "x", "--device", "cpu",
                     "--kv-cache-dtype", "fp8"], capture_output=True, text=True, timeout=600, env=ENV)
