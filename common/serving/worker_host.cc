@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/backend/create_backend.h"
 #include "common/base/logging.h"
 #include "common/base/signals.h"
 #include "common/base/status_macros.h"
@@ -223,7 +224,9 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
     server->server->Shutdown(std::chrono::system_clock::now());
     return 1;
   };
-  auto backend = BackendFromFlags();
+  auto backend_options = BackendOptionsFromFlags();
+  if (!backend_options.ok()) return fail(backend_options.status());
+  auto backend = CreateBackend(*backend_options);
   if (!backend.ok()) return fail(backend.status());
   auto load_options = ModelLoadOptionsFromFlags();
   if (!load_options.ok()) return fail(load_options.status());
@@ -237,9 +240,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
       load_options->quantization == QuantType::kNone
           ? *fingerprint
           : absl::StrCat(*fingerprint, "/", std::string(QuantTypeName(load_options->quantization)));
-  if (auto b = BackendOptionsFromFlags(); b.ok() && b->int8_activations) {
-    absl::StrAppend(&kv_fingerprint, "/a8");
-  }
+  if (backend_options->int8_activations) absl::StrAppend(&kv_fingerprint, "/a8");
   // Decoding roles speculate with a draft model when one is named.
   absl::StatusOr<std::unique_ptr<LlamaModel>> draft = std::unique_ptr<LlamaModel>();
   if (role != v1::WORKER_ROLE_PREFILL) draft = DraftModelFromFlags(model_dir, **model);
