@@ -36,6 +36,15 @@ if [[ -n $emu_plugin ]]; then
   TANDEM_CUDA_PLUGIN=$emu_plugin TANDEM_CUDA_EMU_MEMORY_MB=512 "$kvb" --device cuda --presets qwen2.5-0.5b --tokens 64 \
     --iterations 1 --kv-dtype bf16 > "$out/kv_transfer_cuda.txt" 2>&1 ||
     fail "kv_transfer_bench --device cuda on the emulator ($(tail -3 "$out/kv_transfer_cuda.txt"))"
+  # The 8-bit caches (int8 with its scales inside the blocks, fp8) over the same three transports:
+  # the receiver checks every byte.
+  for kvd in int8 fp8; do
+    TANDEM_CUDA_PLUGIN=$emu_plugin TANDEM_CUDA_EMU_MEMORY_MB=512 "$kvb" --device cuda --presets qwen2.5-0.5b \
+      --tokens 64 --iterations 1 --kv-dtype $kvd > "$out/kv_transfer_$kvd.txt" 2>&1 ||
+      fail "kv_transfer_bench --device cuda --kv-dtype $kvd on the emulator ($(tail -3 "$out/kv_transfer_$kvd.txt"))"
+    [[ $(grep -c '^qwen2.5-0.5b' "$out/kv_transfer_$kvd.txt") == 1 ]] ||
+      fail "kv_transfer_bench --kv-dtype $kvd: no result row ($(tail -3 "$out/kv_transfer_$kvd.txt"))"
+  done
 fi
 # gpu_check.sh's spec step: spec_bench (beside kv_transfer_bench) with every configuration, tiny.
 "$(dirname "$kvb")/spec_bench" --model "$model" --draft "$src/models/kjv-draft" --prompts 1 --output-len 8 \

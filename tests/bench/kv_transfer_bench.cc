@@ -54,7 +54,8 @@ ABSL_FLAG(std::string, role, "",
           "internal: 'receiver' is the receiving process of a --device cuda run");
 ABSL_FLAG(std::string, ready_file, "", "internal: where the receiver writes its port");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "two-process runs: what the caches store, f32 or bf16 (half the bytes)");
+          "two-process runs: what the caches store: f32, bf16 (half the bytes), int8 (a quarter, "
+          "plus a scale per token and head) or fp8 (a quarter; CUDA)");
 
 namespace tandem {
 namespace {
@@ -68,18 +69,26 @@ absl::StatusOr<KvCacheGeometry> Geometry(const std::string& preset_name, int64_t
   const int64_t bs = absl::GetFlag(FLAGS_block_size);
   KvCacheGeometry g{c.num_hidden_layers, (tokens + bs - 1) / bs, bs, c.num_key_value_heads,
                     c.head_dim};
-  const std::string dtype = absl::GetFlag(FLAGS_kv_dtype);
-  if (dtype != "f32" && dtype != "bf16")
-    return absl::InvalidArgumentError("--kv-dtype must be f32 or bf16");
-  g.dtype = dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  std::optional<DType> dtype;
+  if (!ParseKvCacheDType(absl::GetFlag(FLAGS_kv_dtype), &dtype) || !dtype.has_value() ||
+      *dtype == DType::kF16) {
+    return absl::InvalidArgumentError("--kv-dtype must be f32, bf16, int8 or fp8");
+  }
+  g.dtype = *dtype;
   return g;
 }
 
 // The cache content both processes know: element i of layer l of K (V: negated), in the cache's
-// dtype (zeros when !fill).
+// dtype; for the 8-bit caches a byte pattern over the whole layer, scales included (zeros when
+// !fill).
 std::vector<char> LayerBytes(const KvCacheGeometry& g, int64_t layer, bool v, bool fill) {
   std::vector<char> bytes(static_cast<size_t>(g.bytes_per_layer()), 0);
   if (!fill) return bytes;
+  if (g.dtype != DType::kF32 && g.dtype != DType::kBF16) {
+    for (size_t i = 0; i < bytes.size(); ++i)
+      bytes[i] = static_cast<char>((layer * 7919 + static_cast<int64_t>(i) * 31 + v) & 0xff);
+    return bytes;
+  }
   for (int64_t i = 0; i < g.elements_per_layer(); ++i) {
     const float x = (v ? -1.f : 1.f) * static_cast<float>((layer * 7919 + i) % 1000);
     if (g.dtype == DType::kF32) {
