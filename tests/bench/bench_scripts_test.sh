@@ -51,17 +51,16 @@ fi
   --concurrency 2 --concurrency-output-len 4 > "$out/spec.txt" 2>&1 || fail "spec_bench ($(tail -3 "$out/spec.txt"))"
 grep -q "draft adaptive" "$out/spec.txt" || fail "spec_bench: no draft rows ($(tail -3 "$out/spec.txt"))"
 # scripts/bench_quant_cpu.sh (Tandem's quantized CPU path against llama.cpp's Q8_0/Q4_0), tiny: every
-# side of every row asked for must come back with a figure.
-if [[ -d tests/conformance/node_modules/node-llama-cpp ]]; then
-  TANDEM_BUILD_DIR="$(cd "$(dirname "$kvb")/../.." && pwd)" BENCH_ROWS="bf16 int4-head" BENCH_PROMPT_LEN=8 \
-    BENCH_DECODE_TOKENS=2 BENCH_REPEATS=1 BENCH_THREADS=1 scripts/bench_quant_cpu.sh "$model" > "$out/quant.txt" \
-    2> "$out/quant.err" || fail "bench_quant_cpu.sh ($(tail -3 "$out/quant.err"))"
-  for row in bf16 int4-head; do
-    want=$([[ $row == bf16 ]] && echo 8 || echo 10)  # bf16 has no int8-activation figures ("-")
-    got=$(awk -v r="$row" '$1 == r { n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^\(?[0-9.]+\)?$/) n++; print n }' "$out/quant.txt")
-    [[ $got == "$want" ]] || fail "bench_quant_cpu.sh: row $row has $got figures, want $want: $(grep "^$row " "$out/quant.txt")"
-  done
-fi
+# side of every row asked for must come back with a figure. (The llama.cpp oracle is installed by the
+# test command, as for the conformance tests.)
+TANDEM_BUILD_DIR="$(cd "$(dirname "$kvb")/../.." && pwd)" BENCH_ROWS="bf16 int4-head" BENCH_PROMPT_LEN=8 \
+  BENCH_DECODE_TOKENS=2 BENCH_REPEATS=1 BENCH_THREADS=1 scripts/bench_quant_cpu.sh "$model" > "$out/quant.txt" \
+  2> "$out/quant.err" || fail "bench_quant_cpu.sh ($(tail -3 "$out/quant.err"))"
+for row in bf16 int4-head; do
+  want=$([[ $row == bf16 ]] && echo 8 || echo 10)  # bf16 has no int8-activation figures ("-")
+  got=$(awk -v r="$row" '$1 == r { n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^\(?[0-9.]+\)?$/) n++; print n }' "$out/quant.txt")
+  [[ $got == "$want" ]] || fail "bench_quant_cpu.sh: row $row has $got figures, want $want: $(grep "^$row " "$out/quant.txt")"
+done
 python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
 python3 - "$out" <<'PY'
 import json, sys
