@@ -33,7 +33,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
-import { ModelError, openModel, readTensor, readJson, llama3RopeDivisors } from "./lib/hf_model.mjs";
+import { ModelError, f16ToNumber, openModel, readTensor, readJson, llama3RopeDivisors } from "./lib/hf_model.mjs";
 
 const GGUF_MAGIC = 0x46554747; // "GGUF" read as a little-endian u32
 const GGUF_VERSION = 3;
@@ -341,7 +341,7 @@ export function dequantizeBlocks(buf, type, numel) {
   const per = GGML_BLOCK_BYTES[type];
   const out = new Float32Array(numel);
   for (let b = 0; b < numel / QK; b++) {
-    const d = f16ToF32(buf.readUInt16LE(b * per));
+    const d = f16ToNumber(buf.readUInt16LE(b * per));
     const o = b * per + 2;
     for (let j = 0; j < QK; j++) {
       if (type === GGML_TYPE.q8_0) out[b * QK + j] = d * buf.readInt8(o + j);
@@ -352,15 +352,6 @@ export function dequantizeBlocks(buf, type, numel) {
     }
   }
   return out;
-}
-
-function f16ToF32(h) {
-  const sign = h & 0x8000 ? -1 : 1;
-  const e = (h >> 10) & 0x1f;
-  const m = h & 0x3ff;
-  if (e === 0) return sign * m * 2 ** -24;
-  if (e === 31) return m ? NaN : sign * Infinity;
-  return sign * (1 + m / 1024) * 2 ** (e - 15);
 }
 
 export { GGML_TYPE };

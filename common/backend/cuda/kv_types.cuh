@@ -45,21 +45,23 @@ struct KvRows {
   __device__ __forceinline__ int64_t BlockElems() const {
     return block_size * num_kv_heads * head_dim;
   }
+  // An int8 block: its codes, then a 4-byte scale per slot and head.
+  __device__ __forceinline__ int64_t BlockBytes() const {
+    return BlockElems() + block_size * num_kv_heads * 4;
+  }
   __device__ __forceinline__ const T* Row(int64_t slot, int64_t kh) const {
     const int64_t row = num_kv_heads * head_dim;
     if constexpr (kScaledKv<T>) {
-      const int64_t block_bytes = BlockElems() + block_size * num_kv_heads * 4;
-      return base + (slot / block_size) * block_bytes + (slot % block_size) * row + kh * head_dim;
+      return base + (slot / block_size) * BlockBytes() + (slot % block_size) * row + kh * head_dim;
     } else {
       return base + slot * row + kh * head_dim;
     }
   }
   // The scale's address (int8 only).
   __device__ __forceinline__ const float* ScaleAt(int64_t slot, int64_t kh) const {
-    const int64_t block_bytes = BlockElems() + block_size * num_kv_heads * 4;
     const float* scales =
         reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(base) +
-                                       (slot / block_size) * block_bytes + BlockElems());
+                                       (slot / block_size) * BlockBytes() + BlockElems());
     return scales + (slot % block_size) * num_kv_heads + kh;
   }
   __device__ __forceinline__ float Scale(int64_t slot, int64_t kh) const {

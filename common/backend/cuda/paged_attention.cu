@@ -146,13 +146,9 @@ __global__ void PagedAttentionKernel(PagedAttentionArgs a) {
       const int64_t d = threadIdx.x + int64_t(j) * blockDim.x;
       if (d >= hd) break;
       float v = acc[j] * correction;
-      for (int64_t k = 0; k < tile; ++k) {
-        if constexpr (kScaledKv<T>) {
-          v += probs[k] * vrows.Scale(slots[k], kh) * LoadKv(vrows.Row(slots[k], kh) + d);
-        } else {
-          v += probs[k] * LoadKv(vrows.Row(slots[k], kh) + d);
-        }
-      }
+      // (Scale is the literal 1 for the unscaled types: the product folds away.)
+      for (int64_t k = 0; k < tile; ++k)
+        v += probs[k] * vrows.Scale(slots[k], kh) * LoadKv(vrows.Row(slots[k], kh) + d);
       acc[j] = v;
     }
     __syncthreads();  // the next tile overwrites probs and slots
@@ -342,19 +338,10 @@ __global__ void SplitAttentionKernel(PagedAttentionArgs a, int64_t head_chunks, 
         for (int g = 0; g < kGroup; ++g) {
           if (g >= gc) continue;
           // Explicit roundings: one arithmetic wherever the compiler places this loop.
-          float score, ve;  // ve: the weight of the value's elements
-          if constexpr (kScaledKv<T>) {
-            score = __fmul_rn(__fmul_rn(dot[g], ksc[b]), a.scale);
-          } else {
-            score = __fmul_rn(dot[g], a.scale);
-          }
+          const float score = __fmul_rn(kScaledKv<T> ? __fmul_rn(dot[g], ksc[b]) : dot[g], a.scale);
           const float nm = fmaxf(m[g], score);
           const float c = expf(m[g] - nm), e = expf(score - nm);
-          if constexpr (kScaledKv<T>) {
-            ve = __fmul_rn(e, vsc[b]);
-          } else {
-            ve = e;
-          }
+          const float ve = kScaledKv<T> ? __fmul_rn(e, vsc[b]) : e;  // the value elements' weight
           l[g] = __fmaf_rn(l[g], c, e);
 #pragma unroll
           for (int j = 0; j < kDims; ++j)

@@ -20,7 +20,7 @@ const DTYPE_BYTES = { F32: 4, F16: 2, BF16: 2 };
 const MAX_HEADER_BYTES = 100 * 1024 * 1024;
 
 // Exact IEEE half → float conversion (every f16 value is representable in f32/f64).
-function f16ToNumber(h) {
+export function f16ToNumber(h) {
   const sign = h & 0x8000 ? -1 : 1;
   const exp = (h >> 10) & 0x1f;
   const frac = h & 0x3ff;
