@@ -4,11 +4,12 @@
 # an output the device run depends on is checked on every machine before a GPU session spends time on it.
 
 # Step "forward": prefill and decode against the device's ceilings, and each tuning side by side.
-# DECODE_BATCHES: the plain decode batches (default 1 16 64).
+# DECODE_BATCHES: the plain decode batches (default 1 16 64); FORWARD_TUNINGS=0: those alone (a short lease).
 forward_runs() {
   local base="--prompt-len 512 --decode-tokens 64"
   local b gc gk tc smp
   for b in ${DECODE_BATCHES:-1 16 64}; do echo "$base --decode-batch $b"; done
+  [[ "${FORWARD_TUNINGS:-1}" == 0 ]] && return 0
   # The same batch-64 decode over an f32 KV cache (the default is the model's BF16).
   echo "$base --decode-batch 64 --kv-cache-dtype f32"
   # Programmatic dependent launch (the default: off) at batches 1 and 64.

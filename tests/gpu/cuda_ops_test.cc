@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kernels.h"
 #include "common/backend/cuda/prefill_attention.h"
+#include "common/backend/cuda/quant_gemv.h"
 #include "common/backend/cuda/smoke_kernel.h"
 #include "common/backend/kv_cache_storage.h"
 #include "common/base/argmax.h"
@@ -152,6 +154,66 @@ TEST_F(CudaBackendTest, QuantizedLinearKeepsTheCodes) {
         ASSERT_EQ(one[r], eight[t * rows + r]) << what << " row " << t;
     }
   }
+  EXPECT_TRUE(gpu_->CheckErrors().ok());
+}
+
+// The quantized GEMV against a double-precision product of the dequantized weights, over several
+// activation tiles (42 blocks of 32 columns: two tiles from 5 rows up) and a column count no warp
+// width divides, with 1, 2 and 4 columns a warp: every row the same bits whatever the columns and
+// the rows beside it.
+TEST_F(CudaBackendTest, QuantGemvIsTheSameForEveryColumnAndRowCount) {
+  const int64_t m = 75, k = 1344;
+  const auto w = Random(m * k, 41, 0.1f);
+  const auto x = Random(cuda::kGemvMaxRows * k, 42);
+  float* xg = Up(x);
+  for (const auto& [type, group, symmetric] :
+       {std::tuple{QuantType::kInt4, int64_t{64}, false}, std::tuple{QuantType::kInt8, k, true},
+        std::tuple{QuantType::kInt8, int64_t{128}, false}}) {
+    RtnOptions o;
+    o.type = type;
+    o.group_size = group;
+    o.symmetric = symmetric;
+    auto qm = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), m, k, o));
+    const DeviceWeight wg = gpu_->UploadQuantizedWeight(qm).value();
+    const cuda::QuantWeight q =
+        cuda::MakeQuantWeight(type, m, k, qm->group_size, wg.data, wg.scales, wg.zeros, wg.perm);
+    const std::string what = absl::StrCat(std::string(QuantTypeName(type)), " g", qm->group_size);
+    std::vector<float> first;  // columns 1, 8 rows
+    for (int columns : {1, 2, 4}) {
+      for (int64_t n = cuda::kGemvMaxRows; n >= 1; --n) {
+        float* out = Zeros(n * m);
+        ASSERT_EQ(cuda::LaunchQuantGemv(xg, n, q, nullptr, out, nullptr, columns), cudaSuccess);
+        const std::vector<float> got = Down(out, n * m);
+        if (first.empty()) {
+          first = got;
+          double worst = 0;
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t c = 0; c < m; ++c) {
+              double ref = 0, scale = 0;
+              for (int64_t i = 0; i < k; ++i) {
+                const double p = double(qm->Value(c, i)) * x[t * k + i];
+                ref += p;
+                scale += std::fabs(p);
+              }
+              worst = std::max(worst, std::fabs(got[t * m + c] - ref) / scale);
+            }
+          }
+          // Two f32 sums a block (Σ q x exact products, Σ x) and the zero's term: f32 rounding.
+          EXPECT_LE(worst, 1e-5 * std::sqrt(double(k))) << what;
+        }
+        for (int64_t i = 0; i < n * m; ++i) {
+          ASSERT_EQ(got[i], first[i]) << what << " columns " << columns << " n " << n << " row "
+                                      << i / m << " column " << i % m;
+        }
+      }
+    }
+  }
+  // Column counts other than 0, 1, 2 and 4 are refused.
+  EXPECT_EQ(
+      cuda::LaunchQuantGemv(
+          xg, 1, cuda::MakeQuantWeight(QuantType::kInt8, 32, 32, 32, xg, nullptr, nullptr, nullptr),
+          nullptr, xg, nullptr, 3),
+      cudaErrorInvalidValue);
   EXPECT_TRUE(gpu_->CheckErrors().ok());
 }
 

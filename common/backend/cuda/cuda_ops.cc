@@ -135,6 +135,9 @@ void CudaBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight&
   const cuda::QuantWeight q =
       cuda::MakeQuantWeight(w.quant, m, k, w.group_size, w.data, w.scales, w.zeros, w.perm);
   const bool gemv = n <= cuda::kGemvMaxRows && !batch_invariant_;
+  // More rows (or batch invariance): the weight dequantized to 16 bits, then the GEMM path (timed
+  // as its own op).
+  DeviceWeight dense;
   {
     cuda::OpScope op(profiler_.get(), capturing_,
                      profiler_ ? absl::StrCat(gemv ? "quantized gemv " : "dequantize ", m, "x", k,
@@ -156,16 +159,14 @@ void CudaBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight&
             "quantized gemv");
       return;
     }
+    dense.dtype = DequantizedWeightDType();
+    dense.rows = m;
+    dense.cols = k;
+    dense.data = Scratch(kDequantizedWeight, static_cast<size_t>(m * k) * 2);
+    if (dense.data == nullptr) return;
+    Check(cuda::LaunchDequantize(q, dense.dtype, const_cast<void*>(dense.data), stream_),
+          "dequantizing a weight");
   }
-  // More rows (or batch invariance): the weight dequantized to 16 bits, then the GEMM path.
-  DeviceWeight dense;
-  dense.dtype = DequantizedWeightDType();
-  dense.rows = m;
-  dense.cols = k;
-  dense.data = Scratch(kDequantizedWeight, static_cast<size_t>(m * k) * 2);
-  if (dense.data == nullptr) return;
-  Check(cuda::LaunchDequantize(q, dense.dtype, const_cast<void*>(dense.data), stream_),
-        "dequantizing a weight");
   Linear(x, n, dense, bias, out);
 }
 

@@ -42,49 +42,187 @@ __device__ __forceinline__ void DequantizeBlock(const uint8_t* row, int64_t b, f
   }
 }
 
-// Grid ceil(m / kWarps), kWarps warps: warp w of block b computes output column b kWarps + w for
-// the N rows (the header's order of folding).
-template <int N, bool kInt4>
+// The GEMV stages each activation row's tile of k in shared memory once per block (every warp of
+// the block reads it there, not from L1 at a 128-byte stride a lane): float4 piece p of 32-column
+// block i of the tile sits in slot i * 8 + ((p + i) & 7), so that the 8 lanes of a phase, which
+// read piece p of 8 consecutive blocks, hit 8 different bank groups, and so do the 8 threads that
+// store one block's pieces.
+constexpr int kTileFloats = 8192;  // f32 of x a block stages at once (32 KiB), over all n rows
+
+template <int N>
+constexpr int kTileBlocks = (kTileFloats / (N * 32)) / 32 * 32;  // 32-column blocks a tile: 32 T
+
+__device__ __forceinline__ int Slot(int block, int piece) {
+  return block * 8 + ((piece + block) & 7);
+}
+
+// q (an int4 code, or an int8 code + 128) as an exact float: 2^23 + q read as a float, less 2^23.
+__device__ __forceinline__ float ExactCode(uint32_t q, float offset) {
+  return __uint_as_float(0x4B000000u | q) - offset;
+}
+
+// The codes of one 32-column block of C weight rows: int4 16 bytes, int8 32 bytes a row.
+template <bool kInt4, int C>
+struct BlockCodes {
+  uint4 v[C][kInt4 ? 1 : 2];
+};
+
+// Blocks b + 64 and b + 96 of the C rows towards L2 (loads further ahead, in no register).
+template <bool kInt4, int C>
+__device__ __forceinline__ void PrefetchCodes(const uint8_t* const (&rows)[C], int64_t b,
+                                              int64_t blocks) {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+  for (int u = 2; u <= 3; ++u) {
+    if (b + 32 * u >= blocks) break;
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[c] + (b + 32 * u) * (kInt4 ? 16 : 32)));
+  }
+#endif
+}
+
+template <bool kInt4, int C>
+__device__ __forceinline__ void LoadCodes(const uint8_t* const (&rows)[C], int64_t b,
+                                          BlockCodes<kInt4, C>& codes) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if constexpr (kInt4) {
+      codes.v[c][0] = *reinterpret_cast<const uint4*>(rows[c] + b * 16);
+    } else {
+      codes.v[c][0] = *reinterpret_cast<const uint4*>(rows[c] + b * 32);
+      codes.v[c][1] = *reinterpret_cast<const uint4*>(rows[c] + b * 32 + 16);
+    }
+  }
+}
+
+// Code j of one weight row's 32-column block as an exact float, in column order (int4: byte j % 16
+// holds column j in its low half for j < 16, in its high half for j >= 16; int8: signed).
+template <bool kInt4>
+__device__ __forceinline__ float CodeValue(const uint4 (&v)[kInt4 ? 1 : 2], int j) {
+  if constexpr (kInt4) {
+    const int byte = j % 16;
+    const uint32_t word = byte < 4 ? v[0].x : byte < 8 ? v[0].y : byte < 12 ? v[0].z : v[0].w;
+    return ExactCode((word >> (8 * (byte % 4) + (j < 16 ? 0 : 4))) & 0xFu, 8388608.f);
+  } else {
+    const uint4& h = v[j / 16];
+    const int i = j % 16;
+    const uint32_t word = i < 4 ? h.x : i < 8 ? h.y : i < 12 ? h.z : h.w;
+    return ExactCode(((word >> (8 * (i % 4))) & 0xFFu) ^ 0x80u, 8388736.f);
+  }
+}
+
+// Grid ceil(m / (kWarps C)), kWarps warps: warp w of block b computes output columns
+// (b kWarps + w) C + c, c < C, for the N rows (the header's order of folding, whatever N and C).
+template <int N, int C, bool kInt4>
 __global__ void __launch_bounds__(kWarps * 32)
     QuantGemvKernel(const float* __restrict__ x, QuantWeight w, const float* __restrict__ bias,
                     float* __restrict__ out) {
+  __shared__ float4 xs[kTileFloats / 4];  // [N][kTileBlocks<N>][8] swizzled (Slot)
+  constexpr int kTile = kTileBlocks<N>;
   const int lane = threadIdx.x % 32;
-  const int64_t col = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (col >= w.m) return;
-  const uint8_t* row = w.codes + col * w.row_bytes;
-  const int64_t groups = w.groups;
-  const float* scales = w.scales + col * groups;
-  const float* zeros = w.zeros != nullptr ? w.zeros + col * groups : nullptr;
-  float acc[N];
+  const int64_t col0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * C;
+  const bool active = col0 < w.m;  // a warp past m only helps stage x
+  const uint8_t* rows[C];
+  const float* scales[C];
+  const float* zeros[C];
 #pragma unroll
-  for (int t = 0; t < N; ++t) acc[t] = 0.f;
+  for (int c = 0; c < C; ++c) {
+    // A column past m reads column col0's row again; its result is not written.
+    const int64_t col = active && col0 + c < w.m ? col0 + c : (active ? col0 : 0);
+    rows[c] = w.codes + col * w.row_bytes;
+    scales[c] = w.scales + col * w.groups;
+    zeros[c] = w.zeros != nullptr ? w.zeros + col * w.groups : nullptr;
+  }
+  float acc[C][N];
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) acc[c][t] = 0.f;
+  }
   const int64_t blocks = w.k / 32;
-  for (int64_t b = lane; b < blocks; b += 32) {
-    const int64_t g = b * 32 / w.group_size;
-    float wv[32];
-    DequantizeBlock<kInt4>(row, b, scales[g], zeros != nullptr ? zeros[g] : 0.f, wv);
+  BlockCodes<kInt4, C> next;
+  if (active && lane < blocks) {  // before x's staging
+    LoadCodes<kInt4, C>(rows, lane, next);
+    PrefetchCodes<kInt4, C>(rows, lane - 32, blocks);
+  }
+  for (int64_t tile = 0; tile < blocks; tile += kTile) {
+    const int nb = static_cast<int>(blocks - tile < kTile ? blocks - tile : kTile);
+    __syncthreads();  // the previous tile is read
+    for (int i = threadIdx.x; i < N * nb * 8; i += kWarps * 32) {
+      const int t = i / (nb * 8), b = (i / 8) % nb, p = i % 8;
+      xs[t * kTile * 8 + Slot(b, p)] =
+          *reinterpret_cast<const float4*>(x + t * w.k + (tile + b) * 32 + 4 * p);
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int b = lane; b < nb; b += 32) {
+      const BlockCodes<kInt4, C> codes = next;
+      const int64_t g = (tile + b) * 32 / w.group_size;
+      if (tile + b + 32 < blocks) LoadCodes<kInt4, C>(rows, tile + b + 32, next);
+      PrefetchCodes<kInt4, C>(rows, tile + b + 32, blocks);
+      float s[C], z[C];
 #pragma unroll
-    for (int t = 0; t < N; ++t) {
-      const float* xr = x + t * w.k + b * 32;
-      float s = acc[t];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float4 a = *reinterpret_cast<const float4*>(xr + 4 * i);
-        s = fmaf(wv[4 * i], a.x, s);
-        s = fmaf(wv[4 * i + 1], a.y, s);
-        s = fmaf(wv[4 * i + 2], a.z, s);
-        s = fmaf(wv[4 * i + 3], a.w, s);
+      for (int c = 0; c < C; ++c) {
+        s[c] = scales[c][g];
+        z[c] = zeros[c] != nullptr ? zeros[c][g] : 0.f;
       }
-      acc[t] = s;
+      // With more than 2 rows a warp converts its codes once (C × 32 registers); with fewer, as it
+      // folds them (registers for 4 columns a warp). The same sums either way.
+      constexpr bool kStoreCodes = N > 2;
+      float q[kStoreCodes ? C : 1][32];
+      if constexpr (kStoreCodes) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+#pragma unroll
+          for (int j = 0; j < 32; ++j) q[c][j] = CodeValue<kInt4>(codes.v[c], j);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        // Σ (q − zero) · scale · x over the block, as scale · (Σ q x − zero Σ x), each sum in
+        // column order, a staged float4 of x at a time.
+        float sx = 0.f, d[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) d[c] = 0.f;
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+          const float4 a4 = xs[t * kTile * 8 + Slot(b, p)];
+          const float a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sx += a[e];
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = 4 * p + e;
+              const float qj =
+                  kStoreCodes ? q[kStoreCodes ? c : 0][j] : CodeValue<kInt4>(codes.v[c], j);
+              d[c] = fmaf(qj, a[e], d[c]);
+            }
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c][t] = fmaf(s[c], fmaf(-z[c], sx, d[c]), acc[c][t]);
+      }
     }
   }
+  if (!active) return;
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
-    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  for (int c = 0; c < C; ++c) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      for (int o = 16; o > 0; o >>= 1) acc[c][t] += __shfl_xor_sync(0xffffffffu, acc[c][t], o);
+    }
   }
   if (lane == 0) {
 #pragma unroll
-    for (int t = 0; t < N; ++t) out[t * w.m + col] = acc[t] + (bias != nullptr ? bias[col] : 0.f);
+    for (int c = 0; c < C; ++c) {
+      if (col0 + c >= w.m) break;
+#pragma unroll
+      for (int t = 0; t < N; ++t)
+        out[t * w.m + col0 + c] = acc[c][t] + (bias != nullptr ? bias[col0 + c] : 0.f);
+    }
   }
 }
 
@@ -114,14 +252,28 @@ unsigned Blocks(int64_t units) {
   return static_cast<unsigned>(std::min<int64_t>((units + kThreads - 1) / kThreads, 65535));
 }
 
-template <int N>
+template <int N, int C>
 cudaError_t LaunchRows(const float* x, const QuantWeight& w, const float* bias, float* out,
                        cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((w.m + kWarps - 1) / kWarps));
+  const dim3 grid(static_cast<unsigned>((w.m + kWarps * C - 1) / (kWarps * C)));
   if (w.type == QuantType::kInt4) {
-    return Launch(QuantGemvKernel<N, true>, grid, kWarps * 32, 0, stream, x, w, bias, out);
+    return Launch(QuantGemvKernel<N, C, true>, grid, kWarps * 32, 0, stream, x, w, bias, out);
   }
-  return Launch(QuantGemvKernel<N, false>, grid, kWarps * 32, 0, stream, x, w, bias, out);
+  return Launch(QuantGemvKernel<N, C, false>, grid, kWarps * 32, 0, stream, x, w, bias, out);
+}
+
+// At most 4 columns a warp for 1 row, 2 for up to 4 rows, 1 beyond (registers: a warp holds C rows
+// of codes, and the compiler keeps each code's float for every row it folds).
+template <int N>
+cudaError_t LaunchColumns(const float* x, const QuantWeight& w, const float* bias, float* out,
+                          int columns, cudaStream_t stream) {
+  if constexpr (N == 1) {
+    if (columns == 4) return LaunchRows<N, 4>(x, w, bias, out, stream);
+  }
+  if constexpr (N <= 4) {
+    if (columns >= 2) return LaunchRows<N, 2>(x, w, bias, out, stream);
+  }
+  return LaunchRows<N, 1>(x, w, bias, out, stream);
 }
 
 }  // namespace
@@ -131,21 +283,25 @@ bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size) {
          group_size > 0 && group_size % 32 == 0;
 }
 
+int QuantGemvColumns(int64_t m) { return m >= 8192 ? 4 : m >= 4096 ? 2 : 1; }
+
 cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, const float* bias,
-                            float* out, cudaStream_t stream) {
+                            float* out, cudaStream_t stream, int columns) {
+  if (columns == 0) columns = QuantGemvColumns(w.m);
   if (n < 1 || n > kGemvMaxRows || w.m <= 0 || !QuantLayoutCovered(w.type, w.k, w.group_size) ||
-      !Aligned16(x) || !Aligned16(w.codes) || (w.m + kWarps - 1) / kWarps > 0x7fffffff) {
+      !Aligned16(x) || !Aligned16(w.codes) || (columns != 1 && columns != 2 && columns != 4) ||
+      (w.m + kWarps - 1) / kWarps > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
   switch (n) {
-    case 1: return LaunchRows<1>(x, w, bias, out, stream);
-    case 2: return LaunchRows<2>(x, w, bias, out, stream);
-    case 3: return LaunchRows<3>(x, w, bias, out, stream);
-    case 4: return LaunchRows<4>(x, w, bias, out, stream);
-    case 5: return LaunchRows<5>(x, w, bias, out, stream);
-    case 6: return LaunchRows<6>(x, w, bias, out, stream);
-    case 7: return LaunchRows<7>(x, w, bias, out, stream);
-    default: return LaunchRows<8>(x, w, bias, out, stream);
+    case 1: return LaunchColumns<1>(x, w, bias, out, columns, stream);
+    case 2: return LaunchColumns<2>(x, w, bias, out, columns, stream);
+    case 3: return LaunchColumns<3>(x, w, bias, out, columns, stream);
+    case 4: return LaunchColumns<4>(x, w, bias, out, columns, stream);
+    case 5: return LaunchColumns<5>(x, w, bias, out, columns, stream);
+    case 6: return LaunchColumns<6>(x, w, bias, out, columns, stream);
+    case 7: return LaunchColumns<7>(x, w, bias, out, columns, stream);
+    default: return LaunchColumns<8>(x, w, bias, out, columns, stream);
   }
 }
 

@@ -2,12 +2,13 @@
 // decode steps of up to kGemvMaxRows rows read the codes once in a fused dequantizing GEMV with f32
 // activations; larger steps dequantize the weight into 16-bit scratch for cuBLAS.
 //
-// The GEMV: each warp computes one output column for all n rows. Lane l takes the 32-column blocks
-// l, l + 32, ... of the weight row in order (int4: 16 bytes, byte j holding columns j and 16 + j;
-// int8: 32 bytes), dequantizes each code as (q − zero) · scale of the block's group and folds it
-// into one f32 sum per activation row (fma in column order within the block); the warp then adds
-// its lanes' sums by an xor-shuffle tree. A row's result does not depend on n or on the other rows
-// (batch invariance among GEMV steps).
+// The GEMV: each warp computes C output columns (1, 2 or 4: LaunchQuantGemv's `columns`) for all
+// n rows, from activations each block stages in shared memory. Lane l takes the 32-column blocks
+// l, l + 32, ... of the weight rows in order (int4: 16 bytes, byte j holding columns j and 16 + j;
+// int8: 32 bytes) and folds each block b of a row into that row's f32 sum as
+// scale · (Σ q x − zero · Σ x), both sums over the block in column order with the codes q as exact
+// floats; the warp then adds its lanes' sums by an xor-shuffle tree. A row's result depends on
+// neither n, C nor the other rows (batch invariance among GEMV steps).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -54,11 +55,16 @@ inline QuantWeight MakeQuantWeight(QuantType type, int64_t m, int64_t k, int64_t
 // size multiples of 32 (a 32-column block never straddles groups), codes 16-byte aligned rows.
 bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size);
 
+// The columns a warp computes when LaunchQuantGemv is given 0: 4 for m >= 8192, 2 for m >= 4096,
+// else 1 (enough blocks to fill the device, each warp's staged activations used for C columns).
+int QuantGemvColumns(int64_t m);
+
 // out[n][m] = x[n][k] · dequantized(w)^T (+ bias[m]); x in stored column order (gathered through
-// perm first by the caller), 16-byte aligned. 1 <= n <= kGemvMaxRows; cudaErrorInvalidValue
-// otherwise or for a layout QuantLayoutCovered refuses.
+// perm first by the caller), 16-byte aligned. 1 <= n <= kGemvMaxRows; columns 0 (by m), 1, 2 or 4,
+// at most 4 for one row, 2 for up to 4, 1 beyond (fewer are run, with the same results);
+// cudaErrorInvalidValue otherwise or for a layout QuantLayoutCovered refuses.
 cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, const float* bias,
-                            float* out, cudaStream_t stream);
+                            float* out, cudaStream_t stream, int columns = 0);
 
 // out[m][k] of `dtype` (BF16 or F16) = (q − zero) · scale, stored column order.
 cudaError_t LaunchDequantize(const QuantWeight& w, DType dtype, void* out, cudaStream_t stream);
