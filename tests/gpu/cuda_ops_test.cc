@@ -160,7 +160,7 @@ TEST_F(CudaBackendTest, QuantizedLinearKeepsTheCodes) {
 // The quantized GEMV against a double-precision product of the dequantized weights, over several
 // activation tiles (42 blocks of 32 columns: two tiles from 5 rows up) and a column count no warp
 // width divides, with 1, 2 and 4 columns a warp: every row the same bits whatever the columns and
-// the rows beside it.
+// the rows beside it; and its fusions, the bits of the kernels they replace.
 TEST_F(CudaBackendTest, QuantGemvIsTheSameForEveryColumnAndRowCount) {
   const int64_t m = 75, k = 1344;
   const auto w = Random(m * k, 41, 0.1f);
@@ -183,6 +183,8 @@ TEST_F(CudaBackendTest, QuantGemvIsTheSameForEveryColumnAndRowCount) {
       for (int64_t n = cuda::kGemvMaxRows; n >= 1; --n) {
         float* out = Zeros(n * m);
         ASSERT_EQ(cuda::LaunchQuantGemv(xg, n, q, nullptr, out, nullptr, columns), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (the legacy stream; Down reads on the
+                                                          // backend's)
         const std::vector<float> got = Down(out, n * m);
         if (first.empty()) {
           first = got;
@@ -205,6 +207,57 @@ TEST_F(CudaBackendTest, QuantGemvIsTheSameForEveryColumnAndRowCount) {
           ASSERT_EQ(got[i], first[i]) << what << " columns " << columns << " n " << n << " row "
                                       << i / m << " column " << i % m;
         }
+      }
+    }
+  }
+  // The fusions give the bits of the kernels they replace: the norm prologue (LaunchRmsNorm
+  // first), the residual add (LaunchAdd after) and silu · up over [2m] rows (LaunchSiluMulPacked
+  // after), at every column count.
+  {
+    const int64_t d = 40;  // output columns of the silu case: a [2d][k] gate|up weight
+    RtnOptions o;
+    o.type = QuantType::kInt4;
+    o.group_size = 64;
+    o.symmetric = false;
+    auto qm = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), 2 * d, k, o));
+    const DeviceWeight wg = gpu_->UploadQuantizedWeight(qm).value();
+    const cuda::QuantWeight q = cuda::MakeQuantWeight(QuantType::kInt4, 2 * d, k, 64, wg.data,
+                                                      wg.scales, wg.zeros, nullptr);
+    const auto norm = Random(k, 43), residual = Random(cuda::kGemvMaxRows * 2 * d, 44);
+    float* ng = Up(norm);
+    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{8}}) {
+      for (int columns : {1, 2, 4}) {
+        const std::string what = absl::StrCat("n ", n, " columns ", columns);
+        float *normed = Zeros(n * k), *plain = Zeros(n * 2 * d), *fused = Zeros(n * 2 * d);
+        ASSERT_EQ(cuda::LaunchRmsNorm(xg, ng, 1e-6f, n, k, normed, nullptr), cudaSuccess);
+        ASSERT_EQ(cuda::LaunchQuantGemv(normed, n, q, nullptr, plain, nullptr, columns),
+                  cudaSuccess);
+        cuda::QuantGemvFusion with_norm;
+        with_norm.norm = ng;
+        with_norm.eps = 1e-6f;
+        ASSERT_EQ(cuda::LaunchQuantGemv(xg, n, q, nullptr, fused, nullptr, columns, with_norm),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(Down(fused, n * 2 * d), Down(plain, n * 2 * d)) << "norm, " << what;
+        // The residual: plain = residual + gemv, fused accumulates into the residual.
+        float *sum = Up(residual), *into = Up(residual), *product = Zeros(n * 2 * d);
+        ASSERT_EQ(cuda::LaunchQuantGemv(xg, n, q, nullptr, product, nullptr, columns), cudaSuccess);
+        ASSERT_EQ(cuda::LaunchAdd(sum, product, n * 2 * d, nullptr), cudaSuccess);
+        cuda::QuantGemvFusion accumulate;
+        accumulate.accumulate = true;
+        ASSERT_EQ(cuda::LaunchQuantGemv(xg, n, q, nullptr, into, nullptr, columns, accumulate),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(Down(into, n * 2 * d), Down(sum, n * 2 * d)) << "residual, " << what;
+        // silu · up, with the norm too.
+        float *separate = Zeros(n * d), *silu = Zeros(n * d);
+        ASSERT_EQ(cuda::LaunchSiluMulPacked(plain, n, d, separate, nullptr), cudaSuccess);
+        cuda::QuantGemvFusion silu_mul = with_norm;
+        silu_mul.silu_mul = true;
+        ASSERT_EQ(cuda::LaunchQuantGemv(xg, n, q, nullptr, silu, nullptr, columns, silu_mul),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(Down(silu, n * d), Down(separate, n * d)) << "silu, " << what;
       }
     }
   }

@@ -237,6 +237,11 @@ class CudaBackend final : public Backend, public DeviceSampler {
   bool FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w,
                      const cuda::GemvEpilogue& epilogue, const cuda::GemvPrologue& prologue,
                      int64_t norm_cols) const;
+  // The GEMV FusedGemvRuns accepted: LaunchGemv over a 16-bit weight, LaunchQuantGemv over a
+  // quantized one (its fusion from the epilogue and prologue).
+  cudaError_t LaunchFusedGemv(const float* x, int64_t n, const DeviceWeight& w, float* out,
+                              const cuda::GemvEpilogue& epilogue,
+                              const cuda::GemvPrologue& prologue);
   // out[n][w.rows] = x[n][w.cols] · w^T with whatever GEMM cuBLAS picks for n.
   void Gemm(const float* x, int64_t n, const DeviceWeight& w, float* out);
   // Linear over a weight UploadQuantizedWeight kept as codes.

@@ -370,22 +370,21 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
 
 void CudaBackend::LinearSiluMul(const float* x, int64_t n, const DeviceWeight& gate_up,
                                 float* scratch, float* out) {
-  const int64_t d = gate_up.rows / 2, k = gate_up.cols;
-  if (!tunings_.fusion || batch_invariant_ ||
-      !cuda::GemvCovers(n, gate_up.dtype, k, x, gate_up.data)) {
+  const int64_t k = gate_up.cols;
+  cuda::GemvEpilogue epilogue;
+  epilogue.silu_mul = true;
+  if (!tunings_.fusion || batch_invariant_ || !FusedGemvRuns(x, n, gate_up, epilogue, {}, 0)) {
     ComposedLinearSiluMul(*this, x, n, gate_up, scratch, out);
     return;
   }
   Bind();
-  cuda::OpScope op(
-      profiler_.get(), capturing_,
-      profiler_ ? absl::StrCat("gemv+silu ", gate_up.rows, "x", k, n > 1 ? " (batched)" : "") : "",
-      gate_up.rows * k * static_cast<int64_t>(DTypeSize(gate_up.dtype)), stream_);
-  cuda::GemvEpilogue epilogue;
-  epilogue.silu_mul = true;
-  Check(cuda::LaunchGemv(x, n, gate_up.dtype, gate_up.data, d, k, out, stream_,
-                         tunings_.gemv_columns, epilogue),
-        "gemv (silu-mul)");
+  cuda::OpScope op(profiler_.get(), capturing_,
+                   profiler_
+                       ? absl::StrCat(gate_up.quant != QuantType::kNone ? "quantized " : "",
+                                      "gemv+silu ", gate_up.rows, "x", k, n > 1 ? " (batched)" : "")
+                       : "",
+                   gate_up.bytes(), stream_);
+  Check(LaunchFusedGemv(x, n, gate_up, out, epilogue, {}), "gemv (silu-mul)");
 }
 
 bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w,
@@ -395,14 +394,47 @@ bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w
       (!FusesNormsIntoLinear(n, w) || (prologue.norm != nullptr && norm_cols != w.cols))) {
     return false;
   }
+  if (w.quant != QuantType::kNone) {
+    // The quantized GEMV (LaunchQuantGemv's rules): no q|k|v heads, act-order inputs gathered by
+    // QuantizedLinear alone.
+    return tunings_.fusion && !batch_invariant_ && n >= 1 && n <= cuda::kGemvMaxRows &&
+           epilogue.heads == nullptr && w.perm == nullptr &&
+           cuda::QuantLayoutCovered(w.quant, w.cols, w.group_size) &&
+           reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           int(epilogue.silu_mul) + int(epilogue.accumulate) + int(epilogue.bias != nullptr) <= 1;
+  }
   return cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) &&
          cuda::GemvTakes(epilogue, prologue, tunings_.gemv_columns);
 }
 
 bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
-  return tunings_.fusion && tunings_.gemv_norm && !batch_invariant_ && tunings_.gemv_columns == 1 &&
-         n >= 1 && n <= cuda::kGemvMaxRows && (w.dtype == DType::kBF16 || w.dtype == DType::kF16) &&
-         w.cols % 8 == 0;
+  if (!tunings_.fusion || !tunings_.gemv_norm || batch_invariant_ || tunings_.gemv_columns != 1 ||
+      n < 1 || n > cuda::kGemvMaxRows) {
+    return false;
+  }
+  if (w.quant != QuantType::kNone) {
+    return w.perm == nullptr && cuda::QuantLayoutCovered(w.quant, w.cols, w.group_size);
+  }
+  return (w.dtype == DType::kBF16 || w.dtype == DType::kF16) && w.cols % 8 == 0;
+}
+
+cudaError_t CudaBackend::LaunchFusedGemv(const float* x, int64_t n, const DeviceWeight& w,
+                                         float* out, const cuda::GemvEpilogue& epilogue,
+                                         const cuda::GemvPrologue& prologue) {
+  const int64_t m = epilogue.silu_mul ? w.rows / 2 : w.rows;
+  if (w.quant != QuantType::kNone) {
+    cuda::QuantGemvFusion f;
+    f.norm = prologue.norm;
+    f.eps = prologue.eps;
+    f.accumulate = epilogue.accumulate;
+    f.silu_mul = epilogue.silu_mul;
+    return cuda::LaunchQuantGemv(x, n,
+                                 cuda::MakeQuantWeight(w.quant, w.rows, w.cols, w.group_size,
+                                                       w.data, w.scales, w.zeros, w.perm),
+                                 epilogue.bias, out, stream_, 0, f);
+  }
+  return cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, tunings_.gemv_columns,
+                          epilogue, prologue);
 }
 
 void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,
@@ -425,15 +457,13 @@ void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& n
     return;
   }
   Bind();
-  const int64_t m = silu_mul ? w.rows / 2 : w.rows;
   cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat("norm+gemv", silu_mul ? "+silu " : " ", w.rows, "x",
+                   profiler_ ? absl::StrCat(w.quant != QuantType::kNone ? "quantized " : "",
+                                            "norm+gemv", silu_mul ? "+silu " : " ", w.rows, "x",
                                             w.cols, n > 1 ? " (batched)" : "")
                              : "",
-                   w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, tunings_.gemv_columns,
-                         epilogue, prologue),
-        "gemv (norm prologue)");
+                   w.bytes(), stream_);
+  Check(LaunchFusedGemv(x, n, w, out, epilogue, prologue), "gemv (norm prologue)");
 }
 
 void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight& w, float* scratch,
@@ -447,12 +477,11 @@ void CudaBackend::LinearResidual(const float* in, int64_t n, const DeviceWeight&
   Bind();
   cuda::OpScope op(
       profiler_.get(), capturing_,
-      profiler_ ? absl::StrCat("gemv+residual ", w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
+      profiler_ ? absl::StrCat(w.quant != QuantType::kNone ? "quantized " : "", "gemv+residual ",
+                               w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
                 : "",
-      w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(in, n, w.dtype, w.data, w.rows, w.cols, x, stream_, tunings_.gemv_columns,
-                         epilogue),
-        "gemv (residual)");
+      w.bytes(), stream_);
+  Check(LaunchFusedGemv(in, n, w, x, epilogue, {}), "gemv (residual)");
 }
 
 void CudaBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {

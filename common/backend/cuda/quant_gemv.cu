@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "common/backend/cuda/activation.cuh"
+#include "common/backend/cuda/block_reduce.cuh"
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/launch.cuh"
@@ -112,27 +114,43 @@ __device__ __forceinline__ float CodeValue(const uint4 (&v)[kInt4 ? 1 : 2], int 
   }
 }
 
-// Grid ceil(m / (kWarps C)), kWarps warps: warp w of block b computes output columns
-// (b kWarps + w) C + c, c < C, for the N rows (the header's order of folding, whatever N and C).
+// Grid ceil(mo / (kWarps P)), kWarps warps, where mo is the output's columns (w.m, or w.m / 2 with
+// silu_mul) and P the columns a warp writes (C, or C / 2 with silu_mul: gate and up rows in pairs):
+// warp w of block b computes output columns (b kWarps + w) P + c, c < P, for the N rows (the
+// header's order of folding, whatever N and C). The fusion's prologue scales x as it is staged;
+// its epilogue replaces the write.
 template <int N, int C, bool kInt4>
 __global__ void __launch_bounds__(kWarps * 32)
     QuantGemvKernel(const float* __restrict__ x, QuantWeight w, const float* __restrict__ bias,
-                    float* __restrict__ out) {
+                    float* out, QuantGemvFusion f) {
   __shared__ float4 xs[kTileFloats / 4];  // [N][kTileBlocks<N>][8] swizzled (Slot)
   constexpr int kTile = kTileBlocks<N>;
   const int lane = threadIdx.x % 32;
-  const int64_t col0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * C;
-  const bool active = col0 < w.m;  // a warp past m only helps stage x
+  const int pairs = f.silu_mul ? C / 2 : C;  // output columns a warp writes
+  const int64_t mo = f.silu_mul ? w.m / 2 : w.m;
+  const int64_t col0 = (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * pairs;
+  const bool active = col0 < mo;  // a warp past mo only helps stage x
   const uint8_t* rows[C];
   const float* scales[C];
   const float* zeros[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
-    // A column past m reads column col0's row again; its result is not written.
-    const int64_t col = active && col0 + c < w.m ? col0 + c : (active ? col0 : 0);
+    // A column past mo reads column col0's row again; its result is not written.
+    const int cc = c % pairs;
+    int64_t col = active && col0 + cc < mo ? col0 + cc : (active ? col0 : 0);
+    if (c >= pairs) col += mo;  // silu_mul: the up row of the pair
     rows[c] = w.codes + col * w.row_bytes;
     scales[c] = w.scales + col * w.groups;
     zeros[c] = w.zeros != nullptr ? w.zeros + col * w.groups : nullptr;
+  }
+  // The norm prologue: each row's RMSNorm scale, as RmsNormKernel's block of this size folds it.
+  float inv[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) inv[t] = 1.f;
+  if (f.norm != nullptr) {
+    __shared__ float red[32];
+#pragma unroll
+    for (int t = 0; t < N; ++t) inv[t] = RmsScale(x + t * w.k, w.k, f.eps, red);
   }
   float acc[C][N];
 #pragma unroll
@@ -151,8 +169,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();  // the previous tile is read
     for (int i = threadIdx.x; i < N * nb * 8; i += kWarps * 32) {
       const int t = i / (nb * 8), b = (i / 8) % nb, p = i % 8;
-      xs[t * kTile * 8 + Slot(b, p)] =
-          *reinterpret_cast<const float4*>(x + t * w.k + (tile + b) * 32 + 4 * p);
+      const int64_t j = (tile + b) * 32 + 4 * p;
+      float4 v = *reinterpret_cast<const float4*>(x + t * w.k + j);
+      if (f.norm != nullptr) {  // RmsNormKernel's x · inv · norm
+        const float4 g = *reinterpret_cast<const float4*>(f.norm + j);
+        float it = 1.f;
+#pragma unroll
+        for (int u = 0; u < N; ++u) it = u == t ? inv[u] : it;  // inv[t], t not a constant
+        v = make_float4(v.x * it * g.x, v.y * it * g.y, v.z * it * g.z, v.w * it * g.w);
+      }
+      xs[t * kTile * 8 + Slot(b, p)] = v;
     }
     __syncthreads();
     if (!active) continue;
@@ -218,10 +244,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) {
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-      if (col0 + c >= w.m) break;
+      if (c >= pairs || col0 + c >= mo) break;
 #pragma unroll
-      for (int t = 0; t < N; ++t)
-        out[t * w.m + col0 + c] = acc[c][t] + (bias != nullptr ? bias[col0 + c] : 0.f);
+      for (int t = 0; t < N; ++t) {
+        float& o = out[t * mo + col0 + c];
+        if (f.silu_mul) {
+          o = SiluTimes(acc[c][t], acc[(c + C / 2) % C][t]);  // pairs = C / 2
+        } else if (f.accumulate) {
+          o = o + acc[c][t];
+        } else {
+          o = acc[c][t] + (bias != nullptr ? bias[col0 + c] : 0.f);
+        }
+      }
     }
   }
 }
@@ -254,26 +288,26 @@ unsigned Blocks(int64_t units) {
 
 template <int N, int C>
 cudaError_t LaunchRows(const float* x, const QuantWeight& w, const float* bias, float* out,
-                       cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((w.m + kWarps * C - 1) / (kWarps * C)));
+                       const QuantGemvFusion& f, cudaStream_t stream) {
+  const int64_t per_block = kWarps * (f.silu_mul ? C / 2 : C), mo = f.silu_mul ? w.m / 2 : w.m;
+  const dim3 grid(static_cast<unsigned>((mo + per_block - 1) / per_block));
   if (w.type == QuantType::kInt4) {
-    return Launch(QuantGemvKernel<N, C, true>, grid, kWarps * 32, 0, stream, x, w, bias, out);
+    return Launch(QuantGemvKernel<N, C, true>, grid, kWarps * 32, 0, stream, x, w, bias, out, f);
   }
-  return Launch(QuantGemvKernel<N, C, false>, grid, kWarps * 32, 0, stream, x, w, bias, out);
+  return Launch(QuantGemvKernel<N, C, false>, grid, kWarps * 32, 0, stream, x, w, bias, out, f);
 }
 
 // At most 4 columns a warp for 1 row, 2 for up to 4 rows, 1 beyond (registers: a warp holds C rows
-// of codes, and the compiler keeps each code's float for every row it folds).
+// of codes, and the compiler keeps each code's float for every row it folds); silu_mul pairs gate
+// and up rows, so 2 or 4.
 template <int N>
 cudaError_t LaunchColumns(const float* x, const QuantWeight& w, const float* bias, float* out,
-                          int columns, cudaStream_t stream) {
+                          int columns, const QuantGemvFusion& f, cudaStream_t stream) {
   if constexpr (N == 1) {
-    if (columns == 4) return LaunchRows<N, 4>(x, w, bias, out, stream);
+    if (columns == 4) return LaunchRows<N, 4>(x, w, bias, out, f, stream);
   }
-  if constexpr (N <= 4) {
-    if (columns >= 2) return LaunchRows<N, 2>(x, w, bias, out, stream);
-  }
-  return LaunchRows<N, 1>(x, w, bias, out, stream);
+  if (f.silu_mul || (N <= 4 && columns >= 2)) return LaunchRows<N, 2>(x, w, bias, out, f, stream);
+  return LaunchRows<N, 1>(x, w, bias, out, f, stream);
 }
 
 }  // namespace
@@ -286,22 +320,25 @@ bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size) {
 int QuantGemvColumns(int64_t m) { return m >= 8192 ? 4 : m >= 4096 ? 2 : 1; }
 
 cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, const float* bias,
-                            float* out, cudaStream_t stream, int columns) {
-  if (columns == 0) columns = QuantGemvColumns(w.m);
+                            float* out, cudaStream_t stream, int columns,
+                            const QuantGemvFusion& f) {
+  if (columns == 0) columns = QuantGemvColumns(f.silu_mul ? w.m / 2 : w.m);
   if (n < 1 || n > kGemvMaxRows || w.m <= 0 || !QuantLayoutCovered(w.type, w.k, w.group_size) ||
       !Aligned16(x) || !Aligned16(w.codes) || (columns != 1 && columns != 2 && columns != 4) ||
-      (w.m + kWarps - 1) / kWarps > 0x7fffffff) {
+      (w.m + kWarps - 1) / kWarps > 0x7fffffff ||
+      int(f.silu_mul) + int(f.accumulate) + int(bias != nullptr) > 1 ||
+      (f.silu_mul && w.m % 2 != 0) || (f.norm != nullptr && !Aligned16(f.norm))) {
     return cudaErrorInvalidValue;
   }
   switch (n) {
-    case 1: return LaunchColumns<1>(x, w, bias, out, columns, stream);
-    case 2: return LaunchColumns<2>(x, w, bias, out, columns, stream);
-    case 3: return LaunchColumns<3>(x, w, bias, out, columns, stream);
-    case 4: return LaunchColumns<4>(x, w, bias, out, columns, stream);
-    case 5: return LaunchColumns<5>(x, w, bias, out, columns, stream);
-    case 6: return LaunchColumns<6>(x, w, bias, out, columns, stream);
-    case 7: return LaunchColumns<7>(x, w, bias, out, columns, stream);
-    default: return LaunchColumns<8>(x, w, bias, out, columns, stream);
+    case 1: return LaunchColumns<1>(x, w, bias, out, columns, f, stream);
+    case 2: return LaunchColumns<2>(x, w, bias, out, columns, f, stream);
+    case 3: return LaunchColumns<3>(x, w, bias, out, columns, f, stream);
+    case 4: return LaunchColumns<4>(x, w, bias, out, columns, f, stream);
+    case 5: return LaunchColumns<5>(x, w, bias, out, columns, f, stream);
+    case 6: return LaunchColumns<6>(x, w, bias, out, columns, f, stream);
+    case 7: return LaunchColumns<7>(x, w, bias, out, columns, f, stream);
+    default: return LaunchColumns<8>(x, w, bias, out, columns, f, stream);
   }
 }
 

@@ -55,16 +55,31 @@ inline QuantWeight MakeQuantWeight(QuantType type, int64_t m, int64_t k, int64_t
 // size multiples of 32 (a 32-column block never straddles groups), codes 16-byte aligned rows.
 bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size);
 
+// What the quantized GEMV fuses (the kernels a decode step would otherwise launch around it, with
+// their bits): with `norm` ([k] f32, 16-byte aligned) it multiplies RmsNorm(x) (LaunchRmsNorm's
+// x · inv · norm, the scale folded as RmsNormKernel's block folds it) instead of x; with
+// `accumulate`, out[t][j] += sum (LaunchAdd); with `silu_mul`, w is [2m][k], gate rows then up
+// rows, and out[t][j] = silu(gate sum j) · (up sum j) (LaunchSiluMulPacked). At most one of
+// accumulate, silu_mul and a bias.
+struct QuantGemvFusion {
+  const float* norm = nullptr;
+  float eps = 0.f;
+  bool accumulate = false;
+  bool silu_mul = false;
+};
+
 // The columns a warp computes when LaunchQuantGemv is given 0: 4 for m >= 8192, 2 for m >= 4096,
 // else 1 (enough blocks to fill the device, each warp's staged activations used for C columns).
 int QuantGemvColumns(int64_t m);
 
 // out[n][m] = x[n][k] · dequantized(w)^T (+ bias[m]); x in stored column order (gathered through
 // perm first by the caller), 16-byte aligned. 1 <= n <= kGemvMaxRows; columns 0 (by m), 1, 2 or 4,
-// at most 4 for one row, 2 for up to 4, 1 beyond (fewer are run, with the same results);
+// at most 4 for one row, 2 for up to 4, 1 beyond (fewer are run, with the same results; silu_mul
+// runs 2 or 4, a warp's rows in gate/up pairs);
 // cudaErrorInvalidValue otherwise or for a layout QuantLayoutCovered refuses.
 cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, const float* bias,
-                            float* out, cudaStream_t stream, int columns = 0);
+                            float* out, cudaStream_t stream, int columns = 0,
+                            const QuantGemvFusion& fusion = {});
 
 // out[m][k] of `dtype` (BF16 or F16) = (q − zero) · scale, stored column order.
 cudaError_t LaunchDequantize(const QuantWeight& w, DType dtype, void* out, cudaStream_t stream);
