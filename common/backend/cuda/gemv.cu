@@ -37,14 +37,30 @@ __device__ __forceinline__ float2 Unpack(uint32_t word, __half*) {
   return __half22float2(h);
 }
 
+// Steps of 2 to 8 rows stage their activations in shared memory a tile at a time (kGemvTileFloats
+// over all rows, a whole number of rounds of pieces), where one row's pieces stay in L1 but 8 rows
+// of a long k do not (a 65536-wide down projection's 8 rows are 2 MB, re-read by every warp).
+// Half h of piece q of a row sits in slot 2q + (h ^ ((q >> 2) & 1)): the 8 lanes of a phase, which
+// read half h of 8 consecutive pieces, and the 8 threads that store 4 pieces, hit 8 bank groups.
+constexpr int kGemvTileFloats = 8192;  // 32 KiB
+
+template <int N>
+constexpr int kGemvTilePieces = (kGemvTileFloats / N / 1024) * 128;  // rounds of 32 x 4 pieces
+
+__device__ __forceinline__ int StagedSlot(int q, int h) { return 2 * q + (h ^ ((q >> 2) & 1)); }
+
 // acc[c][t] += Σ_{i<8} w_c[i] · a[t][base + i], in element order, for each of the C columns whose
 // 16 bytes of weights are wv[c]: each activation piece is read once for all C columns, and each
 // column folds exactly as it would alone. The activations a are x, or with kNorm RmsNorm(x) as
 // RmsNormKernel writes it: x[t][j] · inv[t] · norm[j].
-template <typename W, int N, int C, bool kNorm>
+// With kStaged the activations come from the block's shared tile xs (StagedSlot) instead of x:
+// piece `base / 8 - tile` of row t there is the same 8 floats.
+template <typename W, int N, int C, bool kNorm, bool kStaged = false>
 __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restrict__ x, int64_t k,
                                      int64_t base, const float (&inv)[N],
-                                     const float* __restrict__ norm, float (&acc)[C][N]) {
+                                     const float* __restrict__ norm, float (&acc)[C][N],
+                                     const float4* xs = nullptr, int64_t tile = 0,
+                                     int tile_pieces = 0) {
   float w[C][8];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
@@ -63,8 +79,15 @@ __device__ __forceinline__ void Fold(const uint4 (&wv)[C], const float* __restri
   }
 #pragma unroll
   for (int t = 0; t < N; ++t) {
-    float4 a = *reinterpret_cast<const float4*>(x + t * k + base);
-    float4 b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
+    float4 a, b;
+    if constexpr (kStaged) {
+      const int q = static_cast<int>(base / 8 - tile);
+      a = xs[t * tile_pieces * 2 + StagedSlot(q, 0)];
+      b = xs[t * tile_pieces * 2 + StagedSlot(q, 1)];
+    } else {
+      a = *reinterpret_cast<const float4*>(x + t * k + base);
+      b = *reinterpret_cast<const float4*>(x + t * k + base + 4);
+    }
     if constexpr (kNorm) {
       a = make_float4(a.x * inv[t] * na.x, a.y * inv[t] * na.y, a.z * inv[t] * na.z,
                       a.w * inv[t] * na.w);
@@ -108,11 +131,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                float* out, QkvPrologueArgs heads, unsigned* head_counters) {
   constexpr int R = E == Epi::kSiluMul ? 2 * C : C;                   // weight rows a warp folds
   constexpr int kUnroll = kGemvUnroll / R > 0 ? kGemvUnroll / R : 1;  // loads in flight a row
+  constexpr bool kStaged = N >= 2;  // (one row's pieces stay in L1)
+  constexpr int kTilePieces = kStaged ? kGemvTilePieces<N> : 1;
+  __shared__ float4 xs[kStaged ? kTilePieces * 2 * N : 1];  // [N][kTilePieces][2] (StagedSlot)
   const int lane = threadIdx.x % 32;
   const int64_t col0 = (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * C;
-  // A warp of no column reads and writes nothing and need not wait, unless the block's norm needs
-  // it (with kHeads every warp has a column: m is a whole number of heads).
-  if (!kNorm && !kHeads && col0 >= m) return;
+  // A warp of no column reads and writes nothing and need not wait, unless the block's norm or its
+  // staging needs it (with kHeads every warp has a column: m is a whole number of heads).
+  if (!kNorm && !kHeads && !kStaged && col0 >= m) return;
   const uint4* rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -140,7 +166,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     __shared__ float red[32];
 #pragma unroll
     for (int t = 0; t < N; ++t) inv[t] = RmsScale(x + t * k, k, eps, red);
-    if (!kHeads && col0 >= m) return;
+    if (!kHeads && !kStaged && col0 >= m) return;
   }
   float acc[R][N];
 #pragma unroll
@@ -148,25 +174,44 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int t = 0; t < N; ++t) acc[r][t] = 0.f;
   }
-  int64_t p = lane;
-  // Every load of a round issued before the first use.
-  for (; p + 32 * (kUnroll - 1) < pieces; p += 32 * kUnroll) {
-    uint4 wv[kUnroll][R];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) wv[u][r] = LoadStreaming(rows[r] + p + 32 * u);
+  // Lane l folds pieces l, l + 32, ... in order, tile after tile (a tile is a whole number of
+  // rounds, so the order is the unstaged kernel's).
+  for (int64_t tile = 0; tile < pieces; tile += kStaged ? kTilePieces : pieces) {
+    const int64_t end = kStaged && tile + kTilePieces < pieces ? tile + kTilePieces : pieces;
+    if constexpr (kStaged) {
+      const int tp = static_cast<int>(end - tile);
+      __syncthreads();  // the previous tile is read
+      for (int i = threadIdx.x; i < N * tp * 2; i += kGemvWarps * 32) {
+        const int t = i / (tp * 2), q = (i / 2) % tp, h = i % 2;
+        xs[t * kTilePieces * 2 + StagedSlot(q, h)] =
+            *reinterpret_cast<const float4*>(x + t * k + (tile + q) * 8 + 4 * h);
+      }
+      __syncthreads();
+      if (col0 >= m) continue;  // a warp of no column only stages
     }
+    int64_t p = tile + lane;
+    // Every load of a round issued before the first use.
+    for (; p + 32 * (kUnroll - 1) < end; p += 32 * kUnroll) {
+      uint4 wv[kUnroll][R];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      Fold<W, N, R, kNorm>(wv[u], x, k, (p + 32 * u) * 8, inv, norm, acc);
-  }
-  for (; p < pieces; p += 32) {
-    uint4 wv[R];
+      for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = LoadStreaming(rows[r] + p);
-    Fold<W, N, R, kNorm>(wv, x, k, p * 8, inv, norm, acc);
+        for (int r = 0; r < R; ++r) wv[u][r] = LoadStreaming(rows[r] + p + 32 * u);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        Fold<W, N, R, kNorm, kStaged>(wv[u], x, k, (p + 32 * u) * 8, inv, norm, acc, xs, tile,
+                                      kTilePieces);
+      }
+    }
+    for (; p < end; p += 32) {
+      uint4 wv[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r] = LoadStreaming(rows[r] + p);
+      Fold<W, N, R, kNorm, kStaged>(wv, x, k, p * 8, inv, norm, acc, xs, tile, kTilePieces);
+    }
   }
+  if (kStaged && !kHeads && col0 >= m) return;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll

@@ -7,7 +7,8 @@
 // ... of the weight row in order, folding each into one f32 sum per activation row (fma in element
 // order), then the warp adds its lanes' sums by an xor-shuffle tree. A row's result therefore does
 // not depend on n or on the other rows: a token gets the same bits alone or in any batch of up to
-// kGemvMaxRows.
+// kGemvMaxRows. Steps of 2 or more rows read the activations from a tile each block stages in
+// shared memory (every warp of the block reads it there), one row's from L1; the same arithmetic.
 #pragma once
 
 #include <cuda_runtime.h>
