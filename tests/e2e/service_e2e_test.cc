@@ -728,7 +728,7 @@ TEST_F(ServiceTest, KilledDecodeWorkerFailsOnlyItsStreamsAndIsRoutedAround) {
       EXPECT_EQ(r.ids.size(), 1500u);
     } else {
       EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
-      EXPECT_LT(r.end - killed, absl::Seconds(5));
+      EXPECT_LT(r.end - killed, absl::Seconds(5)) << r.status.error_message();
       ++unavailable;
     }
   }
