@@ -67,20 +67,22 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
 // The q|k|v prologue kernel (split, q/k norms, RoPE, cache write in one pass): the bits of the ops
 // it replaces (AttendProjectedQkv: CopyColumns, RmsNorm, Rope, PagedAttention), output and
 // both caches, over the mixed batch with a padding token (slot -1) and over a single token, with
-// and without Qwen3's norms, over f32 and BF16 caches; and within rounding of the CPU. With the
-// projection in its input (proj 1: Linear, 2: RmsNormLinear with a bias), over BF16 weights: on a
-// BF16 cache and up to 8 tokens the q|k|v GEMV's last blocks run the prologue (their counters
-// reused case after case), elsewhere the projection then the prologue kernel; the same bits as the
-// projection op followed by the ops the prologue replaces.
+// and without Qwen3's norms, over f32, BF16 and FP8 caches; and within rounding of the CPU. With
+// the projection in its input (proj 1: Linear, 2: RmsNormLinear with a bias), over BF16 weights:
+// on a BF16 or FP8 cache and up to 8 tokens the q|k|v GEMV's last blocks run the prologue (their
+// counters reused case after case), elsewhere the projection then the prologue kernel; the same
+// bits as the projection op followed by the ops the prologue replaces.
 TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
   const std::vector<AttentionCase::Seq> kEightTokens = {
       {300, 1}, {10, 1}, {40, 2}, {700, 1}, {5, 3}};
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
     for (int64_t hd : {64, 80, 128}) {
       for (int batch : {0, 1, 2}) {  // the mixed batch, one token, eight tokens
         for (int proj : {0, 1, 2}) {
           for (bool norms : {false, true}) {
             if (batch == 0 && proj == 2) continue;  // cuBLAS: no norm prologue
+            // FP8 (whose prologue the q|k|v GEMV also runs) at one head size.
+            if (dt == DType::kF8E4M3 && (hd != 128 || batch == 0)) continue;
             const bool single = batch == 1;
             const int64_t hq = 8, hk = 2;
             AttentionCase c(hd, hq, hk,

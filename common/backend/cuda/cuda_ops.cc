@@ -351,7 +351,8 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
     prologue.norm = static_cast<const float*>(in.norm->data);
     prologue.eps = in.eps;
   }
-  if (!tunings_.fusion || !tunings_.gemv_heads || batch_invariant_ || p.layer.dtype != w.dtype ||
+  if (!tunings_.fusion || !tunings_.gemv_heads || batch_invariant_ ||
+      (p.layer.dtype != w.dtype && p.layer.dtype != DType::kF8E4M3) ||
       p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters ||
       !FusedGemvRuns(in.x, n, w, epilogue, prologue, in.norm != nullptr ? in.norm->cols : 0)) {
     return false;

@@ -245,7 +245,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (!LastBlockToArrive(head_counters + head, unsigned(heads.layer.head_dim / kGemvWarps)))
       return;
     const int warp = threadIdx.x / 32;
-    if (warp < N) PrologueHead<W>(heads, warp, head, staged[warp]);
+    if (warp < N) {
+      // The cache is of the weights' 16-bit type, or FP8 E4M3.
+      if (heads.layer.dtype == DType::kF8E4M3) {
+        PrologueHead<__nv_fp8_e4m3>(heads, warp, head, staged[warp]);
+      } else {
+        PrologueHead<W>(heads, warp, head, staged[warp]);
+      }
+    }
   }
 }
 
@@ -359,7 +366,8 @@ cudaError_t LaunchGemv(const float* x, int64_t n, DType w_dtype, const void* w, 
     return cudaErrorInvalidValue;
   }
   if (const QkvPrologueArgs* h = epilogue.heads;
-      h != nullptr && (h->qkv != out || h->num_tokens != n || h->layer.dtype != w_dtype ||
+      h != nullptr && (h->qkv != out || h->num_tokens != n ||
+                       (h->layer.dtype != w_dtype && h->layer.dtype != DType::kF8E4M3) ||
                        m != (h->num_q_heads + 2 * h->layer.num_kv_heads) * h->layer.head_dim)) {
     return cudaErrorInvalidValue;
   }
