@@ -303,8 +303,14 @@ struct Report {
   double output_error = 0, rtn_output_error = 0;  // means over the linears (GPTQ only)
 };
 
+// The Hessian of one input and its GPTQ factor, shared by the projections that read that input.
+struct InputHessian {
+  std::vector<double> h;
+  GptqFactor factor;
+};
+
 // Quantizes and packs one projection (GPTQ with its input's Hessian, or RTN when null).
-absl::Status QuantizeProjection(const TensorView& t, const HessianAccumulator* hessian,
+absl::Status QuantizeProjection(const TensorView& t, const InputHessian* hessian,
                                 const GptqOptions& gptq, const CheckpointQuantization& format,
                                 DType scale_dtype, Report* report,
                                 std::vector<PackedTensor>* packed) {
@@ -313,8 +319,8 @@ absl::Status QuantizeProjection(const TensorView& t, const HessianAccumulator* h
   ConvertToF32(t.dtype, t.data, w.data(), w.size());
   QuantizedMatrix m;
   if (hessian != nullptr) {
-    const std::vector<double> h = hessian->Hessian();
-    absl::StatusOr<QuantizedMatrix> q = QuantizeGptq(w.data(), rows, cols, h, gptq);
+    const std::vector<double>& h = hessian->h;
+    absl::StatusOr<QuantizedMatrix> q = QuantizeGptq(w.data(), rows, cols, hessian->factor, gptq);
     if (!q.ok()) {
       return absl::Status(q.status().code(), absl::StrCat(t.name, ": ", q.status().message()));
     }
@@ -388,13 +394,33 @@ absl::Status Quantize(const QuantizeOptions& o, bool progress, nlohmann::ordered
                                          : absl::StrCat("calibrate ", pass + 1, "/", passes.size()),
                                      progress));
     }
+    // The projections of each input together: GPTQ factors that input's Hessian once for them all
+    // (q, k and v share one; gate and up another).
+    std::map<int, std::vector<const TensorView*>> by_input;
     for (const TensorView* t : projections) {
       const int g = inputs.at(InputOf(t->name));
       if (calibration.has_value() && !watched.contains(g)) continue;
-      RETURN_IF_ERROR(QuantizeProjection(
-          *t, calibration.has_value() ? &calibration->backend->hessian(g) : nullptr, gptq, o.format,
-          scale_dtype, &report, &packed[t->name]));
-      bar.Update(++done);
+      by_input[g].push_back(t);
+    }
+    for (const auto& [g, ts] : by_input) {
+      std::optional<InputHessian> hessian;
+      if (calibration.has_value()) {
+        hessian.emplace();
+        hessian->h = calibration->backend->hessian(g).Hessian();
+        absl::StatusOr<GptqFactor> f = FactorGptq(hessian->h, ts.front()->shape[1], gptq);
+        if (!f.ok()) {
+          return absl::Status(
+              f.status().code(),
+              absl::StrCat(ts.front()->name,
+                           " (and the projections sharing its input): ", f.status().message()));
+        }
+        hessian->factor = std::move(f).value();
+      }
+      for (const TensorView* t : ts) {
+        RETURN_IF_ERROR(QuantizeProjection(*t, hessian.has_value() ? &*hessian : nullptr, gptq,
+                                           o.format, scale_dtype, &report, &packed[t->name]));
+        bar.Update(++done);
+      }
     }
     bar.Finish();
   }

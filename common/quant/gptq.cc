@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 
 // LAPACK's Cholesky factorisation and the inverse from it (OpenBLAS carries both).
@@ -72,29 +73,29 @@ std::vector<double> HessianAccumulator::Hessian() const {
   return h;
 }
 
-absl::StatusOr<QuantizedMatrix> QuantizeGptq(const float* w, int64_t rows, int64_t cols,
-                                             std::vector<double> h, const GptqOptions& o) {
+absl::StatusOr<GptqFactor> FactorGptq(std::vector<double> h, int64_t cols, const GptqOptions& o) {
   const int64_t n = cols;
   if (static_cast<int64_t>(h.size()) != n * n) {
     return absl::InvalidArgumentError(
         absl::StrCat("GPTQ: Hessian of ", h.size(), " values for ", n, " columns"));
   }
-  std::vector<float> wp(static_cast<size_t>(rows * n));
+  GptqFactor f;
+  f.cols = n;
   // Act-order: stored column c is input column perm[c]; dead inputs get weight 0.
-  std::vector<int32_t> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), 0);
+  f.perm.resize(static_cast<size_t>(n));
+  std::iota(f.perm.begin(), f.perm.end(), 0);
   if (o.act_order) {
-    std::stable_sort(perm.begin(), perm.end(),
+    std::stable_sort(f.perm.begin(), f.perm.end(),
                      [&](int32_t a, int32_t b) { return h[a * n + a] > h[b * n + b]; });
   }
+  f.dead.assign(static_cast<size_t>(n), 0);
   std::vector<double> hp(static_cast<size_t>(n * n));
   double mean_diag = 0;
   for (int64_t a = 0; a < n; ++a) {
-    for (int64_t b = 0; b < n; ++b) hp[a * n + b] = h[perm[a] * n + perm[b]];
-    const bool dead = hp[a * n + a] == 0;
-    if (dead) hp[a * n + a] = 1;
+    for (int64_t b = 0; b < n; ++b) hp[a * n + b] = h[f.perm[a] * n + f.perm[b]];
+    f.dead[a] = hp[a * n + a] == 0;
+    if (f.dead[a]) hp[a * n + a] = 1;
     mean_diag += hp[a * n + a];
-    for (int64_t r = 0; r < rows; ++r) wp[r * n + a] = dead ? 0.f : w[r * n + perm[a]];
   }
   mean_diag /= static_cast<double>(n);
   h.clear();
@@ -113,11 +114,29 @@ absl::StatusOr<QuantizedMatrix> QuantizeGptq(const float* w, int64_t rows, int64
     }
     damp = std::min(1.0, damp * 10);
   }
-  hp.clear();
-  hp.shrink_to_fit();
-  const std::vector<float> u(u64.begin(), u64.end());
-  u64.clear();
-  u64.shrink_to_fit();
+  f.u.assign(u64.begin(), u64.end());
+  return f;
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizeGptq(const float* w, int64_t rows, int64_t cols,
+                                             std::vector<double> h, const GptqOptions& o) {
+  ASSIGN_OR_RETURN(const GptqFactor f, FactorGptq(std::move(h), cols, o));
+  return QuantizeGptq(w, rows, cols, f, o);
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizeGptq(const float* w, int64_t rows, int64_t cols,
+                                             const GptqFactor& f, const GptqOptions& o) {
+  const int64_t n = cols;
+  if (f.cols != n || static_cast<int64_t>(f.u.size()) != n * n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPTQ: a factor of ", f.cols, " columns for ", n, " columns"));
+  }
+  const std::vector<int32_t>& perm = f.perm;
+  const std::vector<float>& u = f.u;
+  std::vector<float> wp(static_cast<size_t>(rows * n));
+  for (int64_t a = 0; a < n; ++a) {
+    for (int64_t r = 0; r < rows; ++r) wp[r * n + a] = f.dead[a] ? 0.f : w[r * n + perm[a]];
+  }
 
   QuantizedMatrix m = MakeQuantizedMatrixFor(rows, cols, o.grid);
   if (o.act_order) m.perm = perm;

@@ -46,9 +46,26 @@ class HessianAccumulator {
   std::vector<float> sum_;  // upper triangle in column-major (BLAS ssyrk's output)
 };
 
-// Quantizes w[rows][cols] (PyTorch Linear layout) given H [cols][cols] (any positive scale; only
-// its shape matters). FAILED_PRECONDITION when H cannot be made positive definite (damping raised
-// tenfold up to 1, as GPTQ implementations do); the options' rules otherwise as QuantizeRtn's.
+// What GPTQ needs of H for every weight of the same input (q, k and v; gate and up): the column
+// order (act-order or identity), the dead inputs, and U of the damped, permuted H⁻¹.
+struct GptqFactor {
+  int64_t cols = 0;
+  std::vector<int32_t> perm;  // [cols]: stored column c is input column perm[c]
+  std::vector<uint8_t> dead;  // [cols]: H[perm[c]][perm[c]] == 0 (the weight becomes 0)
+  std::vector<float> u;       // [cols][cols], upper triangular
+};
+
+// The factor of H [cols][cols] (any positive scale; only its shape matters) under `options`
+// (act_order, damp). FAILED_PRECONDITION when H cannot be made positive definite (damping raised
+// tenfold up to 1, as GPTQ implementations do).
+absl::StatusOr<GptqFactor> FactorGptq(std::vector<double> hessian, int64_t cols,
+                                      const GptqOptions& options);
+
+// Quantizes w[rows][cols] (PyTorch Linear layout) with a factor of its input's Hessian: the same
+// codes as from that Hessian itself. The options' rules otherwise as QuantizeRtn's.
+absl::StatusOr<QuantizedMatrix> QuantizeGptq(const float* w, int64_t rows, int64_t cols,
+                                             const GptqFactor& factor, const GptqOptions& options);
+// FactorGptq, then the above.
 absl::StatusOr<QuantizedMatrix> QuantizeGptq(const float* w, int64_t rows, int64_t cols,
                                              std::vector<double> hessian,
                                              const GptqOptions& options);

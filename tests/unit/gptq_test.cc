@@ -136,6 +136,29 @@ TEST(GptqTest, ActOrderTakesTheLargestDiagonalFirstAndDeadInputsAreZero) {
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(deq[r * cols + 5], 0.f) << r;
 }
 
+// Projections of one input (q, k, v) share one factor of its Hessian: each gets the codes it gets
+// from the Hessian itself; a factor of another width is refused.
+TEST(GptqTest, ProjectionsOfOneInputShareAFactor) {
+  const int64_t cols = 64, n = 256;
+  const std::vector<double> h = HessianOf(CorrelatedInputs(n, cols, 8), n, cols);
+  GptqOptions o = Int4(32, false);
+  o.act_order = true;
+  const GptqFactor f = FactorGptq(h, cols, o).value();
+  for (int seed : {11, 12, 13}) {
+    const int64_t rows = 8 + seed;
+    const std::vector<float> w = RandomMatrix(rows, cols, seed);
+    const QuantizedMatrix alone = QuantizeGptq(w.data(), rows, cols, h, o).value();
+    const QuantizedMatrix shared = QuantizeGptq(w.data(), rows, cols, f, o).value();
+    EXPECT_EQ(shared.codes, alone.codes) << seed;
+    EXPECT_EQ(shared.scales, alone.scales) << seed;
+    EXPECT_EQ(shared.zeros, alone.zeros) << seed;
+    EXPECT_EQ(shared.perm, alone.perm) << seed;
+  }
+  const std::vector<float> w = RandomMatrix(4, 32, 14);
+  EXPECT_EQ(QuantizeGptq(w.data(), 4, 32, f, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(GptqTest, RefusesAHessianThatCannotBeMadePositiveDefinite) {
   const int64_t cols = 32;
   const std::vector<float> w = RandomMatrix(4, cols, 6);
