@@ -59,14 +59,13 @@ else
   done
 fi
 
-cpu_model="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -1)"
+# shellcheck source=scripts/bench_common.sh
+source scripts/bench_common.sh  # (the working directory is the repository root)
+cpu_model="$(cpu_model)"
 echo "machine: ${cpu_model:-unknown CPU}, $(nproc) CPUs; threads $THREADS; prompt $PROMPT_LEN tokens," \
   "decode $DECODE_TOKENS steps at batch 1, best of $REPEATS; llama.cpp weights $DTYPE, KV cache f16," \
   "flash attention off; Tandem KV cache f32"
 
-# "prefill: N tokens in X s = Y tokens/s" / "decode:  batch 1, Z ms/step = W tokens/s ..." → Y / W.
-rate() { sed -n "s/^$1:.* = \([0-9.]*\) tokens\/s.*/\1/p" | head -1; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 
 rows=()
 status=0

@@ -48,16 +48,15 @@ if [[ ! -f "$MODEL/config.json" ]]; then
   "$TANDEM" make-model --preset qwen2.5-0.5b --out "$MODEL" --seed 0 >&2
 fi
 
-cpu_model="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -1)"
+# shellcheck source=scripts/bench_common.sh
+source scripts/bench_common.sh  # (the working directory is the repository root)
+cpu_model="$(cpu_model)"
 echo "machine: ${cpu_model:-unknown CPU}, $(nproc) CPUs; model $MODEL; threads $THREADS; prompt $PROMPT_LEN" \
   "tokens, decode $DECODE_TOKENS steps at batch 1, best of $REPEATS; Tandem KV cache f32, llama.cpp f16"
 
-rate() { sed -n "s/^$1:.* = \([0-9.]*\) tokens\/s.*/\1/p" | head -1; }
 # llama.cpp's own timer: "... decode 26.81 ms (37.3 tokens/s) per step".
 inner_decode() { sed -n 's/.*decode [0-9.]* ms (\([0-9.]*\) tokens\/s) per step.*/\1/p' | head -1; }
 inner_prefill() { sed -n 's/.*prefill [0-9.]* ms (\([0-9.]*\) tokens\/s).*/\1/p' | head -1; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
-best() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == "" || a + 0 >= b + 0) print a; else print b }'; }
 
 status=0
 tandem() {
