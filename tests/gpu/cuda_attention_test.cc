@@ -31,6 +31,7 @@
 #include "common/base/argmax.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
+#include "common/quant/rtn.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampler.h"
 #include "gtest/gtest.h"
@@ -62,6 +63,93 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
       EXPECT_EQ(Down(vcg, cache_elems), vc) << "V cache writes, head_dim " << hd;
     }
   }
+}
+
+// Over quantized q|k|v weights (int4, the norm and a bias in the projection), the quantized GEMV
+// runs the prologue too: the bits of the projection followed by the ops the prologue replaces,
+// over BF16 and FP8 caches, one and eight tokens, with 2 columns a warp (a 6144-row q|k|v); on the
+// emulator, one kernel fewer.
+TEST_F(CudaBackendTest, QuantizedQkvGemvRunsThePrologue) {
+  const int64_t hd = 128, hq = 44, hk = 2, kin = 64, row = (hq + 2 * hk) * hd;
+  const std::vector<float> wf = Random(row * kin, 71, 0.05f), bias = Random(row, 72),
+                           xn = Random(kin, 73);
+  RtnOptions o;
+  o.type = QuantType::kInt4;
+  o.group_size = 64;
+  o.symmetric = false;
+  const DeviceWeight ww = gpu_->UploadQuantizedWeight(std::make_shared<QuantizedMatrix>(
+                                                          QuantizeRtn(wf.data(), row, kin, o)))
+                              .value();
+  const DeviceWeight bw = gpu_->UploadWeight(View(bias, 1, row, DType::kF32)).value();
+  const DeviceWeight nw = gpu_->UploadWeight(View(xn, 1, kin, DType::kF32)).value();
+  std::vector<float> inv(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i)
+    inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / hd));
+  for (DType dt : {DType::kBF16, DType::kF8E4M3}) {
+    for (bool single : {true, false}) {
+      AttentionCase c(
+          hd, hq, hk,
+          single ? std::vector<AttentionCase::Seq>{{30, 1}}
+                 : std::vector<AttentionCase::Seq>{{30, 1}, {10, 1}, {40, 2}, {7, 1}, {5, 3}});
+      c.g.dtype = dt;
+      const std::vector<float> x = Random(c.n * kin, 74);
+      const size_t cache_bytes = c.g.num_layers * c.g.elements_per_layer() * DTypeSize(dt);
+      std::vector<std::byte> cache_init(cache_bytes);
+      for (size_t i = 0; i < cache_bytes; ++i) cache_init[i] = static_cast<std::byte>(i * 7 % 61);
+      const AttentionMetadata md = OnDevice(c);
+      struct Run {
+        std::vector<float> out;
+        std::vector<std::byte> kc, vc;
+        uint64_t kernels = 0;
+      };
+      auto run = [&](bool fused) {
+        QkvAttentionInput in;
+        in.qkv = Zeros(c.n * row);
+        in.x = Up(x);
+        in.w = &ww;
+        in.bias = &bw;
+        in.norm = &nw;
+        in.h = Zeros(c.n * kin);
+        in.scratch = Zeros(c.n * row);
+        in.eps = 1e-6f;
+        in.inv_freq = Up(inv);
+        in.q = Zeros(c.n * hq * hd);
+        in.k = Zeros(c.n * hk * hd);
+        in.v = Zeros(c.n * hk * hd);
+        float* out = Zeros(c.n * hq * hd);
+        void *kc = Up(cache_init), *vc = Up(cache_init);
+        Run r;
+#ifdef TANDEM_CUDA_EMULATED
+        const uint64_t before = tandem_emu::KernelsRun();
+#endif
+        if (fused) {
+          gpu_->QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+        } else {
+          gpu_->ProjectQkv(in, c.n);
+          AttendProjectedQkv(*gpu_, in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+        }
+#ifdef TANDEM_CUDA_EMULATED
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (deferred streams run at a sync)
+        r.kernels = tandem_emu::KernelsRun() - before;
+#endif
+        r.out = Down(out, c.n * hq * hd);
+        r.kc.resize(cache_bytes);
+        r.vc.resize(cache_bytes);
+        gpu_->CopyToHost(r.kc.data(), kc, cache_bytes);
+        gpu_->CopyToHost(r.vc.data(), vc, cache_bytes);
+        return r;
+      };
+      const Run a = run(false), b = run(true);
+      const std::string what =
+          absl::StrCat(std::string(DTypeName(dt)), single ? " one token" : " eight tokens");
+      EXPECT_EQ(b.out, a.out) << what;
+      EXPECT_TRUE(b.kc == a.kc) << "K cache, " << what;
+      EXPECT_TRUE(b.vc == a.vc) << "V cache, " << what;
+      EXPECT_FALSE(a.kc == cache_init) << "keys written, " << what;
+      if (kEmulated) EXPECT_LT(b.kernels, a.kernels) << what;
+    }
+  }
+  EXPECT_TRUE(gpu_->CheckErrors().ok());
 }
 
 // The q|k|v prologue kernel (split, q/k norms, RoPE, cache write in one pass): the bits of the ops

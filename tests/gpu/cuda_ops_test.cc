@@ -219,7 +219,8 @@ TEST_F(CudaBackendTest, QuantGemvIsTheSameForEveryColumnAndRowCount) {
     o.type = QuantType::kInt4;
     o.group_size = 64;
     o.symmetric = false;
-    auto qm = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), 2 * d, k, o));
+    const auto gate_up = Random(2 * d * k, 45, 0.1f);
+    auto qm = std::make_shared<QuantizedMatrix>(QuantizeRtn(gate_up.data(), 2 * d, k, o));
     const DeviceWeight wg = gpu_->UploadQuantizedWeight(qm).value();
     const cuda::QuantWeight q = cuda::MakeQuantWeight(QuantType::kInt4, 2 * d, k, 64, wg.data,
                                                       wg.scales, wg.zeros, nullptr);

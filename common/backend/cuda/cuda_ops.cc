@@ -351,21 +351,23 @@ bool CudaBackend::ProjectQkvWithPrologue(const QkvAttentionInput& in,
     prologue.norm = static_cast<const float*>(in.norm->data);
     prologue.eps = in.eps;
   }
-  if (!tunings_.fusion || !tunings_.gemv_heads || batch_invariant_ ||
-      (p.layer.dtype != w.dtype && p.layer.dtype != DType::kF8E4M3) ||
+  // The cache: of the 16-bit weights' type or FP8 (quantized weights: any but int8's).
+  const bool cache_taken = w.quant != QuantType::kNone
+                               ? p.layer.dtype != DType::kI8
+                               : p.layer.dtype == w.dtype || p.layer.dtype == DType::kF8E4M3;
+  if (!tunings_.fusion || !tunings_.gemv_heads || batch_invariant_ || !cache_taken ||
       p.num_q_heads + 2 * p.layer.num_kv_heads > kHeadCounters ||
       !FusedGemvRuns(in.x, n, w, epilogue, prologue, in.norm != nullptr ? in.norm->cols : 0)) {
     return false;
   }
   Bind();
   cuda::OpScope op(profiler_.get(), capturing_,
-                   profiler_ ? absl::StrCat(in.norm != nullptr ? "norm+" : "", "gemv+qkv prologue ",
+                   profiler_ ? absl::StrCat(w.quant != QuantType::kNone ? "quantized " : "",
+                                            in.norm != nullptr ? "norm+" : "", "gemv+qkv prologue ",
                                             w.rows, "x", w.cols, n > 1 ? " (batched)" : "")
                              : "",
-                   w.rows * w.cols * static_cast<int64_t>(DTypeSize(w.dtype)), stream_);
-  Check(cuda::LaunchGemv(in.x, n, w.dtype, w.data, w.rows, w.cols, in.qkv, stream_,
-                         tunings_.gemv_columns, epilogue, prologue),
-        "gemv (q|k|v prologue)");
+                   w.bytes(), stream_);
+  Check(LaunchFusedGemv(in.x, n, w, in.qkv, epilogue, prologue), "gemv (q|k|v prologue)");
   return true;
 }
 
@@ -396,11 +398,11 @@ bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w
     return false;
   }
   if (w.quant != QuantType::kNone) {
-    // The quantized GEMV (LaunchQuantGemv's rules): no q|k|v heads, act-order inputs gathered by
-    // QuantizedLinear alone.
+    // The quantized GEMV (LaunchQuantGemv's rules; act-order inputs are gathered by QuantizedLinear
+    // alone).
     return tunings_.fusion && !batch_invariant_ && n >= 1 && n <= cuda::kGemvMaxRows &&
-           epilogue.heads == nullptr && w.perm == nullptr &&
-           cuda::QuantLayoutCovered(w.quant, w.cols, w.group_size) &&
+           (epilogue.heads == nullptr || epilogue.heads->layer.head_dim % 8 == 0) &&
+           w.perm == nullptr && cuda::QuantLayoutCovered(w.quant, w.cols, w.group_size) &&
            reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
            int(epilogue.silu_mul) + int(epilogue.accumulate) + int(epilogue.bias != nullptr) <= 1;
   }
@@ -429,6 +431,8 @@ cudaError_t CudaBackend::LaunchFusedGemv(const float* x, int64_t n, const Device
     f.eps = prologue.eps;
     f.accumulate = epilogue.accumulate;
     f.silu_mul = epilogue.silu_mul;
+    f.heads = epilogue.heads;
+    f.head_counters = epilogue.heads != nullptr ? epilogue.head_counters : nullptr;
     return cuda::LaunchQuantGemv(x, n,
                                  cuda::MakeQuantWeight(w.quant, w.rows, w.cols, w.group_size,
                                                        w.data, w.scales, w.zeros, w.perm),

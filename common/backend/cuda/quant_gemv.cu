@@ -10,6 +10,7 @@
 #include "common/backend/cuda/gemv.h"
 #include "common/backend/cuda/kv_types.cuh"
 #include "common/backend/cuda/launch.cuh"
+#include "common/backend/cuda/qkv_prologue.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -122,7 +123,7 @@ __device__ __forceinline__ float CodeValue(const uint4 (&v)[kInt4 ? 1 : 2], int 
 template <int N, int C, bool kInt4>
 __global__ void __launch_bounds__(kWarps * 32)
     QuantGemvKernel(const float* __restrict__ x, QuantWeight w, const float* __restrict__ bias,
-                    float* out, QuantGemvFusion f) {
+                    float* out, QuantGemvFusion f, QkvPrologueArgs heads) {
   __shared__ float4 xs[kTileFloats / 4];  // [N][kTileBlocks<N>][8] swizzled (Slot)
   constexpr int kTile = kTileBlocks<N>;
   const int lane = threadIdx.x % 32;
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  if (!active) return;
+  if (!active) return;  // (with heads every warp has columns: m is a whole number of blocks)
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
@@ -256,6 +257,21 @@ __global__ void __launch_bounds__(kWarps * 32)
           o = acc[c][t] + (bias != nullptr ? bias[col0 + c] : 0.f);
         }
       }
+    }
+  }
+  if (f.head_counters != nullptr) {
+    // The q|k|v prologue: the last of a head's blocks to finish runs it on that head, warp t for
+    // token t, staging rows where x's tile was (every warp is past the tile loop).
+    const int64_t hd = heads.layer.head_dim, head = int64_t(blockIdx.x) * kWarps * C / hd;
+    if (!LastBlockToArrive(f.head_counters + head, unsigned(hd / (kWarps * C)))) return;
+    const int warp = threadIdx.x / 32;
+    if (warp >= N) return;
+    float* staged = reinterpret_cast<float*>(xs) + warp * kMaxPrologueHeadDim;
+    switch (heads.layer.dtype) {
+      case DType::kBF16: PrologueHead<__nv_bfloat16>(heads, warp, head, staged); break;
+      case DType::kF16: PrologueHead<__half>(heads, warp, head, staged); break;
+      case DType::kF8E4M3: PrologueHead<__nv_fp8_e4m3>(heads, warp, head, staged); break;
+      default: PrologueHead<float>(heads, warp, head, staged); break;
     }
   }
 }
@@ -291,10 +307,13 @@ cudaError_t LaunchRows(const float* x, const QuantWeight& w, const float* bias, 
                        const QuantGemvFusion& f, cudaStream_t stream) {
   const int64_t per_block = kWarps * (f.silu_mul ? C / 2 : C), mo = f.silu_mul ? w.m / 2 : w.m;
   const dim3 grid(static_cast<unsigned>((mo + per_block - 1) / per_block));
+  const QkvPrologueArgs heads = f.heads != nullptr ? *f.heads : QkvPrologueArgs{};
   if (w.type == QuantType::kInt4) {
-    return Launch(QuantGemvKernel<N, C, true>, grid, kWarps * 32, 0, stream, x, w, bias, out, f);
+    return Launch(QuantGemvKernel<N, C, true>, grid, kWarps * 32, 0, stream, x, w, bias, out, f,
+                  heads);
   }
-  return Launch(QuantGemvKernel<N, C, false>, grid, kWarps * 32, 0, stream, x, w, bias, out, f);
+  return Launch(QuantGemvKernel<N, C, false>, grid, kWarps * 32, 0, stream, x, w, bias, out, f,
+                heads);
 }
 
 // At most 4 columns a warp for 1 row, 2 for up to 4 rows, 1 beyond (registers: a warp holds C rows
@@ -328,6 +347,23 @@ cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, con
       (w.m + kWarps - 1) / kWarps > 0x7fffffff ||
       int(f.silu_mul) + int(f.accumulate) + int(bias != nullptr) > 1 ||
       (f.silu_mul && w.m % 2 != 0) || (f.norm != nullptr && !Aligned16(f.norm))) {
+    return cudaErrorInvalidValue;
+  }
+  if (f.heads != nullptr) {
+    // A block's columns lie in one head: fewer columns a warp where the head is narrower than the
+    // block (the columns that run, as LaunchColumns picks them).
+    const QkvPrologueArgs& h = *f.heads;
+    const int64_t hd = h.layer.head_dim;
+    columns = std::min(columns, n == 1 ? 4 : n <= 4 ? 2 : 1);
+    while (columns > 1 && hd % (kWarps * columns) != 0) columns /= 2;
+    if (f.silu_mul || f.accumulate || f.head_counters == nullptr || hd <= 0 || hd % kWarps != 0 ||
+        hd > kMaxPrologueHeadDim || h.qkv != out || h.num_tokens != n || h.num_q_heads <= 0 ||
+        h.layer.num_kv_heads <= 0 || w.m != (h.num_q_heads + 2 * h.layer.num_kv_heads) * hd ||
+        (h.layer.dtype != DType::kBF16 && h.layer.dtype != DType::kF16 &&
+         h.layer.dtype != DType::kF8E4M3 && h.layer.dtype != DType::kF32)) {
+      return cudaErrorInvalidValue;
+    }
+  } else if (f.head_counters != nullptr) {
     return cudaErrorInvalidValue;
   }
   switch (n) {

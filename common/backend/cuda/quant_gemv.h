@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "common/backend/cuda/paged_attention.h"
 #include "common/quant/quantized_matrix.h"
 #include "common/tensor/dtype.h"
 
@@ -61,11 +62,17 @@ bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size);
 // `accumulate`, out[t][j] += sum (LaunchAdd); with `silu_mul`, w is [2m][k], gate rows then up
 // rows, and out[t][j] = silu(gate sum j) · (up sum j) (LaunchSiluMulPacked). At most one of
 // accumulate, silu_mul and a bias.
+// With `heads` (out its qkv, its num_tokens n; head_counters as GemvEpilogue's), the last of each
+// head's blocks runs LaunchQkvPrologue's work on that head, as the 16-bit GEMV does (a cache of
+// BF16, F16, FP8 E4M3 or f32; not with accumulate or silu_mul; fewer columns a warp where a head is
+// narrower than a block).
 struct QuantGemvFusion {
   const float* norm = nullptr;
   float eps = 0.f;
   bool accumulate = false;
   bool silu_mul = false;
+  const QkvPrologueArgs* heads = nullptr;
+  unsigned* head_counters = nullptr;
 };
 
 // The columns a warp computes when LaunchQuantGemv is given 0: 4 for m >= 8192, 2 for m >= 4096,
