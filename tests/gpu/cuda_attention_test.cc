@@ -65,11 +65,57 @@ TEST_F(CudaBackendTest, PagedAttentionMatches) {
   }
 }
 
+// One q|k|v attention over caches that start as `cache_init`: fused (QkvAttention: the GEMV or
+// prologue kernel) or composed (the projection, then AttendProjectedQkv's ops); `in` holds the
+// projection's input, weights and norms, this fills its qkv (from `qkv`), q, k, v and RoPE buffers.
+// Its output, both caches, and (on the emulator) the kernels it ran.
+struct QkvRun {
+  std::vector<float> out;
+  std::vector<std::byte> kc, vc;
+  uint64_t kernels = 0;
+};
+
+class QkvAttentionTest : public CudaBackendTest {
+ protected:
+  QkvRun RunQkv(QkvAttentionInput in, const std::vector<float>& qkv, const AttentionCase& c,
+                const AttentionMetadata& md, const std::vector<float>& inv_freq,
+                const std::vector<std::byte>& cache_init, bool fused) {
+    const int64_t hq = c.hq, hk = c.g.num_kv_heads, hd = c.g.head_dim;
+    in.qkv = Up(qkv);  // (the composed ops normalise q and k in place)
+    in.inv_freq = Up(inv_freq);
+    in.q = Zeros(c.n * hq * hd);
+    in.k = Zeros(c.n * hk * hd);
+    in.v = Zeros(c.n * hk * hd);
+    float* out = Zeros(c.n * hq * hd);
+    void *kc = Up(cache_init), *vc = Up(cache_init);
+    QkvRun r;
+#ifdef TANDEM_CUDA_EMULATED
+    const uint64_t before = tandem_emu::KernelsRun();
+#endif
+    if (fused) {
+      gpu_->QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+    } else {
+      gpu_->ProjectQkv(in, c.n);
+      AttendProjectedQkv(*gpu_, in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
+    }
+#ifdef TANDEM_CUDA_EMULATED
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (deferred streams run at a sync)
+    r.kernels = tandem_emu::KernelsRun() - before;
+#endif
+    r.out = Down(out, c.n * hq * hd);
+    r.kc.resize(cache_init.size());
+    r.vc.resize(cache_init.size());
+    gpu_->CopyToHost(r.kc.data(), kc, cache_init.size());
+    gpu_->CopyToHost(r.vc.data(), vc, cache_init.size());
+    return r;
+  }
+};
+
 // Over quantized q|k|v weights (int4, the norm and a bias in the projection), the quantized GEMV
 // runs the prologue too: the bits of the projection followed by the ops the prologue replaces,
 // over BF16 and FP8 caches, one and eight tokens, with 2 columns a warp (a 6144-row q|k|v); on the
 // emulator, one kernel fewer.
-TEST_F(CudaBackendTest, QuantizedQkvGemvRunsThePrologue) {
+TEST_F(QkvAttentionTest, QuantizedQkvGemvRunsThePrologue) {
   const int64_t hd = 128, hq = 44, hk = 2, kin = 64, row = (hq + 2 * hk) * hd;
   const std::vector<float> wf = Random(row * kin, 71, 0.05f), bias = Random(row, 72),
                            xn = Random(kin, 73);
@@ -97,49 +143,17 @@ TEST_F(CudaBackendTest, QuantizedQkvGemvRunsThePrologue) {
       std::vector<std::byte> cache_init(cache_bytes);
       for (size_t i = 0; i < cache_bytes; ++i) cache_init[i] = static_cast<std::byte>(i * 7 % 61);
       const AttentionMetadata md = OnDevice(c);
-      struct Run {
-        std::vector<float> out;
-        std::vector<std::byte> kc, vc;
-        uint64_t kernels = 0;
-      };
-      auto run = [&](bool fused) {
-        QkvAttentionInput in;
-        in.qkv = Zeros(c.n * row);
-        in.x = Up(x);
-        in.w = &ww;
-        in.bias = &bw;
-        in.norm = &nw;
-        in.h = Zeros(c.n * kin);
-        in.scratch = Zeros(c.n * row);
-        in.eps = 1e-6f;
-        in.inv_freq = Up(inv);
-        in.q = Zeros(c.n * hq * hd);
-        in.k = Zeros(c.n * hk * hd);
-        in.v = Zeros(c.n * hk * hd);
-        float* out = Zeros(c.n * hq * hd);
-        void *kc = Up(cache_init), *vc = Up(cache_init);
-        Run r;
-#ifdef TANDEM_CUDA_EMULATED
-        const uint64_t before = tandem_emu::KernelsRun();
-#endif
-        if (fused) {
-          gpu_->QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
-        } else {
-          gpu_->ProjectQkv(in, c.n);
-          AttendProjectedQkv(*gpu_, in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
-        }
-#ifdef TANDEM_CUDA_EMULATED
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (deferred streams run at a sync)
-        r.kernels = tandem_emu::KernelsRun() - before;
-#endif
-        r.out = Down(out, c.n * hq * hd);
-        r.kc.resize(cache_bytes);
-        r.vc.resize(cache_bytes);
-        gpu_->CopyToHost(r.kc.data(), kc, cache_bytes);
-        gpu_->CopyToHost(r.vc.data(), vc, cache_bytes);
-        return r;
-      };
-      const Run a = run(false), b = run(true);
+      QkvAttentionInput in;
+      in.x = Up(x);
+      in.w = &ww;
+      in.bias = &bw;
+      in.norm = &nw;
+      in.h = Zeros(c.n * kin);
+      in.scratch = Zeros(c.n * row);
+      in.eps = 1e-6f;
+      const std::vector<float> qkv(c.n * row, 0.f);
+      const QkvRun a = RunQkv(in, qkv, c, md, inv, cache_init, false),
+                   b = RunQkv(in, qkv, c, md, inv, cache_init, true);
       const std::string what =
           absl::StrCat(std::string(DTypeName(dt)), single ? " one token" : " eight tokens");
       EXPECT_EQ(b.out, a.out) << what;
@@ -160,7 +174,7 @@ TEST_F(CudaBackendTest, QuantizedQkvGemvRunsThePrologue) {
 // on a BF16 or FP8 cache and up to 8 tokens the q|k|v GEMV's last blocks run the prologue (their
 // counters reused case after case), elsewhere the projection then the prologue kernel; the same
 // bits as the projection op followed by the ops the prologue replaces.
-TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
+TEST_F(QkvAttentionTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
   const std::vector<AttentionCase::Seq> kEightTokens = {
       {300, 1}, {10, 1}, {40, 2}, {700, 1}, {5, 3}};
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
@@ -198,45 +212,22 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
             for (size_t i = 0; i < cache_bytes; ++i)
               cache_init[i] = static_cast<std::byte>(i * 7 % 61);
             const AttentionMetadata md = OnDevice(c);
-            struct Run {
-              std::vector<float> out;
-              std::vector<std::byte> kc, vc;
-            };
-            auto run = [&](bool fused) {
-              QkvAttentionInput in;
-              in.qkv = Up(qkv);
-              if (proj > 0) {
-                in.x = Up(x);
-                in.w = &ww;
-                in.bias = proj == 2 ? &bw : nullptr;
-                in.norm = proj == 2 ? &nw : nullptr;
-                in.h = Zeros(c.n * kin);
-                in.scratch = Zeros(c.n * row);
-              }
-              if (norms) {
-                in.q_norm = &qw;
-                in.k_norm = &kw;
-              }
-              in.eps = 1e-6f;
-              in.inv_freq = Up(inv);
-              in.q = Zeros(c.n * hq * hd);
-              in.k = Zeros(c.n * hk * hd);
-              in.v = Zeros(c.n * hk * hd);
-              float* out = Zeros(c.n * hq * hd);
-              void *kc = Up(cache_init), *vc = Up(cache_init);
-              if (fused) {
-                gpu_->QkvAttention(in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
-              } else {
-                gpu_->ProjectQkv(in, c.n);
-                AttendProjectedQkv(*gpu_, in, kc, vc, c.g, c.layer, md, hq, c.scale(), out);
-              }
-              Run r{Down(out, c.n * hq * hd), std::vector<std::byte>(cache_bytes),
-                    std::vector<std::byte>(cache_bytes)};
-              gpu_->CopyToHost(r.kc.data(), kc, cache_bytes);
-              gpu_->CopyToHost(r.vc.data(), vc, cache_bytes);
-              return r;
-            };
-            const Run a = run(false), b = run(true);
+            QkvAttentionInput in;
+            if (proj > 0) {
+              in.x = Up(x);
+              in.w = &ww;
+              in.bias = proj == 2 ? &bw : nullptr;
+              in.norm = proj == 2 ? &nw : nullptr;
+              in.h = Zeros(c.n * kin);
+              in.scratch = Zeros(c.n * row);
+            }
+            if (norms) {
+              in.q_norm = &qw;
+              in.k_norm = &kw;
+            }
+            in.eps = 1e-6f;
+            const QkvRun a = RunQkv(in, qkv, c, md, inv, cache_init, false),
+                         b = RunQkv(in, qkv, c, md, inv, cache_init, true);
             const std::string what =
                 absl::StrCat(std::string(DTypeName(dt)), " head_dim ", hd,
                              batch == 1   ? " one token"
@@ -257,19 +248,19 @@ TEST_F(CudaBackendTest, QkvPrologueGivesTheBitsOfTheOpsItReplaces) {
             std::vector<float> kc_c(elems), vc_c(elems);
             std::memcpy(kc_c.data(), cache_init.data(), cache_bytes);
             std::memcpy(vc_c.data(), cache_init.data(), cache_bytes);
-            QkvAttentionInput in;
-            in.qkv = qkv_c.data();
+            QkvAttentionInput on_cpu;
+            on_cpu.qkv = qkv_c.data();
             if (norms) {
-              in.q_norm = &qc;
-              in.k_norm = &kcw;
+              on_cpu.q_norm = &qc;
+              on_cpu.k_norm = &kcw;
             }
-            in.eps = 1e-6f;
-            in.inv_freq = inv.data();
-            in.q = qb.data();
-            in.k = kb.data();
-            in.v = vb.data();
-            ComposedQkvAttention(*cpu_, in, kc_c.data(), vc_c.data(), c.g, c.layer, c.Host(), hq,
-                                 c.scale(), ref.data());
+            on_cpu.eps = 1e-6f;
+            on_cpu.inv_freq = inv.data();
+            on_cpu.q = qb.data();
+            on_cpu.k = kb.data();
+            on_cpu.v = vb.data();
+            ComposedQkvAttention(*cpu_, on_cpu, kc_c.data(), vc_c.data(), c.g, c.layer, c.Host(),
+                                 hq, c.scale(), ref.data());
             EXPECT_LE(MaxRelDiff(b.out, ref), 1e-4f) << what;
           }
         }
