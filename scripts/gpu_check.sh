@@ -23,7 +23,8 @@
 #          2048-token prompt chunks), sampled (Tandem's throughput at temperature 0.8,
 #          top-p 0.95), disagg and mixed (disaggregated vs combined on long and short prompts,
 #          tests/bench/disagg_vs_combined.py) and spec (speculative decoding, spec_bench on a padded
-#          kjv-target with kjv-draft), DECODE_BATCHES the forward batches.
+#          kjv-target with kjv-draft), DECODE_BATCHES the forward batches (FORWARD_TUNINGS=0: those
+#          alone, without the tuning runs).
 #   llama  (not in the default STAGES) takes llama.cpp's llama-server built for sm_90 on the build
 #          machine (.gpu_bundle/llama-server.tar.xz, scripts/llama_cpp_server.sh), or else builds it here
 #          from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh; about 6 minutes), converts
