@@ -22,9 +22,11 @@
 #          among kv, forward, profile, throughput, budget (Tandem's throughput with 8192-token steps and
 #          2048-token prompt chunks), sampled (Tandem's throughput at temperature 0.8,
 #          top-p 0.95), disagg and mixed (disaggregated vs combined on long and short prompts,
-#          tests/bench/disagg_vs_combined.py) and spec (speculative decoding, spec_bench on a padded
-#          kjv-target with kjv-draft), DECODE_BATCHES the forward batches (FORWARD_TUNINGS=0: those
-#          alone, without the tuning runs).
+#          tests/bench/disagg_vs_combined.py), spec (speculative decoding, spec_bench on a padded
+#          kjv-target with kjv-draft, and its decode steps of 1, 5 and 8 rows) and quant (the FP8 KV
+#          cache's eval and speed, quant_bench's INT8/INT4 against BF16, an INT4 op profile),
+#          DECODE_BATCHES the forward batches (FORWARD_TUNINGS=0: those alone, without the tuning
+#          runs).
 #   llama  (not in the default STAGES) takes llama.cpp's llama-server built for sm_90 on the build
 #          machine (.gpu_bundle/llama-server.tar.xz, scripts/llama_cpp_server.sh), or else builds it here
 #          from .gpu_bundle/llama.cpp-src.tar.xz (scripts/llama_cpp_source.sh; about 6 minutes), converts
@@ -212,6 +214,11 @@ if step spec; then
     --extra-layers 10 --out "$pad" > "$OUT/spec.txt" 2>&1 || status=1
   lim 600 "$W/spec_bench" --device cuda --model "$pad" --draft models/kjv-draft --k 4 --output-len 128 \
     --concurrency 1,8,32,64 2>&1 | grep -v "^[IW] " | tee -a "$OUT/spec.txt" || status=1
+  # What a verification step costs: decode steps of 1, 5 and 8 rows (the goal: 5 rows <= 1.3x one).
+  for b in 1 5 8; do
+    lim 120 "$W/forward_bench" --device cuda --model "$pad" --prompt-len 128 --decode-tokens 32 --decode-batch $b \
+      2>&1 | grep "^decode:" | sed "s/^/rows $b: /" | tee -a "$OUT/spec.txt" || status=1
+  done
 fi
 # Quality of the FP8 KV cache on the device (on the emulator: perplexity -0.00%, mean KL 5.7e-4).
 ! step quant || lim 300 "$W/tandem" eval --device cuda --model models/kjv-target \
@@ -227,6 +234,10 @@ for p in "${presets[@]}"; do
   # batch-1 decode, side by side.
   ! step quant || lim 600 "$W/quant_bench" --device cuda --model "$dir" --types none,int8,int4 --output-len 128 \
     --kv-cache-memory=2G 2>&1 | grep -v "^[IW] " | tee -a "$OUT/quant.txt" || status=1
+  # Where an INT4 batch-1 step's time goes, op by op.
+  ! step quant || lim 300 "$W/forward_bench" --device cuda --model "$dir" --quantization int4 --prompt-len 128 \
+    --decode-tokens 16 --decode-batch 1 --repeats 1 --profile-ops 2>&1 | grep -v "^[IW] " |
+    sed 's/^/int4 profile: /' | tee -a "$OUT/quant.txt" || status=1
   # The FP8 E4M3 KV cache against the model's BF16 one: decode and prefill with long contexts.
   ! step quant || for kv in bf16 fp8; do
     lim 300 "$W/forward_bench" --device cuda --model "$dir" --kv-cache-dtype $kv --prompt-len 2048 \
