@@ -21,6 +21,26 @@ namespace {
 // Ops begun on this thread, by any CUDA backend (Bind), so that a rounded output is taken only by
 // the op right after its producer.
 thread_local uint64_t ops_begun = 0;
+
+// A weight UploadQuantizedWeight kept as codes, as the quantized kernels take it.
+cuda::QuantWeight QuantWeightOf(const DeviceWeight& w) {
+  return cuda::MakeQuantWeight(w.quant, w.rows, w.cols, w.group_size, w.data, w.scales, w.zeros,
+                               w.perm);
+}
+
+// The 16-bit GEMV's fusion as the quantized GEMV takes it (the bias stays its own argument).
+cuda::QuantGemvFusion QuantFusionOf(const cuda::GemvEpilogue& epilogue,
+                                    const cuda::GemvPrologue& prologue) {
+  cuda::QuantGemvFusion f;
+  f.norm = prologue.norm;
+  f.eps = prologue.eps;
+  f.accumulate = epilogue.accumulate;
+  f.silu_mul = epilogue.silu_mul;
+  f.heads = epilogue.heads;
+  f.head_counters = epilogue.heads != nullptr ? epilogue.head_counters : nullptr;
+  return f;
+}
+
 }  // namespace
 
 void CudaBackend::Bind() {
@@ -132,8 +152,7 @@ cuda::RoundedCopy CudaBackend::RoundOutput(const float* out, int64_t n, int64_t 
 void CudaBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w,
                                   const DeviceWeight* bias, float* out) {
   const int64_t m = w.rows, k = w.cols;
-  const cuda::QuantWeight q =
-      cuda::MakeQuantWeight(w.quant, m, k, w.group_size, w.data, w.scales, w.zeros, w.perm);
+  const cuda::QuantWeight q = QuantWeightOf(w);
   const bool gemv = n <= cuda::kGemvMaxRows && !batch_invariant_;
   // More rows (or batch invariance): the weight dequantized to 16 bits, then the GEMM path (timed
   // as its own op).
@@ -398,13 +417,10 @@ bool CudaBackend::FusedGemvRuns(const float* x, int64_t n, const DeviceWeight& w
     return false;
   }
   if (w.quant != QuantType::kNone) {
-    // The quantized GEMV (LaunchQuantGemv's rules; act-order inputs are gathered by QuantizedLinear
-    // alone).
-    return tunings_.fusion && !batch_invariant_ && n >= 1 && n <= cuda::kGemvMaxRows &&
-           (epilogue.heads == nullptr || epilogue.heads->layer.head_dim % 8 == 0) &&
-           w.perm == nullptr && cuda::QuantLayoutCovered(w.quant, w.cols, w.group_size) &&
-           reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           int(epilogue.silu_mul) + int(epilogue.accumulate) + int(epilogue.bias != nullptr) <= 1;
+    // The quantized GEMV's rules (act-order inputs are gathered by QuantizedLinear alone).
+    return tunings_.fusion && !batch_invariant_ && w.perm == nullptr &&
+           cuda::QuantGemvTakes(n, QuantWeightOf(w), x, epilogue.bias,
+                                QuantFusionOf(epilogue, prologue));
   }
   return cuda::GemvCovers(n, w.dtype, w.cols, x, w.data) &&
          cuda::GemvTakes(epilogue, prologue, tunings_.gemv_columns);
@@ -424,22 +440,12 @@ bool CudaBackend::FusesNormsIntoLinear(int64_t n, const DeviceWeight& w) const {
 cudaError_t CudaBackend::LaunchFusedGemv(const float* x, int64_t n, const DeviceWeight& w,
                                          float* out, const cuda::GemvEpilogue& epilogue,
                                          const cuda::GemvPrologue& prologue) {
-  const int64_t m = epilogue.silu_mul ? w.rows / 2 : w.rows;
   if (w.quant != QuantType::kNone) {
-    cuda::QuantGemvFusion f;
-    f.norm = prologue.norm;
-    f.eps = prologue.eps;
-    f.accumulate = epilogue.accumulate;
-    f.silu_mul = epilogue.silu_mul;
-    f.heads = epilogue.heads;
-    f.head_counters = epilogue.heads != nullptr ? epilogue.head_counters : nullptr;
-    return cuda::LaunchQuantGemv(x, n,
-                                 cuda::MakeQuantWeight(w.quant, w.rows, w.cols, w.group_size,
-                                                       w.data, w.scales, w.zeros, w.perm),
-                                 epilogue.bias, out, stream_, 0, f);
+    return cuda::LaunchQuantGemv(x, n, QuantWeightOf(w), epilogue.bias, out, stream_, 0,
+                                 QuantFusionOf(epilogue, prologue));
   }
-  return cuda::LaunchGemv(x, n, w.dtype, w.data, m, w.cols, out, stream_, tunings_.gemv_columns,
-                          epilogue, prologue);
+  return cuda::LaunchGemv(x, n, w.dtype, w.data, epilogue.silu_mul ? w.rows / 2 : w.rows, w.cols,
+                          out, stream_, tunings_.gemv_columns, epilogue, prologue);
 }
 
 void CudaBackend::RmsNormLinear(const float* x, int64_t n, const DeviceWeight& norm, float eps,

@@ -20,31 +20,6 @@ constexpr int kThreads = 256;  // the other kernels' blocks
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The 32 weights of 32-column block b of a row (codes at `row`), dequantized: (q − zero) · scale.
-template <bool kInt4>
-__device__ __forceinline__ void DequantizeBlock(const uint8_t* row, int64_t b, float scale,
-                                                float zero, float (&wv)[32]) {
-  if constexpr (kInt4) {
-    const uint4 v = *reinterpret_cast<const uint4*>(row + b * 16);
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t code = (words[j / 4] >> (8 * (j % 4))) & 0xFFu;
-      wv[j] = (static_cast<float>(code & 0xFu) - zero) * scale;
-      wv[16 + j] = (static_cast<float>(code >> 4) - zero) * scale;
-    }
-  } else {
-    const uint4 v0 = *reinterpret_cast<const uint4*>(row + b * 32);
-    const uint4 v1 = *reinterpret_cast<const uint4*>(row + b * 32 + 16);
-    const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const auto code = static_cast<int8_t>((words[j / 4] >> (8 * (j % 4))) & 0xFFu);
-      wv[j] = (static_cast<float>(code) - zero) * scale;
-    }
-  }
-}
-
 // The GEMV stages each activation row's tile of k in shared memory once per block (every warp of
 // the block reads it there, not from L1 at a 128-byte stride a lane): float4 piece p of 32-column
 // block i of the tile sits in slot i * 8 + ((p + i) & 7), so that the 8 lanes of a phase, which
@@ -283,10 +258,14 @@ __global__ void DequantizeKernel(QuantWeight w, T* __restrict__ out) {
   for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units;
        u += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = u / blocks, b = u % blocks, g = b * 32 / w.group_size;
-    float wv[32];
-    DequantizeBlock<kInt4>(w.codes + r * w.row_bytes, b, w.scales[r * groups + g],
-                           w.zeros != nullptr ? w.zeros[r * groups + g] : 0.f, wv);
-    for (int j = 0; j < 32; ++j) StoreKv(out + r * w.k + b * 32 + j, wv[j]);
+    const uint8_t* const row[1] = {w.codes + r * w.row_bytes};
+    BlockCodes<kInt4, 1> codes;
+    LoadCodes<kInt4, 1>(row, b, codes);
+    const float scale = w.scales[r * groups + g];
+    const float zero = w.zeros != nullptr ? w.zeros[r * groups + g] : 0.f;
+    for (int j = 0; j < 32; ++j) {  // (q − zero) · scale
+      StoreKv(out + r * w.k + b * 32 + j, (CodeValue<kInt4>(codes.v[0], j) - zero) * scale);
+    }
   }
 }
 
@@ -338,33 +317,38 @@ bool QuantLayoutCovered(QuantType type, int64_t k, int64_t group_size) {
 
 int QuantGemvColumns(int64_t m) { return m >= 8192 ? 4 : m >= 4096 ? 2 : 1; }
 
+bool QuantGemvTakes(int64_t n, const QuantWeight& w, const void* x, const float* bias,
+                    const QuantGemvFusion& f) {
+  if (n < 1 || n > kGemvMaxRows || w.m <= 0 || !QuantLayoutCovered(w.type, w.k, w.group_size) ||
+      !Aligned16(x) || !Aligned16(w.codes) || (w.m + kWarps - 1) / kWarps > 0x7fffffff ||
+      int(f.silu_mul) + int(f.accumulate) + int(bias != nullptr) > 1 ||
+      (f.silu_mul && w.m % 2 != 0) || (f.norm != nullptr && !Aligned16(f.norm))) {
+    return false;
+  }
+  if (f.heads == nullptr) return f.head_counters == nullptr;
+  const QkvPrologueArgs& h = *f.heads;
+  const int64_t hd = h.layer.head_dim;
+  return !f.silu_mul && !f.accumulate && f.head_counters != nullptr && hd > 0 && hd % kWarps == 0 &&
+         hd <= kMaxPrologueHeadDim && h.num_tokens == n && h.num_q_heads > 0 &&
+         h.layer.num_kv_heads > 0 && w.m == (h.num_q_heads + 2 * h.layer.num_kv_heads) * hd &&
+         (h.layer.dtype == DType::kBF16 || h.layer.dtype == DType::kF16 ||
+          h.layer.dtype == DType::kF8E4M3 || h.layer.dtype == DType::kF32);
+}
+
 cudaError_t LaunchQuantGemv(const float* x, int64_t n, const QuantWeight& w, const float* bias,
                             float* out, cudaStream_t stream, int columns,
                             const QuantGemvFusion& f) {
   if (columns == 0) columns = QuantGemvColumns(f.silu_mul ? w.m / 2 : w.m);
-  if (n < 1 || n > kGemvMaxRows || w.m <= 0 || !QuantLayoutCovered(w.type, w.k, w.group_size) ||
-      !Aligned16(x) || !Aligned16(w.codes) || (columns != 1 && columns != 2 && columns != 4) ||
-      (w.m + kWarps - 1) / kWarps > 0x7fffffff ||
-      int(f.silu_mul) + int(f.accumulate) + int(bias != nullptr) > 1 ||
-      (f.silu_mul && w.m % 2 != 0) || (f.norm != nullptr && !Aligned16(f.norm))) {
+  if (!QuantGemvTakes(n, w, x, bias, f) || (columns != 1 && columns != 2 && columns != 4) ||
+      (f.heads != nullptr && f.heads->qkv != out)) {
     return cudaErrorInvalidValue;
   }
   if (f.heads != nullptr) {
     // A block's columns lie in one head: fewer columns a warp where the head is narrower than the
     // block (the columns that run, as LaunchColumns picks them).
-    const QkvPrologueArgs& h = *f.heads;
-    const int64_t hd = h.layer.head_dim;
+    const int64_t hd = f.heads->layer.head_dim;
     columns = std::min(columns, n == 1 ? 4 : n <= 4 ? 2 : 1);
     while (columns > 1 && hd % (kWarps * columns) != 0) columns /= 2;
-    if (f.silu_mul || f.accumulate || f.head_counters == nullptr || hd <= 0 || hd % kWarps != 0 ||
-        hd > kMaxPrologueHeadDim || h.qkv != out || h.num_tokens != n || h.num_q_heads <= 0 ||
-        h.layer.num_kv_heads <= 0 || w.m != (h.num_q_heads + 2 * h.layer.num_kv_heads) * hd ||
-        (h.layer.dtype != DType::kBF16 && h.layer.dtype != DType::kF16 &&
-         h.layer.dtype != DType::kF8E4M3 && h.layer.dtype != DType::kF32)) {
-      return cudaErrorInvalidValue;
-    }
-  } else if (f.head_counters != nullptr) {
-    return cudaErrorInvalidValue;
   }
   switch (n) {
     case 1: return LaunchColumns<1>(x, w, bias, out, columns, f, stream);

@@ -79,6 +79,11 @@ struct QuantGemvFusion {
 // else 1 (enough blocks to fill the device, each warp's staged activations used for C columns).
 int QuantGemvColumns(int64_t m);
 
+// Whether LaunchQuantGemv takes these rows, weight, input and fusion (all but the heads' qkv being
+// its out): what the backend asks before fusing ops into it.
+bool QuantGemvTakes(int64_t n, const QuantWeight& w, const void* x, const float* bias,
+                    const QuantGemvFusion& fusion);
+
 // out[n][m] = x[n][k] · dequantized(w)^T (+ bias[m]); x in stored column order (gathered through
 // perm first by the caller), 16-byte aligned. 1 <= n <= kGemvMaxRows; columns 0 (by m), 1, 2 or 4,
 // at most 4 for one row, 2 for up to 4, 1 beyond (fewer are run, with the same results; silu_mul
