@@ -21,5 +21,6 @@ int BenchCommand();
 int EvalCommand();
 int PlanCommand();
 int QuantizeCommand();
+int ChatTemplateCommand();
 
 }  // namespace tandem::cli

@@ -75,6 +75,11 @@ Commands:
                --model PATH (--ids 1,2,3 | --jsonl F) [--skip-special-tokens] [--json]
                --jsonl F: one JSON array of ids per line in, one {"text": ..., "stream": ...} per
                line out ("stream" is the same ids detokenized incrementally, one at a time).
+  chat-template  Render the model's chat template (tokenizer_config.json's chat_template, or
+               chat_template.jinja) over a conversation, exactly as transformers does; prints the
+               prompt with no newline added.
+               --model DIR --messages-file F.json [--tools-file F.json] [--add-generation-prompt]
+               [--kwargs JSON] [--template-name NAME]
   help         This text. `tandem COMMAND --helpfull` lists every flag with its default.
 )";
 
@@ -106,6 +111,7 @@ int main(int argc, char** argv) {
   if (command == "eval") return tandem::cli::EvalCommand();
   if (command == "plan") return tandem::cli::PlanCommand();
   if (command == "quantize") return tandem::cli::QuantizeCommand();
+  if (command == "chat-template") return tandem::cli::ChatTemplateCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);

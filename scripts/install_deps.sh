@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   python3
+  python3-jinja2  # the chat-template reference (ctest conformance.chat_template.jinja2)
   prometheus  # promtool and a real Prometheus for the metrics and dashboard tests
 )
 # Node.js runs the conformance oracles (node-llama-cpp); the machine image may already carry a newer one.
