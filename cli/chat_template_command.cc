@@ -10,23 +10,31 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/generate_support.h"
 #include "common/chat/chat_template.h"
+#include "common/rpc/chat_convert.h"
 #include "nlohmann/json.hpp"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(
     std::string, messages_file, "",
-    "chat-template: JSON file with the conversation, an array of {role, content, ...} messages");
-ABSL_FLAG(std::string, tools_file, "",
-          "chat-template: JSON file with an array of tools (JSON schemas)");
-ABSL_FLAG(bool, add_generation_prompt, false,
-          "chat-template: end with the header of an assistant turn");
+    "chat-template, generate: JSON file with the conversation, an array of {role, content, ...} "
+    "messages (OpenAI's shape)");
 ABSL_FLAG(
-    std::string, kwargs, "",
-    "chat-template: a JSON object of extra template variables, e.g. {\"enable_thinking\": false}");
+    std::string, tools_file, "",
+    "chat-template, generate: JSON file with an array of tools (OpenAI's shape, JSON schemas)");
+ABSL_FLAG(bool, add_generation_prompt, false,
+          "chat-template: end with the header of an assistant turn (generate always does)");
+ABSL_FLAG(std::string, kwargs, "",
+          "chat-template, generate: a JSON object of extra template variables, e.g. "
+          "{\"enable_thinking\": false}");
 ABSL_FLAG(std::string, template_name, "",
-          "chat-template: which of the model's named templates (default: tool_use with tools, else "
-          "default)");
+          "chat-template, generate: which of the model's named templates (default: tool_use with "
+          "tools, else default)");
+ABSL_FLAG(
+    std::string, tool_call_parser, "auto",
+    "generate --messages-file (in-process): how tool calls in the output are parsed: auto (from "
+    "the chat template), hermes, llama3_json or none; through a router, its own flag decides");
 
 namespace tandem::cli {
 namespace {
@@ -50,6 +58,52 @@ int Fail(const absl::Status& s) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::optional<v1::ChatInput>> ChatInputFromFlags() {
+  if (absl::GetFlag(FLAGS_messages_file).empty()) return std::nullopt;
+  v1::ChatInput input;
+  auto messages = ReadJsonFile("messages-file", absl::GetFlag(FLAGS_messages_file));
+  if (!messages.ok()) return messages.status();
+  if (absl::Status s = rpc::ChatMessagesFromJson(*messages, input.mutable_messages()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--messages-file: ", s.message()));
+  }
+  if (!absl::GetFlag(FLAGS_tools_file).empty()) {
+    auto tools = ReadJsonFile("tools-file", absl::GetFlag(FLAGS_tools_file));
+    if (!tools.ok()) return tools.status();
+    if (!tools->is_array())
+      return absl::InvalidArgumentError("--tools-file must hold a JSON array");
+    input.set_tools_json(tools->dump());
+  }
+  input.set_template_kwargs_json(absl::GetFlag(FLAGS_kwargs));
+  input.set_template_name(absl::GetFlag(FLAGS_template_name));
+  input.set_add_generation_prompt(true);
+  return input;
+}
+
+absl::StatusOr<RenderedChat> RenderChatLocally(const std::string& model_dir,
+                                               const v1::ChatInput& input,
+                                               const Tokenizer& tokenizer) {
+  auto chat_template = chat::ChatTemplate::Load(model_dir);
+  if (!chat_template.ok()) return chat_template.status();
+  auto request = rpc::ChatRenderRequestFromProto(input);
+  if (!request.ok()) return request.status();
+  auto text = (*chat_template)->Render(*request);
+  if (!text.ok()) return text.status();
+  RenderedChat out;
+  out.prompt_token_ids = tokenizer.Encode(*text, /*add_special_tokens=*/false);
+  out.text = *std::move(text);
+  const std::string parser = absl::GetFlag(FLAGS_tool_call_parser);
+  if (parser == "auto") {
+    out.tool_call_format = chat::DetectToolCallFormat((*chat_template)->ToolTemplateSource());
+  } else {
+    auto format = chat::ParseToolCallFormat(parser);
+    if (!format.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tool-call-parser: ", format.status().message()));
+    out.tool_call_format = *format;
+  }
+  return out;
+}
 
 int ChatTemplateCommand() {
   const std::string model = absl::GetFlag(FLAGS_model);

@@ -21,6 +21,7 @@
 #include "common/base/status_macros.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
+#include "common/rpc/chat_convert.h"
 #include "common/sampling/sampling_params.h"
 #include "common/serving/engine_flags.h"
 #include "common/tokenizer/stop_strings.h"
@@ -145,6 +146,7 @@ json ResultJson(const Collected& c, const SamplingParams& p) {
   out["token_ids"] = c.token_ids;
   out["text"] = c.text;
   out["finish_reason"] = c.finish_reason;
+  if (c.chat) out["chat"] = json::parse(c.chat->dump());
   if (c.speculation) {
     out["speculation"] = {{"proposed", c.speculation->proposed},
                           {"accepted", c.speculation->accepted}};
@@ -234,10 +236,15 @@ int GenerateCommand() {
   const std::string token_ids = absl::GetFlag(FLAGS_token_ids);
   const std::string batch_file = absl::GetFlag(FLAGS_batch_file);
   if (model_dir.empty()) return Fail(absl::InvalidArgumentError("--model DIR is required"));
-  if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) != 1) {
-    return Fail(
-        absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
+  const bool chat = !absl::GetFlag(FLAGS_messages_file).empty();
+  if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) +
+          (chat ? 1 : 0) !=
+      1) {
+    return Fail(absl::InvalidArgumentError(
+        "give exactly one of --prompt, --token-ids, --batch-file or --messages-file"));
   }
+  absl::StatusOr<std::optional<v1::ChatInput>> chat_input = ChatInputFromFlags();
+  if (!chat_input.ok()) return Fail(chat_input.status());
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return Fail(defaults.status());
   const auto t0 = Clock::now();
@@ -253,6 +260,7 @@ int GenerateCommand() {
   const Tokenizer* tok = tokenizer.ok() ? tokenizer->get() : nullptr;
 
   std::vector<std::pair<EngineRequest, std::string>> requests;
+  chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
   // By request id: --stop, or a batch line's "stop".
   std::map<std::string, std::vector<std::string>> stops;
   if (!batch_file.empty()) {
@@ -264,15 +272,23 @@ int GenerateCommand() {
     EngineRequest r;
     r.id = "request";
     r.params = *defaults;
+    std::string text = prompt;
     if (!token_ids.empty()) {
       auto ids = ParseIds("--token-ids", token_ids);
       if (!ids.ok()) return Fail(ids.status());
       r.prompt_token_ids = *std::move(ids);
+    } else if (chat) {
+      if (!tokenizer.ok()) return Fail(tokenizer.status());
+      auto rendered = RenderChatLocally(model_dir, **chat_input, *tok);
+      if (!rendered.ok()) return Fail(rendered.status());
+      r.prompt_token_ids = std::move(rendered->prompt_token_ids);
+      text = std::move(rendered->text);
+      tool_call_format = rendered->tool_call_format;
     } else {
       if (!tokenizer.ok()) return Fail(tokenizer.status());
       r.prompt_token_ids = tok->Encode(prompt, /*add_special_tokens=*/true);
     }
-    requests.emplace_back(std::move(r), prompt);
+    requests.emplace_back(std::move(r), text);
   }
   auto engine_options = EngineOptionsFromFlags(config);
   if (!engine_options.ok()) return Fail(engine_options.status());
@@ -393,7 +409,10 @@ int GenerateCommand() {
   }
   const SamplingParams& p = requests.front().first.params;
   if (single) {
-    const Collected& c = results[order.front()];
+    Collected& c = results[order.front()];
+    if (chat)
+      c.chat =
+          rpc::ChatOutputToJson(rpc::ChatOutputFromText(c.text, tool_call_format, order.front()));
     if (as_json) {
       std::puts(ResultJson(c, p).dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     } else {

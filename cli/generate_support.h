@@ -10,11 +10,13 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "common/chat/tool_calls.h"
 #include "common/engine/engine.h"
 #include "common/sampling/sampler.h"
 #include "common/tokenizer/text_stream.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tandem/v1/generation.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, prompt);
@@ -22,6 +24,7 @@ ABSL_DECLARE_FLAG(std::string, token_ids);
 ABSL_DECLARE_FLAG(std::string, batch_file);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
+ABSL_DECLARE_FLAG(std::string, messages_file);
 
 namespace tandem::cli {
 
@@ -38,11 +41,29 @@ struct Collected {
   double first_token_seconds = 0;
   double finish_seconds = 0;
   std::optional<SpeculationCounts> speculation;  // when the request speculated
+  std::optional<nlohmann::ordered_json> chat;    // a chat request's parsed output
 };
+
+// A conversation rendered with the model's chat template, as the router renders it.
+struct RenderedChat {
+  std::string text;
+  std::vector<int32_t> prompt_token_ids;  // the text encoded without added special tokens
+  chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
+};
+
+// --messages-file (with --tools-file, --kwargs, --template-name) as the public API's chat input,
+// generation prompt on; nullopt without --messages-file.
+absl::StatusOr<std::optional<v1::ChatInput>> ChatInputFromFlags();
+// In-process: renders `input` with the template of the model in `model_dir` and tokenizes it;
+// the tool-call format from --tool-call-parser.
+absl::StatusOr<RenderedChat> RenderChatLocally(const std::string& model_dir,
+                                               const v1::ChatInput& input,
+                                               const Tokenizer& tokenizer);
 
 nlohmann::json EntryToJson(const LogprobEntry& e);
 // {"prompt_token_ids", "token_ids", "text", "finish_reason", "prompt_logprobs", "logprobs"}, and
-// "speculation": {"proposed", "accepted"} when the request speculated.
+// "speculation": {"proposed", "accepted"} when the request speculated, "chat": {"content",
+// "tool_calls"} for a chat request.
 nlohmann::json ResultJson(const Collected& c, const SamplingParams& p);
 // Sampling parameters from the flags (the defaults of every request).
 absl::StatusOr<SamplingParams> ParamsFromFlags();

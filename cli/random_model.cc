@@ -216,6 +216,31 @@ std::string MakeByteLevelTokenizerJson(int64_t vocab_size, uint64_t seed) {
   return j.dump(1) + "\n";
 }
 
+// A ChatML chat template with tools in the Hermes format (<tool_call> JSON), so that every model
+// written here serves chat requests (tool calls parsed as hermes).
+constexpr char kChatTemplate[] = R"jinja({%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou may call functions. Their signatures:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + tool | tojson }}{%- endfor %}
+{{- '\n</tools>\n\nTo call one, answer with <tool_call>\n{"name": <name>, "arguments": <object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' and loop.first %}{%- continue %}{%- endif %}
+{{- '<|im_start|>' + message.role + '\n' }}
+{%- if message.content is string %}{{- message.content }}
+{%- elif message.content %}{%- for part in message.content %}{{- part.text }}{%- endfor %}
+{%- endif %}
+{%- for call in message.tool_calls or [] %}
+{{- '\n<tool_call>\n' + {'name': call.function.name, 'arguments': call.function.arguments} | tojson + '\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+)jinja";
+
 absl::Status WriteRandomModel(const RandomModelOptions& options) {
   ModelConfig c = options.config;
   c.torch_dtype = options.dtype;
@@ -245,6 +270,7 @@ absl::Status WriteRandomModel(const RandomModelOptions& options) {
     tok_config["bos_token"] = "<|begin_of_text|>";
     tok_config["eos_token"] = "<|end_of_text|>";
   }
+  tok_config["chat_template"] = kChatTemplate;
   RETURN_IF_ERROR(
       WriteTextFile((dir / "tokenizer_config.json").string(), tok_config.dump(2) + "\n"));
   json gen = {{"do_sample", false}};

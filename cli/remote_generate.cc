@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/generate_support.h"
+#include "common/rpc/chat_convert.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
 #include "common/serving/speculation_convert.h"
@@ -40,11 +41,13 @@ struct RemoteResult {
 
 // Streams one request; `print` writes text deltas to stdout as they come.
 void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::string& text,
-               const std::vector<std::string>& stops, bool print, Clock::time_point start,
-               RemoteResult* out) {
+               const std::optional<v1::ChatInput>& chat, const std::vector<std::string>& stops,
+               bool print, Clock::time_point start, RemoteResult* out) {
   v1::GenerateRequest g;
   g.set_request_id(req.id);
-  if (!req.prompt_token_ids.empty()) {
+  if (chat) {
+    *g.mutable_chat() = *chat;
+  } else if (!req.prompt_token_ids.empty()) {
     *g.mutable_prompt_token_ids()->mutable_ids() = {req.prompt_token_ids.begin(),
                                                     req.prompt_token_ids.end()};
   } else {
@@ -87,6 +90,11 @@ void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::
         c.speculation = SpeculationCounts{r.final().speculation().proposed(),
                                           r.final().speculation().accepted()};
       }
+      if (r.final().has_chat()) {
+        c.chat = rpc::ChatOutputToJson(r.final().chat());
+        c.prompt_token_ids.assign(r.final().prompt_token_ids().begin(),
+                                  r.final().prompt_token_ids().end());
+      }
       c.finish_seconds = now;
       if (r.final().prompt_logprobs_size() > 0) {
         c.prompt_logprobs.emplace();
@@ -120,9 +128,13 @@ int RemoteGenerateCommand() {
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   const std::string token_ids = absl::GetFlag(FLAGS_token_ids);
   const std::string batch_file = absl::GetFlag(FLAGS_batch_file);
-  if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) != 1) {
-    return GenerateFail(
-        absl::InvalidArgumentError("give exactly one of --prompt, --token-ids or --batch-file"));
+  absl::StatusOr<std::optional<v1::ChatInput>> chat = ChatInputFromFlags();
+  if (!chat.ok()) return GenerateFail(chat.status());
+  if ((prompt.empty() ? 0 : 1) + (token_ids.empty() ? 0 : 1) + (batch_file.empty() ? 0 : 1) +
+          (chat->has_value() ? 1 : 0) !=
+      1) {
+    return GenerateFail(absl::InvalidArgumentError(
+        "give exactly one of --prompt, --token-ids, --batch-file or --messages-file"));
   }
   auto defaults = ParamsFromFlags();
   if (!defaults.ok()) return GenerateFail(defaults.status());
@@ -177,7 +189,8 @@ int RemoteGenerateCommand() {
                                             ? stops[requests[i].first.id]
                                             : absl::GetFlag(FLAGS_stop);
     threads.emplace_back(StreamOne, stub.get(), std::cref(requests[i].first),
-                         std::cref(requests[i].second), s, single && !as_json, start, &results[i]);
+                         std::cref(requests[i].second), std::cref(*chat), s, single && !as_json,
+                         start, &results[i]);
   }
   for (auto& t : threads) t.join();
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
@@ -200,7 +213,7 @@ int RemoteGenerateCommand() {
       return GenerateFail(rpc::FromGrpc(r.status));
     }
     if (as_json) {
-      r.c.prompt_token_ids = prompt_ids(0);
+      if (!chat->has_value()) r.c.prompt_token_ids = prompt_ids(0);
       json out = ResultJson(r.c, r.params);
       out["timings"] = TimingsJson(r.final.timings());
       std::puts(out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());

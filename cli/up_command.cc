@@ -59,6 +59,9 @@ ABSL_FLAG(
 ABSL_FLAG(
     std::vector<std::string>, prefill_worker_args, {},
     "up: extra flags for prefill workers (e.g. --prefill-worker-args=--layerwise-transfer=false)");
+ABSL_FLAG(std::vector<std::string>, router_args, {},
+          "up: extra flags for the router, comma-separated (e.g. "
+          "--router-args=--tool-call-parser=hermes)");
 ABSL_FLAG(std::vector<std::string>, decode_worker_args, {},
           "up: extra flags for decode and combined workers (e.g. "
           "--decode-worker-args=--kv-transfer-timeout-s=10)");
@@ -175,6 +178,7 @@ int UpCommand() {
       FindBinary("tandem-router", "router"), "--model=" + model, absl::StrCat("--port=", port),
       absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
   for (const std::string& a : metrics_arg("router")) router_argv.push_back(a);
+  for (const std::string& a : absl::GetFlag(FLAGS_router_args)) router_argv.push_back(a);
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/rpc/chat_convert.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/reactors.h"
 #include "common/rpc/status.h"
@@ -78,6 +79,37 @@ class UnarySink final : public FlowSink {
   std::vector<v1::PositionLogprobs> logprobs_;
 };
 
+// A chat request's output: the generated text parsed for tool calls into the final message, with
+// the prompt the conversation became (the raw text stays where it was: streamed, or in the unary
+// response).
+class ChatSink final : public FlowSink {
+ public:
+  ChatSink(std::shared_ptr<FlowSink> inner, chat::ToolCallFormat format, std::string request_id,
+           std::vector<int32_t> prompt)
+      : inner_(std::move(inner)),
+        format_(format),
+        request_id_(std::move(request_id)),
+        prompt_(std::move(prompt)) {}
+  void Delta(v1::TextDelta delta) override {
+    text_ += delta.text();
+    inner_->Delta(std::move(delta));
+  }
+  void Finish(const grpc::Status& status, v1::GenerateResponse final) override {
+    if (status.ok()) {
+      *final.mutable_chat() = rpc::ChatOutputFromText(text_, format_, request_id_);
+      *final.mutable_prompt_token_ids() = {prompt_.begin(), prompt_.end()};
+    }
+    inner_->Finish(status, std::move(final));
+  }
+
+ private:
+  std::shared_ptr<FlowSink> inner_;
+  chat::ToolCallFormat format_;
+  std::string request_id_;
+  std::vector<int32_t> prompt_;
+  std::string text_;
+};
+
 // Observes a flow for the router's metrics, then forwards to the client's sink.
 class MeteredSink final : public FlowSink {
  public:
@@ -140,6 +172,10 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
   if (s.ok()) {
     auto flow = std::make_shared<FlowRequest>(*std::move(r));
     std::shared_ptr<FlowSink> sink = make_sink(flow->id);
+    if (flow->chat) {
+      sink = std::make_shared<ChatSink>(std::move(sink), options_.tool_call_format, flow->id,
+                                        flow->prompt);
+    }
     s = Admit(std::move(flow), std::move(control), std::move(sink), request.priority());
   }
   if (!s.ok() && metrics_ != nullptr)
@@ -189,7 +225,28 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
         }
       }
       break;
-    default: return absl::InvalidArgumentError("give prompt or prompt_token_ids");
+    case v1::GenerateRequest::kChat: {
+      if (options_.chat_template == nullptr) {
+        return absl::InvalidArgumentError(
+            "this model has no chat template (no chat_template in tokenizer_config.json, no "
+            "chat_template.jinja): send a prompt instead");
+      }
+      ASSIGN_OR_RETURN(chat::ChatRenderRequest render, rpc::ChatRenderRequestFromProto(req.chat()));
+      absl::StatusOr<std::string> text = options_.chat_template->Render(render);
+      if (!text.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the chat template: ", text.status().message()));
+      }
+      if (text->size() > (64u << 20))
+        return absl::InvalidArgumentError("the rendered chat is larger than 64 MiB");
+      // The template wrote the special tokens (BOS among them), as apply_chat_template assumes.
+      r.prompt = tokenizer_->Encode(*text, /*add_special_tokens=*/false);
+      if (r.prompt.empty())
+        return absl::InvalidArgumentError("the rendered chat encodes to no tokens");
+      r.chat = true;
+      break;
+    }
+    default: return absl::InvalidArgumentError("give prompt, prompt_token_ids or chat");
   }
   r.params = rpc::FromProto(req.sampling());
   r.proto_params = req.sampling();

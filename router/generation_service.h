@@ -15,6 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chat/chat_template.h"
+#include "common/chat/tool_calls.h"
 #include "common/model/config.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/cluster.h"
@@ -33,6 +35,10 @@ class GenerationService final : public v1::Generation::CallbackService {
     int max_concurrent_requests = 256;
     absl::Duration request_timeout = absl::Minutes(10);  // deadline of requests that set none
     int32_t max_logprobs = 20;
+    // The model's chat template (null: chat requests are refused) and the format tool calls in a
+    // chat response are parsed with.
+    const chat::ChatTemplate* chat_template = nullptr;
+    chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
   };
   // `metrics` may be null.
   GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer,

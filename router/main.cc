@@ -12,6 +12,8 @@
 #include "common/base/command_line.h"
 #include "common/base/logging.h"
 #include "common/base/signals.h"
+#include "common/chat/chat_template.h"
+#include "common/chat/tool_calls.h"
 #include "common/metrics/metrics.h"
 #include "common/model/config.h"
 #include "common/model/fingerprint.h"
@@ -40,6 +42,9 @@ ABSL_FLAG(int32_t, worker_keepalive_timeout_ms, 2000,
 ABSL_FLAG(int32_t, metrics_port, -1,
           "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "how tool calls in a chat response are parsed: auto (from the chat template: hermes for "
+          "<tool_call>, llama3_json for Llama 3.1's), hermes, llama3_json or none");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -60,6 +65,24 @@ int main(int argc, char** argv) {
   if (!tokenizer.ok()) return fail(tokenizer.status());
   auto fingerprint = tandem::ModelFingerprint(dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
+  // Chat requests need the model's chat template; a model without one serves prompts only.
+  std::unique_ptr<tandem::chat::ChatTemplate> chat_template;
+  if (auto loaded = tandem::chat::ChatTemplate::Load(dir); loaded.ok()) {
+    chat_template = *std::move(loaded);
+  } else if (loaded.status().code() != absl::StatusCode::kNotFound) {
+    return fail(loaded.status());
+  }
+  tandem::chat::ToolCallFormat tool_call_format = tandem::chat::ToolCallFormat::kNone;
+  if (absl::GetFlag(FLAGS_tool_call_parser) == "auto") {
+    if (chat_template)
+      tool_call_format = tandem::chat::DetectToolCallFormat(chat_template->ToolTemplateSource());
+  } else {
+    auto format = tandem::chat::ParseToolCallFormat(absl::GetFlag(FLAGS_tool_call_parser));
+    if (!format.ok())
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("--tool-call-parser: ", format.status().message())));
+    tool_call_format = *format;
+  }
 
   tandem::router::Cluster::Options co;
   co.model_fingerprint = *fingerprint;
@@ -86,6 +109,8 @@ int main(int argc, char** argv) {
   go.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   go.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   go.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
+  go.chat_template = chat_template.get();
+  go.tool_call_format = tool_call_format;
   tandem::Metrics::Options mo;
   mo.model = name;
   mo.role = "router";
@@ -116,7 +141,11 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
   TANDEM_LOG(INFO) << "router serving " << name << " (" << config->architecture << ", fingerprint "
-                   << *fingerprint << ") on port " << server->port;
+                   << *fingerprint << ") on port " << server->port << "; chat "
+                   << (chat_template
+                           ? absl::StrCat("template loaded, tool calls parsed as ",
+                                          tandem::chat::ToolCallFormatName(tool_call_format))
+                           : std::string("off (the model has no chat template)"));
 
   tandem::WaitForTerminationSignal();
   TANDEM_LOG(INFO) << "router: draining (" << generation.in_flight() << " requests in flight)";

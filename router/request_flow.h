@@ -35,6 +35,7 @@ struct FlowRequest {
   v1::SamplingParameters proto_params;  // as forwarded to the workers
   std::vector<std::string> stop;
   bool skip_special_tokens = false;
+  bool chat = false;  // the prompt is a rendered conversation: the response carries ChatOutput
   absl::Time arrival;
   absl::Time deadline = absl::InfiniteFuture();
 };

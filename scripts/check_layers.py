@@ -18,8 +18,8 @@ import sys
 # common/backend (the backends); generated protobuf headers ("tandem/v1/...") are the module "proto".
 FLOORS = [
     ["common/base"],
-    ["proto", "common/tensor", "common/kv", "common/tokenizer", "common/sampling", "common/metrics"],
-    ["common/sched", "common/rpc", "common/chat", "common/quant"],
+    ["proto", "common/tensor", "common/kv", "common/tokenizer", "common/chat", "common/sampling", "common/metrics"],
+    ["common/sched", "common/rpc", "common/quant"],
     ["common/backend", "common/backend/cpu", "common/backend/cuda"],
     ["common/model"],
     ["common/spec"],

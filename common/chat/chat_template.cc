@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromConfig(
           absl::StrCat("chat template '", name, "' cannot be used: ", compiled.status().message()));
     }
     result->templates_[name] = std::move(*compiled);
+    result->sources_[name] = std::move(source);
   }
   for (const char* key : kSpecialTokenKeys) {
     if (!config.contains(key)) continue;
@@ -125,6 +126,13 @@ std::vector<std::string> ChatTemplate::TemplateNames() const {
   std::vector<std::string> names;
   for (const auto& [name, t] : templates_) names.push_back(name);
   return names;
+}
+
+const std::string& ChatTemplate::ToolTemplateSource() const {
+  static const std::string kNone;
+  auto it = sources_.find("tool_use");
+  if (it == sources_.end()) it = sources_.find("default");
+  return it == sources_.end() ? kNone : it->second;
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatRenderRequest& request) const {

@@ -60,6 +60,9 @@ class ChatTemplate {
 
   // Names of the templates the model has ("default" for a single string).
   std::vector<std::string> TemplateNames() const;
+  // The source of the template rendered for tools (tool_use when the model has one, else default;
+  // empty when neither exists): what DetectToolCallFormat reads.
+  const std::string& ToolTemplateSource() const;
 
   // The special tokens passed to every rendering, as transformers 4.x's special_tokens_map has
   // them: bos/eos/unk/sep/pad/cls/mask_token (non-empty), additional_special_tokens (a list), and
@@ -70,6 +73,7 @@ class ChatTemplate {
   ChatTemplate() = default;
 
   std::map<std::string, std::unique_ptr<JinjaTemplate>> templates_;
+  std::map<std::string, std::string> sources_;
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
 };
 

@@ -111,6 +111,53 @@ if remote and local:
     check(counts.get("accepted", -1) <= counts.get("proposed", 0) and counts.get("proposed", 0) > 0,
           f"server speculation counts {counts}")
 
+# A conversation: the router renders it with the model's chat template (make-model writes a ChatML
+# one with Hermes tool calls) and tokenizes it without added special tokens, as in-process generate
+# does; its prompt is what `tandem chat-template` prints, encoded by `tandem tokenize`.
+messages = os.path.join(WORK, "messages.json")
+tools = os.path.join(WORK, "tools.json")
+with open(messages, "w") as f:
+    json.dump([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "20 °C"}], f)
+with open(tools, "w") as f:
+    json.dump([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}], f)
+chat_args = ["--messages-file", messages, "--tools-file", tools, "--max-tokens", "12", "--temperature", "0",
+             "--ignore-eos"]
+remote, local = generate(*chat_args), generate(*chat_args, server=False)
+if remote and local:
+    for key in ["prompt_token_ids", "token_ids", "text", "chat"]:
+        check(remote[0].get(key) == local[0].get(key),
+              f"chat: {key} differs:\n server  {remote[0].get(key)}\n in-proc {local[0].get(key)}")
+    check(remote[0]["chat"]["content"] == remote[0]["text"] and remote[0]["chat"]["tool_calls"] == [],
+          f"chat output of a reply without tool calls: {remote[0]['chat']}")
+    # The router hands tool-call arguments to the template as an object (as vLLM does).
+    with open(messages) as f:
+        parsed_args = json.load(f)
+    parsed_args[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    as_object = os.path.join(WORK, "messages_object_args.json")
+    with open(as_object, "w") as f:
+        json.dump(parsed_args, f)
+    rendered = subprocess.run([TANDEM, "chat-template", "--model", model, "--messages-file", as_object,
+                               "--tools-file", tools, "--add-generation-prompt"], capture_output=True, timeout=60)
+    prompt_file = os.path.join(WORK, "chat_prompt.txt")
+    with open(prompt_file, "wb") as f:
+        f.write(rendered.stdout)
+    ids = subprocess.run([TANDEM, "tokenize", "--model", model, "--file", prompt_file, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    check(rendered.returncode == 0 and ids.returncode == 0 and
+          json.loads(ids.stdout)["ids"] == remote[0]["prompt_token_ids"],
+          f"chat prompt ids differ from chat-template + tokenize: {rendered.stderr!r} {ids.stderr!r}")
+bad_messages = os.path.join(WORK, "bad_messages.json")
+with open(bad_messages, "w") as f:
+    json.dump([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{broken"}}]}], f)
+p = subprocess.run([TANDEM, "generate", "--server", address, "--messages-file", bad_messages],
+                   capture_output=True, text=True, timeout=60)
+check(p.returncode == 2 and "chat.messages[0].tool_calls[0].arguments" in p.stderr,
+      f"bad chat request: exit {p.returncode}, stderr {p.stderr!r}")
+
 # A bad request is refused with exit code 2 and a message.
 p = subprocess.run([TANDEM, "generate", "--server", address, "--token-ids", "1,2", "--top-p", "0"],
                    capture_output=True, text=True, timeout=60)

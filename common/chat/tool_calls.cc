@@ -1,0 +1,169 @@
+#include "common/chat/tool_calls.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/chat/jinja_value.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::chat {
+namespace {
+
+using nlohmann::ordered_json;
+
+std::string PythonJson(const ordered_json& value) {
+  return jinja::ToJson(jinja::Value::FromJson(value), jinja::JsonOptions{});
+}
+
+// {"name": string, "arguments"/"parameters": object or JSON text of one} → a call.
+bool CallFromJson(const ordered_json& object, ParsedToolCall& call) {
+  if (!object.is_object() || !object.contains("name") || !object["name"].is_string()) return false;
+  call.name = object["name"].get<std::string>();
+  const char* key = object.contains("arguments")    ? "arguments"
+                    : object.contains("parameters") ? "parameters"
+                                                    : nullptr;
+  if (key == nullptr) {
+    call.arguments = "{}";
+    return true;
+  }
+  ordered_json arguments = object[key];
+  if (arguments.is_string()) {
+    arguments =
+        ordered_json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (arguments.is_discarded()) return false;
+  }
+  if (!arguments.is_object()) return false;
+  try {
+    call.arguments = PythonJson(arguments);
+  } catch (const jinja::JinjaError&) {
+    return false;  // nested too deep
+  }
+  return true;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() &&
+         (s.front() == ' ' || s.front() == '\n' || s.front() == '\t' || s.front() == '\r')) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() &&
+         (s.back() == ' ' || s.back() == '\n' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+ParsedChatOutput ParseHermes(std::string_view text) {
+  constexpr std::string_view kOpen = "<tool_call>";
+  constexpr std::string_view kClose = "</tool_call>";
+  ParsedChatOutput out;
+  const size_t first = text.find(kOpen);
+  if (first == std::string_view::npos) {
+    out.content = std::string(text);
+    return out;
+  }
+  size_t pos = first;
+  while (pos != std::string_view::npos) {
+    const size_t body_start = pos + kOpen.size();
+    size_t close = text.find(kClose, body_start);
+    // An unterminated last call (generation stopped before its closing tag) still counts when its
+    // body is complete JSON.
+    const std::string_view body = text.substr(
+        body_start, close == std::string_view::npos ? std::string_view::npos : close - body_start);
+    ordered_json parsed = ordered_json::parse(Trim(body), nullptr, /*allow_exceptions=*/false);
+    ParsedToolCall call;
+    if (parsed.is_discarded() || !CallFromJson(parsed, call))
+      return ParsedChatOutput{std::string(text), {}};
+    out.tool_calls.push_back(std::move(call));
+    if (close == std::string_view::npos) break;
+    pos = text.find(kOpen, close + kClose.size());
+  }
+  out.content = std::string(text.substr(0, first));
+  return out;
+}
+
+// Where the JSON object that `s` starts with ends (one past its closing brace), by bracket depth
+// outside strings; npos when it does not close.
+size_t ObjectEnd(std::string_view s) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+ParsedChatOutput ParseLlama3Json(std::string_view text) {
+  constexpr std::string_view kPythonTag = "<|python_tag|>";
+  std::string_view rest = text;
+  if (rest.substr(0, kPythonTag.size()) == kPythonTag) rest.remove_prefix(kPythonTag.size());
+  rest = Trim(rest);
+  if (rest.empty() || rest.front() != '{') return ParsedChatOutput{std::string(text), {}};
+  ParsedChatOutput out;
+  while (!rest.empty()) {
+    const size_t end = ObjectEnd(rest);
+    if (end == std::string_view::npos) return ParsedChatOutput{std::string(text), {}};
+    ordered_json parsed =
+        ordered_json::parse(rest.substr(0, end), nullptr, /*allow_exceptions=*/false);
+    ParsedToolCall call;
+    if (parsed.is_discarded() || !CallFromJson(parsed, call))
+      return ParsedChatOutput{std::string(text), {}};
+    out.tool_calls.push_back(std::move(call));
+    rest = Trim(rest.substr(end));
+    if (!rest.empty()) {
+      if (rest.front() != ';') return ParsedChatOutput{std::string(text), {}};
+      rest = Trim(rest.substr(1));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
+  if (name == "none") return ToolCallFormat::kNone;
+  if (name == "hermes") return ToolCallFormat::kHermes;
+  if (name == "llama3_json") return ToolCallFormat::kLlama3Json;
+  return absl::InvalidArgumentError(absl::StrCat("unknown tool-call format \"", std::string(name),
+                                                 "\"; choose none, hermes or llama3_json"));
+}
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kNone: break;
+  }
+  return "none";
+}
+
+ToolCallFormat DetectToolCallFormat(std::string_view source) {
+  if (source.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (source.find("<|python_tag|>") != std::string_view::npos ||
+      source.find("ipython") != std::string_view::npos) {
+    return ToolCallFormat::kLlama3Json;
+  }
+  return ToolCallFormat::kNone;
+}
+
+ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return ParseHermes(text);
+    case ToolCallFormat::kLlama3Json: return ParseLlama3Json(text);
+    case ToolCallFormat::kNone: break;
+  }
+  return ParsedChatOutput{std::string(text), {}};
+}
+
+}  // namespace tandem::chat

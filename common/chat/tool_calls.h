@@ -1,0 +1,45 @@
+// Tool calls in generated text: the formats models are trained to emit, parsed into structured
+// calls (name and JSON arguments) and the text around them, as vLLM's tool parsers of the same
+// names do.
+//   hermes       Qwen2.5/Qwen3, Hermes 2/3 and others: <tool_call>{"name": ..., "arguments": {...}}
+//                </tool_call>, any number; the content is the text before the first one.
+//   llama3_json  Llama 3.1/3.2/3.3: the whole output is one or more JSON objects {"name": ...,
+//                "parameters" (or "arguments"): {...}} separated by ';', optionally after
+//                <|python_tag|>; the content is then empty.
+// Text that does not parse as the format (a broken JSON body, a missing name) is all content:
+// a malformed call is never half-reported.
+#ifndef TANDEM_COMMON_CHAT_TOOL_CALLS_H_
+#define TANDEM_COMMON_CHAT_TOOL_CALLS_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem::chat {
+
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json };
+
+// "none", "hermes", "llama3_json"; InvalidArgument naming the choices otherwise.
+absl::StatusOr<ToolCallFormat> ParseToolCallFormat(std::string_view name);
+const char* ToolCallFormatName(ToolCallFormat format);
+// The format a chat template teaches its model, from the template's text: <tool_call> (hermes),
+// <|python_tag|> or an ipython role (llama3_json), else none.
+ToolCallFormat DetectToolCallFormat(std::string_view template_source);
+
+struct ParsedToolCall {
+  std::string name;
+  std::string arguments;  // JSON text of an object, as Python's json.dumps writes it
+};
+
+struct ParsedChatOutput {
+  std::string content;
+  std::vector<ParsedToolCall> tool_calls;
+};
+
+ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format);
+
+}  // namespace tandem::chat
+
+#endif  // TANDEM_COMMON_CHAT_TOOL_CALLS_H_
