@@ -59,6 +59,10 @@ ABSL_FLAG(
 ABSL_FLAG(
     std::vector<std::string>, prefill_worker_args, {},
     "up: extra flags for prefill workers (e.g. --prefill-worker-args=--layerwise-transfer=false)");
+ABSL_FLAG(
+    int32_t, http_port, -1,
+    "up: serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions) on this "
+    "port (-1 = off)");
 ABSL_FLAG(std::vector<std::string>, router_args, {},
           "up: extra flags for the router, comma-separated (e.g. "
           "--router-args=--tool-call-parser=hermes)");
@@ -178,6 +182,8 @@ int UpCommand() {
       FindBinary("tandem-router", "router"), "--model=" + model, absl::StrCat("--port=", port),
       absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
   for (const std::string& a : metrics_arg("router")) router_argv.push_back(a);
+  const int32_t http_port = absl::GetFlag(FLAGS_http_port);
+  if (http_port >= 0) router_argv.push_back(absl::StrCat("--http-port=", http_port));
   for (const std::string& a : absl::GetFlag(FLAGS_router_args)) router_argv.push_back(a);
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
@@ -269,6 +275,9 @@ int UpCommand() {
     std::printf(
         "  %-9s %-22s %s\n", role.c_str(), w.worker().address().c_str(),
         w.worker().kv_address().empty() ? "" : ("KV receiver " + w.worker().kv_address()).c_str());
+  }
+  if (http_port > 0) {
+    std::printf("  HTTP API  http://127.0.0.1:%d/v1 (OpenAI-compatible)\n", http_port);
   }
   std::printf(
       "Stream a completion:  tandem generate --server %s --prompt \"Hello\"\nCtrl-C stops the "

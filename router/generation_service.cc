@@ -183,6 +183,18 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
   return s;
 }
 
+absl::Status GenerationService::SubmitRequest(const v1::GenerateRequest& request,
+                                              absl::Time deadline,
+                                              std::shared_ptr<FlowControl> control,
+                                              std::shared_ptr<FlowSink> sink) {
+  return Submit(request, deadline, std::move(control), [&](const std::string&) { return sink; });
+}
+
+bool GenerationService::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_ || stopping_;
+}
+
 void GenerationService::StartDraining() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
@@ -258,6 +270,12 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
                                                        : options_.model.max_position_embeddings();
   limits.prompt_len = static_cast<int64_t>(r.prompt.size());
   limits.max_logprobs = options_.max_logprobs;
+  if (r.chat && !req.sampling().has_max_tokens()) {
+    // A chat request without max_tokens may use the rest of the context (as OpenAI's API does).
+    r.params.max_tokens =
+        static_cast<int32_t>(std::max<int64_t>(0, limits.max_model_len - limits.prompt_len));
+    r.proto_params.set_max_tokens(r.params.max_tokens);
+  }
   if (limits.prompt_len >= limits.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat("the prompt has ", limits.prompt_len,
                                                    " tokens; the context holds ",

@@ -60,6 +60,14 @@ class GenerationService final : public v1::Generation::CallbackService {
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
 
+  // Another front door (the HTTP API): validates and admits `request` as Generate does and runs it
+  // into `sink`, which then gets its deltas and exactly one Finish. A refusal (bad request,
+  // overload, draining) is returned and nothing is called on the sink.
+  absl::Status SubmitRequest(const v1::GenerateRequest& request, absl::Time deadline,
+                             std::shared_ptr<FlowControl> control, std::shared_ptr<FlowSink> sink);
+  const Options& options() const { return options_; }
+  bool draining() const;
+
   int64_t in_flight() const;
   // New requests are refused with UNAVAILABLE; those admitted run to their end.
   void StartDraining();

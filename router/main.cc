@@ -20,6 +20,7 @@
 #include "common/rpc/server.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/generation_service.h"
+#include "router/http_frontend.h"
 
 ABSL_FLAG(std::string, model, "",
           "Hugging Face model directory (config.json, tokenizer.json; weights' headers)");
@@ -42,6 +43,12 @@ ABSL_FLAG(int32_t, worker_keepalive_timeout_ms, 2000,
 ABSL_FLAG(int32_t, metrics_port, -1,
           "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
+ABSL_FLAG(
+    int32_t, http_port, -1,
+    "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+    "/health); 0 = any free port (printed), -1 = off");
+ABSL_FLAG(int32_t, http_threads, 2, "I/O threads of the HTTP API (they hold every connection)");
+ABSL_FLAG(int64_t, http_max_body_bytes, 16 << 20, "largest HTTP request body (larger: 413)");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how tool calls in a chat response are parsed: auto (from the chat template: hermes for "
           "<tool_call>, llama3_json for Llama 3.1's), hermes, llama3_json or none");
@@ -132,9 +139,26 @@ int main(int argc, char** argv) {
   so.health_service_names = {"tandem.v1.Generation", "tandem.v1.Registration"};
   auto server = tandem::rpc::StartServer(so);
   if (!server.ok()) return fail(server.status());
+  std::unique_ptr<tandem::router::HttpFrontend> http;
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    tandem::router::HttpFrontend::Options ho;
+    ho.bind_address = absl::GetFlag(FLAGS_bind_address);
+    ho.port = absl::GetFlag(FLAGS_http_port);
+    ho.threads = absl::GetFlag(FLAGS_http_threads);
+    ho.max_body_bytes =
+        static_cast<size_t>(std::max<int64_t>(1024, absl::GetFlag(FLAGS_http_max_body_bytes)));
+    auto started = tandem::router::HttpFrontend::Start(ho, &generation, &cluster, tokenizer->get(),
+                                                       &router_metrics);
+    if (!started.ok()) return fail(started.status());
+    http = *std::move(started);
+  }
   server->SetServing(true);
   std::printf("tandem-router: listening on %s:%d\n", absl::GetFlag(FLAGS_bind_address).c_str(),
               server->port);
+  if (http) {
+    std::printf("tandem-router: OpenAI-compatible HTTP API on %s:%d/v1\n",
+                absl::GetFlag(FLAGS_bind_address).c_str(), http->port());
+  }
   if (!mo.listen_address.empty()) {
     std::printf("tandem-router: metrics on %s:%d/metrics\n",
                 absl::GetFlag(FLAGS_bind_address).c_str(), (*metrics)->port());
@@ -154,6 +178,7 @@ int main(int argc, char** argv) {
   const absl::Time grace_end = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s));
   while (generation.in_flight() > 0 && absl::Now() < grace_end)
     absl::SleepFor(absl::Milliseconds(20));
+  if (http) http->Stop();
   // Idle client connections hold Shutdown until its deadline: keep it short once nothing runs.
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   TANDEM_LOG(INFO) << "router: stopped";

@@ -52,9 +52,19 @@ RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
   }
   m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
              {{"outcome", "error"}, {"code", "UNAVAILABLE"}});
+  for (const char* endpoint : {"/v1/completions", "/v1/chat/completions"}) {
+    m->Counter("tandem_http_requests_total", "HTTP API requests by endpoint and HTTP status.",
+               {{"endpoint", endpoint}, {"code", "200"}});
+  }
 }
 
 void RouterMetrics::Admitted() { in_flight_.Increment(); }
+
+void RouterMetrics::HttpResponse(const std::string& endpoint, int status) {
+  m_->Counter("tandem_http_requests_total", "HTTP API requests by endpoint and HTTP status.",
+              {{"endpoint", endpoint}, {"code", std::to_string(status)}})
+      .Increment();
+}
 
 void RouterMetrics::Finished(const grpc::Status& status, const v1::GenerateResponse& final,
                              bool admitted) {

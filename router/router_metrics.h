@@ -22,6 +22,8 @@ class RouterMetrics {
   void Finished(const grpc::Status& status, const v1::GenerateResponse& final, bool admitted);
   // Time between two streamed deltas, spread over the tokens of the later one.
   void ObserveInterToken(double seconds, int tokens);
+  // An HTTP API response (its status line) by endpoint ("/v1/chat/completions", "other", ...).
+  void HttpResponse(const std::string& endpoint, int status);
 
  private:
   Metrics* m_;

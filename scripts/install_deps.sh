@@ -10,6 +10,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libopenblas-dev libpcre2-dev libutf8proc-dev
+  libboost-dev  # Boost.Beast and Asio (header-only): the router's HTTP API
   python3
   python3-jinja2  # the chat-template reference (ctest conformance.chat_template.jinja2)
   prometheus  # promtool and a real Prometheus for the metrics and dashboard tests

@@ -1,0 +1,415 @@
+#include "router/http_server.h"
+
+#include <array>
+#include <atomic>
+#include <deque>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+
+namespace tandem::router {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+namespace {
+
+// A connection idle this long between requests is closed; a response write the client does not
+// take in this time closes it too (a reader that stopped reading).
+constexpr std::chrono::seconds kIdleTimeout{120};
+constexpr std::chrono::seconds kWriteTimeout{60};
+
+// Posting to the I/O threads after the server stopped would touch a destroyed io_context:
+// responders check this first.
+struct Lifeline {
+  absl::Mutex mu;
+  bool open ABSL_GUARDED_BY(mu) = true;
+};
+
+class Session;
+
+class Responder final : public HttpResponder {
+ public:
+  Responder(std::weak_ptr<Session> session, std::shared_ptr<Lifeline> lifeline)
+      : session_(std::move(session)), lifeline_(std::move(lifeline)) {}
+  void Respond(int status, const std::string& content_type, std::string body) override;
+  void StartStream(int status, const std::string& content_type) override;
+  void Write(std::string data) override;
+  void End() override;
+  void OnDisconnect(std::function<void()> on_disconnect) override;
+
+ private:
+  template <typename F>
+  void Post(F f);
+  std::weak_ptr<Session> session_;
+  std::shared_ptr<Lifeline> lifeline_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const HttpServer::Handler* handler, size_t max_body,
+          std::shared_ptr<Lifeline> lifeline, std::atomic<int64_t>* connections)
+      : stream_(std::move(socket)),
+        handler_(handler),
+        max_body_(max_body),
+        lifeline_(std::move(lifeline)),
+        connections_(connections) {
+    connections_->fetch_add(1);
+    beast::error_code ec;
+    const auto endpoint = stream_.socket().remote_endpoint(ec);
+    if (!ec) peer_ = absl::StrCat(endpoint.address().to_string(), ":", endpoint.port());
+  }
+  ~Session() { connections_->fetch_sub(1); }
+
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+  }
+
+  auto executor() { return stream_.get_executor(); }
+
+  // On the strand, from Responder.
+  void DoRespond(int status, const std::string& content_type, std::string body) {
+    if (answered_ || closed_) return;
+    answered_ = true;
+    auto response = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), version_);
+    response->set(http::field::server, "tandem");
+    response->set(http::field::content_type, content_type);
+    response->keep_alive(keep_alive_);
+    response->body() = std::move(body);
+    response->prepare_payload();
+    Enqueue([self = shared_from_this(), response](auto done) {
+      http::async_write(self->stream_, *response,
+                        [response, done](beast::error_code ec, size_t) { done(ec); });
+    });
+    finished_ = true;
+    Enqueue(nullptr);  // marks the end of the response
+  }
+
+  void DoStartStream(int status, const std::string& content_type) {
+    if (answered_ || closed_) return;
+    answered_ = true;
+    streaming_ = true;
+    auto response = std::make_shared<http::response<http::empty_body>>(
+        static_cast<http::status>(status), version_);
+    response->set(http::field::server, "tandem");
+    response->set(http::field::content_type, content_type);
+    response->set(http::field::cache_control, "no-cache");
+    response->keep_alive(keep_alive_);
+    response->chunked(true);
+    auto serializer = std::make_shared<http::response_serializer<http::empty_body>>(*response);
+    Enqueue([self = shared_from_this(), response, serializer](auto done) {
+      http::async_write_header(
+          self->stream_, *serializer,
+          [response, serializer, done](beast::error_code ec, size_t) { done(ec); });
+    });
+  }
+
+  void DoWrite(std::string data) {
+    if (!streaming_ || finished_ || closed_ || data.empty()) return;
+    auto chunk = std::make_shared<std::string>(std::move(data));
+    Enqueue([self = shared_from_this(), chunk](auto done) {
+      net::async_write(self->stream_, http::make_chunk(net::buffer(*chunk)),
+                       [chunk, done](beast::error_code ec, size_t) { done(ec); });
+    });
+  }
+
+  void DoEnd() {
+    if (!streaming_ || finished_ || closed_) return;
+    finished_ = true;
+    Enqueue([self = shared_from_this()](auto done) {
+      net::async_write(self->stream_, http::make_chunk_last(),
+                       [done](beast::error_code ec, size_t) { done(ec); });
+    });
+    Enqueue(nullptr);
+  }
+
+  void DoOnDisconnect(std::function<void()> f) {
+    if (closed_ && !finished_) {
+      f();
+      return;
+    }
+    on_disconnect_ = std::move(f);
+  }
+
+ private:
+  using Done = std::function<void(beast::error_code)>;
+  using Op = std::function<void(Done)>;  // null: the response is complete
+
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(max_body_);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(kIdleTimeout);
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      version_ = 11;
+      keep_alive_ = false;
+      drain_ = true;  // the client is still sending: read it off before closing, or it sees a reset
+      answered_ = false;
+      finished_ = false;
+      DoRespond(413, "application/json",
+                absl::StrCat(
+                    R"({"error": {"message": "the request body is larger than )", max_body_,
+                    R"( bytes", "type": "invalid_request_error", "param": null, "code": null}})"));
+      return;
+    }
+    if (ec) {
+      Close();
+      return;
+    }
+    stream_.expires_never();
+    const auto& message = parser_->get();
+    HttpRequest request;
+    request.method = std::string(message.method_string());
+    request.target = std::string(message.target());
+    request.body = message.body();
+    request.content_type = std::string(message[http::field::content_type]);
+    request.peer = peer_;
+    version_ = message.version();
+    keep_alive_ = message.keep_alive();
+    answered_ = streaming_ = finished_ = false;
+    on_disconnect_ = nullptr;
+    WatchForDisconnect();
+    auto responder = std::make_shared<Responder>(weak_from_this(), lifeline_);
+    (*handler_)(request, std::move(responder));
+  }
+
+  // While a response is pending the client has nothing to send: the socket becoming readable with
+  // nothing to read means it closed.
+  void WatchForDisconnect() {
+    const uint64_t request = ++request_seq_;
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this(), request](beast::error_code ec) {
+          if (ec || request != self->request_seq_ || self->finished_ || self->closed_) return;
+          beast::error_code available_ec;
+          if (self->stream_.socket().available(available_ec) > 0 && !available_ec)
+            return;  // pipelined data
+          self->Close();
+        });
+  }
+
+  void Enqueue(Op op) {
+    queue_.push_back(std::move(op));
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (queue_.empty() || closed_) {
+      writing_ = false;
+      return;
+    }
+    writing_ = true;
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    if (!op) {  // response complete: next request, or close
+      writing_ = false;
+      if (keep_alive_) {
+        Read();
+      } else {
+        beast::error_code ignored;
+        stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        if (drain_) {
+          Drain();
+        } else {
+          Close();
+        }
+      }
+      return;
+    }
+    stream_.expires_after(kWriteTimeout);
+    op([self = shared_from_this()](beast::error_code ec) {
+      self->stream_.expires_never();
+      if (ec) {
+        self->Close();
+        return;
+      }
+      self->WriteNext();
+    });
+  }
+
+  // Discards what the client still sends (up to the idle timeout), then closes.
+  void Drain() {
+    stream_.expires_after(std::chrono::seconds(10));
+    stream_.async_read_some(net::buffer(scratch_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) {
+                                self->Close();
+                                return;
+                              }
+                              self->Drain();
+                            });
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    queue_.clear();
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
+    if (answered_ ? !finished_ : true) {
+      if (on_disconnect_) {
+        auto f = std::move(on_disconnect_);
+        on_disconnect_ = nullptr;
+        f();
+      }
+    }
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  const HttpServer::Handler* handler_;
+  size_t max_body_;
+  std::shared_ptr<Lifeline> lifeline_;
+  std::atomic<int64_t>* connections_;
+  std::string peer_;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool answered_ = false;  // a response (whole or streamed) has begun
+  bool streaming_ = false;
+  bool finished_ = false;  // the response's last part is queued
+  bool closed_ = false;
+  bool writing_ = false;
+  uint64_t request_seq_ = 0;  // which request a disconnect watch belongs to
+  bool drain_ = false;
+  std::array<char, 65536> scratch_;
+  std::deque<Op> queue_;
+  std::function<void()> on_disconnect_;
+};
+
+template <typename F>
+void Responder::Post(F f) {
+  absl::MutexLock lock(&lifeline_->mu);
+  if (!lifeline_->open) return;
+  std::shared_ptr<Session> session = session_.lock();
+  if (!session) return;
+  Session* raw = session.get();
+  net::post(raw->executor(),
+            [session = std::move(session), f = std::move(f)]() mutable { f(*session); });
+}
+
+void Responder::Respond(int status, const std::string& content_type, std::string body) {
+  Post([status, content_type, body = std::move(body)](Session& s) mutable {
+    s.DoRespond(status, content_type, std::move(body));
+  });
+}
+
+void Responder::StartStream(int status, const std::string& content_type) {
+  Post([status, content_type](Session& s) { s.DoStartStream(status, content_type); });
+}
+
+void Responder::Write(std::string data) {
+  Post([data = std::move(data)](Session& s) mutable { s.DoWrite(std::move(data)); });
+}
+
+void Responder::End() {
+  Post([](Session& s) { s.DoEnd(); });
+}
+
+void Responder::OnDisconnect(std::function<void()> on_disconnect) {
+  Post([f = std::move(on_disconnect)](Session& s) mutable { s.DoOnDisconnect(std::move(f)); });
+}
+
+}  // namespace
+
+class HttpServer::Impl {
+ public:
+  Impl(const Options& options, Handler handler)
+      : options_(options),
+        handler_(std::move(handler)),
+        acceptor_(ioc_),
+        lifeline_(std::make_shared<Lifeline>()) {}
+
+  absl::Status Bind() {
+    beast::error_code ec;
+    const auto address = net::ip::make_address(options_.address, ec);
+    if (ec)
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad HTTP address ", options_.address, ": ", ec.message()));
+    const tcp::endpoint endpoint(address, static_cast<unsigned short>(options_.port));
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot listen for HTTP on ", options_.address,
+                                                 ":", options_.port, ": ", ec.message()));
+    }
+    port_ = acceptor_.local_endpoint().port();
+    Accept();
+    for (int i = 0; i < std::max(1, options_.threads); ++i)
+      threads_.emplace_back([this] { ioc_.run(); });
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    {
+      absl::MutexLock lock(&lifeline_->mu);
+      if (!lifeline_->open) return;
+      lifeline_->open = false;
+    }
+    net::post(ioc_, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+    });
+    ioc_.stop();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  ~Impl() { Stop(); }
+
+  int port_ = 0;
+  Options options_;
+  Handler handler_;
+  std::atomic<int64_t> connections_{0};
+
+ private:
+  void Accept() {
+    acceptor_.async_accept(
+        net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+          if (ec) {
+            if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+          } else {
+            std::make_shared<Session>(std::move(socket), &handler_, options_.max_body_bytes,
+                                      lifeline_, &connections_)
+                ->Start();
+          }
+          Accept();
+        });
+  }
+
+  net::io_context ioc_;
+  tcp::acceptor acceptor_;
+  std::shared_ptr<Lifeline> lifeline_;
+  std::vector<std::thread> threads_;
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Options& options,
+                                                              Handler handler) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (absl::Status s = impl->Bind(); !s.ok()) return s;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { Stop(); }
+int HttpServer::port() const { return impl_->port_; }
+int HttpServer::threads() const { return std::max(1, impl_->options_.threads); }
+int64_t HttpServer::open_connections() const { return impl_->connections_.load(); }
+void HttpServer::Stop() { impl_->Stop(); }
+
+}  // namespace tandem::router

@@ -1,0 +1,274 @@
+#!/usr/bin/env node
+// The OpenAI-compatible HTTP API driven by the official `openai` npm package (the client most
+// services use), against a real cluster (`tandem up --http-port`): models, completions and chat
+// completions whole and streamed, n > 1, logprobs, tools in the conversation, errors in OpenAI's
+// shape, and at temperature 0 the same text as the gRPC API for the same prompt. Then raw HTTP for
+// what a client library hides: malformed JSON, unknown fields, an oversize body, a wrong method, and
+// a client that disconnects mid-stream — its request is cancelled and the decode worker's KV blocks
+// return to their baseline.
+//
+// usage: node openai_http_test.mjs TANDEM_BINARY WORK_DIR
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const { default: OpenAI } = await import(path.join(HERE, '..', 'conformance', 'node_modules', 'openai', 'index.mjs'));
+
+const [TANDEM, WORK] = process.argv.slice(2);
+if (!TANDEM || !WORK) {
+  console.error('usage: node openai_http_test.mjs TANDEM_BINARY WORK_DIR');
+  process.exit(2);
+}
+const failures = [];
+const check = (cond, what) => {
+  if (!cond) failures.push(what);
+};
+
+async function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+fs.rmSync(WORK, { recursive: true, force: true });
+fs.mkdirSync(WORK, { recursive: true });
+const model = path.join(WORK, 'tiny-qwen3');
+const made = spawnSync(TANDEM, ['make-model', '--preset', 'tiny-qwen3', '--out', model, '--seed', '5']);
+if (made.status !== 0) {
+  console.error(`make-model failed: ${made.stderr}`);
+  process.exit(1);
+}
+const grpcPort = await freePort();
+const httpPort = await freePort();
+const metricsPort = await freePort();
+const ready = path.join(WORK, 'ready');
+const up = spawn(
+  TANDEM,
+  ['up', '--model', model, '--port', String(grpcPort), '--http-port', String(httpPort), '--prefill', '1', '--decode',
+   '1', '--ready-file', ready, '--log-dir', path.join(WORK, 'logs'), '--metrics-port', String(metricsPort)],
+  { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, TANDEM_NUM_THREADS: '1' } },
+);
+let upOutput = '';
+up.stdout.on('data', (d) => (upOutput += d));
+up.stderr.on('data', (d) => (upOutput += d));
+const stopCluster = async () => {
+  if (up.exitCode !== null) return;
+  up.kill('SIGINT');
+  for (let i = 0; i < 300 && up.exitCode === null; ++i) await sleep(100);
+  if (up.exitCode === null) up.kill('SIGKILL');
+};
+try {
+  for (let i = 0; i < 600 && !fs.existsSync(ready); ++i) {
+    if (up.exitCode !== null) break;
+    await sleep(100);
+  }
+  if (!fs.existsSync(ready)) throw new Error(`tandem up did not get ready:\n${upOutput}`);
+  await run();
+} catch (e) {
+  failures.push(`unexpected: ${e.stack || e}`);
+} finally {
+  await stopCluster();
+}
+if (failures.length > 0) {
+  console.log(failures.join('\n'));
+  process.exit(1);
+}
+console.log('openai HTTP API checks passed');
+
+// The gRPC API's answer for the same request, through `tandem generate --server`.
+function grpcGenerate(args) {
+  const p = spawnSync(TANDEM, ['generate', '--json', '--server', `127.0.0.1:${grpcPort}`, ...args], {
+    encoding: 'utf8',
+    timeout: 120000,
+  });
+  if (p.status !== 0) throw new Error(`generate ${args.join(' ')}: ${p.stderr}`);
+  return JSON.parse(p.stdout.trim().split('\n')[0]);
+}
+
+// The decode worker's KV blocks in use (its /metrics: the router's port + 2, after the prefill
+// worker's).
+async function decodeBlocksUsed() {
+  for (const port of [metricsPort + 1, metricsPort + 2]) {
+    const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+    if (!/role="decode"/.test(text)) continue;
+    const m = text.match(/^tandem_kv_blocks_used\{[^}]*\} (\S+)$/m);
+    if (m) return Number(m[1]);
+  }
+  throw new Error('no decode worker metrics');
+}
+
+async function rawPost(pathName, body, headers = {}) {
+  const r = await fetch(`http://127.0.0.1:${httpPort}${pathName}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body,
+  });
+  return { status: r.status, json: await r.json().catch(() => null) };
+}
+
+async function run() {
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${httpPort}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const modelName = 'tiny-qwen3';
+
+  const models = await client.models.list();
+  check(models.data.length === 1 && models.data[0].id === modelName, `models: ${JSON.stringify(models.data)}`);
+
+  // Completions, whole and streamed, against the gRPC API.
+  const prompt = 'The quick brown fox';
+  const completion = await client.completions.create({
+    model: modelName, prompt, max_tokens: 12, temperature: 0, logprobs: 2,
+  });
+  const viaGrpc = grpcGenerate(['--prompt', prompt, '--max-tokens', '12', '--temperature', '0', '--logprobs', '2']);
+  const choice = completion.choices[0];
+  check(choice.text === viaGrpc.text, `completion text ${JSON.stringify(choice.text)} != gRPC ${JSON.stringify(viaGrpc.text)}`);
+  check(completion.usage.completion_tokens === 12 && completion.usage.prompt_tokens === viaGrpc.prompt_token_ids.length,
+        `completion usage ${JSON.stringify(completion.usage)}`);
+  check(choice.finish_reason === 'length', `finish_reason ${choice.finish_reason}`);
+  check(choice.logprobs.tokens.length === 12 && choice.logprobs.top_logprobs.every((t) => Object.keys(t).length <= 2 && Object.keys(t).length >= 1),
+        `completion logprobs ${JSON.stringify(choice.logprobs).slice(0, 300)}`);
+  check(choice.logprobs.token_logprobs.every((l, i) => Math.abs(l - viaGrpc.logprobs[i].logprob) < 1e-5),
+        'completion logprobs differ from the gRPC API\'s');
+  let streamed = '';
+  let usageChunk = null;
+  let finish = null;
+  const stream = await client.completions.create({
+    model: modelName, prompt, max_tokens: 12, temperature: 0, stream: true, stream_options: { include_usage: true },
+  });
+  for await (const chunk of stream) {
+    if (chunk.usage) usageChunk = chunk.usage;
+    for (const c of chunk.choices) {
+      streamed += c.text;
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  check(streamed === viaGrpc.text, `streamed completion ${JSON.stringify(streamed)} != ${JSON.stringify(viaGrpc.text)}`);
+  check(finish === 'length' && usageChunk && usageChunk.completion_tokens === 12, `stream end: ${finish} ${JSON.stringify(usageChunk)}`);
+
+  // Chat, whole and streamed, against the gRPC API's chat input.
+  const messages = [
+    { role: 'system', content: 'You are terse.' },
+    { role: 'user', content: 'Name a colour. Ünïcödé: 你好 😀' },
+  ];
+  fs.writeFileSync(path.join(WORK, 'messages.json'), JSON.stringify(messages));
+  const chatGrpc = grpcGenerate(['--messages-file', path.join(WORK, 'messages.json'), '--max-tokens', '10', '--temperature', '0']);
+  const chat = await client.chat.completions.create({
+    model: modelName, messages, max_completion_tokens: 10, temperature: 0, logprobs: true, top_logprobs: 3,
+  });
+  const message = chat.choices[0].message;
+  check(message.role === 'assistant' && message.content === chatGrpc.text,
+        `chat content ${JSON.stringify(message.content)} != gRPC ${JSON.stringify(chatGrpc.text)}`);
+  check(chat.usage.prompt_tokens === chatGrpc.prompt_token_ids.length, `chat prompt tokens ${chat.usage.prompt_tokens} vs ${chatGrpc.prompt_token_ids.length}`);
+  check(chat.choices[0].logprobs.content.length === 10 &&
+        chat.choices[0].logprobs.content.every((t) => t.top_logprobs.length === 3 && Array.isArray(t.bytes)),
+        `chat logprobs ${JSON.stringify(chat.choices[0].logprobs).slice(0, 300)}`);
+  let chatStreamed = '';
+  let sawRole = false;
+  const chatStream = await client.chat.completions.create({
+    model: modelName, messages, max_tokens: 10, temperature: 0, stream: true,
+  });
+  for await (const chunk of chatStream) {
+    for (const c of chunk.choices) {
+      if (c.delta.role === 'assistant') sawRole = true;
+      chatStreamed += c.delta.content || '';
+    }
+  }
+  check(sawRole && chatStreamed === chatGrpc.text, `streamed chat ${JSON.stringify(chatStreamed)} != ${JSON.stringify(chatGrpc.text)}`);
+
+  // n > 1: seeded samples, each choice its own, reproducible.
+  const sampled = async () => client.chat.completions.create({
+    model: modelName, messages, max_tokens: 8, temperature: 1, seed: 7, n: 3,
+  });
+  const [s1, s2] = [await sampled(), await sampled()];
+  check(s1.choices.length === 3 && s1.choices.map((c) => c.index).join() === '0,1,2', `n=3 indices ${s1.choices.map((c) => c.index)}`);
+  check(JSON.stringify(s1.choices.map((c) => c.message.content)) === JSON.stringify(s2.choices.map((c) => c.message.content)),
+        'seeded n=3 is not reproducible');
+  check(new Set(s1.choices.map((c) => c.message.content)).size > 1, `n=3 choices are all equal: ${JSON.stringify(s1.choices.map((c) => c.message.content))}`);
+  check(s1.usage.completion_tokens === 24, `n=3 usage ${JSON.stringify(s1.usage)}`);
+
+  // Tools in the conversation: rendered into the prompt (longer), a reply comes back.
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
+                                                 parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  const withTools = await client.chat.completions.create({
+    model: modelName, max_tokens: 4, temperature: 0, tools, tool_choice: 'auto',
+    messages: [
+      ...messages,
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '{"temperature": 21}' },
+    ],
+  });
+  check(withTools.usage.prompt_tokens > chat.usage.prompt_tokens + 20 && withTools.choices[0].message.role === 'assistant',
+        `chat with tools: ${JSON.stringify(withTools.usage)}`);
+
+  // Errors in OpenAI's shape, as the client raises them.
+  try {
+    await client.chat.completions.create({ model: 'no-such-model', messages });
+    failures.push('an unknown model was accepted');
+  } catch (e) {
+    check(e.status === 404 && e.code === 'model_not_found', `unknown model: ${e.status} ${e.code} ${e.message}`);
+  }
+  try {
+    await client.completions.create({ model: modelName, prompt, temperature: 'hot' });
+    failures.push('a string temperature was accepted');
+  } catch (e) {
+    check(e.status === 400 && /temperature/.test(e.message), `bad temperature: ${e.status} ${e.message}`);
+  }
+  try {
+    await client.chat.completions.create({ model: modelName, messages, tools, tool_choice: 'required' });
+    failures.push('tool_choice required was accepted');
+  } catch (e) {
+    check(e.status === 400 && /tool_choice/.test(e.message), `tool_choice required: ${e.status} ${e.message}`);
+  }
+
+  // What a client library hides.
+  const malformed = await rawPost('/v1/chat/completions', '{"messages": [');
+  check(malformed.status === 400 && /not valid JSON/.test(malformed.json?.error?.message), `malformed JSON: ${JSON.stringify(malformed)}`);
+  const unknown = await rawPost('/v1/completions', JSON.stringify({ prompt: 'x', frobnicate: 1 }));
+  check(unknown.status === 400 && /frobnicate/.test(unknown.json?.error?.message), `unknown field: ${JSON.stringify(unknown)}`);
+  const wrongType = await rawPost('/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 5 }] }));
+  check(wrongType.status === 400 && /messages\[0\]\.content/.test(wrongType.json?.error?.message), `wrong type: ${JSON.stringify(wrongType)}`);
+  const oversize = await rawPost('/v1/completions', JSON.stringify({ prompt: 'x'.repeat(17 << 20) }));
+  check(oversize.status === 413, `oversize body: ${oversize.status}`);
+  const wrongMethod = await fetch(`http://127.0.0.1:${httpPort}/v1/chat/completions`);
+  check(wrongMethod.status === 400, `GET chat completions: ${wrongMethod.status}`);
+  const missing = await fetch(`http://127.0.0.1:${httpPort}/v2/nothing`);
+  check(missing.status === 404, `unknown path: ${missing.status}`);
+  const health = await fetch(`http://127.0.0.1:${httpPort}/health`);
+  check(health.status === 200, `health: ${health.status}`);
+
+  // A client that goes away mid-stream: its request is cancelled, the blocks come back.
+  const baseline = await decodeBlocksUsed();
+  const controller = new AbortController();
+  const long = await client.completions.create(
+    { model: modelName, prompt: 'A long story: ', max_tokens: 1500, temperature: 0, ignore_eos: true, stream: true },
+    { signal: controller.signal },
+  );
+  let chunks = 0;
+  try {
+    for await (const chunk of long) {
+      if (++chunks === 3) controller.abort();
+    }
+  } catch (e) {
+    check(e.name === 'APIUserAbortError' || e.name === 'AbortError', `abort: ${e.name} ${e.message}`);
+  }
+  let used = -1;
+  for (let i = 0; i < 40; ++i) {
+    used = await decodeBlocksUsed();
+    if (used <= baseline) break;
+    await sleep(50);
+  }
+  check(used <= baseline, `after a client disconnect the decode worker holds ${used} blocks (baseline ${baseline})`);
+  const router = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
+  check(/tandem_requests_total\{[^}]*code="CANCELLED"[^}]*\} [1-9]/.test(router),
+        'the disconnected client\'s request was not cancelled (no CANCELLED in tandem_requests_total)');
+  check(/tandem_http_requests_total\{[^}]*code="200"[^}]*endpoint="\/v1\/chat\/completions"/.test(router) ||
+        /tandem_http_requests_total\{[^}]*endpoint="\/v1\/chat\/completions"[^}]*code="200"/.test(router),
+        'the router counts no HTTP chat requests');
+}
