@@ -27,6 +27,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
 #include "cli/commands.h"
 #include "common/rpc/status.h"
 #include "nlohmann/json.hpp"
@@ -66,6 +69,15 @@ ABSL_FLAG(std::string, chart, "",
 ABSL_FLAG(uint64_t, bench_seed, 0, "bench: seed of the workload and arrival times");
 ABSL_FLAG(double, bench_temperature, 0, "bench: every request's sampling temperature (0 = greedy)");
 ABSL_FLAG(double, bench_top_p, 1, "bench: every request's top_p in (0, 1] (1 = off)");
+ABSL_FLAG(std::string, frontend, "grpc",
+          "bench: which front door the requests use: grpc (--server) or http (the OpenAI API at "
+          "--http-server, /v1/completions streamed)");
+ABSL_FLAG(std::string, http_server, "", "bench --frontend http: the router's HTTP API, HOST:PORT");
+ABSL_FLAG(
+    int32_t, bench_logprobs, -1,
+    "bench: every request's logprobs (top-K; -1 = none). --frontend http counts tokens by the "
+    "logprobs each event carries, so it asks 0 when this is -1: give 0 to both front doors to "
+    "compare them like for like");
 
 namespace tandem::cli {
 namespace {
@@ -205,6 +217,8 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
   g.mutable_sampling()->set_ignore_eos(true);
   g.mutable_sampling()->set_temperature(absl::GetFlag(FLAGS_bench_temperature));
   g.mutable_sampling()->set_top_p(absl::GetFlag(FLAGS_bench_top_p));
+  if (absl::GetFlag(FLAGS_bench_logprobs) >= 0)
+    g.mutable_sampling()->set_logprobs(absl::GetFlag(FLAGS_bench_logprobs));
   grpc::ClientContext ctx;
   const auto start = Clock::now();
   s.start = std::chrono::duration<double>(start - t0).count();
@@ -234,6 +248,96 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
   s.ok = status.ok();
   if (!s.ok)
     s.error = absl::StrCat(static_cast<int>(status.error_code()), ": ", status.error_message());
+  return s;
+}
+
+// The same request through the OpenAI HTTP API: POST /v1/completions with stream: true, each
+// server-sent event's tokens counted from its logprobs.
+Sample RunOneHttp(const std::string& host, const std::string& port, const Prompt& p,
+                  Clock::time_point t0) {
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  namespace net = boost::asio;
+  Sample s;
+  json body = {{"max_tokens", p.max_tokens},
+               {"ignore_eos", true},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}},
+               {"temperature", absl::GetFlag(FLAGS_bench_temperature)},
+               {"top_p", absl::GetFlag(FLAGS_bench_top_p)},
+               {"logprobs", std::max(0, absl::GetFlag(FLAGS_bench_logprobs))}};
+  if (!p.ids.empty()) {
+    body["prompt"] = p.ids;
+    s.input_tokens = static_cast<int>(p.ids.size());
+  } else {
+    body["prompt"] = p.text;
+  }
+  const auto start = Clock::now();
+  s.start = std::chrono::duration<double>(start - t0).count();
+  auto last = start;
+  int status = 0;
+  try {
+    net::io_context ioc;
+    net::ip::tcp::resolver resolver(ioc);
+    beast::tcp_stream stream(ioc);
+    stream.connect(resolver.resolve(host, port));
+    stream.socket().set_option(net::ip::tcp::no_delay(true));
+    http::request<http::string_body> request{http::verb::post, "/v1/completions", 11};
+    request.set(http::field::host, host);
+    request.set(http::field::content_type, "application/json");
+    request.body() = body.dump();
+    request.prepare_payload();
+    http::write(stream, request);
+    beast::flat_buffer buffer;
+    http::response_parser<http::buffer_body> parser;
+    parser.body_limit(boost::none);
+    http::read_header(stream, buffer, parser);
+    status = parser.get().result_int();
+    std::string pending;
+    char chunk[16384];
+    while (!parser.is_done()) {
+      parser.get().body().data = chunk;
+      parser.get().body().size = sizeof(chunk);
+      beast::error_code ec;
+      http::read_some(stream, buffer, parser, ec);
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec) throw beast::system_error(ec);
+      pending.append(chunk, sizeof(chunk) - parser.get().body().size);
+      for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+        const std::string event = pending.substr(0, end);
+        pending.erase(0, end + 2);
+        if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
+        const json j = json::parse(event.substr(6), nullptr, false);
+        if (!j.is_object()) continue;
+        if (j.contains("error")) {
+          s.error = j["error"].value("message", "error");
+          continue;
+        }
+        if (j.contains("usage") && j["usage"].is_object())
+          s.input_tokens = j["usage"].value("prompt_tokens", 0);
+        if (!j.contains("choices") || j["choices"].empty()) continue;
+        const json& lp = j["choices"][0]["logprobs"];
+        const int n = lp.is_object() ? static_cast<int>(lp["tokens"].size()) : 0;
+        if (n == 0) continue;
+        const auto now = Clock::now();
+        if (s.output_tokens == 0) {
+          s.ttft = std::chrono::duration<double>(now - start).count();
+        } else {
+          const double gap = std::chrono::duration<double>(now - last).count() / n;
+          for (int i = 0; i < n; ++i) s.itl.push_back(gap);
+        }
+        s.output_tokens += n;
+        last = now;
+      }
+    }
+    beast::error_code ignored;
+    stream.socket().shutdown(net::ip::tcp::socket::shutdown_both, ignored);
+  } catch (const std::exception& e) {
+    s.error = e.what();
+  }
+  s.e2e = std::chrono::duration<double>(Clock::now() - start).count();
+  s.ok = status == 200 && s.error.empty();
+  if (!s.ok && s.error.empty()) s.error = absl::StrCat("HTTP ", status);
   return s;
 }
 
@@ -299,7 +403,13 @@ json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concu
         p.ids = history;
       }
       std::vector<int32_t> reply;
-      record(RunOne(stub, p, t0, multi_turn ? &reply : nullptr));
+      if (absl::GetFlag(FLAGS_frontend) == "http") {
+        const std::string address = absl::GetFlag(FLAGS_http_server);
+        const size_t colon = address.rfind(':');
+        record(RunOneHttp(address.substr(0, colon), address.substr(colon + 1), p, t0));
+      } else {
+        record(RunOne(stub, p, t0, multi_turn ? &reply : nullptr));
+      }
       history.insert(history.end(), reply.begin(), reply.end());
     }
   };
@@ -538,6 +648,20 @@ int BenchCommand() {
   if (levels.empty() && rate == 0 && absl::GetFlag(FLAGS_concurrency) <= 0) {
     return Fail(absl::InvalidArgumentError(
         "give --concurrency N, --request-rate R or --sweep-concurrency 1,4,16"));
+  }
+  const std::string frontend = absl::GetFlag(FLAGS_frontend);
+  if (frontend != "grpc" && frontend != "http") {
+    return Fail(absl::InvalidArgumentError("--frontend must be grpc or http"));
+  }
+  if (frontend == "http") {
+    const std::string address = absl::GetFlag(FLAGS_http_server);
+    if (address.empty() || address.rfind(':') == std::string::npos) {
+      return Fail(absl::InvalidArgumentError("--frontend http needs --http-server HOST:PORT"));
+    }
+    if (absl::GetFlag(FLAGS_workload) == "multi-turn") {
+      return Fail(absl::InvalidArgumentError(
+          "--workload multi-turn needs --frontend grpc (it feeds back token ids)"));
+    }
   }
   if (absl::GetFlag(FLAGS_num_requests) <= 0 || absl::GetFlag(FLAGS_input_len) <= 0 ||
       absl::GetFlag(FLAGS_output_len) <= 0) {

@@ -63,6 +63,8 @@ class Session : public std::enable_shared_from_this<Session> {
         connections_(connections) {
     connections_->fetch_add(1);
     beast::error_code ec;
+    // Events are small writes: Nagle's algorithm would hold each back until the last one's ACK.
+    stream_.socket().set_option(tcp::no_delay(true), ec);
     const auto endpoint = stream_.socket().remote_endpoint(ec);
     if (!ec) peer_ = absl::StrCat(endpoint.address().to_string(), ":", endpoint.port());
   }

@@ -46,6 +46,17 @@ if [[ -n $emu_plugin ]]; then
       fail "kv_transfer_bench --kv-dtype $kvd: no result row ($(tail -3 "$out/kv_transfer_$kvd.txt"))"
   done
 fi
+# scripts/bench_http.sh's driver, tiny: both front doors at one level, and a few concurrent HTTP streams.
+python3 tests/bench/frontends_bench.py "$tandem" "$model" --concurrency 2 --num-requests 4 --input-len 16 \
+  --output-len 4 --streams 8 --stream-output-len 4 --port "$port" --json-out "$out/frontends.json" \
+  > "$out/frontends.txt" 2>&1 || fail "frontends_bench.py ($(tail -3 "$out/frontends.txt"))"
+python3 - "$out/frontends.json" <<'PY' || fail "frontends_bench.py: incomplete figures ($(tail -3 "$out/frontends.txt"))"
+import json, sys
+r = json.load(open(sys.argv[1]))
+level = r["levels"][0]
+assert level["grpc"]["completed"] == 4 and level["http"]["completed"] == 4, level
+assert r["streams"]["completed"] == 8 and r["streams"]["router_threads_peak"] > 0, r["streams"]
+PY
 # gpu_check.sh's spec step: spec_bench (beside kv_transfer_bench) with every configuration, tiny.
 "$(dirname "$kvb")/spec_bench" --model "$model" --draft "$src/models/kjv-draft" --prompts 1 --output-len 8 \
   --concurrency 2 --concurrency-output-len 4 > "$out/spec.txt" 2>&1 || fail "spec_bench ($(tail -3 "$out/spec.txt"))"
