@@ -2,7 +2,8 @@
 // The OpenAI-compatible HTTP API driven by the official `openai` npm package (the client most
 // services use), against a real cluster (`tandem up --http-port`): models, completions and chat
 // completions whole and streamed, n > 1, logprobs, tools in the conversation, errors in OpenAI's
-// shape, and at temperature 0 the same text as the gRPC API for the same prompt. Then raw HTTP for
+// shape (a template that refuses the conversation among them), and at temperature 0 the same text
+// as the gRPC API for the same prompt. Then raw HTTP for
 // what a client library hides: malformed JSON, unknown fields, an oversize body, a wrong method, and
 // a client that disconnects mid-stream — its request is cancelled and the decode worker's KV blocks
 // return to their baseline.
@@ -46,6 +47,12 @@ if (made.status !== 0) {
   console.error(`make-model failed: ${made.stderr}`);
   process.exit(1);
 }
+// The model's template, refusing one role as real templates refuse what they cannot render
+// (chat_template.jinja beside the config wins over the config's template).
+const config = JSON.parse(fs.readFileSync(path.join(model, 'tokenizer_config.json'), 'utf8'));
+fs.writeFileSync(path.join(model, 'chat_template.jinja'),
+  "{%- for m in messages %}{%- if m.role == 'forbidden' %}{{ raise_exception('the role forbidden is not allowed') }}" +
+  '{%- endif %}{%- endfor %}' + config.chat_template);
 const grpcPort = await freePort();
 const httpPort = await freePort();
 const metricsPort = await freePort();
@@ -225,6 +232,13 @@ async function run() {
     failures.push('tool_choice required was accepted');
   } catch (e) {
     check(e.status === 400 && /tool_choice/.test(e.message), `tool_choice required: ${e.status} ${e.message}`);
+  }
+
+  try {
+    await client.chat.completions.create({ model: modelName, messages: [{ role: 'forbidden', content: 'x' }] });
+    failures.push('a conversation the template refuses was accepted');
+  } catch (e) {
+    check(e.status === 400 && /the role forbidden is not allowed/.test(e.message), `template raise: ${e.status} ${e.message}`);
   }
 
   // What a client library hides.
