@@ -98,6 +98,19 @@ struct Sample {
   int input_tokens = 0, output_tokens = 0;
   double start = 0, ttft = 0, e2e = 0;
   std::vector<double> itl;  // seconds between tokens
+
+  // `n` tokens arrived now, for a request sent at `sent`; `last` is when the previous ones did.
+  void RecordTokens(int n, Clock::time_point sent, Clock::time_point* last) {
+    const auto now = Clock::now();
+    if (output_tokens == 0) {
+      ttft = std::chrono::duration<double>(now - sent).count();
+    } else {
+      const double gap = std::chrono::duration<double>(now - *last).count() / n;
+      for (int i = 0; i < n; ++i) itl.push_back(gap);
+    }
+    output_tokens += n;
+    *last = now;
+  }
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -227,16 +240,7 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
   auto last = start;
   while (reader->Read(&m)) {
     if (m.has_delta() && m.delta().token_ids_size() > 0) {
-      const auto now = Clock::now();
-      const int n = m.delta().token_ids_size();
-      if (s.output_tokens == 0) {
-        s.ttft = std::chrono::duration<double>(now - start).count();
-      } else {
-        const double gap = std::chrono::duration<double>(now - last).count() / n;
-        for (int i = 0; i < n; ++i) s.itl.push_back(gap);
-      }
-      s.output_tokens += n;
-      last = now;
+      s.RecordTokens(m.delta().token_ids_size(), start, &last);
       if (reply != nullptr)
         reply->insert(reply->end(), m.delta().token_ids().begin(), m.delta().token_ids().end());
     } else if (m.has_final()) {
@@ -319,15 +323,7 @@ Sample RunOneHttp(const std::string& host, const std::string& port, const Prompt
         const json& lp = j["choices"][0]["logprobs"];
         const int n = lp.is_object() ? static_cast<int>(lp["tokens"].size()) : 0;
         if (n == 0) continue;
-        const auto now = Clock::now();
-        if (s.output_tokens == 0) {
-          s.ttft = std::chrono::duration<double>(now - start).count();
-        } else {
-          const double gap = std::chrono::duration<double>(now - last).count() / n;
-          for (int i = 0; i < n; ++i) s.itl.push_back(gap);
-        }
-        s.output_tokens += n;
-        last = now;
+        s.RecordTokens(n, start, &last);
       }
     }
     beast::error_code ignored;
