@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chat/tool_calls.h"
 #include "router/openai_api.h"
 
 namespace tandem::router {
@@ -31,14 +32,14 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     openai::ChoiceResult result;
     int64_t text_code_points = 0;
     bool echoed = false;
-    std::vector<v1::PositionLogprobs>
-        held_logprobs;  // chat with tools: sent with the parsed output
+    std::optional<chat::ToolCallStreamer> streamer;   // chat with tools: content before the calls
+    std::vector<v1::PositionLogprobs> held_logprobs;  // logprobs of text held back by the streamer
   };
 
  public:
   Exchange(openai::ParsedRequest request, std::string endpoint,
            std::shared_ptr<HttpResponder> responder, const Tokenizer* tokenizer,
-           RouterMetrics* metrics)
+           RouterMetrics* metrics, chat::ToolCallFormat tool_call_format)
       : request_(std::move(request)),
         endpoint_(std::move(endpoint)),
         responder_(std::move(responder)),
@@ -49,6 +50,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         choices_(request_.choices.size()),
         controls_(request_.choices.size()) {
     for (auto& c : controls_) c = std::make_shared<FlowControl>();
+    if (request_.stream && request_.parse_tool_calls) {
+      for (auto& c : choices_) c.streamer.emplace(tool_call_format);
+    }
   }
 
   const openai::ParsedRequest& request() const { return request_; }
@@ -115,11 +119,19 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         c.echoed = true;
       }
       Send(openai::CompletionChunk(request_, id_, created_, static_cast<int>(i), text, lp, ""));
-    } else if (!request_.parse_tool_calls) {
+    } else if (!c.streamer) {
       Send(openai::ChatChunk(request_, id_, created_, static_cast<int>(i),
                              Json{{"content", delta.text()}}, lp, ""));
-    } else if (!logprobs.empty()) {
+    } else {
+      // Content goes out as it comes, except what may become a tool call.
       c.held_logprobs.insert(c.held_logprobs.end(), logprobs.begin(), logprobs.end());
+      const std::string content = c.streamer->Add(delta.text());
+      if (!content.empty()) {
+        Send(openai::ChatChunk(
+            request_, id_, created_, static_cast<int>(i), Json{{"content", content}},
+            openai::DeltaLogprobs(request_, c.held_logprobs, *tokenizer_, 0), ""));
+        c.held_logprobs.clear();
+      }
     }
   }
 
@@ -170,14 +182,16 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       return;
     }
     const bool tools = request_.parse_tool_calls && final.chat().tool_calls_size() > 0;
-    if (request_.parse_tool_calls) {
-      // Tool calls are known once the whole text is: the text (or the calls) go out now, at once.
-      const Json lp = openai::DeltaLogprobs(request_, c.held_logprobs, *tokenizer_, 0);
-      if (tools) {
-        Send(openai::ChatChunk(request_, id_, created_, index, openai::ToolCallDelta(final.chat()),
-                               lp, ""));
-      } else if (!c.result.text.empty()) {
-        Send(openai::ChatChunk(request_, id_, created_, index, Json{{"content", c.result.text}}, lp,
+    if (c.streamer) {
+      // Tool calls are known once the whole text is: they (and content held back) go out now.
+      std::string rest;
+      c.streamer->Finish(&rest);
+      Json delta = Json::object();
+      if (!rest.empty()) delta["content"] = rest;
+      if (tools) delta["tool_calls"] = openai::ToolCallDelta(final.chat())["tool_calls"];
+      if (!delta.empty()) {
+        Send(openai::ChatChunk(request_, id_, created_, index, delta,
+                               openai::DeltaLogprobs(request_, c.held_logprobs, *tokenizer_, 0),
                                ""));
       }
     }
@@ -324,8 +338,8 @@ void HttpFrontend::Handle(const HttpRequest& request, std::shared_ptr<HttpRespon
       chat ? openai::Endpoint::kChatCompletions : openai::Endpoint::kCompletions, request.body,
       options.model.name(), options.max_logprobs);
   if (!parsed.ok()) return error(path, parsed.status());
-  auto exchange =
-      std::make_shared<Exchange>(*std::move(parsed), path, responder, tokenizer_, metrics_);
+  auto exchange = std::make_shared<Exchange>(*std::move(parsed), path, responder, tokenizer_,
+                                             metrics_, options.tool_call_format);
   responder->OnDisconnect([weak = std::weak_ptr<Exchange>(exchange)] {
     if (auto e = weak.lock()) e->CancelAll();
   });

@@ -166,4 +166,57 @@ ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format) {
   return ParsedChatOutput{std::string(text), {}};
 }
 
+std::string ToolCallStreamer::Add(std::string_view text) {
+  text_.append(text);
+  if (holding_ || format_ == ToolCallFormat::kNone) {
+    if (format_ != ToolCallFormat::kNone) return "";
+    std::string out = text_.substr(sent_);
+    sent_ = text_.size();
+    return out;
+  }
+  size_t safe = text_.size();
+  if (format_ == ToolCallFormat::kHermes) {
+    constexpr std::string_view kOpen = "<tool_call>";
+    const size_t open = text_.find(kOpen, sent_ > kOpen.size() ? sent_ - kOpen.size() : 0);
+    if (open != std::string::npos) {
+      holding_ = true;
+      safe = open;
+    } else {
+      // A suffix that may be the start of the tag waits for the next text.
+      for (size_t n = std::min(kOpen.size() - 1, text_.size()); n > 0; --n) {
+        if (std::string_view(text_).substr(text_.size() - n) == kOpen.substr(0, n)) {
+          safe = text_.size() - n;
+          break;
+        }
+      }
+    }
+  } else {  // llama3_json: the output is calls only when it starts with one
+    constexpr std::string_view kPythonTag = "<|python_tag|>";
+    const size_t first = text_.find_first_not_of(" \t\r\n");
+    if (sent_ == 0) {
+      if (first == std::string::npos) return "";  // only whitespace so far: undecided
+      const std::string_view rest = std::string_view(text_).substr(first);
+      const bool maybe_tag = rest.size() < kPythonTag.size()
+                                 ? kPythonTag.substr(0, rest.size()) == rest
+                                 : rest.substr(0, kPythonTag.size()) == kPythonTag;
+      if (rest.front() == '{' || maybe_tag) {
+        if (rest.front() == '{' || rest.size() >= kPythonTag.size()) holding_ = true;
+        return "";
+      }
+    }
+  }
+  if (safe <= sent_) return "";
+  std::string out = text_.substr(sent_, safe - sent_);
+  sent_ = safe;
+  return out;
+}
+
+ParsedChatOutput ToolCallStreamer::Finish(std::string* content_rest) const {
+  ParsedChatOutput parsed = ParseToolCalls(text_, format_);
+  // The streamed content is always a prefix of the parsed content (text before the first call, or
+  // all of the text when nothing parsed as a call).
+  content_rest->assign(parsed.content.size() > sent_ ? parsed.content.substr(sent_) : "");
+  return parsed;
+}
+
 }  // namespace tandem::chat

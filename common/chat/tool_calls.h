@@ -40,6 +40,25 @@ struct ParsedChatOutput {
 
 ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format);
 
+// A chat response's content streamed while it is generated, holding back only what may still turn
+// into a tool call: with hermes, text from a `<tool_call>` on (and a trailing partial
+// `<tool_c...`); with llama3_json, everything once the output starts with `{` or `<|python_tag|>`.
+// What Add returned, followed by Finish's `content_rest`, is the parsed content exactly.
+class ToolCallStreamer {
+ public:
+  explicit ToolCallStreamer(ToolCallFormat format) : format_(format) {}
+  // Appends generated text; returns the content the client may have now (possibly empty).
+  std::string Add(std::string_view text);
+  // The whole output parsed; `content_rest` receives the content not yet returned by Add.
+  ParsedChatOutput Finish(std::string* content_rest) const;
+
+ private:
+  ToolCallFormat format_;
+  std::string text_;
+  size_t sent_ = 0;       // bytes of text_ returned as content
+  bool holding_ = false;  // a tool call (may have) started: nothing more until Finish
+};
+
 }  // namespace tandem::chat
 
 #endif  // TANDEM_COMMON_CHAT_TOOL_CALLS_H_

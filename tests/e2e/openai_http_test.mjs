@@ -213,6 +213,19 @@ async function run() {
   });
   check(withTools.usage.prompt_tokens > chat.usage.prompt_tokens + 20 && withTools.choices[0].message.role === 'assistant',
         `chat with tools: ${JSON.stringify(withTools.usage)}`);
+  // Streamed with tools, the content (held back only where a call may start) adds up to the same.
+  const toolArgs = { model: modelName, max_tokens: 24, temperature: 0, tools, messages };
+  const whole = await client.chat.completions.create(toolArgs);
+  let pieces = '';
+  let toolFinish = null;
+  for await (const chunk of await client.chat.completions.create({ ...toolArgs, stream: true })) {
+    for (const c of chunk.choices) {
+      pieces += c.delta.content || '';
+      if (c.finish_reason) toolFinish = c.finish_reason;
+    }
+  }
+  check(pieces === (whole.choices[0].message.content || '') && toolFinish === whole.choices[0].finish_reason,
+        `streamed chat with tools ${JSON.stringify(pieces)} (${toolFinish}) != ${JSON.stringify(whole.choices[0].message.content)} (${whole.choices[0].finish_reason})`);
 
   // Errors in OpenAI's shape, as the client raises them.
   try {

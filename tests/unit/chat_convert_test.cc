@@ -183,3 +183,66 @@ TEST(ChatConvertTest, OutputCarriesIdsAndOpenAiShape) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// What a streamer gives out over the pieces, then Finish's rest: the parsed content, exactly.
+std::string Stream(chat::ToolCallFormat format, const std::vector<std::string>& pieces,
+                   std::string* rest, chat::ParsedChatOutput* parsed,
+                   std::vector<std::string>* sent = nullptr) {
+  chat::ToolCallStreamer streamer(format);
+  std::string out;
+  for (const std::string& p : pieces) {
+    const std::string now = streamer.Add(p);
+    if (sent != nullptr) sent->push_back(now);
+    out += now;
+  }
+  *parsed = streamer.Finish(rest);
+  return out;
+}
+
+TEST(ToolCallStreamerTest, HermesContentStreamsUntilACallMayStart) {
+  std::string rest;
+  chat::ParsedChatOutput parsed;
+  std::vector<std::string> sent;
+  const std::string streamed = Stream(chat::ToolCallFormat::kHermes,
+                                      {"Let me ", "check <", "tool", "_call>\n{\"name\": \"f\", ",
+                                       "\"arguments\": {}}\n</tool_call>"},
+                                      &rest, &parsed, &sent);
+  EXPECT_EQ(sent[0], "Let me ");
+  EXPECT_EQ(sent[1], "check ");  // "<" may open a call: held
+  EXPECT_EQ(streamed, "Let me check ");
+  EXPECT_EQ(streamed + rest, parsed.content);
+  ASSERT_EQ(parsed.tool_calls.size(), 1u);
+  // A "<" that turns out to be text is released with what follows.
+  const std::string text = Stream(chat::ToolCallFormat::kHermes, {"a <", "b> c"}, &rest, &parsed);
+  EXPECT_EQ(text, "a <b> c");
+  EXPECT_EQ(rest, "");
+  // A malformed call: the held text comes back as content at the end.
+  const std::string broken =
+      Stream(chat::ToolCallFormat::kHermes, {"x<tool_call>{oops"}, &rest, &parsed);
+  EXPECT_EQ(broken, "x");
+  EXPECT_EQ(rest, "<tool_call>{oops");
+  EXPECT_TRUE(parsed.tool_calls.empty());
+}
+
+TEST(ToolCallStreamerTest, Llama3JsonHoldsAnOutputThatStartsAsACall) {
+  std::string rest;
+  chat::ParsedChatOutput parsed;
+  EXPECT_EQ(Stream(chat::ToolCallFormat::kLlama3Json,
+                   {" ", "{\"name\": \"f\", ", "\"parameters\": {}}"}, &rest, &parsed),
+            "");
+  EXPECT_EQ(parsed.tool_calls.size(), 1u);
+  EXPECT_EQ(rest, "");
+  EXPECT_EQ(Stream(chat::ToolCallFormat::kLlama3Json, {"The ", "answer {x}"}, &rest, &parsed),
+            "The answer {x}");
+  EXPECT_TRUE(parsed.tool_calls.empty());
+  EXPECT_EQ(Stream(chat::ToolCallFormat::kLlama3Json, {"{not json"}, &rest, &parsed) + rest,
+            "{not json");
+  EXPECT_EQ(Stream(chat::ToolCallFormat::kNone, {"a", "<tool_call>"}, &rest, &parsed),
+            "a<tool_call>");
+}
+
+}  // namespace
+}  // namespace tandem
