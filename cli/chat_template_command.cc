@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, template_name, "",
 ABSL_FLAG(
     std::string, tool_call_parser, "auto",
     "generate --messages-file (in-process): how tool calls in the output are parsed: auto (from "
-    "the chat template), hermes, llama3_json or none; through a router, its own flag decides");
+    "the chat template), hermes, llama3_json, mistral or none; through a router, its own flag "
+    "decides");
 
 namespace tandem::cli {
 namespace {

@@ -217,6 +217,7 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
       return absl::InvalidArgumentError("request_id contains control characters");
   }
   const int64_t vocab = options_.model.vocab_size();
+  bool keep_special_tokens = false;
   switch (req.input_case()) {
     case v1::GenerateRequest::kPrompt:
       if (req.prompt().empty()) return absl::InvalidArgumentError("prompt is empty");
@@ -256,6 +257,9 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
       if (r.prompt.empty())
         return absl::InvalidArgumentError("the rendered chat encodes to no tokens");
       r.chat = true;
+      // Mistral's [TOOL_CALLS] marker is a special token: the parser needs it in the text.
+      keep_special_tokens =
+          options_.tool_call_format == chat::ToolCallFormat::kMistral && !render.tools.is_null();
       break;
     }
     default: return absl::InvalidArgumentError("give prompt, prompt_token_ids or chat");
@@ -284,7 +288,7 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
   RETURN_IF_ERROR(r.params.Validate(limits));
   r.stop.assign(req.sampling().stop().begin(), req.sampling().stop().end());
   RETURN_IF_ERROR(StopStringMatcher::Validate(r.stop));
-  r.skip_special_tokens = req.sampling().skip_special_tokens();
+  r.skip_special_tokens = req.sampling().skip_special_tokens() && !keep_special_tokens;
   r.arrival = absl::Now();
   r.deadline = std::min(deadline, r.arrival + options_.request_timeout);
   if (r.deadline <= r.arrival)

@@ -51,7 +51,9 @@ ABSL_FLAG(int32_t, http_threads, 2, "I/O threads of the HTTP API (they hold ever
 ABSL_FLAG(int64_t, http_max_body_bytes, 16 << 20, "largest HTTP request body (larger: 413)");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how tool calls in a chat response are parsed: auto (from the chat template: hermes for "
-          "<tool_call>, llama3_json for Llama 3.1's), hermes, llama3_json or none");
+          "<tool_call>, llama3_json for Llama 3.1's, mistral for [TOOL_CALLS]), hermes, "
+          "llama3_json, mistral or "
+          "none");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(

@@ -129,20 +129,69 @@ ParsedChatOutput ParseLlama3Json(std::string_view text) {
   return out;
 }
 
+constexpr std::string_view kMistralTag = "[TOOL_CALLS]";
+
+ParsedChatOutput ParseMistral(std::string_view text) {
+  const size_t first = text.find(kMistralTag);
+  if (first == std::string_view::npos) return ParsedChatOutput{std::string(text), {}};
+  ParsedChatOutput out;
+  out.content = std::string(text.substr(0, first));
+  const std::string_view rest = Trim(text.substr(first + kMistralTag.size()));
+  if (!rest.empty() && rest.front() == '[') {  // v3: one JSON list
+    ordered_json list = ordered_json::parse(rest, nullptr, /*allow_exceptions=*/false);
+    if (list.is_discarded() || !list.is_array() || list.empty())
+      return ParsedChatOutput{std::string(text), {}};
+    for (const ordered_json& item : list) {
+      ParsedToolCall call;
+      if (!CallFromJson(item, call)) return ParsedChatOutput{std::string(text), {}};
+      out.tool_calls.push_back(std::move(call));
+    }
+    return out;
+  }
+  // v7+: name[CALL_ID]id[ARGS]{...}, each after its own [TOOL_CALLS].
+  constexpr std::string_view kArgs = "[ARGS]", kCallId = "[CALL_ID]";
+  size_t pos = first;
+  while (pos != std::string_view::npos) {
+    const size_t start = pos + kMistralTag.size();
+    const size_t next = text.find(kMistralTag, start);
+    const std::string_view segment =
+        text.substr(start, next == std::string_view::npos ? std::string_view::npos : next - start);
+    const size_t args = segment.find(kArgs);
+    if (args == std::string_view::npos) return ParsedChatOutput{std::string(text), {}};
+    std::string_view name = segment.substr(0, args);
+    if (const size_t id = name.find(kCallId); id != std::string_view::npos)
+      name = name.substr(0, id);
+    name = Trim(name);
+    ordered_json object = {{"name", std::string(name)}};
+    ordered_json arguments =
+        ordered_json::parse(Trim(segment.substr(args + kArgs.size())), nullptr, false);
+    if (name.empty() || arguments.is_discarded()) return ParsedChatOutput{std::string(text), {}};
+    object["arguments"] = std::move(arguments);
+    ParsedToolCall call;
+    if (!CallFromJson(object, call)) return ParsedChatOutput{std::string(text), {}};
+    out.tool_calls.push_back(std::move(call));
+    pos = next;
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
   if (name == "none") return ToolCallFormat::kNone;
   if (name == "hermes") return ToolCallFormat::kHermes;
   if (name == "llama3_json") return ToolCallFormat::kLlama3Json;
-  return absl::InvalidArgumentError(absl::StrCat("unknown tool-call format \"", std::string(name),
-                                                 "\"; choose none, hermes or llama3_json"));
+  if (name == "mistral") return ToolCallFormat::kMistral;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown tool-call format \"", std::string(name),
+                   "\"; choose none, hermes, llama3_json or mistral"));
 }
 
 const char* ToolCallFormatName(ToolCallFormat format) {
   switch (format) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kMistral: return "mistral";
     case ToolCallFormat::kNone: break;
   }
   return "none";
@@ -150,6 +199,7 @@ const char* ToolCallFormatName(ToolCallFormat format) {
 
 ToolCallFormat DetectToolCallFormat(std::string_view source) {
   if (source.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (source.find(kMistralTag) != std::string_view::npos) return ToolCallFormat::kMistral;
   if (source.find("<|python_tag|>") != std::string_view::npos ||
       source.find("ipython") != std::string_view::npos) {
     return ToolCallFormat::kLlama3Json;
@@ -161,6 +211,7 @@ ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format) {
   switch (format) {
     case ToolCallFormat::kHermes: return ParseHermes(text);
     case ToolCallFormat::kLlama3Json: return ParseLlama3Json(text);
+    case ToolCallFormat::kMistral: return ParseMistral(text);
     case ToolCallFormat::kNone: break;
   }
   return ParsedChatOutput{std::string(text), {}};
@@ -175,8 +226,9 @@ std::string ToolCallStreamer::Add(std::string_view text) {
     return out;
   }
   size_t safe = text_.size();
-  if (format_ == ToolCallFormat::kHermes) {
-    constexpr std::string_view kOpen = "<tool_call>";
+  if (format_ == ToolCallFormat::kHermes || format_ == ToolCallFormat::kMistral) {
+    const std::string_view kOpen =
+        format_ == ToolCallFormat::kHermes ? std::string_view("<tool_call>") : kMistralTag;
     const size_t open = text_.find(kOpen, sent_ > kOpen.size() ? sent_ - kOpen.size() : 0);
     if (open != std::string::npos) {
       holding_ = true;

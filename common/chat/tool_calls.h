@@ -6,6 +6,10 @@
 //   llama3_json  Llama 3.1/3.2/3.3: the whole output is one or more JSON objects {"name": ...,
 //                "parameters" (or "arguments"): {...}} separated by ';', optionally after
 //                <|python_tag|>; the content is then empty.
+//   mistral      Mistral Nemo / Small / Devstral: [TOOL_CALLS] then a JSON list of {"name",
+//                "arguments"} (v3), or one or more name[CALL_ID]id[ARGS]{...} / name[ARGS]{...}
+//                (v7 and later); the content is the text before the first [TOOL_CALLS]. The marker
+//                is a special token: the router keeps special tokens in such a chat's text.
 // Text that does not parse as the format (a broken JSON body, a missing name) is all content:
 // a malformed call is never half-reported.
 #ifndef TANDEM_COMMON_CHAT_TOOL_CALLS_H_
@@ -19,13 +23,13 @@
 
 namespace tandem::chat {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json };
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral };
 
-// "none", "hermes", "llama3_json"; InvalidArgument naming the choices otherwise.
+// "none", "hermes", "llama3_json", "mistral"; InvalidArgument naming the choices otherwise.
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(std::string_view name);
 const char* ToolCallFormatName(ToolCallFormat format);
 // The format a chat template teaches its model, from the template's text: <tool_call> (hermes),
-// <|python_tag|> or an ipython role (llama3_json), else none.
+// <|python_tag|> or an ipython role (llama3_json), [TOOL_CALLS] (mistral), else none.
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 
 struct ParsedToolCall {

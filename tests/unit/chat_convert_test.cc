@@ -75,7 +75,7 @@ TEST(ToolCallsTest, FormatsAreNamedAndDetectedFromTheTemplate) {
   EXPECT_EQ(chat::ParseToolCallFormat("hermes").value(), ToolCallFormat::kHermes);
   EXPECT_EQ(chat::ParseToolCallFormat("llama3_json").value(), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(chat::ParseToolCallFormat("none").value(), ToolCallFormat::kNone);
-  EXPECT_EQ(chat::ParseToolCallFormat("mistral").status().code(),
+  EXPECT_EQ(chat::ParseToolCallFormat("qwen_xml").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(chat::DetectToolCallFormat("... <tool_call>\\n{{ call | tojson }}"),
             ToolCallFormat::kHermes);
@@ -242,6 +242,46 @@ TEST(ToolCallStreamerTest, Llama3JsonHoldsAnOutputThatStartsAsACall) {
             "{not json");
   EXPECT_EQ(Stream(chat::ToolCallFormat::kNone, {"a", "<tool_call>"}, &rest, &parsed),
             "a<tool_call>");
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(ToolCallsTest, MistralCallsInBothOfItsFormats) {
+  const auto v3 = chat::ParseToolCalls(
+      "Sure.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abcdefghi\"}, "
+      "{\"name\": \"g\", "
+      "\"arguments\": {}}]",
+      chat::ToolCallFormat::kMistral);
+  EXPECT_EQ(v3.content, "Sure.");
+  ASSERT_EQ(v3.tool_calls.size(), 2u);
+  EXPECT_EQ(v3.tool_calls[0].name, "f");
+  EXPECT_EQ(v3.tool_calls[0].arguments, "{\"a\": 1}");
+  const auto v7 =
+      chat::ParseToolCalls("[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{\"a\": [1]}[TOOL_CALLS]g[ARGS]{}",
+                           chat::ToolCallFormat::kMistral);
+  EXPECT_EQ(v7.content, "");
+  ASSERT_EQ(v7.tool_calls.size(), 2u);
+  EXPECT_EQ(v7.tool_calls[0].name, "f");
+  EXPECT_EQ(v7.tool_calls[0].arguments, "{\"a\": [1]}");
+  EXPECT_EQ(v7.tool_calls[1].name, "g");
+  for (const std::string bad :
+       {"[TOOL_CALLS][{\"name\": 1}]", "[TOOL_CALLS]f{\"a\": 1}", "[TOOL_CALLS][ARGS]{}"}) {
+    const auto out = chat::ParseToolCalls(bad, chat::ToolCallFormat::kMistral);
+    EXPECT_TRUE(out.tool_calls.empty()) << bad;
+    EXPECT_EQ(out.content, bad);
+  }
+  EXPECT_EQ(chat::DetectToolCallFormat("{{- '[TOOL_CALLS][' }}"), chat::ToolCallFormat::kMistral);
+  EXPECT_EQ(chat::ParseToolCallFormat("mistral").value(), chat::ToolCallFormat::kMistral);
+  std::string rest;
+  chat::ParsedChatOutput parsed;
+  EXPECT_EQ(
+      Stream(chat::ToolCallFormat::kMistral, {"ok [TOOL", "_CALLS]f[ARGS]{}"}, &rest, &parsed),
+      "ok ");
+  EXPECT_EQ(parsed.tool_calls.size(), 1u);
 }
 
 }  // namespace
