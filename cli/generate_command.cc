@@ -290,6 +290,10 @@ int GenerateCommand() {
     }
     requests.emplace_back(std::move(r), text);
   }
+  // Mistral's [TOOL_CALLS] marker is a special token: a chat with tools keeps them in its text, as
+  // the router does, so the tool-call parser sees it.
+  const bool skip_special_tokens = !(chat && tool_call_format == chat::ToolCallFormat::kMistral &&
+                                     !(*chat_input)->tools_json().empty());
   auto engine_options = EngineOptionsFromFlags(config);
   if (!engine_options.ok()) return Fail(engine_options.status());
   absl::StatusOr<std::unique_ptr<LlamaModel>> draft = DraftModelFromFlags(model_dir, **model);
@@ -327,7 +331,7 @@ int GenerateCommand() {
     // Streamed text: the prompt ids give the first generated token its context (its leading
     // space); the JSON "text" is the same text, as vLLM's.
     if (tok != nullptr)
-      c.text_stream.emplace(tok, /*skip_special_tokens=*/true, req.prompt_token_ids, req_stops);
+      c.text_stream.emplace(tok, skip_special_tokens, req.prompt_token_ids, req_stops);
     if (absl::Status s = (*engine)->AddRequest(req); !s.ok()) {
       if (single) return Fail(s);
       std::fprintf(stderr, "tandem generate: request %s refused: %s\n", req.id.c_str(),
@@ -403,7 +407,7 @@ int GenerateCommand() {
       if (streamed_ok) c.text = c.text_stream->text();
     }
     if (!streamed_ok && tok != nullptr) {
-      auto decoded = tok->Decode(c.token_ids, /*skip_special_tokens=*/true);
+      auto decoded = tok->Decode(c.token_ids, skip_special_tokens);
       if (decoded.ok()) c.text = *decoded;
     }
   }
