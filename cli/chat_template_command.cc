@@ -1,8 +1,6 @@
 // `tandem chat-template`: renders a model's chat template over a conversation and prints the prompt
 // exactly (no newline added), as transformers' apply_chat_template(tokenize=False) would.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "cli/generate_support.h"
+#include "common/base/file.h"
 #include "common/chat/chat_template.h"
 #include "common/rpc/chat_convert.h"
 #include "nlohmann/json.hpp"
@@ -42,12 +41,12 @@ namespace {
 
 absl::StatusOr<nlohmann::ordered_json> ReadJsonFile(const std::string& flag,
                                                     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("--", flag, " ", path, ": cannot open"));
-  std::ostringstream text;
-  text << in.rdbuf();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok())
+    return absl::Status(text.status().code(),
+                        absl::StrCat("--", flag, " ", text.status().message()));
   nlohmann::ordered_json parsed =
-      nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+      nlohmann::ordered_json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, ": not valid JSON"));
   return parsed;

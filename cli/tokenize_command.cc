@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "common/base/file.h"
 #include "common/base/status_macros.h"
 #include "common/tokenizer/incremental_detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
@@ -51,15 +52,6 @@ std::string Dump(const Json& j) {
 int Fail(const char* command, const absl::Status& s) {
   std::fprintf(stderr, "tandem %s: %s\n", command, std::string(s.message()).c_str());
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream content;
-  content << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return content.str();
 }
 
 // Calls `handle(line_number, parsed)` for each non-blank line of a JSON-lines file.
@@ -152,7 +144,7 @@ absl::Status Tokenize() {
   }
   std::string input = text;
   if (!file.empty()) {
-    ASSIGN_OR_RETURN(input, ReadFile(file));
+    ASSIGN_OR_RETURN(input, ReadFileToString(file));
   }
   const std::vector<int32_t> ids = tokenizer->Encode(input, add_special);
   const std::string out =

@@ -100,7 +100,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     ChoiceState& c = choices_[i];
     const int64_t offset = c.text_code_points;
     c.result.text += delta.text();
-    c.text_code_points += CodePoints(delta.text());
+    c.text_code_points += openai::CodePoints(delta.text());
     c.result.token_ids.insert(c.result.token_ids.end(), delta.token_ids().begin(),
                               delta.token_ids().end());
     std::vector<v1::PositionLogprobs> logprobs(delta.logprobs().begin(), delta.logprobs().end());
@@ -109,9 +109,9 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       return;
     }
     if (delta.text().empty() && logprobs.empty()) return;
-    const Json lp =
-        openai::DeltaLogprobs(request_, logprobs, *tokenizer_,
-                              offset + (request_.echo ? CodePoints(request_.echo_text[i]) : 0));
+    const Json lp = openai::DeltaLogprobs(
+        request_, logprobs, *tokenizer_,
+        offset + (request_.echo ? openai::CodePoints(request_.echo_text[i]) : 0));
     if (request_.endpoint == openai::Endpoint::kCompletions) {
       std::string text = delta.text();
       if (request_.echo && !c.echoed) {
@@ -157,12 +157,6 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   }
 
  private:
-  static int64_t CodePoints(const std::string& s) {
-    int64_t n = 0;
-    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-    return n;
-  }
-
   void Send(const Json& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::string data = "data: " + Dump(event) + "\n\n";
     if (started_) {

@@ -395,6 +395,12 @@ ApiError ErrorFor(const absl::Status& status) {
       http, Json{{"error", std::move(error)}}.dump(-1, ' ', false, Json::error_handler_t::replace)};
 }
 
+int64_t CodePoints(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 std::string FinishReasonName(v1::FinishReason reason, bool tool_calls) {
   if (tool_calls) return "tool_calls";
   switch (reason) {
@@ -417,12 +423,6 @@ Json Bytes(const std::string& s) {
   Json bytes = Json::array();
   for (unsigned char c : s) bytes.push_back(static_cast<int>(c));
   return bytes;
-}
-
-int64_t CodePoints(const std::string& s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
 }
 
 const char* ObjectName(const ParsedRequest& r, bool chunk) {

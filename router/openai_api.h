@@ -77,6 +77,8 @@ Json DeltaLogprobs(const ParsedRequest& request, const std::vector<v1::PositionL
 // The final delta of a streamed chat choice with tool calls: content and tool_calls at once.
 Json ToolCallDelta(const v1::ChatOutput& output);
 std::string FinishReasonName(v1::FinishReason reason, bool tool_calls);
+// Python's len() of UTF-8 text: what `text_offset` counts.
+int64_t CodePoints(const std::string& text);
 
 // GET /v1/models.
 Json ModelList(const v1::ModelInfo& model, int64_t created);

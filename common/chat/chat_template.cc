@@ -1,10 +1,8 @@
 #include "common/chat/chat_template.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/file.h"
 #include "common/chat/jinja.h"
 
 namespace tandem::chat {
@@ -22,14 +20,6 @@ std::optional<std::string> TokenText(const nlohmann::ordered_json& value) {
   return std::nullopt;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 ChatTemplate::~ChatTemplate() = default;
@@ -37,7 +27,7 @@ ChatTemplate::~ChatTemplate() = default;
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Load(
     const std::filesystem::path& model_dir) {
   const std::filesystem::path config_path = model_dir / "tokenizer_config.json";
-  auto config_text = ReadFile(config_path);
+  auto config_text = ReadFileToString(config_path.string());
   if (!config_text.ok()) return config_text.status();
   nlohmann::ordered_json config =
       nlohmann::ordered_json::parse(*config_text, nullptr, /*allow_exceptions=*/false);
@@ -48,7 +38,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Load(
   const std::filesystem::path jinja_path = model_dir / "chat_template.jinja";
   std::error_code ec;
   if (std::filesystem::exists(jinja_path, ec)) {
-    auto text = ReadFile(jinja_path);
+    auto text = ReadFileToString(jinja_path.string());
     if (!text.ok()) return text.status();
     jinja_file = std::move(*text);
   }

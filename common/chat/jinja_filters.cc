@@ -233,11 +233,9 @@ Value FilterToJson(const Value& v, CallArgs& args) {
   return Value::String(std::move(out));
 }
 
-bool ParsePythonInt(std::string text, int base, int64_t& out) {
+bool ParsePythonInt(const std::string& raw, int base, int64_t& out) {
   // int(str, base): surrounding whitespace, a sign, underscores between digits.
-  auto not_space = [](unsigned char c) { return !IsPythonSpace(c); };
-  text.erase(text.begin(), std::find_if(text.begin(), text.end(), not_space));
-  text.erase(std::find_if(text.rbegin(), text.rend(), not_space).base(), text.end());
+  const std::string text = StripPython(raw, /*left=*/true, /*right=*/true);
   if (text.empty()) return false;
   bool negative = false;
   size_t i = 0;
@@ -270,10 +268,7 @@ bool ParsePythonInt(std::string text, int base, int64_t& out) {
 }
 
 bool ParsePythonFloat(const std::string& text, double& out) {
-  std::string t = text;
-  auto not_space = [](unsigned char c) { return !IsPythonSpace(c); };
-  t.erase(t.begin(), std::find_if(t.begin(), t.end(), not_space));
-  t.erase(std::find_if(t.rbegin(), t.rend(), not_space).base(), t.end());
+  const std::string t = StripPython(text, /*left=*/true, /*right=*/true);
   if (t.empty()) return false;
   char* end = nullptr;
   out = std::strtod(t.c_str(), &end);

@@ -29,11 +29,7 @@ std::string NormalizeNewlines(std::string_view source) {
 
 // Python's str.rstrip() (Unicode whitespace).
 std::string RStripPython(const std::string& text) {
-  std::u32string cps = DecodeUtf8(text);
-  size_t end = cps.size();
-  while (end > 0 && IsPythonSpace(cps[end - 1])) --end;
-  if (end == cps.size()) return text;
-  return EncodeUtf8(std::u32string_view(cps).substr(0, end));
+  return StripPython(text, /*left=*/false, /*right=*/true);
 }
 
 bool AllPythonSpace(std::string_view text) {

@@ -316,20 +316,10 @@ std::u32string StripSet(const Value& chars) {
 }
 
 Value Strip(const Value& self, const Value& chars_v, bool left, bool right) {
-  const std::u32string cps = DecodeUtf8(self.string_value());
   const bool whitespace = chars_v.is_none() || chars_v.is_undefined();
   const std::u32string chars = StripSet(chars_v);
-  auto strip = [&](char32_t c) {
-    return whitespace ? IsPythonSpace(c) : chars.find(c) != std::u32string::npos;
-  };
-  size_t begin = 0, end = cps.size();
-  if (left) {
-    while (begin < end && strip(cps[begin])) ++begin;
-  }
-  if (right) {
-    while (end > begin && strip(cps[end - 1])) --end;
-  }
-  return Value::String(EncodeUtf8(std::u32string_view(cps).substr(begin, end - begin)));
+  return Value::String(
+      StripPython(self.string_value(), left, right, whitespace ? nullptr : &chars));
 }
 
 std::string StringArg(const Value& v, const char* what) {

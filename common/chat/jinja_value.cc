@@ -533,6 +533,22 @@ bool IsPythonSpace(char32_t cp) {
          cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
+std::string StripPython(std::string_view text, bool left, bool right, const std::u32string* chars) {
+  const std::u32string cps = DecodeUtf8(text);
+  auto strip = [&](char32_t c) {
+    return chars == nullptr ? IsPythonSpace(c) : chars->find(c) != std::u32string::npos;
+  };
+  size_t begin = 0, end = cps.size();
+  if (left) {
+    while (begin < end && strip(cps[begin])) ++begin;
+  }
+  if (right) {
+    while (end > begin && strip(cps[end - 1])) --end;
+  }
+  if (begin == 0 && end == cps.size()) return std::string(text);
+  return EncodeUtf8(std::u32string_view(cps).substr(begin, end - begin));
+}
+
 size_t CodePointLength(std::string_view text) {
   size_t n = 0;
   for (unsigned char c : text) n += (c & 0xC0) != 0x80;

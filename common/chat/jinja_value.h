@@ -204,6 +204,10 @@ std::u32string DecodeUtf8(std::string_view text);
 std::string EncodeUtf8(std::u32string_view text);
 void AppendUtf8(char32_t cp, std::string& out);
 bool IsPythonSpace(char32_t cp);
+// Python's str.strip/lstrip/rstrip: code points in `chars` (null: Unicode whitespace) removed from
+// the left and/or right end.
+std::string StripPython(std::string_view text, bool left, bool right,
+                        const std::u32string* chars = nullptr);
 size_t CodePointLength(std::string_view text);
 
 }  // namespace tandem::chat::jinja

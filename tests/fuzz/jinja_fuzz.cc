@@ -10,14 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "common/base/command_line.h"
+#include "common/base/file.h"
 #include "common/chat/jinja.h"
 #include "nlohmann/json.hpp"
 
@@ -118,14 +117,12 @@ const std::vector<std::string> kPieces = {"{{",
                                           "strftime_now('%Y')"};
 
 std::vector<std::string> LoadTemplates(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "jinja_fuzz: cannot read %s\n", path.c_str());
+  const absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    std::fprintf(stderr, "jinja_fuzz: %s\n", std::string(text.status().message()).c_str());
     std::exit(2);
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  const ordered_json j = ordered_json::parse(text.str(), nullptr, false);
+  const ordered_json j = ordered_json::parse(*text, nullptr, false);
   std::vector<std::string> out;
   if (j.is_array()) {
     for (const auto& t : j) {
