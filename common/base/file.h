@@ -8,7 +8,8 @@
 
 namespace tandem {
 
-// The file's bytes. NotFound ("PATH: cannot open") when it cannot be opened, DataLoss on a read error.
+// The file's bytes. NotFound ("PATH: cannot open") when it cannot be opened, DataLoss on a read
+// error.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 }  // namespace tandem
