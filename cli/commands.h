@@ -22,5 +22,6 @@ int EvalCommand();
 int PlanCommand();
 int QuantizeCommand();
 int ChatTemplateCommand();
+int HealthCommand();
 
 }  // namespace tandem::cli

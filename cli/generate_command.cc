@@ -18,12 +18,14 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/generate_support.h"
+#include "common/base/file.h"
 #include "common/base/status_macros.h"
 #include "common/engine/engine.h"
 #include "common/model/llama_model.h"
 #include "common/rpc/chat_convert.h"
 #include "common/sampling/sampling_params.h"
 #include "common/serving/engine_flags.h"
+#include "common/structured/token_vocabulary.h"
 #include "common/tokenizer/stop_strings.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -61,6 +63,11 @@ ABSL_FLAG(int32_t, prompt_logprobs, -1,
           "generate: top-K logprobs for every prompt token (-1 = off)");
 ABSL_FLAG(int32_t, logprobs, -1, "generate: top-K logprobs for every generated token (-1 = off)");
 ABSL_FLAG(bool, ignore_eos, false, "generate: keep generating past the end-of-sequence token");
+ABSL_FLAG(std::string, json_schema, "",
+          "generate: FILE holding a JSON Schema; the output is JSON valid against it (structured "
+          "output, docs/structured_output.md; ends with EOS once complete)");
+ABSL_FLAG(bool, json_object, false,
+          "generate: the output is a JSON object (structured output; ends with EOS once complete)");
 ABSL_FLAG(std::string, batch_file, "",
           "generate: JSONL of requests submitted together ({\"prompt\": ...} or {\"token_ids\": "
           "[...]}, optional \"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", "
@@ -125,6 +132,19 @@ absl::StatusOr<SamplingParams> ParamsFromFlags() {
   p.logprobs = absl::GetFlag(FLAGS_logprobs);
   p.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  if (const std::string schema_file = absl::GetFlag(FLAGS_json_schema); !schema_file.empty()) {
+    if (absl::GetFlag(FLAGS_json_object)) {
+      return absl::InvalidArgumentError("--json-schema and --json-object: choose one");
+    }
+    absl::StatusOr<std::string> schema = ReadFileToString(schema_file);
+    if (!schema.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--json-schema: ", schema.status().message()));
+    }
+    p.structured_output.kind = StructuredOutput::Kind::kJsonSchema;
+    p.structured_output.json_schema = *std::move(schema);
+  } else if (absl::GetFlag(FLAGS_json_object)) {
+    p.structured_output.kind = StructuredOutput::Kind::kJsonObject;
+  }
   return p;
 }
 
@@ -296,6 +316,10 @@ int GenerateCommand() {
                                      !(*chat_input)->tools_json().empty());
   auto engine_options = EngineOptionsFromFlags(config);
   if (!engine_options.ok()) return Fail(engine_options.status());
+  if (tok != nullptr) {
+    engine_options->vocabulary =
+        structured::TokenVocabulary::FromTokenizer(*tok, config.vocab_size);
+  }
   absl::StatusOr<std::unique_ptr<LlamaModel>> draft = DraftModelFromFlags(model_dir, **model);
   if (!draft.ok()) return Fail(draft.status());
   engine_options->speculation.draft = draft->get();

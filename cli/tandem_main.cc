@@ -80,6 +80,10 @@ Commands:
                prompt with no newline added.
                --model DIR --messages-file F.json [--tools-file F.json] [--add-generation-prompt]
                [--kwargs JSON] [--template-name NAME]
+  health       Asks a process its grpc.health.v1 status, as Kubernetes' gRPC probes do; prints it,
+               exit 0 when SERVING.
+               --server HOST:PORT [--service NAME] [--health-timeout-s S]
+               NAME: "" (default: ready to take work), "liveness" (alive, draining included)
   help         This text. `tandem COMMAND --helpfull` lists every flag with its default.
 )";
 
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return tandem::cli::PlanCommand();
   if (command == "quantize") return tandem::cli::QuantizeCommand();
   if (command == "chat-template") return tandem::cli::ChatTemplateCommand();
+  if (command == "health") return tandem::cli::HealthCommand();
   if (command == "tokenize") return tandem::cli::TokenizeCommand();
   if (command == "detokenize") return tandem::cli::DetokenizeCommand();
   std::fprintf(stderr, "tandem: unknown command '%s'\n\n%s", command.c_str(), kUsage);

@@ -5,6 +5,7 @@
 #include "common/base/status_macros.h"
 #include "common/rpc/dtype_proto.h"
 #include "common/rpc/status.h"
+#include "router/dns_resolver.h"
 
 namespace tandem::router {
 namespace {
@@ -23,7 +24,9 @@ Cluster::Cluster(const Options& options)
     : options_(options),
       registry_({options.model_fingerprint, options.heartbeat_timeout, [] { return absl::Now(); }}),
       prefill_policy_(options.prefill_policy) {
-  if (!options_.static_workers.empty()) poller_ = std::thread([this] { PollStatic(); });
+  if (!options_.static_workers.empty() || !options_.dns_workers.empty()) {
+    poller_ = std::thread([this] { PollWorkers(); });
+  }
 }
 
 Cluster::~Cluster() {
@@ -221,35 +224,86 @@ v1::ListWorkersResponse Cluster::List() const {
   return out;
 }
 
-void Cluster::PollStatic() {
+void Cluster::PollWorkers() {
   absl::flat_hash_map<std::string, std::unique_ptr<v1::WorkerStatus::Stub>> stubs;
-  for (const std::string& a : options_.static_workers) {
+  absl::flat_hash_set<std::string> registered;
+  absl::flat_hash_set<std::string> departing;  // gone from DNS, still answering
+  std::vector<std::string> gone;               // departed and no longer answering
+  absl::flat_hash_map<std::string, std::vector<std::string>> resolved;  // by DNS target
+  absl::Time next_resolve = absl::InfinitePast();
+  auto add = [&](const std::string& a) {
+    if (stubs.contains(a)) return;
     std::shared_ptr<grpc::Channel> channel;
     {
       absl::MutexLock lock(&mu_);
       channel = Channel(a);
     }
     stubs[a] = v1::WorkerStatus::NewStub(channel);
-  }
-  absl::flat_hash_map<std::string, bool> registered;
+  };
+  for (const std::string& a : options_.static_workers) add(a);
   do {
+    if (!options_.dns_workers.empty() && absl::Now() >= next_resolve) {
+      // Each name's addresses now; a name that fails to resolve keeps its last answer (a DNS
+      // hiccup must not drop every worker), one with no address (no ready pod) has none.
+      for (const std::string& target : options_.dns_workers) {
+        absl::StatusOr<std::vector<std::string>> r = ResolveAll(target, options_.dns_server);
+        if (r.ok()) {
+          resolved[target] = *std::move(r);
+        } else if (r.status().code() == absl::StatusCode::kNotFound) {
+          resolved[target].clear();
+        } else {
+          TANDEM_LOG(WARNING) << "worker discovery: " << r.status();
+        }
+      }
+      absl::flat_hash_set<std::string> wanted(options_.static_workers.begin(),
+                                              options_.static_workers.end());
+      for (const auto& [target, addresses] : resolved)
+        wanted.insert(addresses.begin(), addresses.end());
+      for (const std::string& a : wanted) {
+        if (!stubs.contains(a)) TANDEM_LOG(INFO) << "worker discovery: " << a << " appeared";
+        add(a);
+      }
+      // Gone from DNS (a terminating pod leaves its Service at once): no new work, but its streams
+      // in flight go on — it is polled, as draining, until it stops answering (it exited).
+      for (auto& [address, stub] : stubs) {
+        if (wanted.contains(address)) {
+          departing.erase(address);
+        } else if (departing.insert(address).second) {
+          TANDEM_LOG(INFO) << "worker discovery: " << address
+                           << " is gone from DNS: no new work, polled until it exits";
+        }
+      }
+      next_resolve = absl::Now() + options_.dns_refresh;
+    }
     for (auto& [address, stub] : stubs) {
       grpc::ClientContext ctx;
       rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
       v1::WorkerInfo info;
       const grpc::Status s = stub->GetStatus(&ctx, v1::GetStatusRequest(), &info);
+      if (!s.ok() && departing.contains(address)) {
+        gone.push_back(address);
+        continue;
+      }
       if (!s.ok() || info.state() == "LOADING") continue;  // no heartbeat: liveness runs out
-      if (!registered[address]) {
+      if (departing.contains(address)) info.mutable_load()->set_draining(true);
+      if (!registered.contains(address)) {
         v1::WorkerDescription d = info.worker();
         d.set_address(address);  // the address we reach it by
         if (absl::Status r = Register(d); !r.ok()) {
-          TANDEM_LOG(ERROR) << "static worker " << address << ": " << r;
+          TANDEM_LOG(ERROR) << "polled worker " << address << ": " << r;
           continue;
         }
-        registered[address] = true;
+        registered.insert(address);
       }
       (void)Heartbeat(address, info.load());
     }
+    for (const std::string& a : gone) {
+      TANDEM_LOG(INFO) << "worker discovery: " << a << " left";
+      stubs.erase(a);
+      departing.erase(a);
+      registered.erase(a);
+    }
+    gone.clear();
   } while (!stop_.WaitForNotificationWithTimeout(options_.poll_interval));
 }
 

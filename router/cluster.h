@@ -1,8 +1,9 @@
 // The router's view of the cluster: the worker registry (registrations, heartbeats, liveness),
 // each worker's description, the routing policies, and one gRPC channel per worker. Workers either
-// register themselves (Registration service) or are listed statically by flag, in which case the
-// cluster polls their WorkerStatus service as their heartbeat. A worker that misses heartbeats for
-// `heartbeat_timeout`, fails a call with UNAVAILABLE, or drains receives no new work. Thread-safe.
+// register themselves (Registration service) or are listed statically by flag or found by DNS, in
+// which case the cluster polls their WorkerStatus service as their heartbeat. A worker that misses
+// heartbeats for `heartbeat_timeout`, fails a call with UNAVAILABLE, or drains receives no new
+// work. Thread-safe.
 #pragma once
 
 #include <memory>
@@ -29,6 +30,13 @@ class Cluster {
     std::string model_fingerprint;  // workers serving another model are refused
     absl::Duration heartbeat_timeout = absl::Seconds(3);
     std::vector<std::string> static_workers = {};  // host:port, polled through WorkerStatus
+    // NAME:PORT names resolved every dns_refresh to all their addresses (a Kubernetes headless
+    // Service: one per ready pod), each polled like a static worker. An address that disappears
+    // (its pod terminating) gets no new work but is polled, as draining, until it stops answering,
+    // so its streams finish. Several routers discover the same workers.
+    std::vector<std::string> dns_workers = {};
+    std::string dns_server = "";  // IP:PORT; empty: the system resolver
+    absl::Duration dns_refresh = absl::Seconds(5);
     absl::Duration poll_interval = absl::Milliseconds(500);
     // HTTP/2 keepalive pings on the router's connections to workers (a peer that does not answer
     // within the same time again is dropped, failing its calls with UNAVAILABLE).
@@ -89,7 +97,8 @@ class Cluster {
   std::vector<WorkerLoad> Live(v1::WorkerRole role,
                                const absl::flat_hash_set<std::string>& exclude) const;
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
-  void PollStatic();
+  // Polls static and DNS-discovered workers' WorkerStatus as their heartbeat (one thread).
+  void PollWorkers();
 
   Options options_;
   WorkerRegistry registry_;

@@ -11,6 +11,7 @@
 #include "common/rpc/convert.h"
 #include "common/rpc/reactors.h"
 #include "common/rpc/status.h"
+#include "common/structured/structured_output.h"
 #include "common/tokenizer/stop_strings.h"
 
 namespace tandem::router {
@@ -173,7 +174,7 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
     auto flow = std::make_shared<FlowRequest>(*std::move(r));
     std::shared_ptr<FlowSink> sink = make_sink(flow->id);
     if (flow->chat) {
-      sink = std::make_shared<ChatSink>(std::move(sink), options_.tool_call_format, flow->id,
+      sink = std::make_shared<ChatSink>(std::move(sink), flow->tool_call_format, flow->id,
                                         flow->prompt);
     }
     s = Admit(std::move(flow), std::move(control), std::move(sink), request.priority());
@@ -206,6 +207,30 @@ absl::Status GenerationService::CheckModel(const std::string& model) const {
       "unknown model \"", model, "\"; this router serves \"", options_.model.name(), "\""));
 }
 
+absl::StatusOr<std::string> GenerationService::ForcedToolChoice(const v1::ChatInput& chat,
+                                                                FlowRequest* r) const {
+  const v1::ToolChoice& choice = chat.tool_choice();
+  switch (choice.mode()) {
+    case v1::ToolChoice::MODE_NONE:
+      r->tool_call_format = chat::ToolCallFormat::kNone;
+      return std::string();
+    case v1::ToolChoice::MODE_REQUIRED:
+    case v1::ToolChoice::MODE_FUNCTION: {
+      if (choice.mode() == v1::ToolChoice::MODE_FUNCTION && choice.function_name().empty()) {
+        return absl::InvalidArgumentError("tool_choice function needs function_name");
+      }
+      absl::StatusOr<std::string> schema = chat::ForcedToolCallSchema(
+          chat.tools_json(),
+          choice.mode() == v1::ToolChoice::MODE_FUNCTION ? choice.function_name() : "",
+          !choice.has_parallel_tool_calls() || choice.parallel_tool_calls());
+      if (!schema.ok()) return schema.status();
+      r->tool_call_format = chat::ToolCallFormat::kJsonArray;
+      return *std::move(schema);
+    }
+    default: return std::string();
+  }
+}
+
 absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateRequest& req,
                                                         absl::Time deadline) const {
   RETURN_IF_ERROR(CheckModel(req.model()));
@@ -218,6 +243,7 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
   }
   const int64_t vocab = options_.model.vocab_size();
   bool keep_special_tokens = false;
+  std::string forced_tool_schema;  // a chat's tool_choice required or named
   switch (req.input_case()) {
     case v1::GenerateRequest::kPrompt:
       if (req.prompt().empty()) return absl::InvalidArgumentError("prompt is empty");
@@ -257,15 +283,31 @@ absl::StatusOr<FlowRequest> GenerationService::Validate(const v1::GenerateReques
       if (r.prompt.empty())
         return absl::InvalidArgumentError("the rendered chat encodes to no tokens");
       r.chat = true;
+      r.tool_call_format = options_.tool_call_format;
       // Mistral's [TOOL_CALLS] marker is a special token: the parser needs it in the text.
       keep_special_tokens =
           options_.tool_call_format == chat::ToolCallFormat::kMistral && !render.tools.is_null();
+      ASSIGN_OR_RETURN(forced_tool_schema, ForcedToolChoice(req.chat(), &r));
       break;
     }
     default: return absl::InvalidArgumentError("give prompt, prompt_token_ids or chat");
   }
   r.params = rpc::FromProto(req.sampling());
   r.proto_params = req.sampling();
+  if (!forced_tool_schema.empty()) {
+    if (r.params.structured_output.kind != StructuredOutput::Kind::kNone) {
+      return absl::InvalidArgumentError(
+          "tool_choice required or a named function generates under structured output: "
+          "sampling.structured_output cannot be set with it");
+    }
+    r.params.structured_output.kind = StructuredOutput::Kind::kJsonSchema;
+    r.params.structured_output.json_schema = forced_tool_schema;
+    r.proto_params.mutable_structured_output()->set_json_schema(forced_tool_schema);
+  }
+  if (r.params.structured_output.kind != StructuredOutput::Kind::kNone) {
+    // Refused here, before any worker sees it, when the grammar cannot express the schema.
+    RETURN_IF_ERROR(structured::CompileStructuredOutput(r.params.structured_output).status());
+  }
   r.proto_params.clear_stop();
   r.proto_params.clear_skip_special_tokens();
   SamplingLimits limits;

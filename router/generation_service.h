@@ -78,6 +78,9 @@ class GenerationService final : public v1::Generation::CallbackService {
     uint64_t order;
     std::function<void()> run;
   };
+  // A chat's tool_choice: sets the request's tool-call format, and returns the schema a forced
+  // choice (required, a named function) generates under ("" otherwise).
+  absl::StatusOr<std::string> ForcedToolChoice(const v1::ChatInput& chat, FlowRequest* r) const;
   absl::StatusOr<FlowRequest> Validate(const v1::GenerateRequest& request,
                                        absl::Time deadline) const;
   absl::Status CheckModel(const std::string& model) const;

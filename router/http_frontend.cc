@@ -51,7 +51,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         controls_(request_.choices.size()) {
     for (auto& c : controls_) c = std::make_shared<FlowControl>();
     if (request_.stream && request_.parse_tool_calls) {
-      for (auto& c : choices_) c.streamer.emplace(tool_call_format);
+      for (auto& c : choices_) {
+        c.streamer.emplace(request_.forced_tool_calls ? chat::ToolCallFormat::kJsonArray
+                                                      : tool_call_format);
+      }
     }
   }
 

@@ -1,5 +1,9 @@
 #include "router/http_server.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 #include <array>
 #include <atomic>
 #include <deque>
@@ -190,16 +194,24 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // While a response is pending the client has nothing to send: the socket becoming readable with
-  // nothing to read means it closed.
-  void WatchForDisconnect() {
-    const uint64_t request = ++request_seq_;
+  // nothing to read means it closed. Readiness alone is not proof: epoll may report the socket
+  // readable after the request's bytes were read (a readiness seen before the read and handled
+  // after it, likelier with more I/O threads), so a peek decides: 0 bytes is the client's close,
+  // data is a pipelined request, EAGAIN was spurious and the watch is armed again.
+  void WatchForDisconnect() { WatchForDisconnect(++request_seq_); }
+  void WatchForDisconnect(uint64_t request) {
     stream_.socket().async_wait(
         tcp::socket::wait_read, [self = shared_from_this(), request](beast::error_code ec) {
           if (ec || request != self->request_seq_ || self->finished_ || self->closed_) return;
-          beast::error_code available_ec;
-          if (self->stream_.socket().available(available_ec) > 0 && !available_ec)
-            return;  // pipelined data
-          self->Close();
+          char byte;
+          const ssize_t n =
+              ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+          if (n > 0) return;  // pipelined data
+          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            self->WatchForDisconnect(request);
+            return;
+          }
+          self->Close();  // end of stream, or the connection reset
         });
   }
 

@@ -30,6 +30,15 @@ ABSL_FLAG(int32_t, port, 50051, "gRPC port (0 = any free port; the chosen one is
 ABSL_FLAG(std::string, bind_address, "0.0.0.0", "address to listen on");
 ABSL_FLAG(std::string, workers, "",
           "static workers, comma-separated host:port (polled; they need no --router)");
+ABSL_FLAG(
+    std::string, workers_dns, "",
+    "workers found by DNS, comma-separated NAME:PORT: each name is resolved every "
+    "--dns-refresh-ms to all its addresses (a Kubernetes headless Service: one per ready pod) "
+    "and each address is polled like a --workers entry; several routers find the same "
+    "workers");
+ABSL_FLAG(std::string, dns_server, "",
+          "IP:PORT of the DNS server for --workers-dns (default: the system's resolver)");
+ABSL_FLAG(int32_t, dns_refresh_ms, 5000, "how often --workers-dns names are resolved again");
 ABSL_FLAG(int64_t, max_queued_requests, 1024,
           "requests waiting for a flow thread beyond which new ones are refused");
 ABSL_FLAG(int32_t, max_concurrent_requests, 256, "requests in flight through the cluster at once");
@@ -100,6 +109,12 @@ int main(int argc, char** argv) {
        absl::StrSplit(absl::GetFlag(FLAGS_workers), ',', absl::SkipWhitespace())) {
     co.static_workers.emplace_back(w);
   }
+  for (absl::string_view w :
+       absl::StrSplit(absl::GetFlag(FLAGS_workers_dns), ',', absl::SkipWhitespace())) {
+    co.dns_workers.emplace_back(w);
+  }
+  co.dns_server = absl::GetFlag(FLAGS_dns_server);
+  co.dns_refresh = absl::Milliseconds(std::max(100, absl::GetFlag(FLAGS_dns_refresh_ms)));
   co.prefill_policy.block_size = 16;
   co.keepalive = absl::Milliseconds(std::max(10, absl::GetFlag(FLAGS_worker_keepalive_ms)));
   co.keepalive_timeout =

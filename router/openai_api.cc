@@ -51,7 +51,8 @@ const std::set<std::string>& CommonKeys() {
       "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
       "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user",
       // vLLM-style extras
-      "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "skip_special_tokens"};
+      "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "skip_special_tokens",
+      "response_format", "guided_json"};
   return keys;
 }
 
@@ -65,7 +66,6 @@ const std::set<std::string>& EndpointKeys(Endpoint endpoint) {
                                              "tools",
                                              "tool_choice",
                                              "parallel_tool_calls",
-                                             "response_format",
                                              "chat_template_kwargs",
                                              "add_generation_prompt"};
   return endpoint == Endpoint::kCompletions ? completions : chat;
@@ -157,6 +157,50 @@ absl::Status ParseSampling(const Fields& f, Endpoint endpoint, int32_t max_logpr
   return absl::OkStatus();
 }
 
+// response_format (OpenAI) and guided_json (vLLM's extra field) → structured output.
+absl::Status ParseStructuredOutput(const Fields& f, v1::SamplingParameters* s) {
+  v1::StructuredOutput* so = s->mutable_structured_output();
+  if (f.Has("response_format")) {
+    const Json& format = f.Get("response_format");
+    if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+      return Bad(
+          "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+    }
+    const std::string type = format["type"].get<std::string>();
+    if (type == "json_object") {
+      so->set_json_object(true);
+    } else if (type == "json_schema") {
+      if (!format.contains("json_schema") || !format["json_schema"].is_object() ||
+          !format["json_schema"].contains("schema") ||
+          !(format["json_schema"]["schema"].is_object() ||
+            format["json_schema"]["schema"].is_boolean())) {
+        return Bad(
+            "'response_format' json_schema needs \"json_schema\": {\"name\": ..., \"schema\": "
+            "{...}}");
+      }
+      so->set_json_schema(format["json_schema"]["schema"].dump());
+    } else if (type != "text") {
+      return Bad(absl::StrCat("'response_format' type \"", type,
+                              "\" is not one of text, json_object, json_schema"));
+    }
+  }
+  if (f.Has("guided_json")) {
+    if (so->kind_case() != v1::StructuredOutput::KIND_NOT_SET) {
+      return Bad("'guided_json' and 'response_format': give one");
+    }
+    const Json& g = f.Get("guided_json");
+    if (g.is_string()) {
+      so->set_json_schema(g.get<std::string>());
+    } else if (g.is_object() || g.is_boolean()) {
+      so->set_json_schema(g.dump());
+    } else {
+      return Bad("'guided_json' must be a JSON schema (an object, or its text)");
+    }
+  }
+  if (so->kind_case() == v1::StructuredOutput::KIND_NOT_SET) s->clear_structured_output();
+  return absl::OkStatus();
+}
+
 absl::Status ParseTools(const Fields& f, v1::ChatInput* chat, ParsedRequest* out) {
   bool tools_given = false;
   if (f.Has("tools")) {
@@ -188,13 +232,33 @@ absl::Status ParseTools(const Fields& f, v1::ChatInput* chat, ParsedRequest* out
       return Bad("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function");
     }
   }
-  if (choice == "required" || choice == "named") {
-    return Bad(
-        "'tool_choice' \"required\" or a named function needs constrained decoding, which Tandem "
-        "does not "
-        "offer yet: use \"auto\" or \"none\"");
+  v1::ToolChoice* tc = chat->mutable_tool_choice();
+  if (choice == "none") {
+    tc->set_mode(v1::ToolChoice::MODE_NONE);
+  } else if (choice == "required" || choice == "named") {
+    if (!tools_given) return Bad("'tool_choice' \"required\" or a named function needs 'tools'");
+    tc->set_mode(choice == "required" ? v1::ToolChoice::MODE_REQUIRED
+                                      : v1::ToolChoice::MODE_FUNCTION);
+    if (choice == "named") {
+      const Json& c = f.Get("tool_choice");
+      if (!c.contains("type") || c["type"] != "function" || !c.contains("function") ||
+          !c["function"].is_object() || !c["function"].contains("name") ||
+          !c["function"]["name"].is_string()) {
+        return Bad(
+            "a named 'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": "
+            "...}}");
+      }
+      tc->set_function_name(c["function"]["name"].get<std::string>());
+    }
+    out->forced_tool_calls = true;
   }
-  out->parse_tool_calls = tools_given && choice == "auto";
+  if (f.Has("parallel_tool_calls")) {
+    if (!f.Get("parallel_tool_calls").is_boolean()) {
+      return Bad("'parallel_tool_calls' must be a boolean");
+    }
+    tc->set_parallel_tool_calls(f.Get("parallel_tool_calls").get<bool>());
+  }
+  out->parse_tool_calls = tools_given && choice != "none";
   return absl::OkStatus();
 }
 
@@ -246,6 +310,7 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, const std::string&
 
   v1::GenerateRequest base;
   RETURN_IF_ERROR(ParseSampling(f, endpoint, max_logprobs, base.mutable_sampling(), &out));
+  RETURN_IF_ERROR(ParseStructuredOutput(f, base.mutable_sampling()));
 
   std::vector<v1::GenerateRequest> prompts;
   std::vector<std::string> prompt_texts;
@@ -313,18 +378,6 @@ absl::StatusOr<ParsedRequest> ParseRequest(Endpoint endpoint, const std::string&
     RETURN_IF_ERROR(rpc::ChatMessagesFromJson(f.Get("messages"), chat->mutable_messages()));
     if (chat->messages_size() == 0) return Bad("'messages' is empty");
     RETURN_IF_ERROR(ParseTools(f, chat, &out));
-    if (f.Has("response_format")) {
-      const Json& format = f.Get("response_format");
-      if (!format.is_object() || !format.contains("type") || format["type"] != "text") {
-        return Bad(
-            "'response_format' other than {\"type\": \"text\"} needs constrained decoding, which "
-            "Tandem does "
-            "not offer yet");
-      }
-    }
-    if (f.Has("parallel_tool_calls") && !f.Get("parallel_tool_calls").is_boolean()) {
-      return Bad("'parallel_tool_calls' must be a boolean");
-    }
     if (f.Has("chat_template_kwargs")) {
       if (!f.Get("chat_template_kwargs").is_object())
         return Bad("'chat_template_kwargs' must be an object");

@@ -35,7 +35,10 @@ struct ParsedRequest {
   int32_t logprobs = -1;
   bool echo = false;                   // completions: the prompt text before each choice's text
   std::vector<std::string> echo_text;  // per choice, when echo
-  bool parse_tool_calls = false;       // chat with tools and tool_choice auto: report tool_calls
+  bool parse_tool_calls = false;       // chat with tools and tool_choice other than none
+  // tool_choice required or a named function: the output is a JSON array of calls (generated
+  // under structured output), never content.
+  bool forced_tool_calls = false;
 };
 
 // NotFound for a model this router does not serve; InvalidArgument naming the field for everything

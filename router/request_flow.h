@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/chat/tool_calls.h"
 #include "common/sampling/sampling_params.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/grpcpp.h"
@@ -36,6 +37,8 @@ struct FlowRequest {
   std::vector<std::string> stop;
   bool skip_special_tokens = false;
   bool chat = false;  // the prompt is a rendered conversation: the response carries ChatOutput
+  // A chat's tool calls: the format its output is parsed with (tool_choice decides).
+  chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
   absl::Time arrival;
   absl::Time deadline = absl::InfiniteFuture();
 };

@@ -19,7 +19,7 @@ import sys
 FLOORS = [
     ["common/base"],
     ["proto", "common/tensor", "common/kv", "common/tokenizer", "common/chat", "common/sampling", "common/metrics"],
-    ["common/sched", "common/rpc", "common/quant"],
+    ["common/sched", "common/rpc", "common/quant", "common/structured"],
     ["common/backend", "common/backend/cpu", "common/backend/cuda"],
     ["common/model"],
     ["common/spec"],

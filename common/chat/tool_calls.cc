@@ -175,7 +175,64 @@ ParsedChatOutput ParseMistral(std::string_view text) {
   return out;
 }
 
+// The whole output is a JSON array of calls (a forced tool choice); anything else is content.
+ParsedChatOutput ParseJsonArray(std::string_view text) {
+  ParsedChatOutput out;
+  const ordered_json calls = ordered_json::parse(Trim(text), nullptr, /*allow_exceptions=*/false);
+  if (!calls.is_discarded() && calls.is_array() && !calls.empty()) {
+    for (const ordered_json& c : calls) {
+      ParsedToolCall call;
+      if (!CallFromJson(c, call)) {
+        out.tool_calls.clear();
+        break;
+      }
+      out.tool_calls.push_back(std::move(call));
+    }
+  }
+  if (out.tool_calls.empty()) out.content = std::string(text);
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> ForcedToolCallSchema(std::string_view tools_json,
+                                                 const std::string& function_name, bool parallel) {
+  const ordered_json tools = ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+  if (tools.is_discarded() || !tools.is_array() || tools.empty()) {
+    return absl::InvalidArgumentError("tool_choice \"required\" or a named function needs tools");
+  }
+  ordered_json alternatives = ordered_json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered_json& t = tools[i];
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tools[", i, "] must be {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+    }
+    const ordered_json& f = t["function"];
+    const std::string name = f["name"].get<std::string>();
+    if (!function_name.empty() && name != function_name) continue;
+    ordered_json parameters = f.contains("parameters") && !f["parameters"].is_null()
+                                  ? f["parameters"]
+                                  : ordered_json{{"type", "object"},
+                                                 {"properties", ordered_json::object()},
+                                                 {"additionalProperties", false}};
+    alternatives.push_back(
+        {{"type", "object"},
+         {"properties", {{"name", {{"const", name}}}, {"arguments", parameters}}},
+         {"required", {"name", "arguments"}},
+         {"additionalProperties", false}});
+  }
+  if (alternatives.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tool_choice names the function \"", function_name, "\", which is not among the tools"));
+  }
+  ordered_json schema = {{"type", "array"}, {"minItems", 1}};
+  if (!function_name.empty() || !parallel) schema["maxItems"] = 1;
+  schema["items"] =
+      alternatives.size() == 1 ? alternatives[0] : ordered_json{{"anyOf", alternatives}};
+  return schema.dump();
+}
 
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(std::string_view name) {
   if (name == "none") return ToolCallFormat::kNone;
@@ -192,6 +249,7 @@ const char* ToolCallFormatName(ToolCallFormat format) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3Json: return "llama3_json";
     case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kJsonArray: return "json_array";
     case ToolCallFormat::kNone: break;
   }
   return "none";
@@ -212,6 +270,7 @@ ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format) {
     case ToolCallFormat::kHermes: return ParseHermes(text);
     case ToolCallFormat::kLlama3Json: return ParseLlama3Json(text);
     case ToolCallFormat::kMistral: return ParseMistral(text);
+    case ToolCallFormat::kJsonArray: return ParseJsonArray(text);
     case ToolCallFormat::kNone: break;
   }
   return ParsedChatOutput{std::string(text), {}};
@@ -219,6 +278,7 @@ ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format) {
 
 std::string ToolCallStreamer::Add(std::string_view text) {
   text_.append(text);
+  if (format_ == ToolCallFormat::kJsonArray) return "";  // calls from the first byte
   if (holding_ || format_ == ToolCallFormat::kNone) {
     if (format_ != ToolCallFormat::kNone) return "";
     std::string out = text_.substr(sent_);

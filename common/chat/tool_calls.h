@@ -23,7 +23,10 @@
 
 namespace tandem::chat {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral };
+// kJsonArray is not a model's format: it is what tool_choice "required" or a named function
+// generates under structured output (ForcedToolCallSchema), a JSON array of
+// {"name": ..., "arguments": {...}}; the router picks it per request, never by flag.
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral, kJsonArray };
 
 // "none", "hermes", "llama3_json", "mistral"; InvalidArgument naming the choices otherwise.
 absl::StatusOr<ToolCallFormat> ParseToolCallFormat(std::string_view name);
@@ -44,9 +47,19 @@ struct ParsedChatOutput {
 
 ParsedChatOutput ParseToolCalls(std::string_view text, ToolCallFormat format);
 
+// The JSON Schema of the output a forced tool choice generates (format kJsonArray): an array of
+// {"name": <a tool's name>, "arguments": <that tool's parameters>}; with `function_name`, exactly
+// one call of that function; otherwise at least one call, at most one unless `parallel`. `tools`
+// is OpenAI's list ({"type": "function", "function": {"name", "parameters"}}); a tool without
+// parameters takes an empty object. INVALID_ARGUMENT when there are no tools, the named function is
+// not among them, or a tool is malformed.
+absl::StatusOr<std::string> ForcedToolCallSchema(std::string_view tools_json,
+                                                 const std::string& function_name, bool parallel);
+
 // A chat response's content streamed while it is generated, holding back only what may still turn
 // into a tool call: with hermes, text from a `<tool_call>` on (and a trailing partial
-// `<tool_c...`); with llama3_json, everything once the output starts with `{` or `<|python_tag|>`.
+// `<tool_c...`); with llama3_json, everything once the output starts with `{` or `<|python_tag|>`;
+// with json_array, everything.
 // What Add returned, followed by Finish's `content_rest`, is the parsed content exactly.
 class ToolCallStreamer {
  public:

@@ -222,6 +222,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(LlamaModel* model,
   e->ngram_ = std::move(ngram).value();
   e->spec_policy_ = std::make_unique<SpeculationPolicy>(so);
   if (c.eos_token_id >= 0) e->eos_ids_.push_back(static_cast<int32_t>(c.eos_token_id));
+  if (options.vocabulary != nullptr) {
+    e->structured_ = std::make_unique<structured::StructuredOutputCompiler>(options.vocabulary);
+  }
   const int64_t tokens = num_blocks * options.block_size;
   TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << options.block_size
                    << " tokens (" << memory / (1 << 20) << " MiB, " << bytes_per_block
@@ -240,7 +243,32 @@ absl::Status Engine::ValidateParams(const EngineRequest& req) const {
   limits.max_model_len = options_.scheduler.max_model_len;
   limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
   limits.max_logprobs = options_.max_logprobs;
-  return req.params.Validate(limits);
+  RETURN_IF_ERROR(req.params.Validate(limits));
+  if (req.params.structured_output.kind != StructuredOutput::Kind::kNone) {
+    RETURN_IF_ERROR(StructuredAutomaton(req.params.structured_output).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<structured::GrammarAutomaton>> Engine::StructuredAutomaton(
+    const StructuredOutput& spec) const {
+  if (structured_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "structured output needs the model's tokenizer, and this engine was started without it");
+  }
+  return structured_->Automaton(spec);
+}
+
+absl::StatusOr<std::unique_ptr<SequenceSampler>> Engine::NewSampler(
+    const EngineRequest& req) const {
+  auto sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids,
+                                                   model_->config().vocab_size, eos_ids_);
+  if (req.params.structured_output.kind != StructuredOutput::Kind::kNone) {
+    ASSIGN_OR_RETURN(std::shared_ptr<structured::GrammarAutomaton> automaton,
+                     StructuredAutomaton(req.params.structured_output));
+    sampler->set_constraint(std::make_unique<structured::GrammarConstraint>(std::move(automaton)));
+  }
+  return sampler;
 }
 
 absl::Status Engine::Validate(const EngineRequest& req) const {
@@ -277,16 +305,18 @@ SequenceState Engine::NewSequence(const EngineRequest& req,
     seq.spec.method = req.speculation.value_or(options_.speculation.method);
     seq.spec.k = req.num_speculative_tokens > 0 ? req.num_speculative_tokens
                                                 : options_.speculation.num_tokens;
+    // Proposals would need the constraint at every position they reach: not speculated.
+    if (seq.sampler->constrained()) seq.spec.method = SpeculationMethod::kOff;
   }
   return seq;
 }
 
 absl::Status Engine::AddRequest(EngineRequest req) {
-  const ModelConfig& c = model_->config();
   if (sequences_.contains(req.id)) {
     return absl::AlreadyExistsError(absl::StrCat("request id \"", req.id, "\" is already in use"));
   }
   RETURN_IF_ERROR(Validate(req));
+  ASSIGN_OR_RETURN(std::unique_ptr<SequenceSampler> sampler, NewSampler(req));
 
   auto r = std::make_unique<SchedRequest>();
   r->id = req.id;
@@ -294,9 +324,7 @@ absl::Status Engine::AddRequest(EngineRequest req) {
   r->max_tokens = req.params.max_tokens;
   r->use_prefix_cache = req.params.prompt_logprobs < 0;
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(r)));
-  SequenceState seq = NewSequence(
-      req,
-      std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_));
+  SequenceState seq = NewSequence(req, std::move(sampler));
   if (req.params.prompt_logprobs >= 0) seq.prompt_logprobs.resize(req.prompt_token_ids.size());
   sequences_.emplace(req.id, std::move(seq));
   return absl::OkStatus();
@@ -324,8 +352,7 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   }
   RETURN_IF_ERROR(Validate(req));
   const int64_t prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
-  auto sampler =
-      std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids, c.vocab_size, eos_ids_);
+  ASSIGN_OR_RETURN(std::unique_ptr<SequenceSampler> sampler, NewSampler(req));
   if (!req.params.greedy()) sampler->SkipDraw();  // the prefill worker drew for the first token
   sampler->Accept(first_token);
   // The first token may already end the request: it is reported by the next Step().
@@ -901,6 +928,12 @@ EngineStats Engine::stats() const {
   s.sampled_on_device = sampled_on_device_;
   s.sampled_on_host = sampled_on_host_;
   s.sampling_row_copies = nucleus_row_copies_;
+  if (structured_ != nullptr) {
+    const structured::MaskCounters& m = structured_->counters();
+    s.structured_masks_computed = m.computed.load(std::memory_order_relaxed);
+    s.structured_masks_cached = m.cached.load(std::memory_order_relaxed);
+    s.structured_mask_seconds = static_cast<double>(m.nanos.load(std::memory_order_relaxed)) * 1e-9;
+  }
   s.speculation = spec_stats_;
   return s;
 }

@@ -26,6 +26,7 @@
 #include "common/sched/scheduler.h"
 #include "common/spec/draft_proposer.h"
 #include "common/spec/ngram_proposer.h"
+#include "common/structured/structured_output.h"
 
 namespace tandem {
 
@@ -51,6 +52,9 @@ struct EngineOptions {
   bool device_sampling = true;
   // Speculative decoding's worker defaults and policy (speculation.h). Off in the prefill role.
   SpeculationOptions speculation;
+  // The model's tokens as bytes, for structured output (SamplingParams::structured_output); null:
+  // requests that ask for it are refused (FAILED_PRECONDITION).
+  std::shared_ptr<const structured::TokenVocabulary> vocabulary;
 };
 
 struct EngineRequest {
@@ -108,6 +112,11 @@ struct EngineStats {
   int64_t sampled_on_host = 0;
   int64_t sampling_row_copies = 0;
   SpeculationStats speculation;
+  // Structured output (cumulative): token masks by whether they were computed or cached, and the
+  // seconds the sampler spent getting them.
+  int64_t structured_masks_computed = 0;
+  int64_t structured_masks_cached = 0;
+  double structured_mask_seconds = 0;
 };
 
 class Engine {
@@ -187,7 +196,14 @@ class Engine {
   bool ReachedLength(const SequenceState& seq, int64_t generated, int64_t num_tokens) const;
   void FinishRequest(const std::string& id);
   absl::Status ValidateParams(const EngineRequest& req) const;
-  // A new sequence's state: its sampler over `sampler`, its speculation as asked.
+  // The automaton of a request's structured output (compiled or cached); FAILED_PRECONDITION
+  // without a vocabulary, INVALID_ARGUMENT for a schema the grammar cannot express.
+  absl::StatusOr<std::shared_ptr<structured::GrammarAutomaton>> StructuredAutomaton(
+      const StructuredOutput& spec) const;
+  // A request's sampler, with its structured output's constraint when it asks for one.
+  absl::StatusOr<std::unique_ptr<SequenceSampler>> NewSampler(const EngineRequest& req) const;
+  // A new sequence's state: its sampler over `sampler`, its speculation as asked (off for
+  // structured output).
   SequenceState NewSequence(const EngineRequest& req,
                             std::unique_ptr<SequenceSampler> sampler) const;
 
@@ -207,6 +223,7 @@ class Engine {
   std::unique_ptr<NgramProposer> ngram_;
   std::unique_ptr<DraftModelProposer> draft_;  // with --speculative-model
   std::unique_ptr<SpeculationPolicy> spec_policy_;
+  std::unique_ptr<structured::StructuredOutputCompiler> structured_;  // with options.vocabulary
   SpeculationStats spec_stats_;
   std::vector<float> verify_probs_;  // [vocab] a verification row's distribution
   int64_t steps_ = 0;

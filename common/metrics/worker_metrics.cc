@@ -7,6 +7,10 @@
 namespace tandem {
 namespace {
 
+constexpr char kStructuredMasksName[] = "tandem_structured_output_masks_total";
+constexpr char kStructuredMasksHelp[] =
+    "Token masks structured output asked for, by source: computed by walking the vocabulary, or "
+    "cached (a parser state already seen with the same schema).";
 constexpr char kForwardHelp[] =
     "Engine-thread seconds in the model's forward pass (on a GPU: launching each step and waiting "
     "for its "
@@ -56,6 +60,14 @@ WorkerMetrics::WorkerMetrics(Metrics* m)
           m->Counter("tandem_sampling_row_copies_total",
                      "Top-p rows sampled on the device whose nucleus outgrew the candidates, so "
                      "that their logits came to the host after all.")),
+      structured_masks_computed_(
+          m->Counter(kStructuredMasksName, kStructuredMasksHelp, {{"source", "computed"}})),
+      structured_masks_cached_(
+          m->Counter(kStructuredMasksName, kStructuredMasksHelp, {{"source", "cached"}})),
+      structured_mask_seconds_(m->Counter(
+          "tandem_structured_output_mask_seconds_total",
+          "Engine-thread seconds spent getting structured output's token masks (part of the host "
+          "seconds).")),
       prompt_forward_seconds_(
           m->Counter("tandem_engine_forward_seconds_total", kForwardHelp, {{"step", "prompt"}})),
       decode_forward_seconds_(
@@ -147,6 +159,12 @@ void WorkerMetrics::Refresh(const EngineSnapshot& s) {
       static_cast<double>(std::max<int64_t>(0, s.sampled_on_host - last_.sampled_on_host)));
   sampling_row_copies_.Increment(
       static_cast<double>(std::max<int64_t>(0, s.sampling_row_copies - last_.sampling_row_copies)));
+  structured_masks_computed_.Increment(static_cast<double>(
+      std::max<int64_t>(0, s.structured_masks_computed - last_.structured_masks_computed)));
+  structured_masks_cached_.Increment(static_cast<double>(
+      std::max<int64_t>(0, s.structured_masks_cached - last_.structured_masks_cached)));
+  structured_mask_seconds_.Increment(
+      std::max(0.0, s.structured_mask_seconds - last_.structured_mask_seconds));
   const double prompt = std::max(0.0, s.prompt_forward_seconds - last_.prompt_forward_seconds);
   prompt_forward_seconds_.Increment(prompt);
   decode_forward_seconds_.Increment(

@@ -36,6 +36,9 @@ struct EngineSnapshot {
   std::array<int64_t, kSpecPositions> spec_proposed_at{}, spec_accepted_at{};
   std::array<int64_t, kSpecDecisions> spec_decisions{};
   double spec_k_in_force = 0;
+  // Structured output's token masks (cumulative): computed, found cached, seconds spent.
+  int64_t structured_masks_computed = 0, structured_masks_cached = 0;
+  double structured_mask_seconds = 0;
 };
 
 // The adaptive policy's decisions in common/engine/speculation.h's SpecDecision order.
@@ -82,6 +85,9 @@ class WorkerMetrics {
   prometheus::Counter& sampled_device_;
   prometheus::Counter& sampled_host_;
   prometheus::Counter& sampling_row_copies_;
+  prometheus::Counter& structured_masks_computed_;  // {source="computed"}
+  prometheus::Counter& structured_masks_cached_;    // {source="cached"}
+  prometheus::Counter& structured_mask_seconds_;
   // tandem_engine_forward_seconds_total{step="prompt"}
   prometheus::Counter& prompt_forward_seconds_;
   prometheus::Counter& decode_forward_seconds_;  // {step="decode"}

@@ -21,6 +21,12 @@ SamplingParams FromProto(const v1::SamplingParameters& p) {
   if (p.has_seed()) s.seed = p.seed();
   if (p.has_logprobs()) s.logprobs = p.logprobs();
   if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
+  if (p.structured_output().has_json_schema()) {
+    s.structured_output.kind = StructuredOutput::Kind::kJsonSchema;
+    s.structured_output.json_schema = p.structured_output().json_schema();
+  } else if (p.structured_output().json_object()) {
+    s.structured_output.kind = StructuredOutput::Kind::kJsonObject;
+  }
   return s;
 }
 
@@ -45,6 +51,15 @@ v1::SamplingParameters ToProto(const SamplingParams& s) {
   if (s.seed) p.set_seed(*s.seed);
   if (s.logprobs >= 0) p.set_logprobs(s.logprobs);
   if (s.prompt_logprobs >= 0) p.set_prompt_logprobs(s.prompt_logprobs);
+  switch (s.structured_output.kind) {
+    case StructuredOutput::Kind::kNone: break;
+    case StructuredOutput::Kind::kJsonObject:
+      p.mutable_structured_output()->set_json_object(true);
+      break;
+    case StructuredOutput::Kind::kJsonSchema:
+      p.mutable_structured_output()->set_json_schema(s.structured_output.json_schema);
+      break;
+  }
   return p;
 }
 

@@ -10,7 +10,8 @@ namespace tandem::rpc {
 void RunningServer::SetServing(bool serving) const {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   if (health == nullptr) return;
-  health->SetServingStatus(serving);
+  // By name: the overload without one sets every name, kLivenessService included.
+  health->SetServingStatus("", serving);
   for (const std::string& name : health_service_names) health->SetServingStatus(name, serving);
 }
 
@@ -34,6 +35,9 @@ absl::StatusOr<RunningServer> StartServer(const ServerOptions& options) {
   }
   running.health_service_names = options.health_service_names;
   running.SetServing(false);
+  if (grpc::HealthCheckServiceInterface* health = running.server->GetHealthCheckService()) {
+    health->SetServingStatus(kLivenessService, true);
+  }
   return running;
 }
 

@@ -1,5 +1,10 @@
 // What every Tandem gRPC server has: the standard grpc.health.v1 health service (NOT_SERVING until
 // the process says otherwise) and server reflection (so grpcurl works without .proto files).
+//
+// Health names: "" and every health_service_name say whether the process takes work (NOT_SERVING
+// while it loads and while it drains: a readiness probe); kLivenessService is SERVING from the
+// moment the server listens until the process exits, draining included (a liveness probe that
+// must not kill a pod finishing its streams).
 #pragma once
 
 #include <memory>
@@ -11,6 +16,8 @@
 
 namespace tandem::rpc {
 
+inline constexpr char kLivenessService[] = "liveness";
+
 struct ServerOptions {
   std::string listen_address = "0.0.0.0:0";  // port 0 picks a free one (see RunningServer::port)
   std::vector<grpc::Service*> services;
@@ -21,7 +28,7 @@ struct ServerOptions {
 struct RunningServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  // Sets the health status of "" and every named service.
+  // Sets the health status of "" and every named service (not kLivenessService).
   void SetServing(bool serving) const;
   std::vector<std::string> health_service_names;
 };

@@ -226,10 +226,39 @@ bool SequenceSampler::PlainArgmax() const {
 
 bool SequenceSampler::HasLogitsProcessors() const {
   return (num_generated_ < params_.min_tokens && !min_tokens_mask_.empty()) ||
-         !params_.logit_bias.empty() || !seen_tokens_.empty() || !output_counts_.empty();
+         !params_.logit_bias.empty() || !seen_tokens_.empty() || !output_counts_.empty() ||
+         constraint_ != nullptr;
+}
+
+void SequenceSampler::set_constraint(std::unique_ptr<TokenConstraint> constraint) {
+  constraint_ = std::move(constraint);
+  allowed_current_ = false;
 }
 
 void SequenceSampler::ApplyLogitsProcessors(float* logits) const {
+  if (constraint_ != nullptr) {
+    if (!allowed_current_) {
+      constraint_->AllowedTokens(&allowed_);
+      allowed_current_ = true;
+    }
+    // EOS ids are not among the allowed tokens (they add no bytes): their logits are kept aside.
+    eos_logits_.resize(eos_token_ids_.size());
+    for (size_t i = 0; i < eos_token_ids_.size(); ++i) eos_logits_[i] = logits[eos_token_ids_[i]];
+    bool any = false;
+    for (int64_t t = 0; t < vocab_size_; ++t) {
+      if (!((allowed_[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) {
+        logits[t] = kNegInf;
+      } else {
+        any = any || logits[t] != kNegInf;
+      }
+    }
+    // EOS where the output is complete; also where nothing else is left (a vocabulary that cannot
+    // continue the output ends it rather than breaking it).
+    const bool end = constraint_->CanEnd() || !any;
+    for (size_t i = 0; i < eos_token_ids_.size(); ++i) {
+      logits[eos_token_ids_[i]] = end ? eos_logits_[i] : kNegInf;
+    }
+  }
   if (num_generated_ < params_.min_tokens) {
     for (int32_t t : min_tokens_mask_) logits[t] = kNegInf;
   }
@@ -276,6 +305,7 @@ void SequenceSampler::AppendLogitEdits(int32_t row, std::vector<LogitEdit>* edit
 
 DeviceSamplingPlan SequenceSampler::DevicePlan(int32_t max_k) const {
   using Kind = DeviceSamplingPlan::Kind;
+  if (constraint_ != nullptr) return {};  // the mask is the whole row: sampled on the host
   const bool edits = HasLogitsProcessors();
   if (params_.greedy() || params_.top_k == 1) return {Kind::kArgmax, 0, edits};
   if (params_.top_k > 0 && params_.top_k < vocab_size_) {
@@ -504,11 +534,18 @@ std::unique_ptr<SequenceSampler> SequenceSampler::Fork(uint64_t seed) const {
   f->num_generated_ = num_generated_;
   f->seen_tokens_ = seen_tokens_;
   f->output_counts_ = output_counts_;
+  if (constraint_ != nullptr) f->constraint_ = constraint_->Clone();
   return f;
 }
 
 void SequenceSampler::Accept(int32_t token) {
   ++num_generated_;
+  if (constraint_ != nullptr) {
+    allowed_current_ = false;
+    if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), token) == eos_token_ids_.end()) {
+      constraint_->Accept(token);
+    }
+  }
   if (token < 0 || token >= vocab_size_) return;
   if (params_.repetition_penalty != 1.f) seen_tokens_.insert(token);
   if (params_.frequency_penalty != 0.f || params_.presence_penalty != 0.f) ++output_counts_[token];

@@ -6,6 +6,8 @@
 // draws the same tokens whatever else is in the batch and in whatever order the batch is sampled.
 //
 // Per step, on a copy of the logits (the input is never modified), in vLLM's order:
+//   0. a TokenConstraint (structured output), when set: tokens it does not allow get -inf, and EOS
+//      is allowed only where the output is complete (and then always: it ends the output);
 //   1. min_tokens: while fewer than min_tokens tokens were generated, EOS (unless ignore_eos) and
 //      the stop ids get -inf;
 //   2. logit_bias is added;
@@ -29,6 +31,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "common/sampling/device_sampling.h"
 #include "common/sampling/sampling_params.h"
+#include "common/sampling/token_constraint.h"
 
 namespace tandem {
 
@@ -171,8 +174,14 @@ class SequenceSampler {
   // would, without touching the sequence's state.
   std::unique_ptr<SequenceSampler> Fork(uint64_t seed) const;
 
-  // Records `token` as generated: it counts towards min_tokens and the penalties from now on.
+  // Records `token` as generated: it counts towards min_tokens and the penalties from now on, and
+  // moves the constraint on.
   void Accept(int32_t token);
+
+  // Structured output: every later step follows `constraint` (step 0 above). The sampler then
+  // needs whole rows (DevicePlan kHost, never PlainArgmax).
+  void set_constraint(std::unique_ptr<TokenConstraint> constraint);
+  bool constrained() const { return constraint_ != nullptr; }
 
   // Whether generation ends with `token` as its `num_generated`-th output token (1-based, this
   // token included): it is EOS (unless ignore_eos) or a stop id, and num_generated >= min_tokens.
@@ -223,6 +232,11 @@ class SequenceSampler {
   absl::flat_hash_set<int32_t> seen_tokens_;             // prompt ∪ output, repetition penalty
   absl::flat_hash_map<int32_t, int32_t> output_counts_;  // frequency and presence penalties
   SamplingWorkspace own_workspace_;
+  std::unique_ptr<TokenConstraint> constraint_;
+  // The constraint's allowed tokens for the next step, and whether they are current.
+  mutable std::vector<uint64_t> allowed_;
+  mutable bool allowed_current_ = false;
+  mutable std::vector<float> eos_logits_;  // [EOS ids] their logits while the mask is applied
 };
 
 }  // namespace tandem

@@ -102,6 +102,21 @@ absl::Status SamplingParams::Validate(const SamplingLimits& limits) const {
     return Invalid("min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens);
   }
 
+  if (structured_output.kind != StructuredOutput::Kind::kNone) {
+    if (ignore_eos) {
+      return Invalid("structured output ends with EOS once complete: ignore_eos cannot go with it");
+    }
+    if (min_tokens > 0) {
+      return Invalid("structured output ends where its value does: min_tokens (", min_tokens,
+                     ") cannot go with it");
+    }
+  }
+  if (structured_output.kind == StructuredOutput::Kind::kJsonSchema &&
+      structured_output.json_schema.size() > StructuredOutput::kMaxSchemaBytes) {
+    return Invalid("structured_output.json_schema has ", structured_output.json_schema.size(),
+                   " bytes, at most ", StructuredOutput::kMaxSchemaBytes, " are allowed");
+  }
+
   const int64_t logprobs_cap = std::min<int64_t>(limits.max_logprobs, vocab);
   if (absl::Status s = CheckLogprobs("logprobs", logprobs, logprobs_cap); !s.ok()) return s;
   return CheckLogprobs("prompt_logprobs", prompt_logprobs, logprobs_cap);

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,6 +29,19 @@ struct SamplingLimits {
 struct LogitBias {
   int32_t token_id = 0;
   float bias = 0.f;  // added to the logit; finite, in [-100, 100]
+};
+
+// Structured output: what the generated text must be (common/structured compiles it).
+struct StructuredOutput {
+  enum class Kind : uint8_t {
+    kNone,
+    kJsonObject,  // any JSON object
+    kJsonSchema,  // JSON valid against `json_schema` (docs/structured_output.md)
+  };
+  static constexpr size_t kMaxSchemaBytes = size_t{1} << 20;
+  Kind kind = Kind::kNone;
+  std::string json_schema;  // kJsonSchema: the schema as JSON text
+  bool operator==(const StructuredOutput&) const = default;
 };
 
 struct SamplingParams {
@@ -56,13 +70,17 @@ struct SamplingParams {
   std::optional<uint64_t> seed;         // unset → a random seed per request
   int32_t logprobs = -1;                // top-K logprobs per generated token; -1 → none
   int32_t prompt_logprobs = -1;         // top-K logprobs per prompt token; -1 → none
+  // The output's shape. It ends with EOS once complete, so neither ignore_eos nor min_tokens go
+  // with it.
+  StructuredOutput structured_output;
 
   bool greedy() const { return temperature < kGreedyTemperature; }
 
   // OK, or INVALID_ARGUMENT naming the first offending field and its value: NaN or infinite
   // floats, values outside the ranges above, ids outside [0, vocab_size), oversized lists,
   // duplicate logit_bias ids, logprobs above min(max_logprobs, vocab_size), and
-  // prompt_len + max_tokens > max_model_len.
+  // prompt_len + max_tokens > max_model_len, structured output with ignore_eos or min_tokens, or
+  // a schema over kMaxSchemaBytes (whether it compiles is the engine's check).
   absl::Status Validate(const SamplingLimits& limits) const;
 };
 

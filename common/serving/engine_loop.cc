@@ -97,6 +97,9 @@ void EngineLoop::Run() {
     snapshot_.sampled_on_device = s.sampled_on_device;
     snapshot_.sampled_on_host = s.sampled_on_host;
     snapshot_.sampling_row_copies = s.sampling_row_copies;
+    snapshot_.structured_masks_computed = s.structured_masks_computed;
+    snapshot_.structured_masks_cached = s.structured_masks_cached;
+    snapshot_.structured_mask_seconds = s.structured_mask_seconds;
     snapshot_.forward_seconds = s.forward_seconds;
     snapshot_.prompt_forward_seconds = s.prompt_forward_seconds;
     const SpeculationStats& spec = s.speculation;

@@ -20,6 +20,7 @@
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "common/serving/engine_flags.h"
+#include "common/structured/token_vocabulary.h"
 #include "common/transport/kv_data_paths.h"
 #include "common/transport/kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -246,6 +247,16 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   if (role != v1::WORKER_ROLE_PREFILL) draft = DraftModelFromFlags(model_dir, **model);
   if (!draft.ok()) return fail(draft.status());
   engine_options->speculation.draft = draft->get();
+  // Structured output matches grammars against the tokens' bytes: the model's tokenizer, when it
+  // has one (without it, requests asking for structured output are refused).
+  if (absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Load(model_dir);
+      tokenizer.ok()) {
+    engine_options->vocabulary =
+        structured::TokenVocabulary::FromTokenizer(**tokenizer, (*model)->config().vocab_size);
+  } else {
+    TANDEM_LOG(WARNING) << name << ": no tokenizer (" << tokenizer.status().message()
+                        << "): structured output is refused";
+  }
   auto engine = Engine::Create(model->get(), *engine_options);
   if (!engine.ok()) return fail(engine.status());
   const ModelConfig& config = (*model)->config();

@@ -44,6 +44,17 @@ class ByteLevel final : public Decoder {
     }
     return {unicode::ToValidUtf8(bytes)};
   }
+  std::string RawToken(std::string token) const override {
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      size_t len;
+      auto it = cp_to_byte_.find(unicode::DecodeAt(token, i, &len));
+      if (it == cp_to_byte_.end()) return token;
+      bytes.push_back(static_cast<char>(it->second));
+      i += len;
+    }
+    return bytes;
+  }
 
  private:
   absl::flat_hash_map<int32_t, uint8_t> cp_to_byte_;
@@ -71,6 +82,18 @@ class Metaspace final : public Decoder {
       tokens[i] = std::move(out);
     }
     return tokens;
+  }
+  std::string RawToken(std::string token) const override {
+    std::string out;
+    for (size_t pos = 0; pos < token.size();) {
+      if (token.compare(pos, replacement_.size(), replacement_) == 0) {
+        out.push_back(' ');
+        pos += replacement_.size();
+      } else {
+        out.push_back(token[pos++]);
+      }
+    }
+    return out;
   }
 
  private:
@@ -112,6 +135,16 @@ class ByteFallback final : public Decoder {
     }
     flush();
     return out;
+  }
+  std::string RawToken(std::string token) const override {
+    unsigned v;
+    if (token.size() == 6 && token.starts_with("<0x") && token[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(token[3])) &&
+        std::isxdigit(static_cast<unsigned char>(token[4])) &&
+        std::sscanf(token.c_str() + 3, "%2x", &v) == 1) {
+      return std::string(1, static_cast<char>(v));
+    }
+    return token;
   }
 };
 
@@ -158,6 +191,9 @@ class Replace final : public Decoder {
     for (std::string& t : tokens) t = pattern_->ReplaceAll(t, content_);
     return tokens;
   }
+  std::string RawToken(std::string token) const override {
+    return pattern_->ReplaceAll(token, content_);
+  }
 
  private:
   std::unique_ptr<Regex> pattern_;
@@ -170,6 +206,10 @@ class Sequence final : public Decoder {
   std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
     for (const auto& p : parts_) tokens = p->Decode(std::move(tokens));
     return tokens;
+  }
+  std::string RawToken(std::string token) const override {
+    for (const auto& p : parts_) token = p->RawToken(std::move(token));
+    return token;
   }
 
  private:

@@ -15,6 +15,9 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual std::vector<std::string> Decode(std::vector<std::string> tokens) const = 0;
+  // The bytes one token adds in the middle of a decode: Decode's per-token mapping without what
+  // depends on the neighbours (UTF-8 repair, stripping at the start, fusing).
+  virtual std::string RawToken(std::string token) const { return token; }
 };
 
 absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& j);

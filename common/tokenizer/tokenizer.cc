@@ -174,6 +174,16 @@ bool Tokenizer::IsSpecial(int32_t id) const {
   return a != nullptr && a->special;
 }
 
+std::optional<std::string> Tokenizer::TokenBytes(int32_t id) const {
+  if (const AddedToken* a = added_->Find(id)) {
+    if (a->special) return std::nullopt;
+    return a->content;
+  }
+  const std::string* s = model_->IdToToken(id);
+  if (s == nullptr) return std::nullopt;
+  return decoder_ ? decoder_->RawToken(*s) : *s;
+}
+
 bool Tokenizer::IsValidId(int32_t id) const {
   return added_->Find(id) != nullptr || model_->IdToToken(id) != nullptr;
 }

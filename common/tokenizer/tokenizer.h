@@ -52,6 +52,10 @@ class Tokenizer {
   // True for added tokens marked special (skipped by skip_special_tokens).
   bool IsSpecial(int32_t id) const;
   bool IsValidId(int32_t id) const;
+  // The bytes `id` adds to generated text in the middle of a sequence (byte-level and byte-fallback
+  // tokens as raw bytes, which may be part of a UTF-8 character); nullopt for special tokens and
+  // unknown ids. Structured output matches grammars against these.
+  std::optional<std::string> TokenBytes(int32_t id) const;
 
  private:
   Tokenizer();

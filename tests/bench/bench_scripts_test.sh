@@ -55,6 +55,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 level = r["levels"][0]
 assert level["grpc"]["completed"] == 4 and level["http"]["completed"] == 4, level
+assert level["mixed"]["grpc"]["completed"] == 2 and level["mixed"]["http"]["completed"] == 2, level
 assert r["streams"]["completed"] == 8 and r["streams"]["router_threads_peak"] > 0, r["streams"]
 PY
 # gpu_check.sh's spec step: spec_bench (beside kv_transfer_bench) with every configuration, tiny.

@@ -2,7 +2,9 @@
 """The two front doors side by side: the same workload through the gRPC API and the OpenAI HTTP API
 of one `tandem up --http-port` cluster, at each concurrency level, TTFT and inter-token latency
 percentiles from `tandem bench --frontend grpc|http` (both asking logprobs 0, which the HTTP side
-uses to count tokens per event, so the two do the same work); then N concurrent HTTP streams held
+uses to count tokens per event, so the two do the same work), one door after the other and then,
+above concurrency 1, both at once with half the streams each (the same contention for both: the
+fair comparison on a machine the client shares); then N concurrent HTTP streams held
 open at once, with the router's thread count sampled from /proc while they run (the router's
 defaults: --max-concurrent-requests 256 flow threads run requests, the rest wait in its queue holding
 no thread; the HTTP side holds every connection on --http-threads I/O threads).
@@ -46,16 +48,25 @@ def threads_of(pid):
     return None
 
 
-def bench(tandem, grpc_address, http_address, frontend, concurrency, args, out_json, seed=1):
+def start_bench(tandem, grpc_address, http_address, frontend, concurrency, args, out_json, seed=1):
     cmd = [tandem, "bench", "--server", grpc_address, "--frontend", frontend, "--http-server", http_address,
            "--concurrency", str(concurrency), "--num-requests", str(args.num_requests), "--input-len",
            str(args.input_len), "--output-len", str(args.output_len), "--bench-logprobs", "0",
            "--bench-seed", str(seed), "--json-out", out_json]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), frontend, concurrency, out_json
+
+
+def finish_bench(started):
+    p, frontend, concurrency, out_json = started
+    _, err = p.communicate(timeout=3600)
     if p.returncode != 0:
-        sys.exit(f"tandem bench --frontend {frontend} -c {concurrency} failed:\n{p.stderr[-2000:]}")
+        sys.exit(f"tandem bench --frontend {frontend} -c {concurrency} failed:\n{err[-2000:]}")
     with open(out_json) as f:
         return json.load(f)
+
+
+def bench(*a, **k):
+    return finish_bench(start_bench(*a, **k))
 
 
 def main():
@@ -112,6 +123,28 @@ def main():
             d_itl = row["http"]["itl"]["p50_ms"] - row["grpc"]["itl"]["p50_ms"]
             row["http_minus_grpc_p50_ms"] = {"ttft": d_ttft, "itl": d_itl}
             print(f"{c:>11}  {'http-grpc':>10}  {'':>7}  {d_ttft:>+9.2f}  {'':>9}  {d_itl:>+8.2f}")
+            if c >= 2:
+                # Both doors at once, c/2 streams each: they share the machine's contention alike, so
+                # the difference is the doors' own (the sequential rows above compare two runs).
+                half = argparse.Namespace(num_requests=args.num_requests // 2, input_len=args.input_len,
+                                          output_len=args.output_len)
+                started = [start_bench(args.tandem, grpc_address, http_address, frontend, c // 2, half,
+                                       os.path.join(work, f"mixed-{frontend}-{c}.json"),
+                                       seed=c * 4 + (frontend == "http") + 1000)
+                           for frontend in ("grpc", "http")]
+                mixed = {frontend: finish_bench(st) for frontend, st in zip(("grpc", "http"), started)}
+                for frontend, r in mixed.items():
+                    if r["failed"]:
+                        sys.exit(f"mixed {frontend} at concurrency {c}: {r['failed']} requests failed")
+                    print(f"{c:>11}  {'mixed ' + frontend:>10}  {r['request_throughput']:>7.2f}  "
+                          f"{r['ttft']['p50_ms']:>9.2f}  {r['ttft']['p99_ms']:>9.2f}  {r['itl']['p50_ms']:>8.2f}  "
+                          f"{r['itl']['p99_ms']:>8.2f}")
+                m_ttft = mixed["http"]["ttft"]["p50_ms"] - mixed["grpc"]["ttft"]["p50_ms"]
+                m_itl = mixed["http"]["itl"]["p50_ms"] - mixed["grpc"]["itl"]["p50_ms"]
+                print(f"{c:>11}  {'mixed h-g':>10}  {'':>7}  {m_ttft:>+9.2f}  {'':>9}  {m_itl:>+8.2f}")
+                row["mixed"] = {f: {k: r[k] for k in ("request_throughput", "ttft", "itl", "completed")}
+                                for f, r in mixed.items()}
+                row["mixed_http_minus_grpc_p50_ms"] = {"ttft": m_ttft, "itl": m_itl}
             results["levels"].append(row)
 
         # N streams held open at once through HTTP; the router's threads sampled while they run.

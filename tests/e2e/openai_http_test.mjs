@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // The OpenAI-compatible HTTP API driven by the official `openai` npm package (the client most
 // services use), against a real cluster (`tandem up --http-port`): models, completions and chat
-// completions whole and streamed, n > 1, logprobs, tools in the conversation, errors in OpenAI's
+// completions whole and streamed, n > 1, logprobs, tools in the conversation, structured output
+// (tool_choice required and named, response_format), errors in OpenAI's
 // shape (a template that refuses the conversation among them), and at temperature 0 the same text
 // as the gRPC API for the same prompt. Then raw HTTP for
 // what a client library hides: malformed JSON, unknown fields, an oversize body, a wrong method, and
@@ -240,11 +241,63 @@ async function run() {
   } catch (e) {
     check(e.status === 400 && /temperature/.test(e.message), `bad temperature: ${e.status} ${e.message}`);
   }
-  try {
-    await client.chat.completions.create({ model: modelName, messages, tools, tool_choice: 'required' });
-    failures.push('tool_choice required was accepted');
-  } catch (e) {
-    check(e.status === 400 && /tool_choice/.test(e.message), `tool_choice required: ${e.status} ${e.message}`);
+  // Structured output: tool_choice required and named, response_format json_schema and json_object.
+  // Every output must parse and follow its schema whatever the (random) model prefers.
+  const boundedTools = [{ type: 'function', function: { name: 'get_weather', parameters: {
+    type: 'object', properties: { city: { type: 'string', maxLength: 8 }, unit: { enum: ['c', 'f'] } },
+    required: ['city'], additionalProperties: false } } },
+  { type: 'function', function: { name: 'get_time' } }];
+  const forcedArgs = { model: modelName, messages, tools: boundedTools, max_tokens: 600, temperature: 1, seed: 3 };
+  const validWeather = (call) => {
+    const a = JSON.parse(call.function.arguments);
+    return call.function.name === 'get_weather' && typeof a.city === 'string' && [...a.city].length <= 8 &&
+      (a.unit === undefined || ['c', 'f'].includes(a.unit)) && Object.keys(a).every((k) => k === 'city' || k === 'unit');
+  };
+  const required = await client.chat.completions.create({ ...forcedArgs, tool_choice: 'required' });
+  const calls = required.choices[0].message.tool_calls || [];
+  check(required.choices[0].finish_reason === 'tool_calls' && calls.length >= 1 &&
+        calls.every((c) => (c.function.name === 'get_time' && c.function.arguments === '{}') || validWeather(c)),
+        `tool_choice required: ${JSON.stringify(required.choices[0])}`);
+  let namedCalls = null;
+  let namedContent = '';
+  for await (const chunk of await client.chat.completions.create({
+    ...forcedArgs, stream: true, tool_choice: { type: 'function', function: { name: 'get_weather' } } })) {
+    for (const c of chunk.choices) {
+      namedContent += c.delta.content || '';
+      if (c.delta.tool_calls) namedCalls = c.delta.tool_calls;
+    }
+  }
+  check(namedContent === '' && namedCalls?.length === 1 && validWeather(namedCalls[0]),
+        `streamed named tool_choice: content ${JSON.stringify(namedContent)}, calls ${JSON.stringify(namedCalls)}`);
+  const personSchema = { type: 'object', properties: { name: { type: 'string', maxLength: 10 }, age: { enum: [1, 2, 30] },
+                                                       ok: { type: 'boolean' } }, required: ['name', 'ok'], additionalProperties: false };
+  const shaped = await client.chat.completions.create({
+    model: modelName, messages, max_tokens: 600, temperature: 1, seed: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 'person', schema: personSchema } } });
+  let person = null;
+  try { person = JSON.parse(shaped.choices[0].message.content); } catch (e) { /* checked below */ }
+  check(shaped.choices[0].finish_reason === 'stop' && person && typeof person.name === 'string' && typeof person.ok === 'boolean' &&
+        (person.age === undefined || [1, 2, 30].includes(person.age)),
+        `response_format json_schema: ${JSON.stringify(shaped.choices[0])}`);
+  const object = await client.completions.create({ model: modelName, prompt, max_tokens: 600, temperature: 0,
+                                                   response_format: { type: 'json_object' } });
+  let parsed = null;
+  try { parsed = JSON.parse(object.choices[0].text); } catch (e) { /* checked below */ }
+  check(object.choices[0].finish_reason === 'length' ||
+        (parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed)),
+        `completions response_format json_object: ${JSON.stringify(object.choices[0])}`);
+  for (const [what, args, pattern] of [
+    ['a schema keyword structured output cannot enforce',
+     { response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: 'a+' } } } }, /pattern/],
+    ['tool_choice required without tools', { tool_choice: 'required' }, /tool_choice/],
+    ['a named tool that is not among the tools', { tools: boundedTools, tool_choice: { type: 'function', function: { name: 'nope' } } }, /nope/],
+  ]) {
+    try {
+      await client.chat.completions.create({ model: modelName, messages, ...args });
+      failures.push(`${what} was accepted`);
+    } catch (e) {
+      check(e.status === 400 && pattern.test(e.message), `${what}: ${e.status} ${e.message}`);
+    }
   }
 
   try {

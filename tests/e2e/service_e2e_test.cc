@@ -18,6 +18,7 @@
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/engine/engine.h"
 #include "common/rpc/convert.h"
+#include "common/rpc/server.h"
 #include "common/rpc/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -453,6 +454,20 @@ TEST_F(ServiceTest, ASlowReaderDoesNotStallOtherStreams) {
   EXPECT_LT(fast_end - start, (slow_end - start) / 2);
 }
 
+// The health status `address` reports for `service` ("" = the whole process).
+grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(const std::string& address,
+                                                              const std::string& service) {
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  if (!health->Check(&ctx, req, &resp).ok()) return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  return resp.status();
+}
+
 TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
   std::vector<std::string> addresses = {c->router_address()};
@@ -467,6 +482,8 @@ TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
     grpc::health::v1::HealthCheckResponse resp;
     ASSERT_TRUE(health->Check(&ctx, req, &resp).ok()) << a;
     EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << a;
+    EXPECT_EQ(HealthOf(a, rpc::kLivenessService), grpc::health::v1::HealthCheckResponse::SERVING)
+        << a;
   }
 }
 
@@ -971,6 +988,11 @@ TEST_F(ServiceTest, SigtermDrainsInFlightStreams) {
   }
   absl::SleepFor(absl::Milliseconds(300));
   c->process(victim)->Signal(SIGTERM);
+  // Draining: not ready (no new work), still alive (a liveness probe must not kill it).
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(HealthOf(victim, ""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(HealthOf(victim, rpc::kLivenessService),
+            grpc::health::v1::HealthCheckResponse::SERVING);
   for (auto& t : threads) t.join();
   for (const StreamResult& r : results) {
     EXPECT_TRUE(r.status.ok()) << r.status.error_message();

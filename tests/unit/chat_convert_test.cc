@@ -284,5 +284,40 @@ TEST(ToolCallsTest, MistralCallsInBothOfItsFormats) {
   EXPECT_EQ(parsed.tool_calls.size(), 1u);
 }
 
+TEST(ToolCallsTest, AForcedChoiceIsAJsonArrayOfCallsUnderTheToolsSchemas) {
+  const std::string tools = R"([{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}},
+      {"type": "function", "function": {"name": "g"}}])";
+  const ordered_json any = ordered_json::parse(*chat::ForcedToolCallSchema(tools, "", true));
+  EXPECT_EQ(any["minItems"], 1);
+  EXPECT_FALSE(any.contains("maxItems"));
+  ASSERT_EQ(any["items"]["anyOf"].size(), 2u);
+  EXPECT_EQ(any["items"]["anyOf"][0]["properties"]["name"]["const"], "f");
+  EXPECT_EQ(any["items"]["anyOf"][0]["properties"]["arguments"]["required"][0], "x");
+  EXPECT_EQ(any["items"]["anyOf"][1]["properties"]["arguments"]["additionalProperties"], false);
+  const ordered_json one = ordered_json::parse(*chat::ForcedToolCallSchema(tools, "g", true));
+  EXPECT_EQ(one["maxItems"], 1);
+  EXPECT_EQ(one["items"]["properties"]["name"]["const"], "g");
+  EXPECT_EQ(ordered_json::parse(*chat::ForcedToolCallSchema(tools, "", false))["maxItems"], 1);
+  EXPECT_FALSE(chat::ForcedToolCallSchema(tools, "h", true).ok());
+  EXPECT_FALSE(chat::ForcedToolCallSchema("[]", "", true).ok());
+
+  const auto calls =
+      ParseToolCalls(R"( [{"name": "f", "arguments": {"x": 1}}, {"name":"g","arguments":{}}])",
+                     ToolCallFormat::kJsonArray);
+  ASSERT_EQ(calls.tool_calls.size(), 2u);
+  EXPECT_EQ(calls.tool_calls[0].arguments, R"({"x": 1})");
+  EXPECT_EQ(calls.tool_calls[1].name, "g");
+  EXPECT_EQ(calls.content, "");
+  // Cut short (max_tokens): no calls, the text is content.
+  const auto cut = ParseToolCalls(R"([{"name": "f", "argu)", ToolCallFormat::kJsonArray);
+  EXPECT_TRUE(cut.tool_calls.empty());
+  EXPECT_EQ(cut.content, R"([{"name": "f", "argu)");
+  chat::ToolCallStreamer streamer(ToolCallFormat::kJsonArray);
+  EXPECT_EQ(streamer.Add("[{\"name\""), "");
+  std::string rest;
+  EXPECT_EQ(streamer.Finish(&rest).content, "[{\"name\"");
+}
+
 }  // namespace
 }  // namespace tandem

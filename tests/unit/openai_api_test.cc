@@ -85,6 +85,47 @@ TEST(OpenAiApiTest, ChatCarriesMessagesToolsAndKwargs) {
                      {"tool_choice", "none"}});
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->parse_tool_calls);
+  EXPECT_EQ(none->choices[0].chat().tool_choice().mode(), v1::ToolChoice::MODE_NONE);
+}
+
+TEST(OpenAiApiTest, ToolChoiceAndResponseFormatBecomeStructuredOutput) {
+  const Json tools = Json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  const Json messages = Json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto named = Parse(Endpoint::kChatCompletions,
+                     {{"messages", messages},
+                      {"tools", tools},
+                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}});
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_TRUE(named->forced_tool_calls && named->parse_tool_calls);
+  EXPECT_EQ(named->choices[0].chat().tool_choice().mode(), v1::ToolChoice::MODE_FUNCTION);
+  EXPECT_EQ(named->choices[0].chat().tool_choice().function_name(), "f");
+  auto required = Parse(Endpoint::kChatCompletions, {{"messages", messages},
+                                                     {"tools", tools},
+                                                     {"tool_choice", "required"},
+                                                     {"parallel_tool_calls", false}});
+  ASSERT_TRUE(required.ok()) << required.status();
+  EXPECT_EQ(required->choices[0].chat().tool_choice().mode(), v1::ToolChoice::MODE_REQUIRED);
+  EXPECT_FALSE(required->choices[0].chat().tool_choice().parallel_tool_calls());
+
+  const Json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}};
+  auto shaped =
+      Parse(Endpoint::kChatCompletions,
+            {{"messages", messages},
+             {"response_format",
+              {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}}}});
+  ASSERT_TRUE(shaped.ok()) << shaped.status();
+  EXPECT_EQ(Json::parse(shaped->choices[0].sampling().structured_output().json_schema()), schema);
+  auto object = Parse(Endpoint::kCompletions,
+                      {{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}});
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_TRUE(object->choices[0].sampling().structured_output().json_object());
+  auto guided = Parse(Endpoint::kCompletions, {{"prompt", "x"}, {"guided_json", schema.dump()}});
+  ASSERT_TRUE(guided.ok()) << guided.status();
+  EXPECT_EQ(Json::parse(guided->choices[0].sampling().structured_output().json_schema()), schema);
+  auto text =
+      Parse(Endpoint::kCompletions, {{"prompt", "x"}, {"response_format", {{"type", "text"}}}});
+  ASSERT_TRUE(text.ok());
+  EXPECT_FALSE(text->choices[0].sampling().has_structured_output());
 }
 
 TEST(OpenAiApiTest, BadRequestsNameTheField) {
@@ -126,10 +167,20 @@ TEST(OpenAiApiTest, BadRequestsNameTheField) {
           {chat, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "x"}]})",
            "'tools[0]'"},
           {chat, R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
-           "constrained decoding"},
+           "needs 'tools'"},
           {chat,
-           R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})",
-           "'response_format'"},
+           R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+               "function": {"name": "f"}}], "tool_choice": {"type": "function"}})",
+           "a named 'tool_choice'"},
+          {chat,
+           R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}})",
+           "'response_format' type \"xml\""},
+          {chat,
+           R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}})",
+           "needs \"json_schema\""},
+          {c, R"({"prompt": "x", "response_format": {"type": "json_object"}, "guided_json": {}})",
+           "give one"},
+          {c, R"({"prompt": "x", "guided_json": 3})", "'guided_json' must be"},
           {chat, R"({"messages": [{"role": "user", "content": "x"}], "prompt": "y"})",
            "unrecognized request argument"},
       }) {
