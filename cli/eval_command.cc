@@ -1,7 +1,8 @@
 // `tandem eval`: a model's quality on a text, measured, not assumed. Perplexity over the text's
 // tokens, and against a reference model (by default the same checkpoint unquantized, with the
 // default KV cache) the share of positions whose most likely next token agrees (top-1) and the mean
-// KL divergence KL(reference || model) per token. For judging --quantization and --kv-cache-dtype.
+// KL divergence KL(reference || model) per token. For judging --quantization, --kv-cache-dtype and
+// --activation-dtype (whose reference runs with f32 activations).
 //
 // The text is tokenized once (with the tokenizer's special tokens, e.g. BOS) and cut into windows
 // of --context tokens; consecutive windows share one token, so every token after the first is
@@ -81,7 +82,9 @@ int EvalCommand() {
   if (!engine.ok()) return EvalFail(engine.status());
   auto load = ModelLoadOptionsFromFlags();
   if (!load.ok()) return EvalFail(load.status());
-  auto backend = BackendFromFlags();
+  auto backend_options = BackendOptionsFromFlags();
+  if (!backend_options.ok()) return EvalFail(backend_options.status());
+  auto backend = CreateBackend(*backend_options);
   if (!backend.ok()) return EvalFail(backend.status());
   auto model = LlamaModel::Load(model_dir, backend->get(), *load);
   if (!model.ok()) return EvalFail(model.status());
@@ -102,10 +105,21 @@ int EvalCommand() {
   std::unique_ptr<WindowRunner> reference;
   const std::string reference_dir = absl::GetFlag(FLAGS_reference_model);
   const bool self_reference = reference_dir.empty() || reference_dir == model_dir;
+  const bool rounded_activations = backend_options->activations != ActivationDType::kF32;
+  // Rounded activations are judged against the exact (f32) ones: the reference gets a backend of
+  // its own.
+  std::unique_ptr<Backend> reference_backend;
+  if (rounded_activations) {
+    BackendOptions exact = *backend_options;
+    exact.activations = ActivationDType::kF32;
+    auto b = CreateBackend(exact);
+    if (!b.ok()) return EvalFail(b.status());
+    reference_backend = std::move(b).value();
+  }
   if (!self_reference || load->quantization != QuantType::kNone ||
-      engine->kv_cache_dtype.has_value()) {
+      engine->kv_cache_dtype.has_value() || rounded_activations) {
     const std::string dir = reference_dir.empty() ? model_dir : reference_dir;
-    auto ref = LlamaModel::Load(dir, backend->get());
+    auto ref = LlamaModel::Load(dir, reference_backend ? reference_backend.get() : backend->get());
     if (!ref.ok()) return EvalFail(ref.status());
     if ((*ref)->config().vocab_size != vocab) {
       return EvalFail(absl::InvalidArgumentError(
@@ -188,6 +202,7 @@ int EvalCommand() {
   // A checkpoint stored quantized (GPTQ, AWQ, compressed-tensors): "none" otherwise.
   j["checkpoint_format"] =
       std::string(CheckpointFormatName((*scorer)->model().config().quantization.format));
+  j["activation_dtype"] = std::string(ActivationDTypeName(backend_options->activations));
   j["kv_cache_dtype"] =
       std::string(DTypeName((*scorer)->model().KvCacheDType(engine->kv_cache_dtype)));
   j["seconds"] = seconds();
@@ -203,8 +218,9 @@ int EvalCommand() {
                 j["mean_kl"].get<double>());
   } else {
     std::printf(
-        "no reference: the model is as stored with the default KV cache (give --quantization, "
-        "--kv-cache-dtype or --reference-model to compare)\n");
+        "no reference: the model is as stored with the default KV cache and f32 activations "
+        "(give --quantization, --kv-cache-dtype, --activation-dtype or --reference-model to "
+        "compare)\n");
   }
   return 0;
 }

@@ -52,7 +52,7 @@ Commands:
   eval         A model's quality on a text: perplexity, and against a reference (default: the
                same model unquantized, default KV cache) top-1 agreement and mean KL per token.
                --model DIR (--text-file F | --windows-file F.json) [--quantization none|int8|int4]
-               [--quantize-lm-head] [--kv-cache-dtype ...]
+               [--quantize-lm-head] [--kv-cache-dtype ...] [--activation-dtype f32|bf16|int8]
                [--reference-model DIR] [--context N] [--max-eval-tokens N] [--json]
                [--progress=false] [--device cpu|cuda]
   plan         Capacity from the checkpoint's headers, loading no weight: weight bytes (quantized

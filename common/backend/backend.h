@@ -31,6 +31,11 @@ struct TransformerWeights;
 // (rows == 1) in its checkpoint dtype, resident on the device: the descriptor Linear and the other
 // ops take. A new storage format is new fields here, which each backend's upload fills and its
 // Linear reads, not a new op.
+// What the CPU backend rounds a Linear's activations to (`--activation-dtype`): f32 (exact, the
+// default); BF16 for BF16 weights (AVX-512 BF16 dot products, cpu/bf16_kernels.h); int8 for
+// quantized weights (VNNI, cpu/quant_a8_kernels.h). Other weights keep f32 activations.
+enum class ActivationDType { kF32, kBF16, kInt8 };
+
 struct DeviceWeight {
   DType dtype = DType::kF32;
   int64_t rows = 0;

@@ -17,6 +17,24 @@ absl::StatusOr<std::optional<DType>> ParseComputeDType(std::string_view text) {
   return d;
 }
 
+absl::StatusOr<ActivationDType> ParseActivationDType(std::string_view text) {
+  for (ActivationDType t :
+       {ActivationDType::kF32, ActivationDType::kBF16, ActivationDType::kInt8}) {
+    if (text == ActivationDTypeName(t)) return t;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--activation-dtype must be f32, bf16 or int8, got '", std::string(text), "'"));
+}
+
+std::string_view ActivationDTypeName(ActivationDType type) {
+  switch (type) {
+    case ActivationDType::kF32: return "f32";
+    case ActivationDType::kBF16: return "bf16";
+    case ActivationDType::kInt8: return "int8";
+  }
+  return "?";
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   const std::string& device = options.device;
   if (device == "cpu") {
@@ -31,15 +49,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     }
     CpuBackend::Options o;
     o.batch_invariant = options.batch_invariant.value_or(true);
-    o.int8_activations = options.int8_activations;
+    o.activations = options.activations;
     auto cpu = CpuBackend::Create(o);
     if (!cpu.ok()) return cpu.status();
     return std::unique_ptr<Backend>(std::move(*cpu));
   }
-  if (options.int8_activations) {
+  if (options.activations != ActivationDType::kF32) {
     return absl::InvalidArgumentError(
-        "--activation-dtype int8 is for --device cpu: the CUDA backend's activations stay 16-bit "
-        "or f32");
+        absl::StrCat("--activation-dtype ", std::string(ActivationDTypeName(options.activations)),
+                     " is for --device cpu: the CUDA backend's activations stay 16-bit or f32"));
   }
   int ordinal = 0;
   const std::string& name = device;

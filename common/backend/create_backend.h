@@ -24,8 +24,8 @@ struct BackendOptions {
   std::optional<DType> compute_dtype = std::nullopt;
   // GEMM inputs as two 16-bit terms (CudaBackend::Options::split_gemm_inputs). Not for the CPU.
   bool split_gemm_inputs = false;
-  // Quantized weights' activations as int8 (CpuBackend::Options::int8_activations). CPU only.
-  bool int8_activations = false;
+  // What the CPU's Linear rounds activations to (CpuBackend::Options::activations). CPU only.
+  ActivationDType activations = ActivationDType::kF32;
   // The CUDA backend's kernel choices (cuda_tunings.h). Not for the CPU.
   CudaTunings cuda_tunings = {};
 };
@@ -33,6 +33,12 @@ struct BackendOptions {
 // --compute-dtype's value: "auto" (unset), "bf16" or "f16", any case; INVALID_ARGUMENT naming the
 // flag and the value for anything else.
 absl::StatusOr<std::optional<DType>> ParseComputeDType(std::string_view text);
+
+// --activation-dtype's value: "f32", "bf16" or "int8"; INVALID_ARGUMENT naming the flag and the
+// value for anything else.
+absl::StatusOr<ActivationDType> ParseActivationDType(std::string_view text);
+// Its name, as the flag spells it.
+std::string_view ActivationDTypeName(ActivationDType type);
 
 // INVALID_ARGUMENT for an unknown name; FAILED_PRECONDITION for "cuda" in a build without the CUDA
 // backend or on a machine without a usable device.

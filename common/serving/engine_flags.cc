@@ -111,9 +111,11 @@ ABSL_FLAG(std::string, compute_dtype, "auto",
           "bf16 or f16. f16 over BF16 weights (as vLLM's --dtype half) rounds GEMM inputs 8x finer "
           "at the same speed, but overflows past 65504 (a weight beyond it is refused at load)");
 ABSL_FLAG(std::string, activation_dtype, "f32",
-          "engine, --device cpu: f32, or int8 to quantize the activations of quantized weights' "
-          "Linear to int8 (per row and weight group, symmetric) and multiply in integers (W8A8 / "
-          "W4A8 with AVX-512 VNNI): faster, less exact (docs/benchmarks.md). Prefill and decode "
+          "engine, --device cpu: f32 (exact); bf16 to round the activations of BF16 weights' "
+          "Linear to BF16 and multiply with AVX-512 BF16 dot products (as llama.cpp's BF16 path); "
+          "or int8 to quantize the activations of quantized weights' Linear to int8 (per row and "
+          "weight group, symmetric) and multiply in integers (W8A8 / W4A8 with AVX-512 VNNI). "
+          "bf16 and int8 are faster and less exact (docs/benchmarks.md). Prefill and decode "
           "workers exchanging KV must agree");
 ABSL_FLAG(bool, split_gemm_inputs, false,
           "engine, --device cuda: run each GEMM over 16-bit weights on its input split into two "
@@ -211,12 +213,10 @@ absl::StatusOr<BackendOptions> BackendOptionsFromFlags() {
   if (!compute.ok()) return compute.status();
   o.compute_dtype = *compute;
   o.split_gemm_inputs = absl::GetFlag(FLAGS_split_gemm_inputs);
-  if (const std::string a = absl::GetFlag(FLAGS_activation_dtype); a == "int8") {
-    o.int8_activations = true;
-  } else if (a != "f32") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--activation-dtype must be f32 or int8, got '", a, "'"));
-  }
+  absl::StatusOr<ActivationDType> activations =
+      ParseActivationDType(absl::GetFlag(FLAGS_activation_dtype));
+  if (!activations.ok()) return activations.status();
+  o.activations = *activations;
   CudaTunings& t = o.cuda_tunings;
   t.fusion = absl::GetFlag(FLAGS_cuda_fusion);
   t.gemv_norm = absl::GetFlag(FLAGS_cuda_gemv_norm);

@@ -235,13 +235,17 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   if (!model.ok()) return fail(model.status());
   auto fingerprint = ModelFingerprint(model_dir);
   if (!fingerprint.ok()) return fail(fingerprint.status());
-  // KV computed by quantized weights, or from int8 activations, differs: a KV link's two ends
+  // KV computed by quantized weights, or from rounded activations, differs: a KV link's two ends
   // must also agree on that.
   std::string kv_fingerprint =
       load_options->quantization == QuantType::kNone
           ? *fingerprint
           : absl::StrCat(*fingerprint, "/", std::string(QuantTypeName(load_options->quantization)));
-  if (backend_options->int8_activations) absl::StrAppend(&kv_fingerprint, "/a8");
+  if (backend_options->activations == ActivationDType::kInt8) {
+    absl::StrAppend(&kv_fingerprint, "/a8");
+  } else if (backend_options->activations == ActivationDType::kBF16) {
+    absl::StrAppend(&kv_fingerprint, "/abf16");
+  }
   // Decoding roles speculate with a draft model when one is named.
   absl::StatusOr<std::unique_ptr<LlamaModel>> draft = std::unique_ptr<LlamaModel>();
   if (role != v1::WORKER_ROLE_PREFILL) draft = DraftModelFromFlags(model_dir, **model);

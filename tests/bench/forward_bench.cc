@@ -11,7 +11,7 @@
 //                 [--gemv-norm=false] [--gemv-heads=false] [--grid-split-keys 32|64|128|256]
 //                 [--roofline-copy-mib 1024] [--roofline-gemm 8192]
 //                 [--kv-cache-dtype auto|f32|bf16|f16|int8|fp8] [--quantization none|int8|int4]
-//                 [--activation-dtype f32|int8]
+//                 [--activation-dtype f32|bf16|int8]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +31,7 @@
 #include "common/base/command_line.h"
 #include "common/model/llama_model.h"
 #include "common/quant/quantized_matrix.h"
+#include "tests/bench/cpu_roofline.h"
 
 ABSL_FLAG(std::string, model, "", "Hugging Face model directory");
 ABSL_FLAG(int64_t, prompt_len, 128, "prompt tokens for the prefill measurement");
@@ -54,8 +55,8 @@ ABSL_FLAG(std::string, quantization, "none",
 ABSL_FLAG(bool, quantize_lm_head, false,
           "with --quantization, quantize the LM head too (the engine's flag)");
 ABSL_FLAG(std::string, activation_dtype, "f32",
-          "CPU: f32, or int8 (quantized weights' activations rounded to int8 for VNNI, as the "
-          "engine's flag)");
+          "CPU: f32, bf16 (BF16 weights' activations rounded to BF16 for vdpbf16ps) or int8 "
+          "(quantized weights' activations rounded to int8 for VNNI), as the engine's flag");
 ABSL_FLAG(bool, profile_ops, false,
           "after the measurement, time every op of one prefill and of the decode steps (GPU "
           "backends; op by op, so without graphs) and print a table per phase");
@@ -91,9 +92,12 @@ ABSL_FLAG(std::string, sampling, "argmax",
           "(256 candidates and the row's weight total, as top-p steps); draw and nucleus need a "
           "GPU backend (elsewhere rows come to the host)");
 ABSL_FLAG(int64_t, roofline_copy_mib, 1024,
-          "CUDA: MiB the copy kernel of the bandwidth ceiling copies");
+          "MiB the copy kernel of the bandwidth ceiling copies (CUDA), or the read kernel reads "
+          "(CPU: decode's share of it is printed; 0 skips it on the CPU)");
 ABSL_FLAG(int, roofline_gemm, 8192,
           "CUDA: m = n = k of the cuBLAS BF16 GEMM of the tensor-core ceiling");
+ABSL_FLAG(absl::optional<bool>, stack_projections, absl::nullopt,
+          "load q|k|v and gate|up as one stacked weight each (default: the backend's choice)");
 ABSL_FLAG(absl::optional<bool>, batch_invariant, absl::nullopt,
           "batch-invariant Linear (default: the backend's own, on for the CPU, off for CUDA); "
           "false on the CPU uses OpenBLAS GEMM for large batches");
@@ -109,9 +113,9 @@ int Run() {
   const int64_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int64_t batch = absl::GetFlag(FLAGS_decode_batch);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
-  if (absl::GetFlag(FLAGS_roofline_copy_mib) < 1 || absl::GetFlag(FLAGS_roofline_gemm) < 16) {
+  if (absl::GetFlag(FLAGS_roofline_copy_mib) < 0 || absl::GetFlag(FLAGS_roofline_gemm) < 16) {
     std::fprintf(stderr,
-                 "forward_bench: --roofline-copy-mib must be >= 1 and --roofline-gemm >= 16\n");
+                 "forward_bench: --roofline-copy-mib must be >= 0 and --roofline-gemm >= 16\n");
     return 1;
   }
   if (absl::GetFlag(FLAGS_tc_attention)) ::setenv("TANDEM_CUDA_TC_ATTENTION", "1", 1);
@@ -138,12 +142,16 @@ int Run() {
   o.compute_dtype = *compute;
   o.split_gemm_inputs = absl::GetFlag(FLAGS_split_gemm_inputs);
   const std::string activation = absl::GetFlag(FLAGS_activation_dtype);
-  if (activation != "f32" && activation != "int8") {
-    std::fprintf(stderr, "forward_bench: --activation-dtype must be f32 or int8\n");
+  absl::StatusOr<ActivationDType> activations = ParseActivationDType(activation);
+  if (!activations.ok()) {
+    std::fprintf(stderr, "forward_bench: %s\n",
+                 std::string(activations.status().message()).c_str());
     return 1;
   }
-  o.int8_activations = activation == "int8";
+  o.activations = *activations;
   LlamaLoadOptions load;
+  if (const absl::optional<bool> st = absl::GetFlag(FLAGS_stack_projections); st.has_value())
+    load.stack_projections = *st;
   if (const std::optional<QuantType> q = ParseQuantType(absl::GetFlag(FLAGS_quantization))) {
     load.quantization = *q;
     load.quantize_lm_head = absl::GetFlag(FLAGS_quantize_lm_head);
@@ -358,6 +366,16 @@ int Run() {
     record["prefill_peak_pct"] = prefill_pct;
   }
 #endif
+  if (backend->name() == "cpu" && absl::GetFlag(FLAGS_roofline_copy_mib) > 0) {
+    // The same pool as the backend's (TANDEM_NUM_THREADS), reading a buffer past the caches.
+    const double read_gb_s = bench::MeasureReadBandwidth(
+        ThreadPool::Default(), static_cast<size_t>(absl::GetFlag(FLAGS_roofline_copy_mib)) << 20);
+    const double decode_pct = 100.0 * step_bytes / step_seconds / 1e9 / read_gb_s;
+    std::printf("roofline: read kernel %.1f GB/s -> decode at %.1f%% of it\n", read_gb_s,
+                decode_pct);
+    record["read_gb_s"] = read_gb_s;
+    record["decode_roofline_pct"] = decode_pct;
+  }
   std::printf("json: %s\n", record.dump().c_str());
   return 0;
 }

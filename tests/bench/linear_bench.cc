@@ -14,12 +14,14 @@ namespace {
 
 constexpr int64_t kRows = 4864, kCols = 896;
 
-void BM_Linear(benchmark::State& state, DType dtype) {
+void BM_Linear(benchmark::State& state, DType dtype, bool batch_invariant = true) {
   const int64_t n = state.range(0);
   // Optional shape arguments (the padded kjv-target's MLP: [16384][256] and [256][16384]).
   const int64_t kRows = state.range(1) > 0 ? state.range(1) : tandem::kRows;
   const int64_t kCols = state.range(2) > 0 ? state.range(2) : tandem::kCols;
-  auto backend = CpuBackend::Create({}).value();
+  CpuBackend::Options options;
+  options.batch_invariant = batch_invariant;
+  auto backend = CpuBackend::Create(options).value();
   std::mt19937 rng(1);
   std::vector<uint16_t> w16(kRows * kCols);
   std::vector<float> w32(kRows * kCols), x(n * kCols), out(n * kRows);
@@ -46,6 +48,14 @@ BENCHMARK_CAPTURE(BM_Linear, F16, DType::kF16)->ArgsProduct({{1, 8, 64}, {0}, {0
 BENCHMARK_CAPTURE(BM_Linear, BF16, DType::kBF16)
     ->ArgsProduct({{1, 2, 3, 4, 5, 6, 8, 9, 16, 64}, {0}, {0}})
     ->UseRealTime();
+// Prefill: the batch-invariant dot-product tiles against OpenBLAS SGEMM over converted tiles
+// (--batch-invariant=false), on the Qwen2.5-0.5B MLP shape and kjv-target's [768][256].
+BENCHMARK_CAPTURE(BM_Linear, BF16_prefill, DType::kBF16)
+    ->ArgsProduct({{64, 512}, {0, 768}, {0, 256}})
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Linear, BF16_prefill_openblas, DType::kBF16, false)
+    ->ArgsProduct({{64, 512}, {0, 768}, {0, 256}})
+    ->UseRealTime();
 // Speculative decoding's verification steps (1 + k rows) on shapes whose weights come from DRAM.
 BENCHMARK_CAPTURE(BM_Linear, BF16_wide, DType::kBF16)
     ->ArgsProduct({{1, 2, 3, 4, 5, 8}, {16384}, {256}})
@@ -62,7 +72,7 @@ void BM_LinearQuant(benchmark::State& state, QuantType type, bool a8 = false) {
   const int64_t rows = state.range(1) > 0 ? state.range(1) : kRows;
   const int64_t cols = state.range(2) > 0 ? state.range(2) : kCols;
   CpuBackend::Options options;
-  options.int8_activations = a8;
+  options.activations = a8 ? ActivationDType::kInt8 : ActivationDType::kF32;
   auto backend = CpuBackend::Create(options).value();
   std::mt19937 rng(1);
   std::vector<float> w32(rows * cols), x(n * cols), out(n * rows);

@@ -302,6 +302,13 @@ for q, kl_bound in (("int8", 1e-3), ("int4", 2e-2)):
     r = evaluate("--quantization", q, "--activation-dtype", "int8")
     if r:
         check(r["mean_kl"] < kl_bound and r["top1_agreement"] >= 0.9, f"eval {q} with int8 activations: {r}")
+# --activation-dtype bf16 (BF16 weights' activations rounded to BF16): judged against f32
+# activations, close but not identical.
+r = evaluate("--activation-dtype", "bf16")
+if r and plain:
+    check(r["activation_dtype"] == "bf16" and r["reference_perplexity"] == plain["perplexity"],
+          f"eval bf16 activations: the reference is the f32 path: {r}")
+    check(0 < r["mean_kl"] < 1e-4 and r["top1_agreement"] >= 0.99, f"eval bf16 activations: {r}")
 # --quantize-lm-head: the LM head quantized too costs a little more quality, and the plan counts it.
 r = evaluate("--quantization", "int8", "--quantize-lm-head")
 if r:

@@ -2,8 +2,10 @@
 // paths (direct dot products for small batches, tiled GEMM for large ones).
 #include "common/backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -97,6 +99,55 @@ TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
       }
     }
   }
+}
+
+// --activation-dtype bf16: BF16 weights' Linear rounds x to BF16 (nearest even) and sums exact
+// products in f32 (vdpbf16ps; the f32 kernels on the rounded x without AVX-512 BF16). Against a
+// double reference over the rounded x, at every batch size, with the same bits as a one-row Linear;
+// odd shapes (k = 203 and 45: not multiples of the 32-column blocks). Other weights keep f32.
+TEST(CpuBackendTest, Bf16ActivationsMatchTheRoundedReferenceAtEveryBatchSize) {
+  CpuBackend::Options options;
+  options.activations = ActivationDType::kBF16;
+  auto backend = CpuBackend::Create(options).value();
+  auto exact = CpuBackend::Create({}).value();
+  for (const int64_t cols : {203, 45}) {
+    const int64_t rows = 53;
+    Matrix w = RandomWeight(rows, cols, DType::kBF16, 5);
+    Matrix x = RandomWeight(19, cols, DType::kF32, 6);
+    std::vector<float> one(rows);
+    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19}) {
+      std::vector<float> out(n * rows);
+      backend->Linear(x.f32.data(), n, w.weight, nullptr, out.data());
+      for (int64_t i = 0; i < n; ++i) {
+        backend->Linear(x.f32.data() + i * cols, 1, w.weight, nullptr, one.data());
+        for (int64_t j = 0; j < rows; ++j) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(out[i * rows + j]), std::bit_cast<uint32_t>(one[j]))
+              << "k=" << cols << " n=" << n << " row " << i << " col " << j;
+          double ref = 0;
+          for (int64_t k = 0; k < cols; ++k) {
+            ref += double{Bf16ToF32(F32ToBf16(x.f32[i * cols + k]))} * w.f32[j * cols + k];
+          }
+          ASSERT_NEAR(out[i * rows + j], ref, 2e-4 * std::sqrt(cols))
+              << "row " << i << " col " << j;
+        }
+      }
+    }
+    // The rounding is real: some output moves by more than the f32 path's error.
+    std::vector<float> rounded(rows), f32(rows);
+    backend->Linear(x.f32.data(), 1, w.weight, nullptr, rounded.data());
+    exact->Linear(x.f32.data(), 1, w.weight, nullptr, f32.data());
+    double moved = 0;
+    for (int64_t j = 0; j < rows; ++j)
+      moved = std::max(moved, double{std::abs(rounded[j] - f32[j])});
+    EXPECT_GT(moved, 1e-3);
+  }
+  // F16 weights keep f32 activations: the same bits as the exact backend's.
+  Matrix w = RandomWeight(21, 203, DType::kF16, 7);
+  Matrix x = RandomWeight(3, 203, DType::kF32, 8);
+  std::vector<float> a(3 * 21), b(3 * 21);
+  backend->Linear(x.f32.data(), 3, w.weight, nullptr, a.data());
+  exact->Linear(x.f32.data(), 3, w.weight, nullptr, b.data());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
 TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {
@@ -252,6 +303,123 @@ TEST_P(CpuPagedAttentionTest, MatchesDenseCausalAttention) {
         double ref = 0;
         for (int64_t p = 0; p <= t; ++p) ref += w[p] / sum * v[(p * kv_heads + kh) * hd + i];
         EXPECT_NEAR(out[(t * heads + h) * hd + i], ref, 1e-5);
+      }
+    }
+  }
+}
+
+// Odd shapes (head_dim 36: not a multiple of any vector width; blocks of 5; three query heads per
+// KV head; prompts longer than a query tile), two sequences: each token's output is the same bits
+// whether the prompt runs in one step, in chunks, token by token, or batched with the other
+// sequence (the engine's batch invariance), and near dense attention over the cache's values.
+TEST_P(CpuPagedAttentionTest, ChunkedAndBatchedGiveTheSameBits) {
+  auto backend = CpuBackend::Create({}).value();
+  const DType dtype = GetParam();
+  const int64_t heads = 6, kv_heads = 2, hd = 36, bs = 5, lens[2] = {37, 23};
+  KvCacheGeometry g{1, 20, bs, kv_heads, hd};
+  g.dtype = dtype;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  // Per sequence: q, k, v of every token, and its block table (sequence 1 takes blocks 19, 18, ...;
+  // sequence 0 takes 0, 2, 4, ...).
+  std::vector<float> q[2], k[2], v[2];
+  std::vector<int32_t> table[2];
+  for (int s = 0; s < 2; ++s) {
+    q[s].resize(lens[s] * heads * hd);
+    k[s].resize(lens[s] * kv_heads * hd);
+    v[s].resize(lens[s] * kv_heads * hd);
+    for (auto* vec : {&q[s], &k[s], &v[s]})
+      for (auto& e : *vec) e = dist(rng);
+    for (int64_t b = 0; b < (lens[s] + bs - 1) / bs; ++b)
+      table[s].push_back(s == 0 ? static_cast<int32_t>(2 * b) : static_cast<int32_t>(19 - b));
+  }
+  // Runs steps of (sequence, first token, count) pieces over fresh caches; returns each sequence's
+  // outputs.
+  struct Piece {
+    int seq;
+    int64_t start, count;
+  };
+  const auto run = [&](const std::vector<std::vector<Piece>>& steps) {
+    std::vector<char> kc(g.bytes_per_layer()), vc(g.bytes_per_layer());
+    std::vector<float> outs[2] = {std::vector<float>(lens[0] * heads * hd),
+                                  std::vector<float>(lens[1] * heads * hd)};
+    for (const auto& step : steps) {
+      std::vector<int32_t> seq_indptr = {0}, positions, ctx, bptr = {0}, blocks, slots;
+      std::vector<float> sq, sk, sv, out;
+      for (const Piece& p : step) {
+        for (int64_t t = p.start; t < p.start + p.count; ++t) {
+          positions.push_back(static_cast<int32_t>(t));
+          slots.push_back(table[p.seq][t / bs] * bs + t % bs);
+        }
+        seq_indptr.push_back(static_cast<int32_t>(positions.size()));
+        ctx.push_back(static_cast<int32_t>(p.start + p.count));
+        blocks.insert(blocks.end(), table[p.seq].begin(), table[p.seq].end());
+        bptr.push_back(static_cast<int32_t>(blocks.size()));
+        const auto append = [&](std::vector<float>& dst, const std::vector<float>& src,
+                                int64_t width) {
+          dst.insert(dst.end(), src.begin() + p.start * width,
+                     src.begin() + (p.start + p.count) * width);
+        };
+        append(sq, q[p.seq], heads * hd);
+        append(sk, k[p.seq], kv_heads * hd);
+        append(sv, v[p.seq], kv_heads * hd);
+      }
+      out.resize(sq.size());
+      AttentionMetadata md{static_cast<int64_t>(step.size()),
+                           static_cast<int64_t>(positions.size()),
+                           *std::max_element(ctx.begin(), ctx.end()),
+                           seq_indptr.data(),
+                           positions.data(),
+                           ctx.data(),
+                           bptr.data(),
+                           blocks.data(),
+                           slots.data()};
+      backend->PagedAttention(sq.data(), sk.data(), sv.data(), kc.data(), vc.data(), g, 0, md,
+                              heads, 0.3f, out.data());
+      int64_t row = 0;
+      for (const Piece& p : step) {
+        std::copy_n(out.begin() + row * heads * hd, p.count * heads * hd,
+                    outs[p.seq].begin() + p.start * heads * hd);
+        row += p.count;
+      }
+    }
+    return std::vector<std::vector<float>>{outs[0], outs[1]};
+  };
+  const auto whole = run({{{0, 0, lens[0]}}, {{1, 0, lens[1]}}});
+  std::vector<std::vector<Piece>> tokenwise;
+  for (int64_t t = 0; t < lens[0]; ++t) tokenwise.push_back({{0, t, 1}});
+  for (int64_t t = 0; t < lens[1]; ++t) tokenwise.push_back({{1, t, 1}});
+  const auto chunked = run({{{0, 0, 7}, {1, 0, 20}}, {{1, 20, 3}, {0, 7, 1}}, {{0, 8, 29}}});
+  const auto one_by_one = run(tokenwise);
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(whole[s].size(), chunked[s].size());
+    EXPECT_EQ(std::memcmp(whole[s].data(), chunked[s].data(), whole[s].size() * sizeof(float)), 0)
+        << "sequence " << s << " chunked";
+    EXPECT_EQ(std::memcmp(whole[s].data(), one_by_one[s].data(), whole[s].size() * sizeof(float)),
+              0)
+        << "sequence " << s << " token by token";
+  }
+  // Near dense attention over the exact inputs (the cache's rounding bounds the distance).
+  const double tol = dtype == DType::kF32 ? 1e-5 : dtype == DType::kI8 ? 6e-2 : 3e-2;
+  for (int s = 0; s < 2; ++s) {
+    for (int64_t t = 0; t < lens[s]; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t kh = h / (heads / kv_heads);
+        std::vector<double> w(t + 1);
+        double mx = -1e30, sum = 0;
+        for (int64_t p = 0; p <= t; ++p) {
+          double dot = 0;
+          for (int64_t i = 0; i < hd; ++i)
+            dot += double{q[s][(t * heads + h) * hd + i]} * k[s][(p * kv_heads + kh) * hd + i];
+          mx = std::max(mx, w[p] = dot * 0.3);
+        }
+        for (auto& e : w) sum += e = std::exp(e - mx);
+        for (int64_t i = 0; i < hd; ++i) {
+          double ref = 0;
+          for (int64_t p = 0; p <= t; ++p) ref += w[p] / sum * v[s][(p * kv_heads + kh) * hd + i];
+          ASSERT_NEAR(whole[s][(t * heads + h) * hd + i], ref, tol)
+              << "seq " << s << " token " << t << " head " << h << " dim " << i;
+        }
       }
     }
   }

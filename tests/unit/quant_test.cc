@@ -306,7 +306,7 @@ std::vector<float> Int8Activations(const QuantizedMatrix& m, const std::vector<f
 TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
   const Case& c = GetParam();
   CpuBackend::Options options;
-  options.int8_activations = true;
+  options.activations = ActivationDType::kInt8;
   auto backend = CpuBackend::Create(options).value();
   auto m = Make();
   const DeviceWeight w = backend->UploadQuantizedWeight(m).value();

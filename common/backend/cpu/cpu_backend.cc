@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cpu/attention.h"
+#include "common/backend/cpu/bf16_kernels.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cpu/quant_a8_kernels.h"
 #include "common/backend/cpu/quant_kernels.h"
@@ -42,21 +44,25 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& op
   ThreadPool* pool = options.pool ? options.pool : &ThreadPool::Default();
   openblas_set_num_threads(1);
   auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(pool, options.batch_invariant));
-  backend->int8_activations_ = options.int8_activations;
+  backend->activations_ = options.activations;
   return backend;
 }
 
 std::string CpuBackend::device_description() const {
-  return absl::StrCat("cpu (", pool_->num_threads(), " threads, ",
-                      cpu::HaveAvx512() ? "avx512"
-                      : cpu::HaveAvx2() ? "avx2+fma"
-                                        : "portable",
-                      " kernels, ", batch_invariant_ ? "batch-invariant Linear" : "OpenBLAS GEMM",
-                      int8_activations_
-                          ? (cpu::HaveAvx512Vnni() ? ", int8 activations (vnni)"
-                                                   : ", int8 activations (portable: no vnni)")
-                          : "",
-                      ")");
+  return absl::StrCat(
+      "cpu (", pool_->num_threads(), " threads, ",
+      cpu::HaveAvx512() ? "avx512"
+      : cpu::HaveAvx2() ? "avx2+fma"
+                        : "portable",
+      " kernels, ", batch_invariant_ ? "batch-invariant Linear" : "OpenBLAS GEMM",
+      activations_ == ActivationDType::kInt8
+          ? (cpu::HaveAvx512Vnni() ? ", int8 activations (vnni)"
+                                   : ", int8 activations (portable: no vnni)")
+      : activations_ == ActivationDType::kBF16
+          ? (cpu::HaveAvx512Bf16() ? ", bf16 activations (avx512_bf16)"
+                                   : ", bf16 activations (f32 kernels: no avx512_bf16)")
+          : "",
+      ")");
 }
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuBackend::Allocate(size_t bytes) {
@@ -185,7 +191,7 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
     }
     x = permuted.data();
   }
-  if (int8_activations_) return QuantizedLinearA8(x, n, m, q, out);
+  if (activations_ == ActivationDType::kInt8) return QuantizedLinearA8(x, n, m, q, out);
   sums.resize(static_cast<size_t>(n * q.groups));
   if (w.zeros != nullptr) {
     for (int64_t i = 0; i < n; ++i)
@@ -232,14 +238,38 @@ void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, int64_t m, const c
              });
 }
 
-void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
-                        float* out) {
+void CpuBackend::LinearBf16(const float* x, int64_t n, const DeviceWeight& w, float* out) {
+  const int64_t m = w.rows, k = w.cols, kp = cpu::Bf16PaddedCols(k);
+  thread_local std::vector<uint16_t> rounded;
+  rounded.resize(static_cast<size_t>(n * kp));
+  cpu::RoundRowsToBf16(x, n, k, rounded.data());
+  const uint16_t* xb = rounded.data();  // the caller's, captured by the pool's tasks
+  if (!cpu::HaveAvx512Bf16()) {
+    // The f32 kernels on the rounded activations: the same inputs, other sums.
+    thread_local std::vector<float> widened;
+    widened.resize(static_cast<size_t>(n * k));
+    for (int64_t i = 0; i < n; ++i) ConvertToF32(DType::kBF16, xb + i * kp, &widened[i * k], k);
+    return LinearF32(widened.data(), n, w, out);
+  }
+  const auto* wb = static_cast<const uint16_t*>(w.data);
+  // Tiles of weight rows (kept in cache) × groups of up to 8 activation rows, as the f32 path.
+  constexpr int64_t kRowTile = 24, kTokenGroup = 8;
+  pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
+      for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
+        cpu::Bf16DotTile(xb + i0 * kp, kp, static_cast<int>(std::min(kTokenGroup, n - i0)),
+                         wb + j0 * k, static_cast<int>(j1 - j0), k, out + i0 * m + j0, m);
+      }
+    }
+  });
+}
+
+void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, float* out) {
   const int64_t m = w.rows, k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
-  if (w.quant != QuantType::kNone) {
-    QuantizedLinear(x, n, w, out);
-  } else if (n <= kDirectDotMaxRows || batch_invariant_) {
+  if (n <= kDirectDotMaxRows || batch_invariant_) {
     // Tiles of weight rows (kept in cache) × groups of activation rows; every output element is
     // one Dot, so results do not depend on n.
     constexpr int64_t kRowTile = 24, kTokenGroup = 8;
@@ -279,6 +309,18 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
                     static_cast<int>(k), 0.0f, out + r0, static_cast<int>(m));
       }
     });
+  }
+}
+
+void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
+                        float* out) {
+  const int64_t m = w.rows;
+  if (w.quant != QuantType::kNone) {
+    QuantizedLinear(x, n, w, out);
+  } else if (activations_ == ActivationDType::kBF16 && w.dtype == DType::kBF16) {
+    LinearBf16(x, n, w, out);
+  } else {
+    LinearF32(x, n, w, out);
   }
   if (bias != nullptr) {
     const float* bv = static_cast<const float*>(bias->data);
@@ -320,96 +362,7 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
                                 void* v_cache, const KvCacheGeometry& g, int64_t layer,
                                 const AttentionMetadata& md, int64_t num_q_heads, float scale,
                                 float* out) {
-  const int64_t hd = g.head_dim, kvh = g.num_kv_heads;
-  const int64_t token_stride = kvh * hd;
-  const bool int8 = g.dtype == DType::kI8;
-  std::byte* kc = static_cast<std::byte*>(k_cache) + layer * g.bytes_per_layer();
-  std::byte* vc = static_cast<std::byte*>(v_cache) + layer * g.bytes_per_layer();
-  // 1. Scatter the new keys and values into their slots (rounded to the cache's dtype; int8: one
-  // scale per head, max|x| / 127, codes rounded to nearest even).
-  const auto store = [&](std::byte* layer_base, int64_t slot, const float* src) {
-    std::byte* dst = layer_base + g.slot_offset(slot);
-    if (g.dtype == DType::kF32) {
-      std::memcpy(dst, src, token_stride * sizeof(float));
-    } else if (int8) {
-      auto* codes = reinterpret_cast<int8_t*>(dst);
-      auto* scales = reinterpret_cast<float*>(layer_base + g.scale_offset(slot));
-      for (int64_t h = 0; h < kvh; ++h) {
-        const float* x = src + h * hd;
-        float amax = 0.f;
-        for (int64_t i = 0; i < hd; ++i) amax = std::max(amax, std::abs(x[i]));
-        const float s = amax > 0 && std::isfinite(amax) ? amax / 127.f : 1.f;
-        scales[h] = s;
-        for (int64_t i = 0; i < hd; ++i) {
-          codes[h * hd + i] =
-              static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / s), -127.f, 127.f));
-        }
-      }
-    } else {
-      auto* d = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < token_stride; ++i)
-        d[i] = g.dtype == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
-    }
-  };
-  for (int64_t t = 0; t < md.num_tokens; ++t) {
-    const int64_t slot = md.slot_mapping[t];
-    if (slot < 0) continue;  // a padding token: nothing to keep
-    store(kc, slot, k + t * token_stride);
-    store(vc, slot, v + t * token_stride);
-  }
-  // The key or value of head kh at `slot`: its elements, and the scale they multiply (int8; else
-  // 1).
-  const auto at = [&](const std::byte* layer_base, int64_t slot, int64_t kh, float* scale) {
-    *scale = int8 ? reinterpret_cast<const float*>(layer_base + g.scale_offset(slot))[kh] : 1.f;
-    return layer_base + g.slot_offset(slot) + kh * hd * g.bytes_per_element();
-  };
-  // 2. Causal attention of every (token, head) over its sequence's blocks.
-  std::vector<int32_t> seq_of_token(md.num_tokens);
-  for (int64_t s = 0; s < md.num_seqs; ++s) {
-    for (int32_t t = md.seq_indptr[s]; t < md.seq_indptr[s + 1]; ++t) seq_of_token[t] = s;
-  }
-  const int64_t group = num_q_heads / kvh;
-  pool_->ParallelFor(md.num_tokens * num_q_heads, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> scores(md.max_context_len + 1);
-    std::vector<float> acc(hd), row(hd);
-    for (int64_t idx = b; idx < e; ++idx) {
-      const int64_t t = idx / num_q_heads, h = idx % num_q_heads, kh = h / group;
-      const int64_t s = seq_of_token[t];
-      const int32_t* table = md.block_indices + md.block_indptr[s];
-      const int64_t len = std::min<int64_t>(md.positions[t] + 1, md.context_lens[s]);
-      const float* qv = q + (t * num_q_heads + h) * hd;
-      float max_score = -INFINITY;
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        float ks;
-        const std::byte* kb = at(kc, slot, kh, &ks);
-        const float sc = cpu::Dot(qv, kb, g.dtype, hd) * ks * scale;
-        scores[p] = sc;
-        max_score = std::max(max_score, sc);
-      }
-      double denom = 0;
-      for (int64_t p = 0; p < len; ++p) {
-        scores[p] = std::exp(scores[p] - max_score);
-        denom += scores[p];
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t p = 0; p < len; ++p) {
-        const int64_t slot = table[p / g.block_size] * g.block_size + p % g.block_size;
-        float vs;
-        const std::byte* vb = at(vc, slot, kh, &vs);
-        const float* vv = reinterpret_cast<const float*>(vb);
-        if (g.dtype != DType::kF32) {
-          ConvertToF32(g.dtype, vb, row.data(), static_cast<size_t>(hd));
-          vv = row.data();
-        }
-        const float wgt = scores[p] * vs;
-        for (int64_t i = 0; i < hd; ++i) acc[i] += wgt * vv[i];
-      }
-      float* o = out + (t * num_q_heads + h) * hd;
-      const float inv = static_cast<float>(1.0 / denom);
-      for (int64_t i = 0; i < hd; ++i) o[i] = acc[i] * inv;
-    }
-  });
+  cpu::PagedAttention(*pool_, q, k, v, k_cache, v_cache, g, layer, md, num_q_heads, scale, out);
 }
 
 void CpuBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {

@@ -23,10 +23,11 @@ class CpuBackend final : public Backend {
     // (the engine's batch invariance). Off: large batches use OpenBLAS SGEMM (faster prefill,
     // results differ in the last bits with batch composition).
     bool batch_invariant = true;
-    // Quantized weights' Linear quantizes its activations to int8 (per row and weight group) and
-    // multiplies in integers (quant_a8_kernels.h: VNNI): faster, less exact. Other weights keep
-    // f32.
-    bool int8_activations = false;
+    // kInt8: quantized weights' Linear quantizes its activations to int8 (per row and weight
+    // group) and multiplies in integers (quant_a8_kernels.h: VNNI). kBF16: BF16 weights' Linear
+    // rounds its activations to BF16 and multiplies with vdpbf16ps (bf16_kernels.h). Faster, less
+    // exact; other weights keep f32.
+    ActivationDType activations = ActivationDType::kF32;
   };
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const Options& options);
 
@@ -68,13 +69,17 @@ class CpuBackend final : public Backend {
  private:
   CpuBackend(ThreadPool* pool, bool batch_invariant)
       : pool_(pool), batch_invariant_(batch_invariant) {}
-  // Linear over quantized weights with int8 activations (Options::int8_activations).
+  // Linear over 16-bit or f32 weights with f32 activations.
+  void LinearF32(const float* x, int64_t n, const DeviceWeight& w, float* out);
+  // Linear over BF16 weights with BF16 activations (Options::activations kBF16).
+  void LinearBf16(const float* x, int64_t n, const DeviceWeight& w, float* out);
+  // Linear over quantized weights with int8 activations (Options::activations kInt8).
   void QuantizedLinearA8(const float* x, int64_t n, int64_t m, const cpu::QuantRows& q, float* out);
   // Linear over a weight-only quantized weight.
   void QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out);
   ThreadPool* pool_;
   bool batch_invariant_;
-  bool int8_activations_ = false;
+  ActivationDType activations_ = ActivationDType::kF32;
 };
 
 }  // namespace tandem

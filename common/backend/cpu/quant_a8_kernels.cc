@@ -14,7 +14,7 @@ const bool kHaveVnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppor
                        std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
 
 // How far ahead of the dot products a row's codes are asked for (as quant_kernels.cc's).
-constexpr int64_t kPrefetchBytes = 4096;
+constexpr int64_t kPrefetchBytes = 8192;
 
 // Where stored column c of an activation block [c0, c1) sits in the quantized activation row (the
 // header's layout: int4's full 128-column blocks as lows then highs).

@@ -10,7 +10,7 @@ namespace tandem::cpu {
 namespace {
 
 // How far ahead of the FMAs a row's codes are asked for (as cpu_kernels.cc's 16-bit tiles).
-constexpr int64_t kPrefetchBytes = 4096;
+constexpr int64_t kPrefetchBytes = 8192;
 
 // R weight rows against T activation rows, in registers. Per group: one vector accumulator per
 // (row, activation) pair holds sum x·q, which is scaled into the pair's total (the RT independent

@@ -1,0 +1,107 @@
+#include "common/backend/cpu/bf16_kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/tensor/dtype.h"
+
+// GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace tandem::cpu {
+namespace {
+
+const bool kHaveBf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512bf16") &&
+                       std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
+
+#define TANDEM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// A fixed pairwise sum of the 16 lanes.
+TANDEM_BF16_TARGET float Reduce(__m512 a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// R weight rows × T activation rows in registers: per 32 columns, R weight and T activation loads
+// feed R·T dot products of 32 pairs each.
+template <int R, int T>
+TANDEM_BF16_TARGET void Tile(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t k,
+                             float* out, int64_t out_stride) {
+  __m512 acc[R][T];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; i += 32) {
+    // The last block's weights past k are masked to zero (the activations there are zero too).
+    const __mmask32 m = k - i >= 32 ? ~__mmask32{0} : (__mmask32{1} << (k - i)) - 1;
+    __m512i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if constexpr (R * T > 1)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * k + i) + 4096, _MM_HINT_T0);
+      wv[r] = _mm512_maskz_loadu_epi16(m, w + r * k + i);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      __m512i xv = _mm512_loadu_si512(x + t * x_stride + i);
+      if constexpr (R > 1) asm("" : "+v"(xv));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)xv, (__m512bh)wv[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) out[t * out_stride + r] = Reduce(acc[r][t]);
+  }
+}
+
+template <int R, int T>
+void TileRows(const uint16_t* x, int64_t x_stride, const uint16_t* w, int rows_w, int64_t k,
+              float* out, int64_t out_stride) {
+  int r = 0;
+  for (; r + R <= rows_w; r += R) Tile<R, T>(x, x_stride, w + r * k, k, out + r, out_stride);
+  for (; r < rows_w; ++r) Tile<1, T>(x, x_stride, w + r * k, k, out + r, out_stride);
+}
+
+}  // namespace
+
+bool HaveAvx512Bf16() { return kHaveBf16; }
+
+int64_t Bf16PaddedCols(int64_t k) { return (k + 31) / 32 * 32; }
+
+void RoundRowsToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out) {
+  const int64_t kp = Bf16PaddedCols(k);
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t i = 0; i < k; ++i) out[t * kp + i] = F32ToBf16(x[t * k + i]);
+    std::fill(out + t * kp + k, out + (t + 1) * kp, uint16_t{0});
+  }
+}
+
+void Bf16DotTile(const uint16_t* x, int64_t x_stride, int rows_x, const uint16_t* w, int rows_w,
+                 int64_t k, float* out, int64_t out_stride) {
+  // Register blocks within 32 registers: R·T accumulators, R weights, one activation.
+  switch (rows_x) {
+    case 1: return TileRows<8, 1>(x, x_stride, w, rows_w, k, out, out_stride);
+    case 2: return TileRows<6, 2>(x, x_stride, w, rows_w, k, out, out_stride);
+    case 3: return TileRows<4, 3>(x, x_stride, w, rows_w, k, out, out_stride);
+    case 4: return TileRows<4, 4>(x, x_stride, w, rows_w, k, out, out_stride);
+    case 5: return TileRows<3, 5>(x, x_stride, w, rows_w, k, out, out_stride);
+    case 6: return TileRows<3, 6>(x, x_stride, w, rows_w, k, out, out_stride);
+    case 7: return TileRows<3, 7>(x, x_stride, w, rows_w, k, out, out_stride);
+    default: return TileRows<2, 8>(x, x_stride, w, rows_w, k, out, out_stride);
+  }
+}
+
+}  // namespace tandem::cpu

@@ -1,0 +1,80 @@
+#include "tests/bench/cpu_roofline.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+namespace tandem::bench {
+namespace {
+
+// Sums of 64-byte lines, kept so the compiler cannot drop the loads.
+__attribute__((target("avx512f"))) float ReadAvx512(const float* p, size_t lines) {
+  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+  size_t i = 0;
+  for (; i + 4 <= lines; i += 4) {
+    a = _mm512_add_ps(a, _mm512_load_ps(p + 16 * i));
+    b = _mm512_add_ps(b, _mm512_load_ps(p + 16 * (i + 1)));
+    c = _mm512_add_ps(c, _mm512_load_ps(p + 16 * (i + 2)));
+    d = _mm512_add_ps(d, _mm512_load_ps(p + 16 * (i + 3)));
+  }
+  for (; i < lines; ++i) a = _mm512_add_ps(a, _mm512_load_ps(p + 16 * i));
+  alignas(64) float out[16];
+  _mm512_store_ps(out, _mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+  return out[0] + out[15];
+}
+
+__attribute__((target("avx2"))) float ReadAvx2(const float* p, size_t lines) {
+  __m256 a = _mm256_setzero_ps(), b = a, c = a, d = a;
+  for (size_t i = 0; i < lines; ++i) {
+    a = _mm256_add_ps(a, _mm256_load_ps(p + 16 * i));
+    b = _mm256_add_ps(b, _mm256_load_ps(p + 16 * i + 8));
+    if (i % 2) std::swap(a, c), std::swap(b, d);
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
+  return out[0] + out[7];
+}
+
+float ReadPortable(const float* p, size_t lines) {
+  float s = 0;
+  for (size_t i = 0; i < lines; ++i) s += p[16 * i];
+  return s;
+}
+
+}  // namespace
+
+double MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes) {
+  const size_t lines = bytes / 64;
+  if (lines == 0) return 0;
+  std::unique_ptr<float, void (*)(float*)> buf(
+      static_cast<float*>(::operator new[](lines * 64, std::align_val_t(64))),
+      [](float* p) { ::operator delete[](p, std::align_val_t(64)); });
+  std::memset(buf.get(), 0, lines * 64);  // touch every page before timing
+  const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+  std::atomic<float> sink{0};
+  double best = 1e30;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // One chunk per thread: each streams a contiguous part of the buffer.
+    const int64_t chunks = pool.num_threads();
+    pool.ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        const size_t first = lines * c / chunks, last = lines * (c + 1) / chunks;
+        const float* p = buf.get() + 16 * first;
+        const float s = avx512 ? ReadAvx512(p, last - first)
+                        : avx2 ? ReadAvx2(p, last - first)
+                               : ReadPortable(p, last - first);
+        sink.store(s, std::memory_order_relaxed);
+      }
+    });
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return static_cast<double>(lines * 64) / best / 1e9;
+}
+
+}  // namespace tandem::bench
