@@ -14,13 +14,15 @@ namespace {
 
 constexpr int64_t kRows = 4864, kCols = 896;
 
-void BM_Linear(benchmark::State& state, DType dtype, bool batch_invariant = true) {
+void BM_Linear(benchmark::State& state, DType dtype, bool batch_invariant = true,
+               ActivationDType activations = ActivationDType::kF32) {
   const int64_t n = state.range(0);
   // Optional shape arguments (the padded kjv-target's MLP: [16384][256] and [256][16384]).
   const int64_t kRows = state.range(1) > 0 ? state.range(1) : tandem::kRows;
   const int64_t kCols = state.range(2) > 0 ? state.range(2) : tandem::kCols;
   CpuBackend::Options options;
   options.batch_invariant = batch_invariant;
+  options.activations = activations;
   auto backend = CpuBackend::Create(options).value();
   std::mt19937 rng(1);
   std::vector<uint16_t> w16(kRows * kCols);
@@ -55,6 +57,12 @@ BENCHMARK_CAPTURE(BM_Linear, BF16_prefill, DType::kBF16)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_Linear, BF16_prefill_openblas, DType::kBF16, false)
     ->ArgsProduct({{64, 512}, {0, 768}, {0, 256}})
+    ->UseRealTime();
+// --activation-dtype bf16 (vdpbf16ps), decode and prefill batches, cache- and DRAM-resident.
+BENCHMARK_CAPTURE(BM_Linear, BF16_act_bf16, DType::kBF16, true, ActivationDType::kBF16)
+    ->ArgsProduct({{1, 8, 64, 512}, {0}, {0}})
+    ->Args({1, 16384, 8192})
+    ->Args({8, 16384, 8192})
     ->UseRealTime();
 // Speculative decoding's verification steps (1 + k rows) on shapes whose weights come from DRAM.
 BENCHMARK_CAPTURE(BM_Linear, BF16_wide, DType::kBF16)

@@ -4,8 +4,8 @@
 // on one machine (scripts/bench_forward.sh does that):
 //
 //   node bench_llama_cpp.mjs --model HF_DIR [--dtype bf16] [--prompt-len 128] [--decode-tokens 32]
-//                            [--repeats 3] [--threads 2] [--kv-type f16] [--keep-gguf FILE]
-//                            [--quantize-head]
+//                            [--decode-batch 1] [--repeats 3] [--threads 2] [--kv-type f16]
+//                            [--keep-gguf FILE] [--quantize-head]
 //
 // The model is exported to a temporary GGUF with its 2-D weights in --dtype (export_gguf.mjs; bf16 from a
 // bf16 checkpoint is a plain copy of the bits; q8_0 / q4_0 quantize the layers' projections, and with
@@ -17,7 +17,10 @@
 // Per repeat (the best of --repeats is reported, the sequence cleared between repeats):
 // - prefill: one controlledEvaluate of a --prompt-len random prompt with output (logits) for the last
 //   token only, as forward_bench asks for the last row only;
-// - decode: --decode-tokens single-token controlledEvaluate calls, each producing that token's logits.
+// - decode: --decode-tokens single-token controlledEvaluate calls, each producing that token's logits;
+//   with --decode-batch B, B sequences (each prefilled with the prompt first, as forward_bench does)
+//   each evaluate one token per step, issued together so node-llama-cpp runs them as one llama_decode
+//   of B tokens (llama.cpp's timer then counts the steps as "prompt eval" of B tokens each).
 // controlledEvaluate is the thinnest public path to llama_decode: it queues exactly the given tokens,
 // and with one sequence in the context it dispatches the batch at once (no next-tick batching wait).
 // sequence.evaluate() would add the generator, token predictor and repeat-penalty machinery. What is
@@ -34,7 +37,7 @@
 //
 // Output lines match forward_bench's:
 //   prefill: N tokens in X s = Y tokens/s
-//   decode:  batch 1, Z ms/step = W tokens/s
+//   decode:  batch B, Z ms/step = W tokens/s (W = B / step: all sequences' tokens)
 // Exit status 0 on success, 1 on failure, 2 on bad usage.
 
 import fs from "node:fs";
@@ -47,7 +50,7 @@ import { parseFlags, seededRandom } from "./lib/compare.mjs";
 
 const USAGE =
   "usage: node bench_llama_cpp.mjs --model HF_DIR [--dtype f32|f16|bf16] [--prompt-len 128] [--decode-tokens 32] " +
-  "[--repeats 3] [--threads 2] [--kv-type f16|f32|bf16] [--keep-gguf FILE] [--quantize-head]";
+  "[--decode-batch 1] [--repeats 3] [--threads 2] [--kv-type f16|f32|bf16] [--keep-gguf FILE] [--quantize-head]";
 
 const KV_TYPES = { f16: "F16", f32: "F32", bf16: "BF16" };
 
@@ -82,18 +85,19 @@ async function main() {
         dtype: "string",
         "prompt-len": "number",
         "decode-tokens": "number",
+        "decode-batch": "number",
         repeats: "number",
         threads: "number",
         "kv-type": "string",
         "keep-gguf": "string",
         "quantize-head": "boolean",
       },
-      { dtype: "bf16", "prompt-len": 128, "decode-tokens": 32, repeats: 3, threads: 2, "kv-type": "f16" },
+      { dtype: "bf16", "prompt-len": 128, "decode-tokens": 32, "decode-batch": 1, repeats: 3, threads: 2, "kv-type": "f16" },
     );
     if (!args.help && !args.model) throw new Error("--model is required");
     if (!EXPORT_DTYPES.includes(args.dtype)) throw new Error(`--dtype must be one of ${EXPORT_DTYPES.join(", ")}`);
     if (!(args["kv-type"] in KV_TYPES)) throw new Error(`--kv-type must be one of ${Object.keys(KV_TYPES).join(", ")}`);
-    for (const k of ["prompt-len", "decode-tokens", "repeats", "threads"]) {
+    for (const k of ["prompt-len", "decode-tokens", "decode-batch", "repeats", "threads"]) {
       if (!Number.isInteger(args[k]) || args[k] < 1) throw new Error(`--${k} must be a positive integer`);
     }
   } catch (e) {
@@ -106,6 +110,7 @@ async function main() {
   }
   const promptLen = args["prompt-len"];
   const decodeTokens = args["decode-tokens"];
+  const batch = args["decode-batch"];
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tandem-bench-llama-"));
   const gguf = args["keep-gguf"] ?? path.join(tmp, `model-${args.dtype}.gguf`);
   let llama, model, context;
@@ -132,7 +137,7 @@ async function main() {
     context = await model.createContext({
       contextSize,
       batchSize: contextSize,
-      sequences: 1,
+      sequences: batch,
       threads: args.threads,
       flashAttention: false,
       performanceTracking: true,
@@ -140,7 +145,8 @@ async function main() {
       experimentalKvCacheValueType: KV_TYPES[args["kv-type"]],
     });
     if (context.batchSize < promptLen) throw new Error(`batch size ${context.batchSize} < prompt length ${promptLen}`);
-    const seq = context.getSequence();
+    const seqs = Array.from({ length: batch }, () => context.getSequence());
+    const seq = seqs[0];
     const perf = async () => {
       const start = logs.length;
       await context.printTimings(); // prints and resets llama.cpp's counters
@@ -158,7 +164,7 @@ async function main() {
     let bestPrefillInternal = Infinity;
     let bestDecodeInternal = Infinity;
     for (let r = 0; r < args.repeats; r++) {
-      await seq.clearHistory();
+      for (const s of seqs) await s.clearHistory();
       await perf(); // reset the counters
       let t0 = process.hrtime.bigint();
       const res = await seq.controlledEvaluate(promptItems);
@@ -166,18 +172,22 @@ async function main() {
       if (!res[promptLen - 1]?.next || res[promptLen - 1].next.token === undefined) throw new Error("prefill produced no output");
       const p = await perf();
       if (p.prompt && p.prompt.n === promptLen) bestPrefillInternal = Math.min(bestPrefillInternal, p.prompt.ms / 1e3);
+      // The other sequences' prompts (untimed).
+      for (const s of seqs.slice(1)) await s.controlledEvaluate(promptItems);
+      await perf();
 
       t0 = process.hrtime.bigint();
       for (let step = 0; step < decodeTokens; step++) {
         // Same token ids as forward_bench's decode loop (its choice does not affect the cost).
-        const r1 = await seq.controlledEvaluate([[(step * 31) % vocab, out]]);
-        if (!r1[0]?.next) throw new Error(`decode step ${step} produced no output`);
+        const results = await Promise.all(seqs.map((s, i) => s.controlledEvaluate([[(step * 31 + i) % vocab, out]])));
+        if (results.some((r1) => !r1[0]?.next)) throw new Error(`decode step ${step} produced no output`);
       }
       bestDecode = Math.min(bestDecode, Number(process.hrtime.bigint() - t0) / 1e9);
       // llama.cpp counts single-token decodes as "eval" runs (and prints "prompt eval … / 1 tokens" when
-      // there was none).
+      // there was none); a step of B > 1 tokens counts as B tokens of "prompt eval".
       const d = await perf();
-      if (d.eval && d.eval.n === decodeTokens) bestDecodeInternal = Math.min(bestDecodeInternal, d.eval.ms / 1e3);
+      if (batch === 1 && d.eval && d.eval.n === decodeTokens) bestDecodeInternal = Math.min(bestDecodeInternal, d.eval.ms / 1e3);
+      if (batch > 1 && d.prompt && d.prompt.n === batch * decodeTokens) bestDecodeInternal = Math.min(bestDecodeInternal, d.prompt.ms / 1e3);
     }
 
     // The feature flags of the ggml CPU variant node-llama-cpp loaded (it picks the best for this CPU).
@@ -194,11 +204,11 @@ async function main() {
     );
     const step = bestDecode / decodeTokens;
     console.log(`prefill: ${promptLen} tokens in ${bestPrefill.toFixed(4)} s = ${(promptLen / bestPrefill).toFixed(1)} tokens/s`);
-    console.log(`decode:  batch 1, ${(step * 1e3).toFixed(2)} ms/step = ${(1 / step).toFixed(1)} tokens/s`);
+    console.log(`decode:  batch ${batch}, ${(step * 1e3).toFixed(2)} ms/step = ${(batch / step).toFixed(1)} tokens/s`);
     const fmt = (s, n) => (Number.isFinite(s) ? `${(s * 1e3).toFixed(2)} ms (${(n / s).toFixed(1)} tokens/s)` : "n/a");
     console.log(
       `llama.cpp internal timer (llama_decode only, best of ${args.repeats}): prefill ${fmt(bestPrefillInternal, promptLen)}, ` +
-        `decode ${fmt(bestDecodeInternal / decodeTokens, 1)} per step`,
+        `decode ${fmt(bestDecodeInternal / decodeTokens, batch)} per step`,
     );
     return 0;
   } catch (e) {

@@ -11,6 +11,7 @@
 
 // GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace tandem::cpu {
 namespace {

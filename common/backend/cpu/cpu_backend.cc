@@ -150,22 +150,33 @@ void CpuBackend::RmsNorm(const float* x, const DeviceWeight& weight, float eps, 
 
 namespace {
 
-// Tiles of 24 weight rows (kept in cache), each against every group of up to 8 activation rows,
-// on the pool: kernel(first activation row, rows, the tile's weight rows, their count, out at the
-// tile). Every output is one kernel call's, whatever n (batch invariance).
+// The tiles of a Linear of m weight rows and n activation rows, on the pool: fn(first weight row,
+// weight rows (at most 24), first activation row, activation rows (at most 8)) per tile. Items are
+// a block of up to 64 activation rows × a tile of 24 weight rows, activation-block-major: a thread
+// keeps its block in L2 while the weight tiles stream past (a 512-token prefill's activations
+// re-read from L3 for every weight tile ran at half the speed). Every output is one kernel call's,
+// whatever n (batch invariance).
+template <typename Fn>
+void ForEachTile(ThreadPool* pool, int64_t m, int64_t n, const Fn& fn) {
+  constexpr int64_t kRowTile = 24, kTokenGroup = 8, kActBlock = 64;
+  const int64_t tiles = (m + kRowTile - 1) / kRowTile, blocks = (n + kActBlock - 1) / kActBlock;
+  pool->ParallelFor(tiles * blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t j0 = (item % tiles) * kRowTile, i_begin = (item / tiles) * kActBlock;
+      const int rows_w = static_cast<int>(std::min(kRowTile, m - j0));
+      for (int64_t i0 = i_begin; i0 < std::min(n, i_begin + kActBlock); i0 += kTokenGroup)
+        fn(j0, rows_w, i0, static_cast<int>(std::min(kTokenGroup, n - i0)));
+    }
+  });
+}
+
+// ForEachTile for quantized weights: kernel(first activation row, rows, the tile's weight rows,
+// their count, out at the tile).
 template <typename Kernel>
 void QuantTiles(ThreadPool* pool, const cpu::QuantRows& q, int64_t m, int64_t n, float* out,
                 const Kernel& kernel) {
-  constexpr int64_t kRowTile = 24, kTokenGroup = 8;
-  pool->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
-      const cpu::QuantRows tile = q.RowsFrom(j0);
-      for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
-        kernel(i0, static_cast<int>(std::min(kTokenGroup, n - i0)), tile, static_cast<int>(j1 - j0),
-               out + i0 * m + j0);
-      }
-    }
+  ForEachTile(pool, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
+    kernel(i0, rows_x, q.RowsFrom(j0), rows_w, out + i0 * m + j0);
   });
 }
 
@@ -252,16 +263,8 @@ void CpuBackend::LinearBf16(const float* x, int64_t n, const DeviceWeight& w, fl
     return LinearF32(widened.data(), n, w, out);
   }
   const auto* wb = static_cast<const uint16_t*>(w.data);
-  // Tiles of weight rows (kept in cache) × groups of up to 8 activation rows, as the f32 path.
-  constexpr int64_t kRowTile = 24, kTokenGroup = 8;
-  pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
-    for (int64_t t = tb; t < te; ++t) {
-      const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
-      for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
-        cpu::Bf16DotTile(xb + i0 * kp, kp, static_cast<int>(std::min(kTokenGroup, n - i0)),
-                         wb + j0 * k, static_cast<int>(j1 - j0), k, out + i0 * m + j0, m);
-      }
-    }
+  ForEachTile(pool_, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
+    cpu::Bf16DotTile(xb + i0 * kp, kp, rows_x, wb + j0 * k, rows_w, k, out + i0 * m + j0, m);
   });
 }
 
@@ -270,20 +273,12 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
   if (n <= kDirectDotMaxRows || batch_invariant_) {
-    // Tiles of weight rows (kept in cache) × groups of activation rows; every output element is
-    // one Dot, so results do not depend on n.
-    constexpr int64_t kRowTile = 24, kTokenGroup = 8;
-    pool_->ParallelFor((m + kRowTile - 1) / kRowTile, 1, [&](int64_t tb, int64_t te) {
-      const float* xs[kTokenGroup];
-      for (int64_t t = tb; t < te; ++t) {
-        const int64_t j0 = t * kRowTile, j1 = std::min(m, j0 + kRowTile);
-        for (int64_t i0 = 0; i0 < n; i0 += kTokenGroup) {
-          const int rows = static_cast<int>(std::min(kTokenGroup, n - i0));
-          for (int r = 0; r < rows; ++r) xs[r] = x + (i0 + r) * k;
-          cpu::DotTile(xs, rows, wbytes + j0 * row_bytes, row_bytes, static_cast<int>(j1 - j0),
-                       w.dtype, k, out + i0 * m + j0, m);
-        }
-      }
+    // Every output element is one Dot, so results do not depend on n.
+    ForEachTile(pool_, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
+      const float* xs[8];
+      for (int r = 0; r < rows_x; ++r) xs[r] = x + (i0 + r) * k;
+      cpu::DotTile(xs, rows_x, wbytes + j0 * row_bytes, row_bytes, rows_w, w.dtype, k,
+                   out + i0 * m + j0, m);
     });
   } else {
     // Each thread takes tiles of weight rows, converts a 16-bit tile to f32 in a thread-local
