@@ -73,6 +73,17 @@ for row in bf16 int4-head; do
   got=$(awk -v r="$row" '$1 == r { n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^\(?[0-9.]+\)?$/) n++; print n }' "$out/quant.txt")
   [[ $got == "$want" ]] || fail "bench_quant_cpu.sh: row $row has $got figures, want $want: $(grep "^$row " "$out/quant.txt")"
 done
+# scripts/bench_cpu.sh (issue 33's table), tiny, kjv-target in every row: each row has its five
+# figures, and the roofline line its share.
+TANDEM_BUILD_DIR="$(cd "$(dirname "$kvb")/../.." && pwd)" BENCH_QUANT=0 BENCH_REPEATS=1 BENCH_THREADS=1 \
+  BENCH_PREFILL_LEN=16 BENCH_LONG_PREFILL_LEN=24 BENCH_DECODE_PROMPT_LEN=8 BENCH_DECODE_TOKENS=2 \
+  BENCH_DECODE_BATCH=2 BENCH_ROOFLINE_MIB=64 scripts/bench_cpu.sh "$model" "$model" > "$out/cpu.txt" 2> "$out/cpu.err" ||
+  fail "bench_cpu.sh ($(tail -3 "$out/cpu.err"))"
+for row in prefill-16 prefill-24 decode-1 decode-2; do
+  got=$(awk -v r="$row" '$1 == r { n = 0; for (i = 2; i <= NF; i++) if ($i ~ /^[0-9.]+$/) n++; print n }' "$out/cpu.txt")
+  [[ $got == 5 ]] || fail "bench_cpu.sh: row $row has ${got:-no} figures, want 5: $(cat "$out/cpu.txt")"
+done
+grep -q "reads its weights at [0-9.]*% of it" "$out/cpu.txt" || fail "bench_cpu.sh: no roofline share: $(cat "$out/cpu.txt")"
 python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
 python3 - "$out" <<'PY'
 import json, sys

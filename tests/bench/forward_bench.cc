@@ -216,7 +216,9 @@ int Run() {
     in.token_ids = prompt;
     in.seqs.push_back({prompt_len, 0, tables[s]});
     in.logits_rows = {static_cast<int32_t>(prompt_len - 1)};
-    return model->runner().Forward(in, kv.get(), &logits).ok();
+    const absl::Status st = model->runner().Forward(in, kv.get(), &logits);
+    if (!st.ok()) std::fprintf(stderr, "forward_bench: prefill: %s\n", st.ToString().c_str());
+    return st.ok();
   };
   const auto decode = [&] {
     for (int64_t step = 0; step < decode_tokens; ++step) {
@@ -237,8 +239,13 @@ int Run() {
                                     : 0);
         }
       }
-      if (!model->runner().Forward(in, kv.get(), &logits, &argmax, nullptr, &samples).ok())
+      const absl::Status st =
+          model->runner().Forward(in, kv.get(), &logits, &argmax, nullptr, &samples);
+      if (!st.ok()) {
+        std::fprintf(stderr, "forward_bench: decode step %lld: %s\n", static_cast<long long>(step),
+                     st.ToString().c_str());
         return false;
+      }
     }
     return true;
   };

@@ -246,6 +246,15 @@ __attribute__((target("avx2"))) void Bf16ToF32Avx2(const uint16_t* src, float* d
   for (; i < n; ++i) dst[i] = Bf16ToF32(src[i]);
 }
 
+__attribute__((target("avx2"))) void I8ToF32Avx2(const int8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)))));
+  }
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                        __builtin_cpu_supports("f16c");
 // Off when TANDEM_DISABLE_AVX512 is set (to compare the two paths on one machine).
@@ -337,6 +346,8 @@ void ToF32(const void* src, DType dtype, float* dst, int64_t n) {
     Bf16ToF32Avx2(static_cast<const uint16_t*>(src), dst, n);
   } else if (kHaveAvx2 && dtype == DType::kF16) {
     F16ToF32Avx2(static_cast<const uint16_t*>(src), dst, n);
+  } else if (kHaveAvx2 && dtype == DType::kI8) {
+    I8ToF32Avx2(static_cast<const int8_t*>(src), dst, n);
   } else {
     ConvertToF32(dtype, src, dst, static_cast<size_t>(n));
   }
