@@ -6,6 +6,10 @@
 #include <cstddef>
 #include <cstdlib>
 
+// GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace tandem::cpu {
 namespace {
 
@@ -142,43 +146,52 @@ __attribute__((target("avx512f"))) void DotRowsAvx512(const float* const* x, con
 // GB/s of weights).
 constexpr int64_t kPrefetchBytes = 8192;
 
-// R weight rows × T activation rows in registers: per 32 weights, 2R weight vectors and 2T
-// activation vectors feed 2RT FMAs. Each (r, t) pair accumulates exactly as DotRowsAvx512 does
-// (two accumulators over alternating 16-element halves, then the scalar tail), so the results are
-// the same bits.
+// A fixed pairwise sum of the 16 lanes.
+__attribute__((target("avx512f"))) float ReduceAvx512(__m512 a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// R weight rows × T activation rows in registers: per 16 weights, R weight vectors and one
+// activation vector at a time feed R·T FMAs, one accumulator per (r, t) pair. Each pair's result is
+// the same operations whatever R and T (16 lanes summed along the row, a fixed pairwise sum of the
+// lanes, then the scalar tail), so every batch size gives the same bits.
 template <typename L, int R, int T>
 __attribute__((target("avx512f"))) void DotTileAvx512(const float* const* x, const std::byte* w,
                                                       size_t row_bytes, int64_t n, float* out,
                                                       int64_t out_stride) {
-  __m512 acc0[R][T], acc1[R][T];
+  __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc0[r][t] = acc1[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m512 w0[R], w1[R];
+  for (; i + 16 <= n; i += 16) {
+    __m512 wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      // The weights stream from memory: ask for them early, so the loads overlap the FMAs.
-      if constexpr (R * T > 1)
-        _mm_prefetch(
-            reinterpret_cast<const char*>(w + r * row_bytes) + i * L::kBytes + kPrefetchBytes,
-            _MM_HINT_T0);
-      w0[r] = L::Load(w + r * row_bytes, i);
-      w1[r] = L::Load(w + r * row_bytes, i + 16);
+      // The weights stream from memory: ask for them early (once per 64-byte line), so the loads
+      // overlap the FMAs.
+      if constexpr (R * T > 1) {
+        if ((i * L::kBytes) % 64 == 0)
+          _mm_prefetch(
+              reinterpret_cast<const char*>(w + r * row_bytes) + i * L::kBytes + kPrefetchBytes,
+              _MM_HINT_T0);
+      }
+      wv[r] = L::Load(w + r * row_bytes, i);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      __m512 xa = _mm512_loadu_ps(x[t] + i), xb = _mm512_loadu_ps(x[t] + i + 16);
-      // Kept in registers: folded into each FMA as a memory operand they would be loaded R times.
-      if constexpr (R > 1) asm("" : "+v"(xa), "+v"(xb));
+      __m512 xv = _mm512_loadu_ps(x[t] + i);
+      // Kept in a register: folded into each FMA as a memory operand it would be loaded R times.
+      if constexpr (R > 1) asm("" : "+v"(xv));
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        acc0[r][t] = _mm512_fmadd_ps(xa, w0[r], acc0[r][t]);
-        acc1[r][t] = _mm512_fmadd_ps(xb, w1[r], acc1[r][t]);
-      }
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(xv, wv[r], acc[r][t]);
     }
   }
 #pragma GCC unroll 8
@@ -186,7 +199,7 @@ __attribute__((target("avx512f"))) void DotTileAvx512(const float* const* x, con
     const void* wr = w + r * row_bytes;
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][t], acc1[r][t]));
+      float sum = ReduceAvx512(acc[r][t]);
       for (int64_t k = i; k < n; ++k) sum += x[t][k] * L::Scalar(wr, k);
       out[t * out_stride + r] = sum;
     }
@@ -204,19 +217,22 @@ void DotTileRows(const float* const* x, const std::byte* w, size_t row_bytes, in
     DotTileAvx512<L, 1, T>(x, w + r * row_bytes, row_bytes, n, out + r, out_stride);
 }
 
-// Register blocks within AVX-512's 32 registers: 2RT accumulators, 2R weights, 2 activations.
+// Register blocks within AVX-512's 32 registers: R·T accumulators, R weights, one activation; R
+// divides the backend's 24-row tiles. One row streams 6 weight rows (as many streams from DRAM as
+// measured best); more rows take as many weight rows as the registers hold, so a step of a few
+// rows (speculative verification, small batches) reads its weights at nearly one row's cost.
 template <typename L>
 void DotTileDispatch(const float* const* x, int rows_x, const std::byte* w, size_t row_bytes,
                      int rows_w, int64_t n, float* out, int64_t out_stride) {
   switch (rows_x) {
     case 1: return DotTileRows<L, 6, 1>(x, w, row_bytes, rows_w, n, out, out_stride);
-    case 2: return DotTileRows<L, 4, 2>(x, w, row_bytes, rows_w, n, out, out_stride);
-    case 3: return DotTileRows<L, 3, 3>(x, w, row_bytes, rows_w, n, out, out_stride);
-    case 4: return DotTileRows<L, 2, 4>(x, w, row_bytes, rows_w, n, out, out_stride);
-    case 5: return DotTileRows<L, 2, 5>(x, w, row_bytes, rows_w, n, out, out_stride);
-    case 6: return DotTileRows<L, 2, 6>(x, w, row_bytes, rows_w, n, out, out_stride);
-    case 7: return DotTileRows<L, 1, 7>(x, w, row_bytes, rows_w, n, out, out_stride);
-    default: return DotTileRows<L, 1, 8>(x, w, row_bytes, rows_w, n, out, out_stride);
+    case 2: return DotTileRows<L, 8, 2>(x, w, row_bytes, rows_w, n, out, out_stride);
+    case 3: return DotTileRows<L, 6, 3>(x, w, row_bytes, rows_w, n, out, out_stride);
+    case 4: return DotTileRows<L, 4, 4>(x, w, row_bytes, rows_w, n, out, out_stride);
+    case 5: return DotTileRows<L, 4, 5>(x, w, row_bytes, rows_w, n, out, out_stride);
+    case 6: return DotTileRows<L, 4, 6>(x, w, row_bytes, rows_w, n, out, out_stride);
+    case 7: return DotTileRows<L, 3, 7>(x, w, row_bytes, rows_w, n, out, out_stride);
+    default: return DotTileRows<L, 3, 8>(x, w, row_bytes, rows_w, n, out, out_stride);
   }
 }
 
