@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/backend/cpu/cpu_kernels.h"
+#include "common/backend/cpu/simd.h"
 
 // GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -69,16 +70,6 @@ __attribute__((target("avx2,fma"))) __m256 ExpAvx2(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-// A fixed pairwise sum of the 16 lanes.
-__attribute__((target("avx512f"))) float ReduceAvx512(__m512 a) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 __attribute__((target("avx512f"))) void ScoresAvx512(const float* q, const float* keys,
                                                      int64_t count, int64_t hdp, float* out) {
   int64_t p = 0;
@@ -93,16 +84,16 @@ __attribute__((target("avx512f"))) void ScoresAvx512(const float* q, const float
       a2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 2 * hdp + i), a2);
       a3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + 3 * hdp + i), a3);
     }
-    out[p] = ReduceAvx512(a0);
-    out[p + 1] = ReduceAvx512(a1);
-    out[p + 2] = ReduceAvx512(a2);
-    out[p + 3] = ReduceAvx512(a3);
+    out[p] = ReduceAddAvx512(a0);
+    out[p + 1] = ReduceAddAvx512(a1);
+    out[p + 2] = ReduceAddAvx512(a2);
+    out[p + 3] = ReduceAddAvx512(a3);
   }
   for (; p < count; ++p) {
     __m512 a = _mm512_setzero_ps();
     for (int64_t i = 0; i < hdp; i += 16)
       a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(keys + p * hdp + i), a);
-    out[p] = ReduceAvx512(a);
+    out[p] = ReduceAddAvx512(a);
   }
 }
 

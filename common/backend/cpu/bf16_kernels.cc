@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/backend/cpu/simd.h"
 #include "common/tensor/dtype.h"
 
 // GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
@@ -20,16 +21,6 @@ const bool kHaveBf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppor
                        std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
 
 #define TANDEM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
-
-// A fixed pairwise sum of the 16 lanes.
-TANDEM_BF16_TARGET float Reduce(__m512 a) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // How far ahead of the dot products a weight row is asked for (as cpu_kernels.cc's).
 constexpr int64_t kPrefetchBytes = 8192;
@@ -77,7 +68,7 @@ TANDEM_BF16_TARGET void Tile(const uint16_t* x, int64_t x_stride, const uint16_t
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) out[t * out_stride + r] = Reduce(acc[r][t]);
+    for (int t = 0; t < T; ++t) out[t * out_stride + r] = ReduceAddAvx512(acc[r][t]);
   }
 }
 

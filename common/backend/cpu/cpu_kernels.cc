@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdlib>
 
+#include "common/backend/cpu/simd.h"
+
 // GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -146,16 +148,6 @@ __attribute__((target("avx512f"))) void DotRowsAvx512(const float* const* x, con
 // GB/s of weights).
 constexpr int64_t kPrefetchBytes = 8192;
 
-// A fixed pairwise sum of the 16 lanes.
-__attribute__((target("avx512f"))) float ReduceAvx512(__m512 a) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // R weight rows × T activation rows in registers: per 16 weights, R weight vectors and one
 // activation vector at a time feed R·T FMAs, one accumulator per (r, t) pair. Each pair's result is
 // the same operations whatever R and T (16 lanes summed along the row, a fixed pairwise sum of the
@@ -199,7 +191,7 @@ __attribute__((target("avx512f"))) void DotTileAvx512(const float* const* x, con
     const void* wr = w + r * row_bytes;
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      float sum = ReduceAvx512(acc[r][t]);
+      float sum = ReduceAddAvx512(acc[r][t]);
       for (int64_t k = i; k < n; ++k) sum += x[t][k] * L::Scalar(wr, k);
       out[t * out_stride + r] = sum;
     }
