@@ -72,7 +72,12 @@ ABSL_FLAG(double, bench_top_p, 1, "bench: every request's top_p in (0, 1] (1 = o
 ABSL_FLAG(std::string, frontend, "grpc",
           "bench: which front door the requests use: grpc (--server) or http (the OpenAI API at "
           "--http-server, /v1/completions streamed)");
-ABSL_FLAG(std::string, http_server, "", "bench --frontend http: the router's HTTP API, HOST:PORT");
+ABSL_FLAG(std::string, http_server, "",
+          "bench --frontend http: the router's HTTP API (or any OpenAI-compatible server's, e.g. "
+          "llama.cpp's llama-server), HOST:PORT");
+ABSL_FLAG(int64_t, vocab_size, 0,
+          "bench --frontend http without --server: the vocabulary random prompts draw token ids "
+          "from (the model's config.json vocab_size); with --server the router says");
 ABSL_FLAG(
     int32_t, bench_logprobs, -1,
     "bench: every request's logprobs (top-K; -1 = none). --frontend http counts tokens by the "
@@ -320,8 +325,20 @@ Sample RunOneHttp(const std::string& host, const std::string& port, const Prompt
         if (j.contains("usage") && j["usage"].is_object())
           s.input_tokens = j["usage"].value("prompt_tokens", 0);
         if (!j.contains("choices") || j["choices"].empty()) continue;
-        const json& lp = j["choices"][0]["logprobs"];
-        const int n = lp.is_object() ? static_cast<int>(lp["tokens"].size()) : 0;
+        // Tokens: the logprobs' tokens (OpenAI's completions shape; an event may carry several),
+        // or their "content" list (llama-server's shape); a server that sends one token an event
+        // and no logprobs (llama-server with logprobs 0) counts an event with text as one.
+        const json& choice = j["choices"][0];
+        const json lp = choice.value("logprobs", json());
+        int n = 0;
+        if (lp.is_object() && lp.contains("tokens") && lp["tokens"].is_array()) {
+          n = static_cast<int>(lp["tokens"].size());
+        } else if (lp.is_object() && lp.contains("content") && lp["content"].is_array()) {
+          n = static_cast<int>(lp["content"].size());
+        } else if (choice.contains("text") && choice["text"].is_string() &&
+                   !choice["text"].get<std::string>().empty()) {
+          n = 1;
+        }
         if (n == 0) continue;
         s.RecordTokens(n, start, &last);
       }
@@ -620,8 +637,16 @@ int Fail(const absl::Status& s) {
 
 int BenchCommand() {
   const std::string server = absl::GetFlag(FLAGS_server);
-  if (server.empty())
-    return Fail(absl::InvalidArgumentError("--server HOST:PORT (a Tandem router) is required"));
+  const bool http_only = absl::GetFlag(FLAGS_frontend) == "http" && server.empty();
+  if (server.empty() && !http_only) {
+    return Fail(absl::InvalidArgumentError(
+        "--server HOST:PORT (a Tandem router) is required (or --frontend http --http-server "
+        "HOST:PORT --vocab-size N for another OpenAI-compatible server)"));
+  }
+  if (http_only && absl::GetFlag(FLAGS_vocab_size) <= 0) {
+    return Fail(absl::InvalidArgumentError(
+        "--frontend http without --server needs --vocab-size N (the model's vocabulary)"));
+  }
   const double rate = absl::GetFlag(FLAGS_request_rate);
   std::vector<int> levels;
   for (absl::string_view c :
@@ -664,28 +689,33 @@ int BenchCommand() {
     return Fail(absl::InvalidArgumentError(
         "--num-requests, --input-len and --output-len must be positive"));
   }
-  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot reach the router at ", server)));
-  }
-  auto stub = v1::Generation::NewStub(channel);
-  v1::ListModelsResponse models;
-  {
+  // The router (for its model's vocabulary, and the requests unless --frontend http).
+  std::unique_ptr<v1::Generation::Stub> stub;
+  int64_t vocab = absl::GetFlag(FLAGS_vocab_size);
+  std::string model_name = "(given by --vocab-size)";
+  if (!http_only) {
+    auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+      return Fail(absl::UnavailableError(absl::StrCat("cannot reach the router at ", server)));
+    }
+    stub = v1::Generation::NewStub(channel);
+    v1::ListModelsResponse models;
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(10));
     grpc::Status s = stub->ListModels(&ctx, v1::ListModelsRequest(), &models);
     if (!s.ok() || models.models_size() == 0)
       return Fail(absl::UnavailableError("ListModels failed: " + s.error_message()));
+    vocab = models.models(0).vocab_size();
+    model_name = models.models(0).name();
   }
-  const int64_t vocab = models.models(0).vocab_size();
   // Enough requests for --duration-s at a generous rate; the loop stops at the deadline.
   int n = absl::GetFlag(FLAGS_num_requests);
   if (absl::GetFlag(FLAGS_duration_s) > 0) n = std::max(n, 100000);
   Workload workload(vocab, absl::GetFlag(FLAGS_bench_seed));
   if (absl::Status s = workload.Build(n); !s.ok()) return Fail(s);
   std::fprintf(stderr, "tandem bench: %s, model %s (vocabulary %lld), %zu requests prepared\n",
-               server.c_str(), models.models(0).name().c_str(), static_cast<long long>(vocab),
-               workload.prompts().size());
+               http_only ? absl::GetFlag(FLAGS_http_server).c_str() : server.c_str(),
+               model_name.c_str(), static_cast<long long>(vocab), workload.prompts().size());
 
   if (levels.empty()) {
     json r = RunLevel(stub.get(), workload.prompts(), absl::GetFlag(FLAGS_concurrency), rate);

@@ -36,6 +36,8 @@ Commands:
                [--burstiness B] | --sweep-concurrency 1,4,16) [--num-requests N | --duration-s T]
                [--workload random|shared-prefix|multi-turn|jsonl] [--input-len N] [--output-len N]
                [--slo-ttft-ms T] [--slo-tpot-ms T] [--json-out F] [--chart F.svg]
+               [--frontend http --http-server HOST:PORT]: through the OpenAI HTTP API; without
+               --server, any OpenAI-compatible server (llama-server) with --vocab-size N
   generate     Generate in-process from a Hugging Face model directory, or from a router.
                --model DIR (--prompt TEXT | --token-ids 1,2,3) [--max-tokens N]
                [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--seed S]

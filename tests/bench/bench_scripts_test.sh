@@ -84,6 +84,17 @@ for row in prefill-16 prefill-24 decode-1 decode-2; do
   [[ $got == 5 ]] || fail "bench_cpu.sh: row $row has ${got:-no} figures, want 5: $(cat "$out/cpu.txt")"
 done
 grep -q "reads its weights at [0-9.]*% of it" "$out/cpu.txt" || fail "bench_cpu.sh: no roofline share: $(cat "$out/cpu.txt")"
+# scripts/bench_serve_cpu.sh (tandem up against llama-server through one client), tiny, against a
+# stand-in llama-server (one token an event, no logprobs, as the real one streams): both sides must
+# complete every request at every level, and the stand-in's tokens be counted one an event.
+LLAMA_SERVER="$src/tests/bench/standin_llama_server.py" TANDEM_BUILD_DIR="$(cd "$(dirname "$kvb")/../.." && pwd)" \
+  BENCH_LEVELS=1,2 BENCH_REQUESTS=2 BENCH_INPUT_LEN=8 BENCH_OUTPUT_LEN=4 BENCH_THREADS=1 BENCH_PORT=$((port + 5)) \
+  scripts/bench_serve_cpu.sh "$model" > "$out/serve.txt" 2> "$out/serve.err" ||
+  fail "bench_serve_cpu.sh ($(tail -3 "$out/serve.err"))"
+for c in 1 2; do
+  awk -v c="$c" '$1 == c && $2 > 0 && $3 > 0 && $(NF - 1) == 2 && $NF == 2 { ok = 1 } END { exit !ok }' \
+    "$out/serve.txt" || fail "bench_serve_cpu.sh: level $c incomplete: $(cat "$out/serve.txt")"
+done
 python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
 python3 - "$out" <<'PY'
 import json, sys
