@@ -64,9 +64,6 @@ source scripts/bench_common.sh  # (the working directory is the repository root)
 echo "machine: $(cpu_model), $(nproc) CPUs; threads $THREADS; best of $REPEATS; Tandem KV cache f32," \
   "llama.cpp f16, flash attention off"
 
-# llama.cpp's own timer: "... prefill 2135.92 ms (239.7 tokens/s), decode 37.98 ms (26.3 tokens/s) per step".
-inner_decode() { sed -n 's/.*decode [0-9.]* ms (\([0-9.]*\) tokens\/s) per step.*/\1/p' | head -1; }
-inner_prefill() { sed -n 's/.*prefill [0-9.]* ms (\([0-9.]*\) tokens\/s).*/\1/p' | head -1; }
 roofline() { sed -n 's/^roofline: read kernel \([0-9.]*\) GB\/s -> decode at \([0-9.]*\)%.*/\1 \2/p' | head -1; }
 
 status=0

@@ -54,9 +54,6 @@ cpu_model="$(cpu_model)"
 echo "machine: ${cpu_model:-unknown CPU}, $(nproc) CPUs; model $MODEL; threads $THREADS; prompt $PROMPT_LEN" \
   "tokens, decode $DECODE_TOKENS steps at batch 1, best of $REPEATS; Tandem KV cache f32, llama.cpp f16"
 
-# llama.cpp's own timer: "... decode 26.81 ms (37.3 tokens/s) per step".
-inner_decode() { sed -n 's/.*decode [0-9.]* ms (\([0-9.]*\) tokens\/s) per step.*/\1/p' | head -1; }
-inner_prefill() { sed -n 's/.*prefill [0-9.]* ms (\([0-9.]*\) tokens\/s).*/\1/p' | head -1; }
 
 status=0
 tandem() {

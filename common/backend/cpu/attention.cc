@@ -265,6 +265,7 @@ struct Scratch {
   std::vector<float> scores;  // [rows][context]
   std::vector<float> acc;     // [rows][hdp]
   std::vector<int64_t> lens;  // [rows]
+  std::vector<float> inv;     // [rows]: 1 / the softmax denominator
 };
 
 struct Item {
@@ -355,7 +356,8 @@ class ItemRunner {
       }
     }
     // 2. Softmax weights (unnormalised) and their sums.
-    std::vector<float> inv(static_cast<size_t>(rows));
+    std::vector<float>& inv = s.inv;
+    inv.resize(static_cast<size_t>(rows));
     for (int64_t r = r0; r < r1; ++r) {
       const double denom = kernels_.softmax(&s.scores[(r - r0) * longest], s.lens[r]);
       inv[r - r0] = static_cast<float>(1.0 / denom);

@@ -1,7 +1,8 @@
 // The CPU backend: f32 compute over F32/F16/BF16 weights (and INT8/INT4 weight-only quantized),
-// multi-threaded with a ThreadPool, GEMMs through OpenBLAS (weights in 16-bit types are converted
-// tile by tile; small batches use AVX2/FMA dot-product kernels that read 16-bit weights directly,
-// halving the bytes read per token).
+// multi-threaded with a ThreadPool. Linear runs register-blocked dot-product tiles that read the
+// weights in their stored type, for every batch (batch-invariant; cpu_kernels.h), or OpenBLAS GEMM
+// over converted tiles for large batches when batch invariance is off; paged attention is
+// attention.h's. Opt-in rounded activations: BF16 (bf16_kernels.h) and int8 (quant_a8_kernels.h).
 #pragma once
 
 #include <memory>

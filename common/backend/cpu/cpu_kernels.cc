@@ -44,16 +44,6 @@ struct Avx2F32 {
   }
   static float Scalar(const void* w, int64_t i) { return static_cast<const float*>(w)[i]; }
 };
-struct Avx2I8 {  // an int8 KV cache's codes (their scale is applied by the caller)
-  __attribute__((target("avx2,fma,f16c"))) static __m256 Load(const void* w, int64_t i) {
-    const auto* p = static_cast<const int8_t*>(w) + i;
-    return _mm256_cvtepi32_ps(
-        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  }
-  static float Scalar(const void* w, int64_t i) {
-    return static_cast<float>(static_cast<const int8_t*>(w)[i]);
-  }
-};
 struct Avx512Bf16 {
   static constexpr int kBytes = 2;
   __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
@@ -73,17 +63,6 @@ struct Avx512F16 {
   }
   static float Scalar(const void* w, int64_t i) {
     return F16ToF32(static_cast<const uint16_t*>(w)[i]);
-  }
-};
-struct Avx512I8 {
-  static constexpr int kBytes = 1;
-  __attribute__((target("avx512f"))) static __m512 Load(const void* w, int64_t i) {
-    const auto* p = static_cast<const int8_t*>(w) + i;
-    return _mm512_cvtepi32_ps(
-        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static float Scalar(const void* w, int64_t i) {
-    return static_cast<float>(static_cast<const int8_t*>(w)[i]);
   }
 };
 struct Avx512F32 {
@@ -115,28 +94,6 @@ __attribute__((target("avx2,fma,f16c"))) void DotRowsAvx2(const float* const* x,
     s = _mm_hadd_ps(s, s);
     s = _mm_hadd_ps(s, s);
     float sum = _mm_cvtss_f32(s);
-    for (int64_t k = i; k < n; ++k) sum += x[t][k] * L::Scalar(w, k);
-    out[t] = sum;
-  }
-}
-
-template <typename L, int T>
-__attribute__((target("avx512f"))) void DotRowsAvx512(const float* const* x, const void* w,
-                                                      int64_t n, float* out) {
-  __m512 acc0[T], acc1[T];
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512 w0 = L::Load(w, i), w1 = L::Load(w, i + 16);
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      acc0[t] = _mm512_fmadd_ps(_mm512_loadu_ps(x[t] + i), w0, acc0[t]);
-      acc1[t] = _mm512_fmadd_ps(_mm512_loadu_ps(x[t] + i + 16), w1, acc1[t]);
-    }
-  }
-  for (int t = 0; t < T; ++t) {
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
     for (int64_t k = i; k < n; ++k) sum += x[t][k] * L::Scalar(w, k);
     out[t] = sum;
   }
@@ -278,22 +235,12 @@ namespace {
 
 template <int T>
 void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t n, float* out) {
-  if (kHaveAvx512) {
-    switch (dtype) {
-      case DType::kF32: return DotRowsAvx512<Avx512F32, T>(x, w, n, out);
-      case DType::kBF16: return DotRowsAvx512<Avx512Bf16, T>(x, w, n, out);
-      case DType::kF16: return DotRowsAvx512<Avx512F16, T>(x, w, n, out);
-      case DType::kI8: return DotRowsAvx512<Avx512I8, T>(x, w, n, out);
-      default: break;  // weights are floating point (LlamaModel refuses others)
-    }
-  }
   if (kHaveAvx2) {
     switch (dtype) {
       case DType::kF32: return DotRowsAvx2<Avx2F32, T>(x, w, n, out);
       case DType::kBF16: return DotRowsAvx2<Avx2Bf16, T>(x, w, n, out);
       case DType::kF16: return DotRowsAvx2<Avx2F16, T>(x, w, n, out);
-      case DType::kI8: return DotRowsAvx2<Avx2I8, T>(x, w, n, out);
-      default: break;
+      default: break;  // weights are floating point (LlamaModel refuses others)
     }
   }
   for (int t = 0; t < T; ++t) {
@@ -301,29 +248,20 @@ void DotRowsDispatch(const float* const* x, const void* w, DType dtype, int64_t 
       case DType::kF32: out[t] = DotScalar<Avx2F32>(x[t], w, n); break;
       case DType::kBF16: out[t] = DotScalar<Avx2Bf16>(x[t], w, n); break;
       case DType::kF16: out[t] = DotScalar<Avx2F16>(x[t], w, n); break;
-      case DType::kI8: out[t] = DotScalar<Avx2I8>(x[t], w, n); break;
       default: out[t] = 0.f; break;
     }
   }
 }
 
-}  // namespace
-
-float Dot(const float* x, const void* w, DType dtype, int64_t n) {
-  float out;
-  DotRowsDispatch<1>(&x, w, dtype, n, &out);
-  return out;
-}
-
+// out[r] = x[r] · w for `rows` activation rows, each the same bits as alone (the weight row is
+// loaded once per group of four rows): the AVX2 and portable path of DotTile.
 void DotRows(const float* const* x, int rows, const void* w, DType dtype, int64_t n, float* out) {
   int r = 0;
-  // AVX-512 has registers for 8 rows' accumulators; AVX2's 16 fit 4.
-  if (kHaveAvx512) {
-    for (; r + 8 <= rows; r += 8) DotRowsDispatch<8>(x + r, w, dtype, n, out + r);
-  }
   for (; r + 4 <= rows; r += 4) DotRowsDispatch<4>(x + r, w, dtype, n, out + r);
   for (; r < rows; ++r) DotRowsDispatch<1>(x + r, w, dtype, n, out + r);
 }
+
+}  // namespace
 
 void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_bytes, int rows_w,
              DType dtype, int64_t n, float* out, int64_t out_stride) {

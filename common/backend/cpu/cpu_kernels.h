@@ -8,18 +8,13 @@
 
 namespace tandem::cpu {
 
-// Returns sum_i x[i] * w[i] with w of type `dtype` (f32, bf16, f16, or int8 codes, unscaled).
-float Dot(const float* x, const void* w, DType dtype, int64_t n);
-// out[r] = Dot(x[r], w, dtype, n) for `rows` activation rows, bit-identical to calling Dot on each
-// (the weight row is loaded once per group of four or eight rows).
-void DotRows(const float* const* x, int rows, const void* w, DType dtype, int64_t n, float* out);
 // A tile of a Linear: out[t * out_stride + r] = x[t] · (w + r * w_row_bytes) for `rows_x`
 // activation rows (at most 8) and `rows_w` weight rows; each output is the same bits whatever
 // rows_x and rows_w are (batch invariance). With AVX-512 the tile is computed in register blocks of
 // several weight rows × the activation rows (one accumulator a pair, its own summation order, not
-// Dot's), so each loaded weight and activation vector feeds several FMAs: a step of a few rows
-// (speculative decoding's verification) reads its weights at nearly the cost of one row. Without
-// AVX-512 each output is Dot's.
+// the AVX2 path's), so each loaded weight and activation vector feeds several FMAs: a step of a few
+// rows (speculative decoding's verification) reads its weights at nearly the cost of one row.
+// Without AVX-512, AVX2 (or portable) dot products, one output at a time.
 void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_bytes, int rows_w,
              DType dtype, int64_t n, float* out, int64_t out_stride);
 // Converts n elements of type `dtype` to f32.
