@@ -12,8 +12,10 @@ tandem=$1 kvb=$2 src=$3 emu_plugin=${4:-}
 out=$(mktemp -d /tmp/tandem-bench-scripts.XXXX)
 trap '[[ -n ${KEEP_OUT:-} ]] || rm -rf "$out"' EXIT
 model="$src/models/kjv-target"
-# Router ports away from the scripts' defaults and from other tests running beside this one.
-port=$((30000 + $$ % 10000 * 2))
+# Router ports away from the scripts' defaults and from other tests running beside this one, and
+# below Linux's ephemeral range (32768 and up), where any test's outgoing connection may hold a port
+# (30000 + ... reached into it: one run failed "cannot listen on 0.0.0.0:39192").
+port=$((20000 + $$ % 6000 * 2))
 fail() { echo "FAILED: $*"; exit 1; }
 cd "$src"
 common=(--device cpu --input-len 24 --output-len 6 --skip-hf)
