@@ -6,18 +6,77 @@
 
 #include "common/backend/cpu/cpu_kernels.h"
 
+// GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace tandem::cpu {
 namespace {
 
 // How far ahead of the FMAs a row's codes are asked for (as cpu_kernels.cc's 16-bit tiles).
 constexpr int64_t kPrefetchBytes = 8192;
 
-// R weight rows against T activation rows, in registers. Per group: one vector accumulator per
-// (row, activation) pair holds sum x·q, which is scaled into the pair's total (the RT independent
-// accumulators keep the FMA units busy); zero points are subtracted once per group through the
-// activation's group sum. Each activation vector is loaded once for the R rows and each widened
-// weight vector feeds T FMAs. The operations for one (row, activation) pair do not depend on R or
-// T.
+// 16 codes of a row from column c on (for int4: half h of the 32-column block at c), as f32.
+template <bool kInt4>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 Widen16(const uint8_t* row,
+                                                                                 int64_t c, int h) {
+  if constexpr (kInt4) {
+    const __m512i v =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
+    return _mm512_cvtepi32_ps(h == 0 ? _mm512_and_si512(v, _mm512_set1_epi32(0xF))
+                                     : _mm512_srli_epi32(v, 4));
+  } else {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c + 16 * h))));
+  }
+}
+
+// One step of QuantDotBlockAvx512: 16 columns at c + 16h for every (row, activation) pair.
+template <int R, int T, bool kInt4>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline void QuantStep(
+    const float* const* x, const uint8_t* const* q, int64_t c, int h, __m512 (&ga)[R][T]) {
+  __m512 wv[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) wv[r] = Widen16<kInt4>(q[r], c, h);
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    __m512 xv = _mm512_loadu_ps(x[t] + c + 16 * h);
+    // Kept in a register: folded into each FMA as a memory operand it would be loaded R times.
+    if constexpr (R > 1) asm("" : "+v"(xv));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) ga[r][t] = _mm512_fmadd_ps(xv, wv[r], ga[r][t]);
+  }
+}
+
+// 32 columns at c: the two halves in turn, or for one activation row (where widening, not FMAs,
+// is the work) each row's 32 codes widened at once, an int4 row's bytes loaded once for both.
+// The FMAs of a pair come in the same order either way.
+template <int R, int T, bool kInt4>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline void QuantStep32(
+    const float* const* x, const uint8_t* const* q, int64_t c, __m512 (&ga)[R][T]) {
+  if constexpr (T == 1 && kInt4) {
+    const __m512 x0 = _mm512_loadu_ps(x[0] + c), x1 = _mm512_loadu_ps(x[0] + c + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i v =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + c / 2)));
+      ga[r][0] = _mm512_fmadd_ps(
+          x0, _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0xF))), ga[r][0]);
+      ga[r][0] = _mm512_fmadd_ps(x1, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), ga[r][0]);
+    }
+  } else {
+    QuantStep<R, T, kInt4>(x, q, c, 0, ga);
+    QuantStep<R, T, kInt4>(x, q, c, 1, ga);
+  }
+}
+
+// R weight rows against T activation rows. Per group, one vector accumulator per (row, activation)
+// pair, in registers, holds sum x·q over 16 lanes; at the group's end it is scaled into the pair's
+// total, which for several activation rows lives in memory (touched once a group, so the registers
+// go to a wider block: RT accumulators, R widened weights and one activation vector). Zero points
+// are subtracted once per group through the activation's group sum. Each activation vector is
+// loaded once for the R rows and each widened weight vector feeds T FMAs. The operations for one
+// (row, activation) pair do not depend on R or T.
 template <int R, int T, bool kInt4>
 __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float* const* x,
                                                                      const float* const* xsum,
@@ -32,17 +91,13 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
     sc[r] = w.scales + (r0 + r) * w.groups;
     zp[r] = w.zeros ? w.zeros + (r0 + r) * w.groups : nullptr;
   }
-  __m512 acc[R][T];
-  float extra[R][T];
+  // Totals: in registers for one activation row (R of them fit beside the R group accumulators),
+  // else in memory.
+  alignas(64) float total[R][T][16] = {};
+  __m512 total_reg[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm512_setzero_ps();
-      extra[r][t] = 0.f;
-    }
-  }
-  const __m512i low4 = _mm512_set1_epi32(0xF);
+  for (int r = 0; r < R; ++r) total_reg[r] = _mm512_setzero_ps();
+  float extra[R][T] = {};
   for (int64_t g = 0; g < w.groups; ++g) {
     const int64_t c0 = g * w.group_size, c1 = std::min(w.cols, c0 + w.group_size);
     __m512 ga[R][T];
@@ -53,48 +108,18 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
     }
     int64_t c = c0;
     for (; c + 32 <= c1; c += 32) {
-      __m512 w0[R], w1[R];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         // The codes stream from memory: ask for them early, so the loads overlap the FMAs.
         _mm_prefetch(reinterpret_cast<const char*>(q[r]) + (kInt4 ? c / 2 : c) + kPrefetchBytes,
                      _MM_HINT_T0);
-        if constexpr (kInt4) {
-          const __m512i v =
-              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + c / 2)));
-          w0[r] = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4));
-          w1[r] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-        } else {
-          w0[r] = _mm512_cvtepi32_ps(
-              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + c))));
-          w1[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + c + 16))));
-        }
       }
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        __m512 xa = _mm512_loadu_ps(x[t] + c), xb = _mm512_loadu_ps(x[t] + c + 16);
-        // Kept in registers: folded into each FMA as a memory operand they would be loaded R times.
-        if constexpr (R > 1) asm("" : "+v"(xa), "+v"(xb));
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          ga[r][t] = _mm512_fmadd_ps(xa, w0[r], ga[r][t]);
-          ga[r][t] = _mm512_fmadd_ps(xb, w1[r], ga[r][t]);
-        }
-      }
+      QuantStep32<R, T, kInt4>(x, q, c, ga);
     }
     float tail[R][T] = {};
     if constexpr (!kInt4) {  // int4 groups are whole 32-column blocks
       if (c + 16 <= c1) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m512 w0 = _mm512_cvtepi32_ps(
-              _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + c))));
-#pragma GCC unroll 8
-          for (int t = 0; t < T; ++t) {
-            ga[r][t] = _mm512_fmadd_ps(_mm512_loadu_ps(x[t] + c), w0, ga[r][t]);
-          }
-        }
+        QuantStep<R, T, kInt4>(x, q, c, 0, ga);
         c += 16;
       }
       for (; c < c1; ++c) {
@@ -108,11 +133,16 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
     for (int r = 0; r < R; ++r) {
       const float s = sc[r][g];
       const __m512 sv = _mm512_set1_ps(s);
+      const float sz = zp[r] != nullptr ? s * zp[r][g] : 0.f;
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        acc[r][t] = _mm512_fmadd_ps(ga[r][t], sv, acc[r][t]);
-        extra[r][t] += tail[r][t] * s;
-        if (zp[r] != nullptr) extra[r][t] -= s * zp[r][g] * xsum[t][g];
+        if constexpr (T == 1) {
+          total_reg[r] = _mm512_fmadd_ps(ga[r][t], sv, total_reg[r]);
+        } else {
+          _mm512_store_ps(total[r][t], _mm512_fmadd_ps(ga[r][t], sv, _mm512_load_ps(total[r][t])));
+        }
+        if constexpr (!kInt4) extra[r][t] += tail[r][t] * s;
+        if (zp[r] != nullptr) extra[r][t] -= sz * xsum[t][g];
       }
     }
   }
@@ -120,7 +150,8 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
-      out[t * stride + r] = _mm512_reduce_add_ps(acc[r][t]) + extra[r][t];
+      const __m512 sum = T == 1 ? total_reg[r] : _mm512_load_ps(total[r][t]);
+      out[t * stride + r] = _mm512_reduce_add_ps(sum) + extra[r][t];
     }
   }
 }
@@ -195,15 +226,15 @@ void QuantDotTile(const float* const* x, int rows_x, const float* const* xsum, c
     return QuantDotTilePortable(x, rows_x, xsum, w, rows_w, out, out_stride);
   }
   switch (rows_x) {
-    // Register blocks within AVX-512's 32 registers: 2RT accumulators, 2R weights, 2 activations.
+    // Register blocks within AVX-512's 32 registers: RT accumulators, R weights, 1 activation.
     case 1: return QuantDotRowsAvx512<8, 1>(x, xsum, w, rows_w, out, out_stride);
-    case 2: return QuantDotRowsAvx512<4, 2>(x, xsum, w, rows_w, out, out_stride);
-    case 3: return QuantDotRowsAvx512<3, 3>(x, xsum, w, rows_w, out, out_stride);
-    case 4: return QuantDotRowsAvx512<2, 4>(x, xsum, w, rows_w, out, out_stride);
-    case 5: return QuantDotRowsAvx512<2, 5>(x, xsum, w, rows_w, out, out_stride);
-    case 6: return QuantDotRowsAvx512<2, 6>(x, xsum, w, rows_w, out, out_stride);
-    case 7: return QuantDotRowsAvx512<1, 7>(x, xsum, w, rows_w, out, out_stride);
-    default: return QuantDotRowsAvx512<1, 8>(x, xsum, w, rows_w, out, out_stride);
+    case 2: return QuantDotRowsAvx512<8, 2>(x, xsum, w, rows_w, out, out_stride);
+    case 3: return QuantDotRowsAvx512<6, 3>(x, xsum, w, rows_w, out, out_stride);
+    case 4: return QuantDotRowsAvx512<4, 4>(x, xsum, w, rows_w, out, out_stride);
+    case 5: return QuantDotRowsAvx512<4, 5>(x, xsum, w, rows_w, out, out_stride);
+    case 6: return QuantDotRowsAvx512<4, 6>(x, xsum, w, rows_w, out, out_stride);
+    case 7: return QuantDotRowsAvx512<3, 7>(x, xsum, w, rows_w, out, out_stride);
+    default: return QuantDotRowsAvx512<3, 8>(x, xsum, w, rows_w, out, out_stride);
   }
 }
 
