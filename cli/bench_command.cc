@@ -30,8 +30,10 @@
 #include "boost/asio.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "cli/client_auth.h"
 #include "cli/commands.h"
 #include "common/rpc/status.h"
+#include "common/rpc/tls.h"
 #include "nlohmann/json.hpp"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -238,6 +240,7 @@ Sample RunOne(v1::Generation::Stub* stub, const Prompt& p, Clock::time_point t0,
   if (absl::GetFlag(FLAGS_bench_logprobs) >= 0)
     g.mutable_sampling()->set_logprobs(absl::GetFlag(FLAGS_bench_logprobs));
   grpc::ClientContext ctx;
+  AddApiKey(&ctx);
   const auto start = Clock::now();
   s.start = std::chrono::duration<double>(start - t0).count();
   auto reader = stub->GenerateStream(&ctx, g);
@@ -294,6 +297,8 @@ Sample RunOneHttp(const std::string& host, const std::string& port, const Prompt
     http::request<http::string_body> request{http::verb::post, "/v1/completions", 11};
     request.set(http::field::host, host);
     request.set(http::field::content_type, "application/json");
+    if (const std::string key = ApiKey(); !key.empty())
+      request.set(http::field::authorization, "Bearer " + key);
     request.body() = body.dump();
     request.prepare_payload();
     http::write(stream, request);
@@ -694,13 +699,16 @@ int BenchCommand() {
   int64_t vocab = absl::GetFlag(FLAGS_vocab_size);
   std::string model_name = "(given by --vocab-size)";
   if (!http_only) {
-    auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> made = rpc::ChannelFromFlags(server);
+    if (!made.ok()) return Fail(made.status());
+    std::shared_ptr<grpc::Channel> channel = *std::move(made);
     if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
       return Fail(absl::UnavailableError(absl::StrCat("cannot reach the router at ", server)));
     }
     stub = v1::Generation::NewStub(channel);
     v1::ListModelsResponse models;
     grpc::ClientContext ctx;
+    AddApiKey(&ctx);
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(10));
     grpc::Status s = stub->ListModels(&ctx, v1::ListModelsRequest(), &models);
     if (!s.ok() || models.models_size() == 0)

@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "common/rpc/tls.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 
@@ -58,7 +59,12 @@ int HealthCommand() {
     std::fprintf(stderr, "tandem health: --server HOST:PORT is required\n");
     return 2;
   }
-  grpc::GenericStub stub(grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = rpc::ChannelFromFlags(server);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "tandem health: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  grpc::GenericStub stub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(

@@ -9,11 +9,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "cli/client_auth.h"
 #include "cli/commands.h"
 #include "cli/generate_support.h"
 #include "common/rpc/chat_convert.h"
 #include "common/rpc/convert.h"
 #include "common/rpc/status.h"
+#include "common/rpc/tls.h"
 #include "common/serving/speculation_convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -64,6 +66,7 @@ void StreamOne(v1::Generation::Stub* stub, const EngineRequest& req, const std::
   }
   g.set_priority(absl::GetFlag(FLAGS_priority));
   grpc::ClientContext ctx;
+  AddApiKey(&ctx);
   if (absl::GetFlag(FLAGS_timeout_s) > 0) {
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
   }
@@ -168,7 +171,9 @@ int RemoteGenerateCommand() {
     req.speculation = speculation;
     req.num_speculative_tokens = absl::GetFlag(FLAGS_num_speculative_tokens);
   }
-  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> made = rpc::ChannelFromFlags(server);
+  if (!made.ok()) return GenerateFail(made.status());
+  std::shared_ptr<grpc::Channel> channel = *std::move(made);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
     return GenerateFail(
         absl::UnavailableError(absl::StrCat("cannot reach the router at ", server)));
@@ -203,6 +208,7 @@ int RemoteGenerateCommand() {
     t.set_add_special_tokens(true);
     v1::TokenizeResponse tr;
     grpc::ClientContext ctx;
+    AddApiKey(&ctx);
     if (!stub->Tokenize(&ctx, t, &tr).ok()) return {};
     return {tr.ids().begin(), tr.ids().end()};
   };

@@ -35,7 +35,7 @@ Commands:
   bench        Load-test a router: --server HOST:PORT (--concurrency N | --request-rate R
                [--burstiness B] | --sweep-concurrency 1,4,16) [--num-requests N | --duration-s T]
                [--workload random|shared-prefix|multi-turn|jsonl] [--input-len N] [--output-len N]
-               [--slo-ttft-ms T] [--slo-tpot-ms T] [--json-out F] [--chart F.svg]
+               [--slo-ttft-ms T] [--slo-tpot-ms T] [--json-out F] [--chart F.svg] [--api-key KEY]
                [--frontend http --http-server HOST:PORT]: through the OpenAI HTTP API; without
                --server, any OpenAI-compatible server (llama-server) with --vocab-size N
   generate     Generate in-process from a Hugging Face model directory, or from a router.
@@ -50,7 +50,7 @@ Commands:
                [--speculative-adaptive=true|false] [--quantization none|int8|int4]
                [--quantize-lm-head] [engine flags]
                --server HOST:PORT streams from a Tandem router instead (no --model needed), with
-               [--timeout-s T] [--priority P] besides the flags above.
+               [--timeout-s T] [--priority P] [--api-key KEY] besides the flags above.
   eval         A model's quality on a text: perplexity, and against a reference (default: the
                same model unquantized, default KV cache) top-1 agreement and mean KL per token.
                --model DIR (--text-file F | --windows-file F.json) [--quantization none|int8|int4]
@@ -87,6 +87,12 @@ Commands:
                --server HOST:PORT [--service NAME] [--health-timeout-s S]
                NAME: "" (default: ready to take work), "liveness" (alive, draining included)
   help         This text. `tandem COMMAND --helpfull` lists every flag with its default.
+
+TLS (up, bench, generate --server, health; and tandem-router and the workers themselves):
+  [--tls-ca-file CA.pem] verifies the server; [--tls-cert-file C.pem --tls-key-file K.pem] is this
+  process's certificate (mutual TLS); [--tls-server-name NAME] the name servers' certificates are
+  checked against; [--tls-refresh-s 10] how often the files are re-read. `up` passes them on to the
+  router and workers it starts. See docs/security.md.
 )";
 
 }  // namespace

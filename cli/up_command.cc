@@ -22,6 +22,7 @@
 #include "common/base/signals.h"
 #include "common/base/subprocess.h"
 #include "common/rpc/status.h"
+#include "common/rpc/tls.h"
 #include "common/serving/engine_flags.h"
 #include "common/transport/kv_data_paths.h"
 #include "grpcpp/grpcpp.h"
@@ -178,16 +179,20 @@ int UpCommand() {
     metrics_targets.emplace_back(component, absl::StrCat("127.0.0.1:", next_metrics_port));
     return {absl::StrCat("--metrics-port=", next_metrics_port++)};
   };
+  const absl::StatusOr<rpc::TlsOptions> tls = rpc::TlsOptionsFromFlags();
+  if (!tls.ok()) return fail(tls.status());
   std::vector<std::string> router_argv = {
       FindBinary("tandem-router", "router"), "--model=" + model, absl::StrCat("--port=", port),
       absl::StrCat("--max-queued-requests=", absl::GetFlag(FLAGS_max_queued_requests))};
   for (const std::string& a : metrics_arg("router")) router_argv.push_back(a);
   const int32_t http_port = absl::GetFlag(FLAGS_http_port);
   if (http_port >= 0) router_argv.push_back(absl::StrCat("--http-port=", http_port));
+  for (const std::string& a : rpc::TlsFlagArguments(*tls)) router_argv.push_back(a);
   for (const std::string& a : absl::GetFlag(FLAGS_router_args)) router_argv.push_back(a);
   if (absl::Status s = spawn("router", router_argv); !s.ok()) return fail(s);
   std::vector<std::string> common = {"--model=" + model, "--router=" + router_address, "--port=0"};
   for (const std::string& a : EngineFlagArguments()) common.push_back(a);
+  for (const std::string& a : rpc::TlsFlagArguments(*tls)) common.push_back(a);
   common.push_back("--kv-transport=" + kv_transport);
   // Every worker shares the one --device: left at its default, the memory share is split between
   // them (each worker plans its KV pool from its own share).
@@ -237,8 +242,7 @@ int UpCommand() {
   }
 
   // Wait until the router lists every worker as live.
-  auto stub = v1::Registration::NewStub(
-      grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Registration::NewStub(rpc::CreateTlsChannel(router_address, *tls));
   const int expected = n_prefill + n_decode + n_combined;
   const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   v1::ListWorkersResponse workers;

@@ -145,7 +145,9 @@ void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream,
   }
   absl::StatusOr<std::vector<int32_t>> blocks = engine.Reserve(id, call.num_tokens);
   if (!blocks.ok()) return refuse(blocks.status());
-  if (absl::Status s = receiver_->Expect(id, *blocks); !s.ok()) {
+  // Only the prefill worker the router hands this capability to may write into the blocks.
+  const std::string capability = NewKvCapability();
+  if (absl::Status s = receiver_->Expect(id, *blocks, capability); !s.ok()) {
     (void)engine.Release(id);
     return refuse(s);
   }
@@ -155,6 +157,7 @@ void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream,
   v1::DecodeEvent event;
   event.mutable_reserved()->set_kv_address(kv_address_);
   event.mutable_reserved()->set_num_blocks(static_cast<int32_t>(blocks->size()));
+  event.mutable_reserved()->set_kv_capability(capability);
   stream->Write(std::move(event));
   calls_.emplace(id, std::move(call));
 }

@@ -23,11 +23,13 @@ size_t KvTransferLanes::lanes() {
   return lanes_.size();
 }
 
-void KvTransferLanes::Begin(const std::string& address, const std::string& id, int64_t num_tokens) {
+void KvTransferLanes::Begin(const std::string& address, const std::string& id, int64_t num_tokens,
+                            const std::string& capability) {
   Job j;
   j.kind = Job::kBegin;
   j.id = id;
   j.num_tokens = num_tokens;
+  j.capability = capability;
   Enqueue(address, std::move(j));
 }
 
@@ -95,7 +97,7 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
   switch (job.kind) {
     case Job::kBegin:
       lane->begun.insert(job.id);
-      return lane->sender->Begin(job.id, job.num_tokens);
+      return lane->sender->Begin(job.id, job.num_tokens, job.capability);
     case Job::kLayer:
       return lane->sender->SendLayer(job.id, job.layer, job.blocks, options_.storage,
                                      job.ready.get());

@@ -52,7 +52,9 @@ class KvTransferLanes {
   explicit KvTransferLanes(const Options& options) : options_(options) {}
   ~KvTransferLanes();  // finishes queued jobs' callbacks with UNAVAILABLE and joins the lanes
 
-  void Begin(const std::string& address, const std::string& id, int64_t num_tokens);
+  // `capability`: the decode worker's for the reservation (PrefillRequest.kv_capability).
+  void Begin(const std::string& address, const std::string& id, int64_t num_tokens,
+             const std::string& capability);
   // `ready`: the mark taken when the layer's KV writes were enqueued (Backend::Mark); the send
   // waits for that work alone. Null: for all the work enqueued when the lane gets to it.
   void SendLayer(const std::string& address, const std::string& id, int32_t layer,
@@ -69,6 +71,7 @@ class KvTransferLanes {
     enum Kind { kBegin, kLayer, kEnd } kind = kBegin;
     std::string id;
     int64_t num_tokens = 0;
+    std::string capability;
     int32_t layer = 0;
     std::vector<int32_t> blocks;
     std::shared_ptr<WorkMark> ready;

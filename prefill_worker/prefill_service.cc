@@ -104,6 +104,7 @@ void PrefillService::StartCall(Engine& engine, std::shared_ptr<Call> call,
   r.call = call;
   r.context = context;
   r.decode_address = er.params.max_tokens == 0 ? "" : request.decode_kv_address();
+  r.kv_capability = request.kv_capability();
   r.prompt = er.prompt_token_ids;
   r.num_tokens = static_cast<int64_t>(er.prompt_token_ids.size());
   r.arrival = absl::Now();
@@ -119,7 +120,7 @@ void PrefillService::OnLayer(int64_t layer, const std::vector<std::string>& comp
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second.decode_address.empty()) continue;
     const Request& r = it->second;
-    if (layer == 0) lanes_->Begin(r.decode_address, id, r.num_tokens);
+    if (layer == 0) lanes_->Begin(r.decode_address, id, r.num_tokens, r.kv_capability);
     if (ready == nullptr) ready = engine_->kv_storage()->backend()->Mark();
     lanes_->SendLayer(r.decode_address, id, static_cast<int32_t>(layer), engine_->block_table(id),
                       ready);
@@ -151,7 +152,7 @@ void PrefillService::OnOutputs(std::vector<RequestOutput>& outputs) {
         const KvCacheGeometry& g = engine_->kv_storage()->geometry();
         const std::shared_ptr<WorkMark> ready =
             engine_->kv_storage()->backend()->Mark();  // the step's work
-        lanes_->Begin(r.decode_address, o.id, r.num_tokens);
+        lanes_->Begin(r.decode_address, o.id, r.num_tokens, r.kv_capability);
         for (int32_t l = 0; l < g.num_layers; ++l) {
           lanes_->SendLayer(r.decode_address, o.id, l, engine_->block_table(o.id), ready);
         }

@@ -55,6 +55,7 @@ class PrefillService final : public v1::Prefill::CallbackService, public EngineS
     std::shared_ptr<Call> call;
     grpc::CallbackServerContext* context;  // valid until the call is finished
     std::string decode_address;
+    std::string kv_capability;  // the decode worker's for the reservation
     std::vector<int32_t> prompt;
     int64_t num_tokens = 0;
     bool transferring = false;  // handed out: the End job is queued

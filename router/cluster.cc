@@ -184,7 +184,7 @@ std::shared_ptr<grpc::Channel> Cluster::Channel(const std::string& address) {
     args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    c = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    c = rpc::CreateTlsChannel(address, options_.tls, args);
   }
   return c;
 }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/rpc/tls.h"
 #include "router/decode_policy.h"
 #include "router/prefill_policy.h"
 #include "router/worker_registry.h"
@@ -43,6 +44,7 @@ class Cluster {
     absl::Duration keepalive = absl::Seconds(2);
     absl::Duration keepalive_timeout = absl::Seconds(2);
     PrefillPolicy::Options prefill_policy = {};
+    rpc::TlsOptions tls = {};  // how the router dials workers (mutual TLS with a certificate)
   };
   explicit Cluster(const Options& options);
   ~Cluster();

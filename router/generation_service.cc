@@ -9,8 +9,10 @@
 #include "common/base/status_macros.h"
 #include "common/rpc/chat_convert.h"
 #include "common/rpc/convert.h"
+#include "common/rpc/raw_message.h"
 #include "common/rpc/reactors.h"
 #include "common/rpc/status.h"
+#include "common/rpc/tls.h"
 #include "common/structured/structured_output.h"
 #include "common/tokenizer/stop_strings.h"
 
@@ -32,34 +34,34 @@ std::string NewRequestId() {
 // Streams deltas and the final message to a GenerateStream call.
 class StreamSink final : public FlowSink {
  public:
-  StreamSink(std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream, std::string id)
+  StreamSink(std::shared_ptr<rpc::ServerStream<grpc::ByteBuffer>> stream, std::string id)
       : stream_(std::move(stream)), id_(std::move(id)) {}
   void Delta(v1::TextDelta delta) override {
     if (delta.text().empty() && delta.token_ids_size() == 0) return;
     v1::GenerateStreamResponse r;
     r.set_request_id(id_);
     *r.mutable_delta() = std::move(delta);
-    stream_->Write(std::move(r));
+    stream_->Write(rpc::ToByteBuffer(r));
   }
   void Finish(const grpc::Status& status, v1::GenerateResponse final) override {
     if (status.ok()) {
       v1::GenerateStreamResponse r;
       r.set_request_id(id_);
       *r.mutable_final() = std::move(final);
-      stream_->Write(std::move(r));
+      stream_->Write(rpc::ToByteBuffer(r));
     }
     stream_->Finish(status);
   }
 
  private:
-  std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream_;
+  std::shared_ptr<rpc::ServerStream<grpc::ByteBuffer>> stream_;
   std::string id_;
 };
 
 // Gathers a whole response for the unary Generate.
 class UnarySink final : public FlowSink {
  public:
-  explicit UnarySink(std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call)
+  explicit UnarySink(std::shared_ptr<rpc::UnaryCall<grpc::ByteBuffer>> call)
       : call_(std::move(call)) {}
   void Delta(v1::TextDelta delta) override {
     text_ += delta.text();
@@ -70,11 +72,12 @@ class UnarySink final : public FlowSink {
     final.set_text(text_);
     *final.mutable_token_ids() = {ids_.begin(), ids_.end()};
     for (auto& l : logprobs_) *final.add_logprobs() = std::move(l);
-    call_->Finish(status, &final);
+    const grpc::ByteBuffer bytes = rpc::ToByteBuffer(final);
+    call_->Finish(status, &bytes);
   }
 
  private:
-  std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call_;
+  std::shared_ptr<rpc::UnaryCall<grpc::ByteBuffer>> call_;
   std::string text_;
   std::vector<int32_t> ids_;
   std::vector<v1::PositionLogprobs> logprobs_;
@@ -109,6 +112,23 @@ class ChatSink final : public FlowSink {
   std::string request_id_;
   std::vector<int32_t> prompt_;
   std::string text_;
+};
+
+// Charges a request's generated tokens to its API key when it ends.
+class ChargingSink final : public FlowSink {
+ public:
+  ChargingSink(std::shared_ptr<FlowSink> inner, ApiKeys* keys, std::string key)
+      : inner_(std::move(inner)), keys_(keys), key_(std::move(key)) {}
+  void Delta(v1::TextDelta delta) override { inner_->Delta(std::move(delta)); }
+  void Finish(const grpc::Status& status, v1::GenerateResponse final) override {
+    keys_->Charge(key_, final.usage().completion_tokens());
+    inner_->Finish(status, std::move(final));
+  }
+
+ private:
+  std::shared_ptr<FlowSink> inner_;
+  ApiKeys* keys_;
+  std::string key_;
 };
 
 // Observes a flow for the router's metrics, then forwards to the client's sink.
@@ -167,9 +187,13 @@ int64_t GenerationService::in_flight() const {
 
 absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl::Time deadline,
                                        std::shared_ptr<FlowControl> control,
-                                       const SinkFactory& make_sink) {
+                                       const SinkFactory& make_sink, const std::string& api_key) {
   absl::StatusOr<FlowRequest> r = Validate(request, deadline);
   absl::Status s = r.status();
+  if (s.ok() && !api_key.empty() && options_.api_keys != nullptr) {
+    s = options_.api_keys->Admit(api_key, static_cast<int64_t>(r->prompt.size()));
+    if (!s.ok() && metrics_ != nullptr) metrics_->ApiKeyRefused("rate_limited");
+  }
   if (s.ok()) {
     auto flow = std::make_shared<FlowRequest>(*std::move(r));
     std::shared_ptr<FlowSink> sink = make_sink(flow->id);
@@ -177,6 +201,8 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
       sink = std::make_shared<ChatSink>(std::move(sink), flow->tool_call_format, flow->id,
                                         flow->prompt);
     }
+    if (!api_key.empty() && options_.api_keys != nullptr)
+      sink = std::make_shared<ChargingSink>(std::move(sink), options_.api_keys, api_key);
     s = Admit(std::move(flow), std::move(control), std::move(sink), request.priority());
   }
   if (!s.ok() && metrics_ != nullptr)
@@ -187,8 +213,27 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
 absl::Status GenerationService::SubmitRequest(const v1::GenerateRequest& request,
                                               absl::Time deadline,
                                               std::shared_ptr<FlowControl> control,
-                                              std::shared_ptr<FlowSink> sink) {
-  return Submit(request, deadline, std::move(control), [&](const std::string&) { return sink; });
+                                              std::shared_ptr<FlowSink> sink,
+                                              const std::string& api_key) {
+  return Submit(
+      request, deadline, std::move(control), [&](const std::string&) { return sink; }, api_key);
+}
+
+absl::StatusOr<std::string> GenerationService::Authenticate(std::string_view authorization) {
+  if (options_.api_keys == nullptr) return std::string();
+  absl::StatusOr<std::string> name = options_.api_keys->Authenticate(authorization);
+  if (!name.ok() && metrics_ != nullptr) metrics_->ApiKeyRefused("unauthenticated");
+  return name;
+}
+
+absl::StatusOr<std::string> GenerationService::AuthenticateCall(
+    const grpc::CallbackServerContext& context) {
+  if (options_.api_keys == nullptr) return std::string();
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  return Authenticate(it == metadata.end()
+                          ? std::string_view()
+                          : std::string_view(it->second.data(), it->second.size()));
 }
 
 bool GenerationService::draining() const {
@@ -413,46 +458,73 @@ void GenerationService::Watchdog() {
   }
 }
 
-grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerationService::GenerateStream(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   auto control = std::make_shared<FlowControl>();
-  std::shared_ptr<rpc::ServerStream<v1::GenerateStreamResponse>> stream;
-  auto* reactor = rpc::ServerStream<v1::GenerateStreamResponse>::Start(
-      [control] { control->Cancel(); }, &stream);
-  absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control, [&](const std::string& id) {
-    return std::make_shared<StreamSink>(stream, id);
-  });
+  std::shared_ptr<rpc::ServerStream<grpc::ByteBuffer>> stream;
+  auto* reactor =
+      rpc::ServerStream<grpc::ByteBuffer>::Start([control] { control->Cancel(); }, &stream);
+  v1::GenerateRequest request;
+  absl::StatusOr<std::string> key = AuthenticateCall(*context);
+  absl::Status s = key.ok() ? ParseRequest(*raw, &request) : key.status();
+  if (s.ok()) {
+    s = Submit(
+        request, rpc::DeadlineOf(*context), control,
+        [&](const std::string& id) { return std::make_shared<StreamSink>(stream, id); }, *key);
+  }
   if (!s.ok()) stream->Finish(rpc::ToGrpc(s));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContext* context,
-                                                      const v1::GenerateRequest* request,
-                                                      v1::GenerateResponse* response) {
+                                                      const grpc::ByteBuffer* raw,
+                                                      grpc::ByteBuffer* response) {
   auto control = std::make_shared<FlowControl>();
-  std::shared_ptr<rpc::UnaryCall<v1::GenerateResponse>> call;
-  auto* reactor = rpc::UnaryCall<v1::GenerateResponse>::Start(
+  std::shared_ptr<rpc::UnaryCall<grpc::ByteBuffer>> call;
+  auto* reactor = rpc::UnaryCall<grpc::ByteBuffer>::Start(
       response, [control] { control->Cancel(); }, &call);
-  absl::Status s = Submit(*request, rpc::DeadlineOf(*context), control,
-                          [&](const std::string&) { return std::make_shared<UnarySink>(call); });
+  v1::GenerateRequest request;
+  absl::StatusOr<std::string> key = AuthenticateCall(*context);
+  absl::Status s = key.ok() ? ParseRequest(*raw, &request) : key.status();
+  if (s.ok()) {
+    s = Submit(
+        request, rpc::DeadlineOf(*context), control,
+        [&](const std::string&) { return std::make_shared<UnarySink>(call); }, *key);
+  }
   if (!s.ok()) call->Finish(rpc::ToGrpc(s));
   return reactor;
 }
 
+absl::Status GenerationService::ParseRequest(const grpc::ByteBuffer& raw,
+                                             google::protobuf::Message* request) {
+  absl::Status s = rpc::ParseRawMessage(raw, request);
+  if (!s.ok() && metrics_ != nullptr)
+    metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
+  return s;
+}
+
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
-                                                      const v1::TokenizeRequest* request,
-                                                      v1::TokenizeResponse* response) {
-  if (absl::Status s = CheckModel(request->model()); !s.ok()) return Answer(context, s);
-  if (request->text().size() > (64u << 20))
+                                                      const grpc::ByteBuffer* raw,
+                                                      grpc::ByteBuffer* response) {
+  if (absl::StatusOr<std::string> key = AuthenticateCall(*context); !key.ok())
+    return Answer(context, key.status());
+  v1::TokenizeRequest request;
+  if (absl::Status s = rpc::ParseRawMessage(*raw, &request); !s.ok()) return Answer(context, s);
+  if (absl::Status s = CheckModel(request.model()); !s.ok()) return Answer(context, s);
+  if (request.text().size() > (64u << 20))
     return Answer(context, absl::InvalidArgumentError("text is larger than 64 MiB"));
-  for (int32_t id : tokenizer_->Encode(request->text(), request->add_special_tokens()))
-    response->add_ids(id);
+  v1::TokenizeResponse out;
+  for (int32_t id : tokenizer_->Encode(request.text(), request.add_special_tokens()))
+    out.add_ids(id);
+  *response = rpc::ToByteBuffer(out);
   return Answer(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* context,
                                                         const v1::DetokenizeRequest* request,
                                                         v1::DetokenizeResponse* response) {
+  if (absl::StatusOr<std::string> key = AuthenticateCall(*context); !key.ok())
+    return Answer(context, key.status());
   if (absl::Status s = CheckModel(request->model()); !s.ok()) return Answer(context, s);
   std::vector<int32_t> ids(request->ids().begin(), request->ids().end());
   absl::StatusOr<std::string> text = tokenizer_->Decode(ids, request->skip_special_tokens());
@@ -464,13 +536,22 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
                                                         const v1::ListModelsRequest*,
                                                         v1::ListModelsResponse* response) {
+  if (absl::StatusOr<std::string> key = AuthenticateCall(*context); !key.ok())
+    return Answer(context, key.status());
   *response->add_models() = options_.model;
   return Answer(context, absl::OkStatus());
+}
+
+absl::Status RegistrationService::CheckPeer(const grpc::CallbackServerContext& context) const {
+  if (!require_client_certificate_ || rpc::PeerAuthenticated(context)) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      "registering as a worker needs a client certificate from the cluster's CA (mutual TLS)");
 }
 
 grpc::ServerUnaryReactor* RegistrationService::Register(grpc::CallbackServerContext* context,
                                                         const v1::RegisterRequest* request,
                                                         v1::RegisterResponse* response) {
+  if (absl::Status s = CheckPeer(*context); !s.ok()) return Answer(context, s);
   response->set_heartbeat_interval_ms(500);
   return Answer(context, cluster_->Register(request->worker()));
 }
@@ -478,6 +559,7 @@ grpc::ServerUnaryReactor* RegistrationService::Register(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* RegistrationService::Heartbeat(grpc::CallbackServerContext* context,
                                                          const v1::HeartbeatRequest* request,
                                                          v1::HeartbeatResponse*) {
+  if (absl::Status s = CheckPeer(*context); !s.ok()) return Answer(context, s);
   return Answer(context, cluster_->Heartbeat(request->address(), request->load()));
 }
 

@@ -19,6 +19,7 @@
 #include "common/chat/tool_calls.h"
 #include "common/model/config.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/api_keys.h"
 #include "router/cluster.h"
 #include "router/request_flow.h"
 #include "router/router_metrics.h"
@@ -27,7 +28,15 @@
 
 namespace tandem::router {
 
-class GenerationService final : public v1::Generation::CallbackService {
+// Generate, GenerateStream and Tokenize are served raw and parsed here (rpc/raw_message.h): a
+// request protobuf cannot parse (a string that is not UTF-8) is INVALID_ARGUMENT naming the field.
+using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
+    v1::Generation::WithRawCallbackMethod_GenerateStream<
+        v1::Generation::WithRawCallbackMethod_Tokenize<
+            v1::Generation::WithCallbackMethod_Detokenize<
+                v1::Generation::WithCallbackMethod_ListModels<v1::Generation::Service>>>>>;
+
+class GenerationService final : public GenerationServiceBase {
  public:
   struct Options {
     v1::ModelInfo model;  // name, fingerprint, vocabulary, context
@@ -39,20 +48,25 @@ class GenerationService final : public v1::Generation::CallbackService {
     // chat response are parsed with.
     const chat::ChatTemplate* chat_template = nullptr;
     chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
+    // Null: no API keys asked for. Else every client-facing call needs one (router/api_keys.h).
+    ApiKeys* api_keys = nullptr;
   };
   // `metrics` may be null.
   GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer,
                     RouterMetrics* metrics = nullptr);
   ~GenerationService() override;
 
-  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  // Raw: the request is a GenerateRequest, the writes GenerateStreamResponses.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStream(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  // Raw: a GenerateRequest in, a GenerateResponse out.
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     v1::GenerateResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // Raw: a TokenizeRequest in, a TokenizeResponse out.
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
                                        const v1::DetokenizeRequest* request,
                                        v1::DetokenizeResponse* response) override;
@@ -63,8 +77,13 @@ class GenerationService final : public v1::Generation::CallbackService {
   // Another front door (the HTTP API): validates and admits `request` as Generate does and runs it
   // into `sink`, which then gets its deltas and exactly one Finish. A refusal (bad request,
   // overload, draining) is returned and nothing is called on the sink.
+  // `api_key` is the caller's key name from Authenticate ("" when keys are off).
   absl::Status SubmitRequest(const v1::GenerateRequest& request, absl::Time deadline,
-                             std::shared_ptr<FlowControl> control, std::shared_ptr<FlowSink> sink);
+                             std::shared_ptr<FlowControl> control, std::shared_ptr<FlowSink> sink,
+                             const std::string& api_key = "");
+  // The caller's API key name from an Authorization value ("" when keys are off); UNAUTHENTICATED
+  // (counted) without a valid key.
+  absl::StatusOr<std::string> Authenticate(std::string_view authorization);
   const Options& options() const { return options_; }
   bool draining() const;
 
@@ -84,6 +103,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   absl::StatusOr<FlowRequest> Validate(const v1::GenerateRequest& request,
                                        absl::Time deadline) const;
   absl::Status CheckModel(const std::string& model) const;
+  // A raw Generate/GenerateStream request parsed; a refusal is counted as Submit's are.
+  absl::Status ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::Message* request);
   // Queues the flow or refuses it (RESOURCE_EXHAUSTED, ALREADY_EXISTS for an id in flight).
   absl::Status Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
                      std::shared_ptr<FlowSink> sink, int32_t priority);
@@ -91,7 +112,10 @@ class GenerationService final : public v1::Generation::CallbackService {
   // call with.
   using SinkFactory = std::function<std::shared_ptr<FlowSink>(const std::string& request_id)>;
   absl::Status Submit(const v1::GenerateRequest& request, absl::Time deadline,
-                      std::shared_ptr<FlowControl> control, const SinkFactory& make_sink);
+                      std::shared_ptr<FlowControl> control, const SinkFactory& make_sink,
+                      const std::string& api_key);
+  // Authenticate on a gRPC call's authorization metadata.
+  absl::StatusOr<std::string> AuthenticateCall(const grpc::CallbackServerContext& context);
   void FlowThread();
   void Watchdog();
 
@@ -114,7 +138,10 @@ class GenerationService final : public v1::Generation::CallbackService {
 
 class RegistrationService final : public v1::Registration::CallbackService {
  public:
-  explicit RegistrationService(Cluster* cluster) : cluster_(cluster) {}
+  // With `require_client_certificate`, Register and Heartbeat are refused (UNAUTHENTICATED) unless
+  // the caller presented a verified certificate (mutual TLS): a stranger cannot join the cluster.
+  explicit RegistrationService(Cluster* cluster, bool require_client_certificate = false)
+      : cluster_(cluster), require_client_certificate_(require_client_certificate) {}
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
@@ -126,7 +153,9 @@ class RegistrationService final : public v1::Registration::CallbackService {
                                         v1::ListWorkersResponse* response) override;
 
  private:
+  absl::Status CheckPeer(const grpc::CallbackServerContext& context) const;
   Cluster* cluster_;
+  bool require_client_certificate_;
 };
 
 }  // namespace tandem::router

@@ -4,6 +4,7 @@
 #include <ctime>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/chat/tool_calls.h"
@@ -315,6 +316,12 @@ void HttpFrontend::Handle(const HttpRequest& request, std::shared_ptr<HttpRespon
     if (decoders == 0) return error(path, absl::UnavailableError("no live decode worker"));
     return answer(path, 200, Dump(Json{{"status", "ok"}}));
   }
+  // Everything under /v1 needs the caller's API key when the router has a key file.
+  absl::StatusOr<std::string> api_key = std::string();
+  if (absl::StartsWith(path, "/v1/")) {
+    api_key = service_->Authenticate(request.authorization);
+    if (!api_key.ok()) return error(path, api_key.status());
+  }
   if (path == "/v1/models") {
     if (request.method != "GET")
       return error(path, absl::InvalidArgumentError("use GET for /v1/models"));
@@ -345,7 +352,7 @@ void HttpFrontend::Handle(const HttpRequest& request, std::shared_ptr<HttpRespon
     v1::GenerateRequest r = choices[i];
     r.set_request_id(absl::StrFormat("%s-%d", exchange->id(), i));
     absl::Status s = service_->SubmitRequest(r, absl::InfiniteFuture(), exchange->control(i),
-                                             std::make_shared<ChoiceSink>(exchange, i));
+                                             std::make_shared<ChoiceSink>(exchange, i), *api_key);
     if (!s.ok()) return exchange->Refuse(s, static_cast<int>(i));
   }
   exchange->Begin(static_cast<int>(choices.size()));

@@ -183,6 +183,7 @@ class Session : public std::enable_shared_from_this<Session> {
     request.target = std::string(message.target());
     request.body = message.body();
     request.content_type = std::string(message[http::field::content_type]);
+    request.authorization = std::string(message[http::field::authorization]);
     request.peer = peer_;
     version_ = message.version();
     keep_alive_ = message.keep_alive();

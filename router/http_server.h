@@ -22,7 +22,8 @@ struct HttpRequest {
   std::string target;  // path and query, as sent
   std::string body;
   std::string content_type;
-  std::string peer;  // "ip:port"
+  std::string authorization;  // the Authorization header ("" when absent)
+  std::string peer;           // "ip:port"
 };
 
 class HttpResponder {

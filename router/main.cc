@@ -18,6 +18,7 @@
 #include "common/model/config.h"
 #include "common/model/fingerprint.h"
 #include "common/rpc/server.h"
+#include "common/rpc/tls.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/generation_service.h"
 #include "router/http_frontend.h"
@@ -58,6 +59,13 @@ ABSL_FLAG(
     "/health); 0 = any free port (printed), -1 = off");
 ABSL_FLAG(int32_t, http_threads, 2, "I/O threads of the HTTP API (they hold every connection)");
 ABSL_FLAG(int64_t, http_max_body_bytes, 16 << 20, "largest HTTP request body (larger: 413)");
+ABSL_FLAG(std::string, api_key_file, "",
+          "API keys for the client-facing gRPC service and the HTTP API: one per line, "
+          "`KEY [name=NAME] [rpm=N] [tpm=N]` (requests and tokens a minute); re-read when it "
+          "changes. Empty: no key needed");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "with --tls-cert-file and --tls-ca-file: every client (not only workers registering) "
+          "must present a certificate from the CA");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how tool calls in a chat response are parsed: auto (from the chat template: hermes for "
           "<tool_call>, llama3_json for Llama 3.1's, mistral for [TOOL_CALLS]), hermes, "
@@ -102,7 +110,10 @@ int main(int argc, char** argv) {
     tool_call_format = *format;
   }
 
+  const absl::StatusOr<tandem::rpc::TlsOptions> tls = tandem::rpc::TlsOptionsFromFlags();
+  if (!tls.ok()) return fail(tls.status());
   tandem::router::Cluster::Options co;
+  co.tls = *tls;
   co.model_fingerprint = *fingerprint;
   co.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   for (absl::string_view w :
@@ -135,6 +146,14 @@ int main(int argc, char** argv) {
   go.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
   go.chat_template = chat_template.get();
   go.tool_call_format = tool_call_format;
+  std::unique_ptr<tandem::router::ApiKeys> api_keys;
+  if (const std::string f = absl::GetFlag(FLAGS_api_key_file); !f.empty()) {
+    auto loaded = tandem::router::ApiKeys::Load(f);
+    if (!loaded.ok()) return fail(loaded.status());
+    api_keys = *std::move(loaded);
+    go.api_keys = api_keys.get();
+    TANDEM_LOG(INFO) << "router: " << api_keys->size() << " API keys from " << f;
+  }
   tandem::Metrics::Options mo;
   mo.model = name;
   mo.role = "router";
@@ -147,12 +166,18 @@ int main(int argc, char** argv) {
   (*metrics)->SetBuildInfo("none", "router");
   tandem::router::RouterMetrics router_metrics(metrics->get(), &cluster);
   tandem::router::GenerationService generation(go, &cluster, tokenizer->get(), &router_metrics);
-  tandem::router::RegistrationService registration(&cluster);
+  // With a CA: workers must register with a certificate; clients may show one, or must with
+  // --tls-require-client-cert.
+  tandem::router::RegistrationService registration(&cluster,
+                                                   tls->server_tls() && !tls->ca_file.empty());
 
   tandem::rpc::ServerOptions so;
   so.listen_address =
       absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
   so.services = {&generation, &registration};
+  so.credentials = tandem::rpc::ServerCredentials(*tls, absl::GetFlag(FLAGS_tls_require_client_cert)
+                                                            ? tandem::rpc::ClientAuth::kRequired
+                                                            : tandem::rpc::ClientAuth::kOptional);
   so.health_service_names = {"tandem.v1.Generation", "tandem.v1.Registration"};
   auto server = tandem::rpc::StartServer(so);
   if (!server.ok()) return fail(server.status());

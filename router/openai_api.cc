@@ -412,6 +412,11 @@ ApiError ErrorFor(const absl::Status& status) {
       http = 400;
       type = "invalid_request_error";
       break;
+    case absl::StatusCode::kUnauthenticated:
+      http = 401;
+      type = "invalid_request_error";
+      code = "invalid_api_key";
+      break;
     case absl::StatusCode::kNotFound:
       http = 404;
       type = "invalid_request_error";

@@ -202,12 +202,13 @@ class Flow {
 
   // Calls Prefill on live prefill workers until one succeeds, the transfer itself fails, or the
   // deadline does not allow another try.
-  grpc::Status Prefill(const std::string& decode_kv_address, v1::PrefillResponse* response) {
+  grpc::Status Prefill(const v1::DecodeReserved& reserved, v1::PrefillResponse* response) {
     v1::PrefillRequest p;
     p.set_request_id(req_.id);
     *p.mutable_prompt_token_ids() = {req_.prompt.begin(), req_.prompt.end()};
     *p.mutable_sampling() = req_.proto_params;
-    p.set_decode_kv_address(decode_kv_address);
+    p.set_decode_kv_address(reserved.kv_address());
+    p.set_kv_capability(reserved.kv_capability());
     absl::flat_hash_set<std::string> tried;
     while (true) {
       absl::StatusOr<Cluster::Worker> w = env_.cluster->ChoosePrefill(req_.prompt, tried);
@@ -241,7 +242,7 @@ class Flow {
 
   grpc::Status RunPromptOnly() {
     v1::PrefillResponse r;
-    grpc::Status s = Prefill("", &r);
+    grpc::Status s = Prefill(v1::DecodeReserved(), &r);
     if (!s.ok()) return s;
     TakePrefillTimings(r);
     finish_reason_ = v1::FINISH_REASON_LENGTH;
@@ -274,7 +275,7 @@ class Flow {
       }
       // 2. Prefill, with the KV sent straight to the reserved blocks.
       v1::PrefillResponse r;
-      grpc::Status s = Prefill(event.reserved().kv_address(), &r);
+      grpc::Status s = Prefill(event.reserved(), &r);
       if (!s.ok()) {
         call.context.TryCancel();  // frees the reservation
         reader->Finish();

@@ -4,6 +4,15 @@
 #include "common/rpc/convert.h"
 
 namespace tandem::router {
+namespace {
+
+prometheus::Counter& ApiKeyCounter(Metrics* m, const std::string& reason) {
+  return m->Counter("tandem_api_key_refusals_total",
+                    "Requests refused for their API key: unauthenticated, or rate_limited.",
+                    {{"reason", reason}});
+}
+
+}  // namespace
 
 RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
     : m_(m),
@@ -52,6 +61,7 @@ RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
   }
   m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
              {{"outcome", "error"}, {"code", "UNAVAILABLE"}});
+  for (const char* reason : {"unauthenticated", "rate_limited"}) ApiKeyCounter(m, reason);
   for (const char* endpoint : {"/v1/completions", "/v1/chat/completions"}) {
     m->Counter("tandem_http_requests_total", "HTTP API requests by endpoint and HTTP status.",
                {{"endpoint", endpoint}, {"code", "200"}});
@@ -59,6 +69,10 @@ RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
 }
 
 void RouterMetrics::Admitted() { in_flight_.Increment(); }
+
+void RouterMetrics::ApiKeyRefused(const std::string& reason) {
+  ApiKeyCounter(m_, reason).Increment();
+}
 
 void RouterMetrics::HttpResponse(const std::string& endpoint, int status) {
   m_->Counter("tandem_http_requests_total", "HTTP API requests by endpoint and HTTP status.",

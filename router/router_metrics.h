@@ -1,7 +1,7 @@
 // The router's metrics: requests by outcome and gRPC code, latency histograms (TTFT, inter-token
 // latency, time per output token, end to end, router queue) and TTFT taken apart (prefill queue,
 // prefill compute, KV transfer, decode queue — one histogram each, so a dashboard can stack them),
-// prompt and generation tokens, requests in flight, and live workers by role.
+// prompt and generation tokens, requests in flight, live workers by role, and API-key refusals.
 #pragma once
 
 #include "common/metrics/metrics.h"
@@ -24,6 +24,9 @@ class RouterMetrics {
   void ObserveInterToken(double seconds, int tokens);
   // An HTTP API response (its status line) by endpoint ("/v1/chat/completions", "other", ...).
   void HttpResponse(const std::string& endpoint, int status);
+  // A request refused for its API key: reason "unauthenticated" (none, or not valid) or
+  // "rate_limited" (over the key's requests or tokens a minute).
+  void ApiKeyRefused(const std::string& reason);
 
  private:
   Metrics* m_;

@@ -22,6 +22,7 @@ if [[ "${INSTALL_DEPS:-all}" != build ]]; then
     python3-jsonschema  # the structured-output reference (ctest conformance.structured_output.jsonschema)
     python3-yaml  # reads the rendered Kubernetes manifests (ctest deploy.k8s_manifests)
     prometheus  # promtool and a real Prometheus for the metrics and dashboard tests
+    openssl  # makes the TLS tests' certificates (scripts/make_certs.sh)
   )
   # kubectl renders the Kubernetes manifests (its kustomize; ctest deploy.k8s_manifests): Debian's
   # kubernetes-client, unless the machine already has a kubectl.

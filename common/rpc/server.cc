@@ -20,8 +20,9 @@ absl::StatusOr<RunningServer> StartServer(const ServerOptions& options) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RunningServer running;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &running.port);
+  builder.AddListeningPort(
+      options.listen_address,
+      options.credentials ? options.credentials : grpc::InsecureServerCredentials(), &running.port);
   // Peers ping idle connections to detect dead ones (the router its workers, every few seconds,
   // also while a long prefill keeps a stream silent). gRPC's default policy answers pings without
   // data more often than every 5 minutes with GOAWAY "too_many_pings", which kills the streams.

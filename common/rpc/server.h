@@ -23,6 +23,8 @@ struct ServerOptions {
   std::vector<grpc::Service*> services;
   // Services whose health status is reported besides the overall "" entry.
   std::vector<std::string> health_service_names;
+  // Null: plaintext. rpc/tls.h's ServerCredentials for TLS.
+  std::shared_ptr<grpc::ServerCredentials> credentials = nullptr;
 };
 
 struct RunningServer {

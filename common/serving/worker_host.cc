@@ -19,6 +19,7 @@
 #include "common/rpc/dtype_proto.h"
 #include "common/rpc/server.h"
 #include "common/rpc/status.h"
+#include "common/rpc/tls.h"
 #include "common/serving/engine_flags.h"
 #include "common/structured/token_vocabulary.h"
 #include "common/transport/kv_data_paths.h"
@@ -109,9 +110,9 @@ class StatusService final : public v1::WorkerStatus::CallbackService {
 };
 
 // Registers with the router and heartbeats until `stop`; registers again after NOT_FOUND.
-void RegistrationLoop(const std::string& router, const StatusService* status, int interval_ms,
-                      absl::Notification* stop) {
-  auto channel = grpc::CreateChannel(router, grpc::InsecureChannelCredentials());
+void RegistrationLoop(const std::string& router, const rpc::TlsOptions& tls,
+                      const StatusService* status, int interval_ms, absl::Notification* stop) {
+  auto channel = rpc::CreateTlsChannel(router, tls);
   auto stub = v1::Registration::NewStub(channel);
   bool registered = false;
   absl::Time last_warning = absl::InfinitePast();
@@ -178,9 +179,17 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
                                    : role == v1::WORKER_ROLE_DECODE ? SchedulerRole::kDecode
                                                                     : SchedulerRole::kCombined;
 
+  const absl::StatusOr<rpc::TlsOptions> tls = rpc::TlsOptionsFromFlags();
+  if (!tls.ok()) {
+    std::fprintf(stderr, "tandem-%s: %s\n", name.c_str(),
+                 std::string(tls.status().message()).c_str());
+    return 2;
+  }
   std::atomic<int> state{0};
   StatusService status(service, &state);
   rpc::ServerOptions server_options;
+  // A worker's callers are the router (and tools): with a CA, every one shows a certificate.
+  server_options.credentials = rpc::ServerCredentials(*tls, rpc::ClientAuth::kRequired);
   server_options.listen_address =
       absl::StrCat(absl::GetFlag(FLAGS_bind_address), ":", absl::GetFlag(FLAGS_port));
   server_options.services = service->grpc_services();
@@ -299,7 +308,7 @@ int RunWorker(const std::string& name, v1::WorkerRole role, WorkerService* servi
   std::thread registration;
   if (!absl::GetFlag(FLAGS_router).empty()) {
     registration =
-        std::thread(RegistrationLoop, absl::GetFlag(FLAGS_router), &status,
+        std::thread(RegistrationLoop, absl::GetFlag(FLAGS_router), *tls, &status,
                     std::max(50, absl::GetFlag(FLAGS_heartbeat_interval_ms)), &stop_registration);
   }
 

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -12,10 +13,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -130,6 +134,30 @@ void SetTimeouts(int fd, absl::Duration timeout) {
 }
 
 }  // namespace
+
+std::string NewKvCapability() {
+  unsigned char bytes[16];
+  for (size_t got = 0; got < sizeof(bytes);) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      TANDEM_LOG(ERROR) << "getrandom failed: " << std::strerror(errno);
+      std::abort();  // no unguessable capabilities: refuse to run rather than issue weak ones
+    }
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+bool KvCapabilityMatches(const std::string& issued, const std::string& presented) {
+  if (issued.empty()) return true;
+  if (presented.size() != issued.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < issued.size(); ++i)
+    diff |= static_cast<unsigned char>(issued[i] ^ presented[i]);
+  return diff == 0;
+}
 
 void KvGeometryToProto(const KvCacheGeometry& g, v1::KvGeometry* p) {
   p->set_num_layers(static_cast<int32_t>(g.num_layers));
@@ -249,6 +277,10 @@ bool KvControlReceiver::HoldsLiveTransfer(const std::vector<std::string>& open,
 
 void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
   std::vector<std::string> open;  // transfers begun on this connection and not ended
+  // Transfers begun here without their reservation's capability (their End is refused), and
+  // whether that was logged.
+  absl::flat_hash_set<std::string> refused;
+  bool warned = false;
   auto finish = [&](const absl::Status& s) {
     for (const std::string& id : open) {
       bool mine;  // not taken over by a retry on another connection meanwhile
@@ -362,6 +394,17 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
         absl::MutexLock lock(&mu_);
         auto it = transfers_.find(m.request_id());
         if (it != transfers_.end() && !it->second.done) {
+          if (!KvCapabilityMatches(it->second.capability, m.capability())) {
+            // Not this reservation's sender: it takes nothing over, its data is dropped, and its
+            // End is refused. Logged once a connection (a peer cannot flood the log).
+            refused.insert(m.request_id());
+            if (!warned) {
+              TANDEM_LOG(WARNING) << "KV connection " << connection
+                                  << ": a transfer without its reservation's capability, refused";
+              warned = true;
+            }
+            continue;
+          }
           it->second.layers_received = 0;
           it->second.connection = connection;
         }
@@ -377,7 +420,9 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
         {
           absl::MutexLock lock(&mu_);
           auto it = transfers_.find(m.request_id());
-          if (it == transfers_.end()) {
+          if (refused.erase(m.request_id()) > 0) {
+            ack.set_error("the transfer did not present the reservation's KV capability");
+          } else if (it == transfers_.end()) {
             ack.set_error("no reservation (cancelled or never expected)");
           } else if (it->second.connection != connection && !it->second.failed) {
             ack.set_error("the transfer was not begun on this connection (a retry took it over)");
@@ -513,7 +558,8 @@ absl::Status KvControlReceiver::ReceiveLayerOverLink(KvLink* link, int64_t conne
 }
 
 absl::Status KvControlReceiver::Expect(const std::string& request_id,
-                                       std::vector<int32_t> dst_blocks) {
+                                       std::vector<int32_t> dst_blocks,
+                                       const std::string& capability) {
   const int64_t n = options_.storage->geometry().num_blocks;
   for (int32_t b : dst_blocks) {
     if (b < 0 || b >= n)
@@ -525,6 +571,7 @@ absl::Status KvControlReceiver::Expect(const std::string& request_id,
     return absl::AlreadyExistsError(
         absl::StrCat("a transfer for \"", request_id, "\" is already expected"));
   it->second.blocks = std::move(dst_blocks);
+  it->second.capability = capability;
   return absl::OkStatus();
 }
 
@@ -659,10 +706,12 @@ absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(const std
 
 KvControlSender::~KvControlSender() { ::close(fd_); }
 
-absl::Status KvControlSender::Begin(const std::string& request_id, int64_t num_tokens) {
+absl::Status KvControlSender::Begin(const std::string& request_id, int64_t num_tokens,
+                                    const std::string& capability) {
   v1::KvTransferBegin m;
   m.set_request_id(request_id);
   m.set_num_tokens(num_tokens);
+  m.set_capability(capability);
   return Io(SendMessage(fd_, kBegin, m));
 }
 

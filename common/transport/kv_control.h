@@ -50,7 +50,8 @@ class KvControlReceiver final : public KvReceiver {
   ~KvControlReceiver() override;
 
   int port() const { return port_; }
-  absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) override;
+  absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks,
+                      const std::string& capability) override;
   absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) override;
   // Returns at once; nothing writes into the reservation's blocks afterwards (a layer arriving over
   // a link meanwhile stays in the link's staging memory).
@@ -70,6 +71,7 @@ class KvControlReceiver final : public KvReceiver {
     bool OwnedBy(int64_t c) const { return !failed && !done && connection == c; }
     std::string error;
     int32_t first_token = -1;
+    std::string capability;  // what a Begin must present ("" = anything)
   };
   explicit KvControlReceiver(const Options& options) : options_(options) {}
   void AcceptLoop();
@@ -120,7 +122,8 @@ class KvControlSender final : public KvSender {
   std::string data_path() const { return data_path_; }
   ~KvControlSender() override;
 
-  absl::Status Begin(const std::string& request_id, int64_t num_tokens) override;
+  absl::Status Begin(const std::string& request_id, int64_t num_tokens,
+                     const std::string& capability) override;
   absl::Status SendLayer(const std::string& request_id, int32_t layer,
                          const std::vector<int32_t>& src_blocks, KvCacheStorage* storage,
                          WorkMark* ready = nullptr) override;

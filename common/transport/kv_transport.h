@@ -32,13 +32,21 @@ struct KvEndpointInfo {
 // Empty when compatible, else the reason.
 std::string KvIncompatibility(const KvEndpointInfo& sender, const KvEndpointInfo& receiver);
 
+// A new capability for one reservation: 128 random bits from the kernel's CSPRNG, in hex.
+std::string NewKvCapability();
+// Whether a presented capability is the issued one, in time that does not depend on where they
+// differ. An empty `issued` accepts anything.
+bool KvCapabilityMatches(const std::string& issued, const std::string& presented);
+
 // The geometry (num_blocks aside) as the handshake and the workers' descriptions carry it.
 void KvGeometryToProto(const KvCacheGeometry& g, v1::KvGeometry* out);
 
 class KvSender {
  public:
   virtual ~KvSender() = default;
-  virtual absl::Status Begin(const std::string& request_id, int64_t num_tokens) = 0;
+  // `capability`: what the receiver issued for the reservation (KvReceiver::Expect).
+  virtual absl::Status Begin(const std::string& request_id, int64_t num_tokens,
+                             const std::string& capability) = 0;
   // Sends layer `layer` of `src_blocks` (the sender's block table for the request) from `storage`,
   // once the layer's KV writes are done: the work before `ready` (Backend::Mark, taken when they
   // were enqueued), or with `ready` null every op enqueued on the storage's backend before the
@@ -56,8 +64,11 @@ class KvSender {
 class KvReceiver {
  public:
   virtual ~KvReceiver() = default;
-  // The next transfer of `request_id` lands in `dst_blocks` of the receiver's storage.
-  virtual absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks) = 0;
+  // The next transfer of `request_id` lands in `dst_blocks` of the receiver's storage. With a
+  // `capability` (NewKvCapability), only a sender whose Begin presents it may write there: a Begin
+  // without it is ignored and its data dropped. Empty: any sender (in-process tests).
+  virtual absl::Status Expect(const std::string& request_id, std::vector<int32_t> dst_blocks,
+                              const std::string& capability) = 0;
   // The first token once every layer of the transfer arrived; DEADLINE_EXCEEDED after `timeout`,
   // UNAVAILABLE when the sender failed. The reservation is forgotten either way.
   virtual absl::StatusOr<int32_t> Wait(const std::string& request_id, absl::Duration timeout) = 0;

@@ -151,7 +151,7 @@ int RunReceiver() {
   if (!receiver.ok()) return 1;
   const int transfers = absl::GetFlag(FLAGS_iterations) + 1;
   for (int it = 0; it < transfers; ++it) {
-    if (!(*receiver)->Expect(absl::StrCat("r", it), end->table).ok()) return 1;
+    if (!(*receiver)->Expect(absl::StrCat("r", it), end->table, "").ok()) return 1;
   }
   {
     std::FILE* f = std::fopen(absl::GetFlag(FLAGS_ready_file).c_str(), "w");
@@ -220,7 +220,7 @@ absl::StatusOr<double> MeasureGpu(const std::string& preset, int64_t tokens,
   for (int it = 0; it <= iterations; ++it) {  // transfer 0 warms up
     const std::string id = absl::StrCat("r", it);
     const auto t0 = Clock::now();
-    absl::Status s = (*sender)->Begin(id, tokens);
+    absl::Status s = (*sender)->Begin(id, tokens, "");
     for (int32_t l = 0; s.ok() && l < g->num_layers; ++l)
       s = (*sender)->SendLayer(id, l, end->table, end->storage.get());
     if (s.ok()) s = (*sender)->End(id, 1);
@@ -320,9 +320,9 @@ int Run() {
       double best = 1e30;
       for (int it = 0; it < absl::GetFlag(FLAGS_iterations); ++it) {
         const std::string id = absl::StrCat("r", it);
-        if (!receiver->Expect(id, table).ok()) return 1;
+        if (!receiver->Expect(id, table, "").ok()) return 1;
         const auto t0 = Clock::now();
-        if (!sender->Begin(id, tokens).ok()) return 1;
+        if (!sender->Begin(id, tokens, "").ok()) return 1;
         for (int32_t l = 0; l < g.num_layers; ++l) {
           if (absl::Status s = sender->SendLayer(id, l, table, src.get()); !s.ok()) {
             std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());

@@ -100,8 +100,7 @@ absl::Status LocalCluster::Start() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
-  auto channel =
-      grpc::CreateCustomChannel(router_address_, grpc::InsecureChannelCredentials(), args);
+  auto channel = rpc::CreateTlsChannel(router_address_, options_.tls, args);
   generation_ = v1::Generation::NewStub(channel);
   registration_ = v1::Registration::NewStub(channel);
   for (int i = 0; i < options_.prefill && !options_.static_workers; ++i) {
@@ -218,8 +217,7 @@ std::string LocalCluster::Log(const std::string& address) const {
 }
 
 absl::StatusOr<v1::WorkerInfo> LocalCluster::Status(const std::string& address) {
-  auto stub =
-      v1::WorkerStatus::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::WorkerStatus::NewStub(rpc::CreateTlsChannel(address, options_.tls));
   grpc::ClientContext ctx;
   rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(2));
   v1::WorkerInfo info;

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "common/backend/backend.h"
 #include "common/base/subprocess.h"
+#include "common/rpc/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -39,6 +40,9 @@ struct ClusterOptions {
   // Workers start without --router and the router lists them with --workers (polled, no
   // heartbeats).
   bool static_workers = false;
+  // How the cluster's own clients (generation(), registration(), Status) dial: plaintext unless
+  // it names a CA or a certificate. The processes' --tls-* flags go in router_args/worker_args.
+  rpc::TlsOptions tls = {};
 };
 
 // The backend the suite's in-process reference engine must use to match the workers bit for bit:

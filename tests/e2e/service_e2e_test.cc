@@ -1,10 +1,15 @@
 // End-to-end tests of the disaggregated service on loopback: real router, prefill and decode worker
 // processes, driven through the public gRPC API. Each test starts its own cluster.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -468,6 +473,186 @@ grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(const std::string&
   return resp.status();
 }
 
+// One HTTP/1.1 request to 127.0.0.1:port; returns the status code (-1 when nothing answered).
+int HttpStatus(int port, const std::string& method, const std::string& path,
+               const std::string& authorization, const std::string& body = "") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  std::string request = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                                     "Content-Type: application/json\r\nConnection: close\r\n");
+  if (!authorization.empty()) absl::StrAppend(&request, "Authorization: ", authorization, "\r\n");
+  absl::StrAppend(&request, "Content-Length: ", body.size(), "\r\n\r\n", body);
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+  ::close(fd);
+  int status = -1;
+  if (response.rfind("HTTP/1.1 ", 0) == 0) status = std::atoi(response.c_str() + 9);
+  return status;
+}
+
+// API keys on both front doors: no key, a wrong key and a key over its rate are refused (gRPC
+// UNAUTHENTICATED / RESOURCE_EXHAUSTED, HTTP 401 / 429), a good key is served; health stays open.
+TEST_F(ServiceTest, ApiKeysGuardBothFrontDoorsWithPerKeyRateLimits) {
+  const std::string keys = absl::StrCat(::testing::TempDir(), "/api_keys_", ::getpid(), ".txt");
+  std::ofstream(keys) << "sk-open-0123456789abcdef name=open\n"
+                         "sk-tight-0123456789abcdef name=tight rpm=3\n";
+  const int http_port = FreePort();
+  auto c = StartCluster(
+      {.prefill = 1,
+       .decode = 1,
+       .router_args = {"--api-key-file=" + keys, absl::StrCat("--http-port=", http_port)}});
+  auto generate = [&](const std::string& key) {
+    grpc::ClientContext ctx;
+    if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+    rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(20));
+    v1::GenerateResponse r;
+    return c->generation()->Generate(&ctx, TokenRequest({1, 2, 3}, 2), &r);
+  };
+  EXPECT_EQ(generate("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(generate("sk-wrong-0123456789abcdef").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(generate("sk-open-0123456789abcdef").ok());
+  {
+    grpc::ClientContext ctx;  // every client-facing RPC, not only generation
+    v1::ListModelsResponse models;
+    EXPECT_EQ(c->generation()->ListModels(&ctx, v1::ListModelsRequest(), &models).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(generate("sk-tight-0123456789abcdef").ok()) << i;
+  const grpc::Status over = generate("sk-tight-0123456789abcdef");
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("'tight' is over its limit of 3 requests a minute"));
+  EXPECT_TRUE(generate("sk-open-0123456789abcdef").ok()) << "limits are per key";
+
+  const std::string body = R"({"prompt": [1, 2, 3], "max_tokens": 2})";
+  EXPECT_EQ(HttpStatus(http_port, "POST", "/v1/completions", "", body), 401);
+  EXPECT_EQ(
+      HttpStatus(http_port, "POST", "/v1/completions", "Bearer sk-nope-0123456789abcdef", body),
+      401);
+  EXPECT_EQ(HttpStatus(http_port, "GET", "/v1/models", ""), 401);
+  EXPECT_EQ(
+      HttpStatus(http_port, "POST", "/v1/completions", "Bearer sk-open-0123456789abcdef", body),
+      200);
+  EXPECT_EQ(
+      HttpStatus(http_port, "POST", "/v1/completions", "Bearer sk-tight-0123456789abcdef", body),
+      429);
+  EXPECT_EQ(HttpStatus(http_port, "GET", "/health", ""), 200) << "health needs no key";
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+  std::filesystem::remove(keys);
+}
+
+// ---------------------------------------------------------------- transport security
+
+// TLS on every gRPC hop (client→router one-way or mutual, router→worker and registration mutual):
+// the outputs do not change, and every kind of stranger is refused. The router's certificate is
+// re-read from disk while it runs.
+TEST_F(ServiceTest, TlsOnEveryHopRefusesStrangersAndChangesNoOutput) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/tls_", ::getpid());
+  const std::string a = dir + "/a/", b = dir + "/b/";
+  ASSERT_EQ(std::system(absl::StrCat("bash ", TANDEM_MAKE_CERTS, " ", a,
+                                     " node:IP:127.0.0.1 router:IP:127.0.0.1 >/dev/null && "
+                                     "CA_NAME=other bash ",
+                                     TANDEM_MAKE_CERTS, " ", b, " rogue:IP:127.0.0.1 >/dev/null")
+                            .c_str()),
+            0);
+  auto flags = [&](const std::string& name) {
+    return std::vector<std::string>{"--tls-cert-file=" + a + name + ".pem",
+                                    "--tls-key-file=" + a + name + ".key",
+                                    "--tls-ca-file=" + a + "ca.pem", "--tls-refresh-s=1"};
+  };
+  rpc::TlsOptions member;  // a certificate from the cluster's CA
+  member.cert_file = a + "node.pem";
+  member.key_file = a + "node.key";
+  member.ca_file = a + "ca.pem";
+  auto c = StartCluster({.prefill = 1,
+                         .decode = 1,
+                         .router_args = flags("router"),
+                         .worker_args = flags("node"),
+                         .tls = member});
+  ExpectEquivalent(c->generation(), model_dir_, 30);
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+
+  const std::string router = c->router_address();
+  auto generate = [&](const rpc::TlsOptions& o) {
+    auto stub = v1::Generation::NewStub(rpc::CreateTlsChannel(router, o));
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(5));
+    v1::GenerateResponse r;
+    return stub->Generate(&ctx, TokenRequest({1, 2, 3}, 2), &r);
+  };
+  rpc::TlsOptions anonymous;  // trusts the CA, shows no certificate
+  anonymous.ca_file = a + "ca.pem";
+  rpc::TlsOptions rogue;  // a certificate from another CA
+  rogue.cert_file = b + "rogue.pem";
+  rogue.key_file = b + "rogue.key";
+  rogue.ca_file = a + "ca.pem";
+  rpc::TlsOptions trusts_other;  // trusts only the other CA
+  trusts_other.ca_file = b + "ca.pem";
+
+  EXPECT_TRUE(generate(member).ok());
+  EXPECT_TRUE(generate(anonymous).ok()) << "client certificates are optional on the router";
+  EXPECT_EQ(generate(rpc::TlsOptions()).error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "a plaintext client";
+  EXPECT_EQ(generate(rogue).error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "a client certificate from another CA";
+  EXPECT_EQ(generate(trusts_other).error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "the router's certificate must not verify against another CA";
+
+  // A stranger registering as a worker without a certificate.
+  {
+    auto stub = v1::Registration::NewStub(rpc::CreateTlsChannel(router, anonymous));
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(5));
+    v1::RegisterRequest req;
+    req.mutable_worker()->set_address("127.0.0.1:1");
+    req.mutable_worker()->set_role(v1::WORKER_ROLE_DECODE);
+    v1::RegisterResponse resp;
+    const grpc::Status s = stub->Register(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("certificate"));
+    EXPECT_EQ(c->Live().size(), 2u);
+  }
+  // Workers take calls only from holders of the CA's certificates.
+  const std::string worker = c->workers("decode").at(0);
+  auto worker_status = [&](const rpc::TlsOptions& o) {
+    auto stub = v1::WorkerStatus::NewStub(rpc::CreateTlsChannel(worker, o));
+    grpc::ClientContext ctx;
+    rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(5));
+    v1::WorkerInfo info;
+    return stub->GetStatus(&ctx, v1::GetStatusRequest(), &info);
+  };
+  EXPECT_TRUE(worker_status(member).ok());
+  EXPECT_FALSE(worker_status(rpc::TlsOptions()).ok()) << "plaintext";
+  EXPECT_FALSE(worker_status(anonymous).ok()) << "no client certificate";
+  EXPECT_FALSE(worker_status(rogue).ok()) << "a certificate from another CA";
+
+  // Renewal: the router's files replaced by a certificate from the other CA are served to new
+  // connections within the refresh interval (1 s here), without a restart.
+  for (const char* ext : {".key", ".pem"}) {
+    std::filesystem::copy_file(b + "rogue" + ext, a + "router.tmp" + ext,
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(a + "router.tmp" + ext, a + "router" + ext);
+  }
+  bool renewed = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(15); !renewed && absl::Now() < end;) {
+    renewed = generate(trusts_other).ok();
+    if (!renewed) absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(renewed) << "the renewed certificate was not picked up";
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 TEST_F(ServiceTest, EveryProcessServesTheHealthService) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
   std::vector<std::string> addresses = {c->router_address()};
@@ -572,6 +757,10 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
          for (int i = 0; i < 17; ++i) g.mutable_sampling()->add_stop(absl::StrCat("s", i));
        }},
       {"control characters in the request id", [](auto& g) { g.set_request_id("a\nb"); }},
+      // Strings protobuf itself refuses to parse: named, not UNIMPLEMENTED with no message.
+      {"prompt not UTF-8", [](auto& g) { g.set_prompt("ab\xff"); }},
+      {"prompt holding an encoded lone surrogate", [](auto& g) { g.set_prompt("a\xED\xA0\x80"); }},
+      {"stop string not UTF-8", [](auto& g) { g.mutable_sampling()->add_stop("\xC0\x80"); }},
   };
   for (const auto& [name, mutate] : cases) {
     v1::GenerateRequest bad = good;
@@ -588,6 +777,20 @@ TEST_F(ServiceTest, BadRequestsAreRefusedWithAMessageAndTheNextOneSucceeds) {
     StreamResult ok = Stream(c->generation(), good);
     EXPECT_TRUE(ok.status.ok()) << "after " << name << ": " << ok.status.error_message();
     EXPECT_EQ(ok.ids.size(), 4u);
+  }
+  {
+    v1::GenerateRequest bad = good;
+    bad.set_prompt("a\xED\xA0\x80");
+    StreamResult r = Stream(c->generation(), bad);
+    EXPECT_EQ(r.status.error_message().rfind("prompt is not valid UTF-8", 0), 0u)
+        << r.status.error_message();
+    v1::TokenizeRequest t;
+    t.set_text("\xff\xfe");
+    v1::TokenizeResponse tr;
+    grpc::ClientContext ctx;
+    const grpc::Status ts = c->generation()->Tokenize(&ctx, t, &tr);
+    EXPECT_EQ(ts.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(ts.error_message().rfind("text is not valid UTF-8", 0), 0u) << ts.error_message();
   }
   std::string why;
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(1), &why)) << why;

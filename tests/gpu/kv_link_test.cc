@@ -114,7 +114,7 @@ int Fail(const std::string& what, const absl::Status& s) {
 absl::Status SendAll(KvControlSender* sender, KvCacheStorage* storage, const std::string& id,
                      const std::vector<int32_t>& blocks, int32_t token) {
   if (absl::Status s =
-          sender->Begin(id, static_cast<int64_t>(blocks.size()) * kGeometry.block_size);
+          sender->Begin(id, static_cast<int64_t>(blocks.size()) * kGeometry.block_size, "");
       !s.ok())
     return s;
   for (int32_t l = 0; l < kGeometry.num_layers; ++l) {
@@ -165,7 +165,7 @@ int RunSender(const std::string& mode, int port, const std::string& dir) {
   if (!sender.ok()) return Fail("connect", sender.status());
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
   if (mode == "pause") {
-    if (absl::Status s = (*sender)->Begin("r1", 64); !s.ok()) return Fail("begin", s);
+    if (absl::Status s = (*sender)->Begin("r1", 64, ""); !s.ok()) return Fail("begin", s);
     if (absl::Status s = (*sender)->SendLayer("r1", 0, src, device->storage.get()); !s.ok())
       return Fail("layer", s);
     Touch(dir + "/layer0");
@@ -287,15 +287,15 @@ TEST_F(KvLinkTest, LayersArriveExactlyInShuffledBlocksAndCancelledOnesAreDrained
   auto receiver = Receiver(absl::Seconds(20));
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
   const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, kReserved, 3);
-  ASSERT_TRUE(receiver->Expect("r1", dst).ok());
+  ASSERT_TRUE(receiver->Expect("r1", dst, "").ok());
   std::vector<int32_t> spare;  // blocks no transfer may touch
   for (int32_t b = 0; b < kGeometry.num_blocks; ++b) {
     if (std::find(dst.begin(), dst.end(), b) == dst.end()) spare.push_back(b);
   }
   ASSERT_GE(spare.size(), 10u);
-  ASSERT_TRUE(receiver->Expect("r2", {spare[0]}).ok());
+  ASSERT_TRUE(receiver->Expect("r2", {spare[0]}, "").ok());
   receiver->Cancel("r2");
-  ASSERT_TRUE(receiver->Expect("r3", {spare[1], spare[2], spare[3]}).ok());
+  ASSERT_TRUE(receiver->Expect("r3", {spare[1], spare[2], spare[3]}, "").ok());
   Subprocess child = SpawnSender("transfer", receiver->port());
   auto t1 = receiver->Wait("r1", absl::Seconds(60));
   ASSERT_TRUE(t1.ok()) << t1.status();
@@ -317,7 +317,7 @@ TEST_F(KvLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
   auto receiver = Receiver(absl::Seconds(20));
   const std::vector<int32_t> src = Shuffled(kGeometry.num_blocks, kReserved, 1);
   const std::vector<int32_t> dst = Shuffled(kGeometry.num_blocks, kReserved, 5);
-  ASSERT_TRUE(receiver->Expect("r1", dst).ok());
+  ASSERT_TRUE(receiver->Expect("r1", dst, "").ok());
   Subprocess child = SpawnSender("pause", receiver->port());
   ASSERT_TRUE(WaitForFile(dir_ + "/layer0", absl::Seconds(60)));
   // The sender's marker means layer 0 was sent; the receiver lands it just after its receive
@@ -351,7 +351,7 @@ TEST_F(KvLinkTest, ACancelMidTransferKeepsWhatLandedBeforeItAndNothingAfter) {
 
 TEST_F(KvLinkTest, AKilledSenderFailsItsTransferWithinTheTimeout) {
   auto receiver = Receiver(absl::Seconds(5));
-  ASSERT_TRUE(receiver->Expect("r1", Shuffled(kGeometry.num_blocks, kReserved, 4)).ok());
+  ASSERT_TRUE(receiver->Expect("r1", Shuffled(kGeometry.num_blocks, kReserved, 4), "").ok());
   Subprocess child = SpawnSender("pause", receiver->port());
   ASSERT_TRUE(WaitForFile(dir_ + "/layer0", absl::Seconds(60)));
   child.Signal(SIGKILL);

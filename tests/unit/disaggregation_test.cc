@@ -80,7 +80,7 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
   for (const auto& r : reqs) {
     auto blocks = decode->Reserve(r.id, static_cast<int64_t>(r.prompt_token_ids.size()));
     ASSERT_TRUE(blocks.ok()) << blocks.status();
-    ASSERT_TRUE(receiver->Expect(r.id, *blocks).ok());
+    ASSERT_TRUE(receiver->Expect(r.id, *blocks, "").ok());
     ASSERT_TRUE(prefill->AddRequest(r).ok());
   }
   std::map<std::string, std::vector<int32_t>> got;
@@ -92,7 +92,7 @@ TEST_P(DisaggregationTest, PrefillToDecodeOverTcpMatchesCombined) {
       if (o.finish_reason != FinishReason::kPrefillDone) continue;
       const EngineRequest& r = *by_id.at(o.id);
       ASSERT_EQ(o.new_token_ids.size(), 1u);
-      ASSERT_TRUE(sender->Begin(r.id, static_cast<int64_t>(r.prompt_token_ids.size())).ok());
+      ASSERT_TRUE(sender->Begin(r.id, static_cast<int64_t>(r.prompt_token_ids.size()), "").ok());
       for (int32_t l = 0; l < model_->config().num_hidden_layers; ++l) {
         ASSERT_TRUE(
             sender->SendLayer(r.id, l, prefill->block_table(r.id), prefill->kv_storage()).ok());
@@ -151,12 +151,12 @@ TEST_P(DisaggregationTest, LayerWiseSendingDuringThePrefillStep) {
           .value();
   auto blocks = decode->Reserve("r", 29);
   ASSERT_TRUE(blocks.ok());
-  ASSERT_TRUE(receiver->Expect("r", *blocks).ok());
+  ASSERT_TRUE(receiver->Expect("r", *blocks, "").ok());
   std::vector<int64_t> layers_sent;
   prefill->set_layer_listener([&](int64_t layer, const std::vector<std::string>& ids) {
     for (const std::string& id : ids) {
       if (layer == 0) {
-        ASSERT_TRUE(sender->Begin(id, 29).ok());
+        ASSERT_TRUE(sender->Begin(id, 29, "").ok());
       }
       ASSERT_TRUE(sender
                       ->SendLayer(id, static_cast<int32_t>(layer), prefill->block_table(id),

@@ -123,10 +123,10 @@ class TcpKvTransportTest : public TransportFixture,
 };
 
 TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
-  ASSERT_TRUE(receiver_->Expect("r1", {5, 2, 7}).ok());
+  ASSERT_TRUE(receiver_->Expect("r1", {5, 2, 7}, "").ok());
   auto sender = Connect(address_);
   ASSERT_TRUE(sender.ok()) << sender.status();
-  ASSERT_TRUE((*sender)->Begin("r1", 10).ok());
+  ASSERT_TRUE((*sender)->Begin("r1", 10, "").ok());
   for (int32_t l = 0; l < 3; ++l)
     ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
   ASSERT_TRUE((*sender)->End("r1", 42).ok());
@@ -138,8 +138,8 @@ TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
   EXPECT_TRUE(SameBlock(3, 7));
   for (int32_t d : {0, 1, 3, 4, 6}) EXPECT_TRUE(BlockIsZero(d)) << d;
   // The connection is reused for the next transfer.
-  ASSERT_TRUE(receiver_->Expect("r2", {0}).ok());
-  ASSERT_TRUE((*sender)->Begin("r2", 4).ok());
+  ASSERT_TRUE(receiver_->Expect("r2", {0}, "").ok());
+  ASSERT_TRUE((*sender)->Begin("r2", 4, "").ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE((*sender)->SendLayer("r2", l, {6}, src_.get()).ok());
   ASSERT_TRUE((*sender)->End("r2", 7).ok());
   EXPECT_EQ(receiver_->Wait("r2", absl::Seconds(2)).value(), 7);
@@ -151,6 +151,48 @@ TEST_P(TcpKvTransportTest, LayerByLayerIntoReservedBlocks) {
       absl::SleepFor(absl::Milliseconds(10));
     EXPECT_EQ(hub_.live_links.load(), 0);
   }
+}
+
+// The KV plane's capabilities: a transfer into a reservation must present the capability the
+// receiver issued for it. A sender without it, or with another reservation's, or replaying a used
+// one, writes nothing and its End is refused; the rightful sender then completes as usual.
+TEST_P(TcpKvTransportTest, OnlyTheReservationsCapabilityWritesIntoIt) {
+  const std::string cap = NewKvCapability(), other = NewKvCapability();
+  EXPECT_EQ(cap.size(), 32u);
+  EXPECT_NE(cap, other);
+  EXPECT_TRUE(KvCapabilityMatches(cap, cap));
+  EXPECT_FALSE(KvCapabilityMatches(cap, other));
+  EXPECT_FALSE(KvCapabilityMatches(cap, ""));
+  EXPECT_FALSE(KvCapabilityMatches(cap, cap.substr(0, 31)));
+  ASSERT_TRUE(receiver_->Expect("r1", {5, 2, 7}, cap).ok());
+  ASSERT_TRUE(receiver_->Expect("r2", {4}, other).ok());
+  for (const std::string& presented :
+       {std::string(), other, cap.substr(0, 16) + other.substr(16)}) {
+    auto stranger = Connect(address_);
+    ASSERT_TRUE(stranger.ok()) << stranger.status();
+    ASSERT_TRUE((*stranger)->Begin("r1", 10, presented).ok());
+    for (int32_t l = 0; l < 3; ++l)
+      ASSERT_TRUE((*stranger)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
+    const absl::Status end = (*stranger)->End("r1", 13);
+    EXPECT_FALSE(end.ok());
+    EXPECT_THAT(std::string(end.message()), HasSubstr("capability")) << end;
+    for (int32_t d : {5, 2, 7}) EXPECT_TRUE(BlockIsZero(d)) << "a stranger wrote block " << d;
+  }
+  // The rightful sender, on its own connection.
+  auto sender = Connect(address_);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE((*sender)->Begin("r1", 10, cap).ok());
+  for (int32_t l = 0; l < 3; ++l)
+    ASSERT_TRUE((*sender)->SendLayer("r1", l, {0, 1, 3}, src_.get()).ok());
+  ASSERT_TRUE((*sender)->End("r1", 42).ok());
+  EXPECT_EQ(receiver_->Wait("r1", absl::Seconds(2)).value(), 42);
+  EXPECT_TRUE(SameBlock(0, 5));
+  // Replayed once used: the reservation is gone, nothing lands.
+  ASSERT_TRUE((*sender)->Begin("r1", 10, cap).ok());
+  ASSERT_TRUE((*sender)->SendLayer("r1", 0, {6, 6, 6}, src_.get()).ok());
+  EXPECT_FALSE((*sender)->End("r1", 9).ok());
+  EXPECT_TRUE(SameBlock(0, 5));
+  receiver_->Cancel("r2");
 }
 
 TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
@@ -176,9 +218,9 @@ TEST_P(TcpKvTransportTest, HandshakeRefusesOtherModelsAndGeometries) {
 }
 
 TEST_P(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
-  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
   auto sender = Connect(address_).value();
-  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  ASSERT_TRUE(sender->Begin("r", 4, "").ok());
   ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());
   absl::Status end = sender->End("r", 1);
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
@@ -187,9 +229,9 @@ TEST_P(TcpKvTransportTest, IncompleteTransferFailsBothSides) {
 }
 
 TEST_P(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
-  ASSERT_TRUE(receiver_->Expect("r", {1, 2}).ok());
+  ASSERT_TRUE(receiver_->Expect("r", {1, 2}, "").ok());
   auto sender = Connect(address_).value();
-  ASSERT_TRUE(sender->Begin("r", 12).ok());
+  ASSERT_TRUE(sender->Begin("r", 12, "").ok());
   for (int32_t l = 0; l < 3; ++l)
     ASSERT_TRUE(sender->SendLayer("r", l, {0, 1, 2}, src_.get()).ok());
   EXPECT_FALSE(sender->End("r", 1).ok());
@@ -199,10 +241,10 @@ TEST_P(TcpKvTransportTest, WrongBlockCountFailsTheTransfer) {
 }
 
 TEST_P(TcpKvTransportTest, DeadSenderFailsTheTransferPromptly) {
-  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
   {
     auto sender = Connect(address_).value();
-    ASSERT_TRUE(sender->Begin("r", 4).ok());
+    ASSERT_TRUE(sender->Begin("r", 4, "").ok());
     ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());
   }  // the sender goes away mid-transfer
   const absl::Time t0 = absl::Now();
@@ -224,9 +266,9 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionOutlivesTheIoTimeout) {
   EXPECT_TRUE(sender->Connected());
   for (const std::string id : {"r1", "r2"}) {
     absl::SleepFor(absl::Milliseconds(500));  // idle between transfers
-    ASSERT_TRUE(receiver->Expect(id, {1}).ok());
+    ASSERT_TRUE(receiver->Expect(id, {1}, "").ok());
     ASSERT_TRUE(sender->Connected()) << id;
-    ASSERT_TRUE(sender->Begin(id, 4).ok()) << id;
+    ASSERT_TRUE(sender->Begin(id, 4, "").ok()) << id;
     absl::SleepFor(
         absl::Milliseconds(400));  // idle between a transfer's frames (a prompt computing)
     for (int32_t l = 0; l < 3; ++l)
@@ -264,8 +306,8 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWai
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
   const int links_before = hub_.live_links.load();
   auto sender = Connect(address).value();
-  ASSERT_TRUE(receiver->Expect("r1", {1}).ok());
-  ASSERT_TRUE(sender->Begin("r1", 4).ok());
+  ASSERT_TRUE(receiver->Expect("r1", {1}, "").ok());
+  ASSERT_TRUE(sender->Begin("r1", 4, "").ok());
   absl::SleepFor(absl::Milliseconds(800));  // a prompt computing: idle, but r1 waits
   ASSERT_TRUE(sender->Connected()) << "closed while a transfer begun on it still waited";
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r1", l, {2}, src_.get()).ok());
@@ -286,8 +328,8 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWai
 
   // A sender stopped mid-transfer: its connection outlives the reservation's deadline, not more.
   sender = Connect(address).value();
-  ASSERT_TRUE(receiver->Expect("r2", {3}).ok());
-  ASSERT_TRUE(sender->Begin("r2", 4).ok());
+  ASSERT_TRUE(receiver->Expect("r2", {3}, "").ok());
+  ASSERT_TRUE(sender->Begin("r2", 4, "").ok());
   ASSERT_TRUE(sender->SendLayer("r2", 0, {4}, src_.get()).ok());
   absl::SleepFor(absl::Milliseconds(600));
   ASSERT_TRUE(sender->Connected()) << "closed while the reservation still waited";
@@ -302,8 +344,8 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWai
 
   // And a new connection serves the next transfer.
   sender = Connect(address).value();
-  ASSERT_TRUE(receiver->Expect("r3", {5}).ok());
-  ASSERT_TRUE(sender->Begin("r3", 4).ok());
+  ASSERT_TRUE(receiver->Expect("r3", {5}, "").ok());
+  ASSERT_TRUE(sender->Begin("r3", 4, "").ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r3", l, {6}, src_.get()).ok());
   ASSERT_TRUE(sender->End("r3", 7).ok());
   EXPECT_EQ(receiver->Wait("r3", absl::Seconds(2)).value(), 7);
@@ -311,9 +353,9 @@ TEST_P(TcpKvTransportTest, AnIdleConnectionIsClosedOnlyWhenNoTransferOfItsOwnWai
 }
 
 TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
-  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
   auto sender = Connect(address_).value();
-  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  ASSERT_TRUE(sender->Begin("r", 4, "").ok());
   const absl::Time t0 = absl::Now();
   EXPECT_EQ(receiver_->Wait("r", absl::Milliseconds(200)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -321,11 +363,11 @@ TEST_P(TcpKvTransportTest, SilentSenderHitsTheDeadline) {
 }
 
 TEST_P(TcpKvTransportTest, CancelledReservationDiscardsData) {
-  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
-  EXPECT_EQ(receiver_->Expect("r", {2}).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
+  EXPECT_EQ(receiver_->Expect("r", {2}, "").code(), absl::StatusCode::kAlreadyExists);
   receiver_->Cancel("r");
   auto sender = Connect(address_).value();
-  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  ASSERT_TRUE(sender->Begin("r", 4, "").ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r", l, {0}, src_.get()).ok());
   absl::Status end = sender->End("r", 1);
   EXPECT_THAT(end.message(), HasSubstr("no reservation"));
@@ -347,7 +389,7 @@ void RawFrame(int fd, uint8_t type, const std::string& payload, uint32_t claimed
 }
 
 TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations) {
-  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -399,17 +441,17 @@ TEST_P(TcpKvTransportTest, AReservationCanOutliveItsSenderAndTakeARetry) {
     ++completions;
   });
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
-  ASSERT_TRUE(receiver->Expect("r", {4, 1}).ok());
+  ASSERT_TRUE(receiver->Expect("r", {4, 1}, "").ok());
   {
     auto dying = Connect(address).value();
-    ASSERT_TRUE(dying->Begin("r", 8).ok());
+    ASSERT_TRUE(dying->Begin("r", 8, "").ok());
     ASSERT_TRUE(dying->SendLayer("r", 0, {2, 3}, src_.get()).ok());
     ASSERT_TRUE(dying->SendLayer("r", 1, {2, 3}, src_.get()).ok());
   }  // a prefill worker dies mid-transfer: the reservation waits for another sender
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(completions.load(), 0);
   auto retry = Connect(address).value();
-  ASSERT_TRUE(retry->Begin("r", 8).ok());  // starts again from layer 0
+  ASSERT_TRUE(retry->Begin("r", 8, "").ok());  // starts again from layer 0
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(retry->SendLayer("r", l, {2, 3}, src_.get()).ok());
   ASSERT_TRUE(retry->End("r", 11).ok());
   EXPECT_EQ(completions.load(),
@@ -424,11 +466,11 @@ TEST_P(TcpKvTransportTest, ARetryThatSendsTooFewLayersStillFails) {
   o.keep_reservation_on_sender_loss = true;
   auto receiver = KvControlReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
-  ASSERT_TRUE(receiver->Expect("r", {4}).ok());
+  ASSERT_TRUE(receiver->Expect("r", {4}, "").ok());
   auto first = Connect(address).value();
-  ASSERT_TRUE(first->Begin("r", 4).ok());
+  ASSERT_TRUE(first->Begin("r", 4, "").ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(first->SendLayer("r", l, {2}, src_.get()).ok());
-  ASSERT_TRUE(first->Begin("r", 4).ok());  // a new Begin forgets the layers already received
+  ASSERT_TRUE(first->Begin("r", 4, "").ok());  // a new Begin forgets the layers already received
   ASSERT_TRUE(first->SendLayer("r", 0, {2}, src_.get()).ok());
   EXPECT_FALSE(first->End("r", 1).ok());
   EXPECT_EQ(receiver->Wait("r", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
@@ -439,15 +481,15 @@ TEST_P(TcpKvTransportTest, ADyingSenderDoesNotDisturbTheRetryThatTookItsTransfer
   o.keep_reservation_on_sender_loss = true;
   auto receiver = KvControlReceiver::Create(o).value();
   const std::string address = absl::StrCat("127.0.0.1:", receiver->port());
-  ASSERT_TRUE(receiver->Expect("r", {4, 1}).ok());
+  ASSERT_TRUE(receiver->Expect("r", {4, 1}, "").ok());
   auto first = Connect(address).value();
-  ASSERT_TRUE(first->Begin("r", 8).ok());
+  ASSERT_TRUE(first->Begin("r", 8, "").ok());
   ASSERT_TRUE(first->SendLayer("r", 0, {2, 3}, src_.get()).ok());
   // An acknowledged End (of nothing) makes sure the receiver has taken in everything sent before
   // it: connections are served by threads of their own, in no order between them.
   EXPECT_FALSE(first->End("sync", 0).ok());
   auto retry = Connect(address).value();  // the router retried the prefill elsewhere
-  ASSERT_TRUE(retry->Begin("r", 8).ok());
+  ASSERT_TRUE(retry->Begin("r", 8, "").ok());
   ASSERT_TRUE(retry->SendLayer("r", 0, {2, 3}, src_.get()).ok());
   ASSERT_TRUE(retry->SendLayer("r", 1, {2, 3}, src_.get()).ok());
   first.reset();  // the first sender's connection ends now, mid-way through the retry
@@ -483,10 +525,10 @@ class ManualMark final : public WorkMark {
 
 TEST_P(TcpKvTransportTest,
        ALayerWaitsForItsMarkBeforeAnyByteAndAMarkThatNeverCompletesFailsOnlyThatLayer) {
-  ASSERT_TRUE(receiver_->Expect("r1", {5, 2}).ok());
+  ASSERT_TRUE(receiver_->Expect("r1", {5, 2}, "").ok());
   auto sender = Connect(address_);  // io timeout 2 s
   ASSERT_TRUE(sender.ok()) << sender.status();
-  ASSERT_TRUE((*sender)->Begin("r1", 10).ok());
+  ASSERT_TRUE((*sender)->Begin("r1", 10, "").ok());
   // The layer goes out only once its work is done: 300 ms here.
   ManualMark slow;
   std::thread finisher([&] {
@@ -561,8 +603,8 @@ TEST_F(TcpKvLinkTest, ASenderTakesTheFirstDataPathThatWorks) {
   LoopbackKvLinkFactory other_src(src_.get(), &hub_, "other"),
       other_dst(dst_.get(), &hub_, "other");
   auto transfer = [&](KvControlSender* sender, const std::string& id, int32_t src, int32_t dst) {
-    ASSERT_TRUE(receiver_->Expect(id, {dst}).ok());
-    ASSERT_TRUE(sender->Begin(id, 4).ok());
+    ASSERT_TRUE(receiver_->Expect(id, {dst}, "").ok());
+    ASSERT_TRUE(sender->Begin(id, 4, "").ok());
     for (int32_t l = 0; l < geometry_.num_layers; ++l)
       ASSERT_TRUE(sender->SendLayer(id, l, {src}, src_.get()).ok());
     ASSERT_TRUE(sender->End(id, 3).ok());
@@ -672,12 +714,12 @@ TEST_F(TcpKvLinkTest, AHungLinkFailsTheTransferWithinTheTimeoutAndDropsTheConnec
   KvControlReceiver::Options o = ReceiverOptions();
   o.io_timeout = absl::Milliseconds(300);
   auto receiver = KvControlReceiver::Create(o).value();
-  ASSERT_TRUE(receiver->Expect("r", {1}).ok());
+  ASSERT_TRUE(receiver->Expect("r", {1}, "").ok());
   auto sender = KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info_,
                                          absl::Milliseconds(300), src_link_.get())
                     .value();
   src_link_->stall_sends_ = true;
-  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  ASSERT_TRUE(sender->Begin("r", 4, "").ok());
   const absl::Time t0 = absl::Now();
   EXPECT_EQ(sender->SendLayer("r", 0, {0}, src_.get()).code(), absl::StatusCode::kDeadlineExceeded);
   auto w = receiver->Wait("r", absl::Seconds(5));
@@ -689,9 +731,9 @@ TEST_F(TcpKvLinkTest, AHungLinkFailsTheTransferWithinTheTimeoutAndDropsTheConnec
 }
 
 TEST_F(TcpKvLinkTest, ACancelDuringAReceiveReturnsAtOnceAndNothingLandsAfterIt) {
-  ASSERT_TRUE(receiver_->Expect("r", {1}).ok());
+  ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
   auto sender = Connect(address_).value();
-  ASSERT_TRUE(sender->Begin("r", 4).ok());
+  ASSERT_TRUE(sender->Begin("r", 4, "").ok());
   ASSERT_TRUE(sender->SendLayer("r", 0, {0}, src_.get()).ok());  // lands
   src_link_->send_delay_ms_ = 300;  // the receiver now waits in RecvLayer for layer 1
   std::thread send([&] { EXPECT_TRUE(sender->SendLayer("r", 1, {0}, src_.get()).ok()); });
@@ -709,8 +751,8 @@ TEST_F(TcpKvLinkTest, ACancelDuringAReceiveReturnsAtOnceAndNothingLandsAfterIt) 
   EXPECT_TRUE(SameBlock(0, 1, 0, 1));
   EXPECT_TRUE(BlockIsZero(1, 1, 3));
   // The connection is still good for the next transfer.
-  ASSERT_TRUE(receiver_->Expect("r2", {3}).ok());
-  ASSERT_TRUE(sender->Begin("r2", 4).ok());
+  ASSERT_TRUE(receiver_->Expect("r2", {3}, "").ok());
+  ASSERT_TRUE(sender->Begin("r2", 4, "").ok());
   for (int32_t l = 0; l < 3; ++l) ASSERT_TRUE(sender->SendLayer("r2", l, {5}, src_.get()).ok());
   ASSERT_TRUE(sender->End("r2", 2).ok());
   EXPECT_TRUE(SameBlock(5, 3));

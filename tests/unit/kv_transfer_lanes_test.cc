@@ -50,7 +50,7 @@ class KvTransferLanesTest : public ::testing::Test {
   // Sends a whole transfer of `blocks` and returns End's status.
   absl::Status Transfer(const std::string& address, const std::string& id,
                         std::vector<int32_t> blocks) {
-    lanes_->Begin(address, id, 4);
+    lanes_->Begin(address, id, 4, "");
     for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes_->SendLayer(address, id, l, blocks);
     return Ended(lanes_.get(), address, id);
   }
@@ -65,7 +65,7 @@ class KvTransferLanesTest : public ::testing::Test {
 };
 
 TEST_F(KvTransferLanesTest, DeliversInOrderAndReportsTheAcknowledgement) {
-  ASSERT_TRUE(receiver_->Expect("a", {6}).ok());
+  ASSERT_TRUE(receiver_->Expect("a", {6}, "").ok());
   EXPECT_TRUE(Transfer(address_, "a", {1}).ok());
   EXPECT_EQ(receiver_->Wait("a", absl::Seconds(1)).value(), 5);
   const int64_t e = geometry_.elements_per_block();
@@ -94,8 +94,8 @@ TEST_F(KvTransferLanesTest, AnIdleLaneDropsADeadReceiversLinkAndThenRetires) {
   lo.idle_check = absl::Milliseconds(50);
   lo.retire_idle_lane = absl::Milliseconds(400);
   KvTransferLanes lanes(lo);
-  ASSERT_TRUE(receiver->Expect("a", {6}).ok());
-  lanes.Begin(address, "a", 4);
+  ASSERT_TRUE(receiver->Expect("a", {6}, "").ok());
+  lanes.Begin(address, "a", 4, "");
   for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes.SendLayer(address, "a", l, {1});
   EXPECT_TRUE(Ended(&lanes, address, "a").ok());
   EXPECT_EQ(hub.live_links.load(), 2);  // one link, both ends, kept for the next transfer
@@ -114,8 +114,8 @@ TEST_F(KvTransferLanesTest, AnIdleLaneDropsADeadReceiversLinkAndThenRetires) {
   // A new lane for the next decode worker (the retired thread is joined on the way).
   auto again = KvControlReceiver::Create(ro).value();
   const std::string address2 = absl::StrCat("127.0.0.1:", again->port());
-  ASSERT_TRUE(again->Expect("b", {3}).ok());
-  lanes.Begin(address2, "b", 4);
+  ASSERT_TRUE(again->Expect("b", {3}, "").ok());
+  lanes.Begin(address2, "b", 4, "");
   for (int32_t l = 0; l < geometry_.num_layers; ++l) lanes.SendLayer(address2, "b", l, {2});
   EXPECT_TRUE(Ended(&lanes, address2, "b").ok());
   EXPECT_EQ(again->Wait("b", absl::Seconds(1)).value(), 5);
@@ -126,19 +126,19 @@ TEST_F(KvTransferLanesTest, ARefusedTransferFailsItsEndAndTheLaneRecovers) {
   absl::Status s = Transfer(address_, "x", {1});
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(s.message().find("no reservation"), std::string::npos) << s;
-  ASSERT_TRUE(receiver_->Expect("y", {2}).ok());
+  ASSERT_TRUE(receiver_->Expect("y", {2}, "").ok());
   EXPECT_TRUE(Transfer(address_, "y", {3}).ok());
 }
 
 TEST_F(KvTransferLanesTest, AnUnreachableReceiverFailsOnlyItsLane) {
   const absl::Status dead = Transfer("127.0.0.1:1", "d", {1});
   EXPECT_EQ(dead.code(), absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(receiver_->Expect("ok", {2}).ok());
+  ASSERT_TRUE(receiver_->Expect("ok", {2}, "").ok());
   EXPECT_TRUE(Transfer(address_, "ok", {3}).ok());
 }
 
 TEST_F(KvTransferLanesTest, CancelledTransfersEndWithCancelled) {
-  ASSERT_TRUE(receiver_->Expect("c", {2}).ok());
+  ASSERT_TRUE(receiver_->Expect("c", {2}, "").ok());
   lanes_->Cancel("c");
   EXPECT_EQ(Transfer(address_, "c", {1}).code(), absl::StatusCode::kCancelled);
 }
@@ -146,8 +146,8 @@ TEST_F(KvTransferLanesTest, CancelledTransfersEndWithCancelled) {
 TEST_F(KvTransferLanesTest, ARefusedTransferLeavesTheOthersOnItsConnectionAlone) {
   // "b" is begun, then "x" (a reservation the decode worker dropped: a cancelled request) is
   // refused at its End. The connection is sound: "b" goes on over it and completes.
-  ASSERT_TRUE(receiver_->Expect("b", {4}).ok());
-  lanes_->Begin(address_, "b", 4);
+  ASSERT_TRUE(receiver_->Expect("b", {4}, "").ok());
+  lanes_->Begin(address_, "b", 4, "");
   lanes_->SendLayer(address_, "b", 0, {1});
   EXPECT_EQ(Transfer(address_, "x", {2}).code(), absl::StatusCode::kUnavailable);
   lanes_->SendLayer(address_, "b", 1, {1});
@@ -158,8 +158,8 @@ TEST_F(KvTransferLanesTest, ARefusedTransferLeavesTheOthersOnItsConnectionAlone)
 TEST_F(KvTransferLanesTest, ALayerRefusedBeforeTheWireStillEndsTheTransferAtTheReceiver) {
   // A block outside the sender's pool fails the layer before anything is sent; the End still goes
   // out, so the receiver fails the reservation at once (a layer missing), not at its timeout.
-  ASSERT_TRUE(receiver_->Expect("v", {4}).ok());
-  lanes_->Begin(address_, "v", 4);
+  ASSERT_TRUE(receiver_->Expect("v", {4}, "").ok());
+  lanes_->Begin(address_, "v", 4, "");
   lanes_->SendLayer(address_, "v", 0, {static_cast<int32_t>(geometry_.num_blocks)});
   lanes_->SendLayer(address_, "v", 1, {1});
   const absl::Status v = Ended(lanes_.get(), address_, "v");
@@ -168,7 +168,7 @@ TEST_F(KvTransferLanesTest, ALayerRefusedBeforeTheWireStillEndsTheTransferAtTheR
   const absl::StatusOr<int32_t> waited = receiver_->Wait("v", absl::Milliseconds(500));
   EXPECT_EQ(waited.status().code(), absl::StatusCode::kUnavailable) << waited.status();
   EXPECT_NE(waited.status().message().find("ended after"), std::string::npos) << waited.status();
-  ASSERT_TRUE(receiver_->Expect("w", {5}).ok());
+  ASSERT_TRUE(receiver_->Expect("w", {5}, "").ok());
   EXPECT_TRUE(Transfer(address_, "w", {2}).ok());
 }
 
@@ -176,10 +176,10 @@ TEST_F(KvTransferLanesTest, ALostConnectionFailsEveryTransferBegunOnIt) {
   // "a"'s layer names more blocks than the receiver's pool holds: the receiver drops the
   // connection. "b", begun on it, fails at once with that cause, and sends nothing more over a new
   // connection.
-  ASSERT_TRUE(receiver_->Expect("a", {4}).ok());
-  ASSERT_TRUE(receiver_->Expect("b", {5}).ok());
-  lanes_->Begin(address_, "b", 4);
-  lanes_->Begin(address_, "a", 4);
+  ASSERT_TRUE(receiver_->Expect("a", {4}, "").ok());
+  ASSERT_TRUE(receiver_->Expect("b", {5}, "").ok());
+  lanes_->Begin(address_, "b", 4, "");
+  lanes_->Begin(address_, "a", 4, "");
   lanes_->SendLayer(address_, "a", 0, std::vector<int32_t>(geometry_.num_blocks + 1, 1));
   const absl::Status a = Ended(lanes_.get(), address_, "a");
   EXPECT_EQ(a.code(), absl::StatusCode::kUnavailable) << a;
@@ -189,7 +189,7 @@ TEST_F(KvTransferLanesTest, ALostConnectionFailsEveryTransferBegunOnIt) {
   EXPECT_NE(b.message().find("connection was lost"), std::string::npos) << b;
   EXPECT_EQ(b.message().find("not begun on this connection"), std::string::npos) << b;
   // The lane reconnects for the next request.
-  ASSERT_TRUE(receiver_->Expect("c", {6}).ok());
+  ASSERT_TRUE(receiver_->Expect("c", {6}, "").ok());
   EXPECT_TRUE(Transfer(address_, "c", {3}).ok());
 }
 
