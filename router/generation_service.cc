@@ -464,14 +464,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::GenerateStream(
   std::shared_ptr<rpc::ServerStream<grpc::ByteBuffer>> stream;
   auto* reactor =
       rpc::ServerStream<grpc::ByteBuffer>::Start([control] { control->Cancel(); }, &stream);
-  v1::GenerateRequest request;
-  absl::StatusOr<std::string> key = AuthenticateCall(*context);
-  absl::Status s = key.ok() ? ParseRequest(*raw, &request) : key.status();
-  if (s.ok()) {
-    s = Submit(
-        request, rpc::DeadlineOf(*context), control,
-        [&](const std::string& id) { return std::make_shared<StreamSink>(stream, id); }, *key);
-  }
+  absl::Status s = SubmitRaw(*context, *raw, control, [&](const std::string& id) {
+    return std::make_shared<StreamSink>(stream, id);
+  });
   if (!s.ok()) stream->Finish(rpc::ToGrpc(s));
   return reactor;
 }
@@ -483,24 +478,25 @@ grpc::ServerUnaryReactor* GenerationService::Generate(grpc::CallbackServerContex
   std::shared_ptr<rpc::UnaryCall<grpc::ByteBuffer>> call;
   auto* reactor = rpc::UnaryCall<grpc::ByteBuffer>::Start(
       response, [control] { control->Cancel(); }, &call);
-  v1::GenerateRequest request;
-  absl::StatusOr<std::string> key = AuthenticateCall(*context);
-  absl::Status s = key.ok() ? ParseRequest(*raw, &request) : key.status();
-  if (s.ok()) {
-    s = Submit(
-        request, rpc::DeadlineOf(*context), control,
-        [&](const std::string&) { return std::make_shared<UnarySink>(call); }, *key);
-  }
+  absl::Status s = SubmitRaw(*context, *raw, control,
+                             [&](const std::string&) { return std::make_shared<UnarySink>(call); });
   if (!s.ok()) call->Finish(rpc::ToGrpc(s));
   return reactor;
 }
 
-absl::Status GenerationService::ParseRequest(const grpc::ByteBuffer& raw,
-                                             google::protobuf::Message* request) {
-  absl::Status s = rpc::ParseRawMessage(raw, request);
-  if (!s.ok() && metrics_ != nullptr)
-    metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
-  return s;
+absl::Status GenerationService::SubmitRaw(const grpc::CallbackServerContext& context,
+                                          const grpc::ByteBuffer& raw,
+                                          std::shared_ptr<FlowControl> control,
+                                          const SinkFactory& make_sink) {
+  absl::StatusOr<std::string> key = AuthenticateCall(context);
+  if (!key.ok()) return key.status();
+  v1::GenerateRequest request;
+  if (absl::Status s = rpc::ParseRawMessage(raw, &request); !s.ok()) {
+    if (metrics_ != nullptr)
+      metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
+    return s;
+  }
+  return Submit(request, rpc::DeadlineOf(context), std::move(control), make_sink, *key);
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,

@@ -103,8 +103,6 @@ class GenerationService final : public GenerationServiceBase {
   absl::StatusOr<FlowRequest> Validate(const v1::GenerateRequest& request,
                                        absl::Time deadline) const;
   absl::Status CheckModel(const std::string& model) const;
-  // A raw Generate/GenerateStream request parsed; a refusal is counted as Submit's are.
-  absl::Status ParseRequest(const grpc::ByteBuffer& raw, google::protobuf::Message* request);
   // Queues the flow or refuses it (RESOURCE_EXHAUSTED, ALREADY_EXISTS for an id in flight).
   absl::Status Admit(std::shared_ptr<FlowRequest> request, std::shared_ptr<FlowControl> control,
                      std::shared_ptr<FlowSink> sink, int32_t priority);
@@ -114,6 +112,10 @@ class GenerationService final : public GenerationServiceBase {
   absl::Status Submit(const v1::GenerateRequest& request, absl::Time deadline,
                       std::shared_ptr<FlowControl> control, const SinkFactory& make_sink,
                       const std::string& api_key);
+  // A raw Generate/GenerateStream call: its API key, its request parsed (a refusal counted as
+  // Submit's are), then Submit.
+  absl::Status SubmitRaw(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& raw,
+                         std::shared_ptr<FlowControl> control, const SinkFactory& make_sink);
   // Authenticate on a gRPC call's authorization metadata.
   absl::StatusOr<std::string> AuthenticateCall(const grpc::CallbackServerContext& context);
   void FlowThread();
