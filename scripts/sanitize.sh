@@ -9,6 +9,7 @@
 # the script exits with ctest's status. Run both before landing changes to the transport, the
 # engine or the router (README, "Tests"); CI's 30-minute budget leaves them out of .ci/run.
 # Environment: SANITIZE_BUILD_DIR (build-asan / build-tsan), SANITIZE_JOBS (build jobs, 2),
+# SANITIZE_TARGETS (space-separated targets to build instead of everything, for a quick run),
 # CTEST_PARALLEL_LEVEL (ctest jobs, 2). Suppressions: scripts/sanitizers/*.supp (each entry says
 # why it is not Tandem's).
 set -euo pipefail
@@ -25,10 +26,13 @@ supp="$PWD/scripts/sanitizers"
 mkdir -p "$build"
 echo "== configuring $build ($kind)" >&2
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_CUDA=OFF \
-  -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+  -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+  -DCMAKE_EXE_LINKER_FLAGS="$flags -Wl,--as-needed" \
   >"$build/sanitize-configure.log" 2>&1 || { tail -20 "$build/sanitize-configure.log" >&2; exit 1; }
 echo "== building (log: $build/sanitize-build.log)" >&2
-cmake --build "$build" -j"${SANITIZE_JOBS:-2}" >"$build/sanitize-build.log" 2>&1 ||
+targets=()
+for t in ${SANITIZE_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j"${SANITIZE_JOBS:-2}" "${targets[@]}" >"$build/sanitize-build.log" 2>&1 ||
   { grep -E "error|FAILED" "$build/sanitize-build.log" | head -20 >&2; exit 1; }
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:abort_on_error=1:suppressions=$supp/asan.supp"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
