@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -256,7 +257,12 @@ void ExpectSomeKeptSomeRefused(std::pair<int64_t, int64_t> counts) {
 
 TEST_F(ServiceTest, OnePrefillOneDecodeMatchesTheInProcessEngine) {
   auto c = StartCluster({.prefill = 1, .decode = 1});
-  ExpectEquivalent(c->generation(), model_dir_, 100);
+  // TANDEM_E2E_EQUIVALENCE_REQUESTS caps the count (the CUDA emulator's run in ctest takes 40: four
+  // long prompts among them, as in the 100).
+  int n = 100;
+  if (const char* cap = std::getenv("TANDEM_E2E_EQUIVALENCE_REQUESTS"); cap != nullptr)
+    n = std::clamp(std::atoi(cap), 1, 100);
+  ExpectEquivalent(c->generation(), model_dir_, n);
   std::string why;
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
 }
