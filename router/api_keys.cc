@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -14,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/base/file.h"
 #include "common/base/logging.h"
 
 namespace tandem::router {
@@ -35,12 +34,12 @@ int64_t MtimeNs(const std::string& path) {
   return ns ^ (static_cast<int64_t>(st.st_size) << 1);
 }
 
-absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read the API key file ", path));
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+// The key file's text; INVALID_ARGUMENT (a flag's bad value) when it cannot be read.
+absl::StatusOr<std::string> ReadKeyFile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok())
+    return absl::InvalidArgumentError(absl::StrCat("API key file: ", text.status().message()));
+  return text;
 }
 
 }  // namespace
@@ -108,7 +107,7 @@ absl::StatusOr<std::unique_ptr<ApiKeys>> ApiKeys::FromText(const std::string& te
 
 absl::StatusOr<std::unique_ptr<ApiKeys>> ApiKeys::Load(const std::string& path) {
   const int64_t mtime = MtimeNs(path);
-  absl::StatusOr<std::string> text = ReadAll(path);
+  absl::StatusOr<std::string> text = ReadKeyFile(path);
   if (!text.ok()) return text.status();
   absl::StatusOr<std::unique_ptr<ApiKeys>> k = FromText(*text, path);
   if (!k.ok()) return k.status();
@@ -127,7 +126,7 @@ void ApiKeys::ReloadIfChanged() {
   const int64_t mtime = MtimeNs(path_);
   if (mtime == mtime_ns_) return;
   mtime_ns_ = mtime;
-  absl::StatusOr<std::string> text = ReadAll(path_);
+  absl::StatusOr<std::string> text = ReadKeyFile(path_);
   absl::StatusOr<std::vector<Key>> keys =
       text.ok() ? Parse(*text, path_) : absl::StatusOr<std::vector<Key>>(text.status());
   if (!keys.ok()) {

@@ -1,11 +1,11 @@
 #include "common/rpc/tls.h"
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/file.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
@@ -27,12 +27,10 @@ namespace tandem::rpc {
 namespace {
 
 absl::Status CheckPem(const std::string& flag, const std::string& path, const char* what) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
-  std::stringstream s;
-  s << in.rdbuf();
-  if (!absl::StrContains(s.str(), absl::StrCat("-----BEGIN ")) ||
-      !absl::StrContains(s.str(), what)) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
+  if (!absl::StrContains(*text, "-----BEGIN ") || !absl::StrContains(*text, what)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, ": ", path, " holds no PEM ", what, " block"));
   }
@@ -104,13 +102,9 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsOptions& o
   return grpc::experimental::TlsCredentials(options);
 }
 
-void AddTlsChannelArgs(const TlsOptions& o, grpc::ChannelArguments* args) {
-  if (o.client_tls() && !o.server_name.empty()) args->SetSslTargetNameOverride(o.server_name);
-}
-
 std::shared_ptr<grpc::Channel> CreateTlsChannel(const std::string& target, const TlsOptions& o,
                                                 grpc::ChannelArguments args) {
-  AddTlsChannelArgs(o, &args);
+  if (o.client_tls() && !o.server_name.empty()) args.SetSslTargetNameOverride(o.server_name);
   return grpc::CreateCustomChannel(target, ChannelCredentials(o), args);
 }
 

@@ -52,9 +52,7 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsOptions& opt
 // the CA file (the system's roots without one); this process's certificate is presented when the
 // server asks.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsOptions& options);
-// Adds what a channel needs besides its credentials (the server name override) to `args`.
-void AddTlsChannelArgs(const TlsOptions& options, grpc::ChannelArguments* args);
-// A channel to `target` with the options' credentials and arguments.
+// A channel to `target` with the options' credentials, and `args` with the server name override.
 std::shared_ptr<grpc::Channel> CreateTlsChannel(const std::string& target,
                                                 const TlsOptions& options,
                                                 grpc::ChannelArguments args = {});
