@@ -96,7 +96,8 @@ class LocalCluster {
   int next_ = 0;
 };
 
-// A free TCP port on loopback (bound and released: fine for tests).
+// A TCP port free on every address now, below the ephemeral range (bound and released: fine for
+// tests).
 int FreePort();
 
 }  // namespace tandem::e2e

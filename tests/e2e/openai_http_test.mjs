@@ -29,14 +29,23 @@ const check = (cond, what) => {
   if (!cond) failures.push(what);
 };
 
-async function freePort() {
-  return new Promise((resolve) => {
+// The first of n consecutive TCP ports free now (`tandem up --metrics-port` takes the router's port
+// and the ones after it for the workers). Below Linux's ephemeral range (32768 on), so no socket that
+// binds port 0 meanwhile (a worker's gRPC port, another test's outgoing connection) can take one.
+const canListen = (port) =>
+  new Promise((resolve) => {
     const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
+    s.once('error', () => resolve(false));
+    s.listen(port, '0.0.0.0', () => s.close(() => resolve(true)));
   });
+async function freePort(n = 1) {
+  for (let attempt = 0; attempt < 200; ++attempt) {
+    const first = 20000 + Math.floor(Math.random() * (32768 - n - 20000));
+    let free = true;
+    for (let p = first; free && p < first + n; ++p) free = await canListen(p);
+    if (free) return first;
+  }
+  throw new Error(`no ${n} consecutive free ports`);
 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -56,7 +65,7 @@ fs.writeFileSync(path.join(model, 'chat_template.jinja'),
   '{%- endif %}{%- endfor %}' + config.chat_template);
 const grpcPort = await freePort();
 const httpPort = await freePort();
-const metricsPort = await freePort();
+const metricsPort = await freePort(3);
 const ready = path.join(WORK, 'ready');
 const up = spawn(
   TANDEM,

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,12 +25,6 @@ def check(cond, what):
         failures.append(what)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
 model = os.path.join(WORK, "tiny-llama")
@@ -39,7 +32,7 @@ subprocess.run([TANDEM, "make-model", "--preset", "tiny-llama", "--out", model, 
                check=True, capture_output=True)
 ready = os.path.join(WORK, "ready")
 logs = os.path.join(WORK, "logs")
-port = free_port()
+port = free_port_run(1)
 env = dict(os.environ, TANDEM_NUM_THREADS="1")
 # Its stdout goes to a file, as a script's would: what it prints must be there while it runs (flushed).
 up_out_path = os.path.join(WORK, "up.out")

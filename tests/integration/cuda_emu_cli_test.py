@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,14 +55,6 @@ def generate(*args, device="cuda", plan=False):
         failures.append(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
         return None
     return json.loads(p.stdout)
-
-
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lp_close(a, b, tol):
@@ -131,7 +122,7 @@ def serve(name, topology, request, expected, what, links=None, log_has=None, pla
     tandem_kv_links gauges (metrics ports after the router's, in start order) must then read that;
     with `log_has` ({process: text}), each process's log must then hold its text. Without `plan` the
     workers get a fixed KV pool."""
-    port = free_port()
+    port = free_port_run(1)
     metrics = free_port_run(3)
     ready, logs = os.path.join(WORK, name + "-ready"), os.path.join(WORK, name + "-logs")
     up = subprocess.Popen([TANDEM, "up", "--model", MODEL, "--port", str(port), *topology, "--device", "cuda",
