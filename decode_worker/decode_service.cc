@@ -135,6 +135,7 @@ void DecodeService::StartCall(Engine& engine, std::shared_ptr<Stream> stream,
   call.request.prompt_token_ids.assign(request.prompt_token_ids().begin(),
                                        request.prompt_token_ids().end());
   call.request.params = rpc::FromProto(request.sampling());
+  call.request.resumed_output_tokens = request.resumed_output_tokens();
   SpeculationFromProto(request.sampling().speculation(), &call.request);
   call.num_tokens = static_cast<int64_t>(call.request.prompt_token_ids.size());
   if (absl::Status s = engine.Validate(call.request); !s.ok()) return refuse(s);

@@ -96,6 +96,7 @@ void PrefillService::StartCall(Engine& engine, std::shared_ptr<Call> call,
   er.id = id;
   er.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   er.params = rpc::FromProto(request.sampling());
+  er.resumed_output_tokens = request.resumed_output_tokens();
   if (er.params.max_tokens != 0 && request.decode_kv_address().empty()) {
     return refuse(
         absl::InvalidArgumentError("decode_kv_address is required unless max_tokens is 0"));

@@ -164,7 +164,11 @@ GenerationService::GenerationService(const Options& options, Cluster* cluster,
       cluster_(cluster),
       tokenizer_(tokenizer),
       metrics_(metrics),
-      env_{cluster, tokenizer} {
+      env_{.cluster = cluster,
+           .tokenizer = tokenizer,
+           .max_migrations = std::max(0, options.max_migrations),
+           .eos_token_id = options.eos_token_id,
+           .metrics = metrics} {
   for (int i = 0; i < std::max(1, options_.max_concurrent_requests); ++i)
     threads_.emplace_back([this] { FlowThread(); });
   watchdog_ = std::thread([this] { Watchdog(); });

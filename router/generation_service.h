@@ -50,6 +50,10 @@ class GenerationService final : public GenerationServiceBase {
     chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kNone;
     // Null: no API keys asked for. Else every client-facing call needs one (router/api_keys.h).
     ApiKeys* api_keys = nullptr;
+    // Request migration (request_flow.h): resumptions a request may take after losing its decode
+    // worker (0: off), and the model's EOS id, for whether a lost stream had already ended.
+    int32_t max_migrations = 3;
+    int64_t eos_token_id = -1;
   };
   // `metrics` may be null.
   GenerationService(const Options& options, Cluster* cluster, const Tokenizer* tokenizer,

@@ -54,6 +54,11 @@ ABSL_FLAG(int32_t, metrics_port, -1,
           "port of GET /metrics (Prometheus); 0 = any free port (printed), -1 = off");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds requests in flight get to finish after SIGTERM");
 ABSL_FLAG(
+    int32_t, max_migrations, 3,
+    "request migration: when a request's decode worker dies or is drained mid-stream, resume "
+    "it on another prefill/decode pair from the prompt and the output already streamed, up to "
+    "this many times a request (0 = off: the request fails with UNAVAILABLE)");
+ABSL_FLAG(
     int32_t, http_port, -1,
     "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
     "/health); 0 = any free port (printed), -1 = off");
@@ -144,6 +149,8 @@ int main(int argc, char** argv) {
   go.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   go.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   go.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
+  go.max_migrations = absl::GetFlag(FLAGS_max_migrations);
+  go.eos_token_id = config->eos_token_id;
   go.chat_template = chat_template.get();
   go.tool_call_format = tool_call_format;
   std::unique_ptr<tandem::router::ApiKeys> api_keys;

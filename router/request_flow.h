@@ -4,8 +4,14 @@
 //     decode worker's KV receiver; the first token comes back from the prefill worker (TTFT); then
 //     the decode stream delivers the rest. A prefill worker that dies or hangs before the transfer
 //     completed is marked unhealthy and the prefill retried on another one while the deadline
-//     allows; a failed transfer or decode worker fails the request with UNAVAILABLE.
+//     allows.
 //   combined: one Decode stream with local_prefill.
+// Request migration: a decode worker lost mid-request (killed, drained, or its KV transfer failed)
+// is left, and the request resumed on another pair (another combined worker) from the prompt plus
+// the output already streamed (resumed_output_tokens: the workers count it as generated, and a
+// seeded sampler skips the draws it took), up to max_migrations times and while the deadline
+// leaves prefill_retry_min_time_left; then it fails with UNAVAILABLE (DEADLINE_EXCEEDED past its
+// deadline). The client sees one stream: no token repeated or lost.
 // The router detokenizes incrementally, applies stop strings (cancelling the decode stream on a
 // match), and reports text deltas and a final response to the sink. Client cancellation and the
 // deadline propagate to every child call; every exit cancels what is still open, so the workers
@@ -25,6 +31,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/grpcpp.h"
 #include "router/cluster.h"
+#include "router/router_metrics.h"
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem::router {
@@ -83,6 +90,11 @@ struct FlowEnvironment {
   Cluster* cluster;
   const Tokenizer* tokenizer;
   absl::Duration prefill_retry_min_time_left = absl::Milliseconds(200);
+  // Request migration (above): resumptions a request may take; 0 turns it off.
+  int32_t max_migrations = 3;
+  // The model's EOS (-1: none): whether the output streamed before a loss had already ended.
+  int64_t eos_token_id = -1;
+  RouterMetrics* metrics = nullptr;  // may be null
 };
 
 // Runs the request to its end; calls sink->Finish exactly once.

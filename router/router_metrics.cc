@@ -12,6 +12,17 @@ prometheus::Counter& ApiKeyCounter(Metrics* m, const std::string& reason) {
                     {{"reason", reason}});
 }
 
+prometheus::Counter& MigrationCounter(Metrics* m, MigrationOutcome outcome) {
+  const char* name = outcome == MigrationOutcome::kResumed     ? "resumed"
+                     : outcome == MigrationOutcome::kExhausted ? "exhausted"
+                                                               : "no_time";
+  return m->Counter(
+      "tandem_request_migrations_total",
+      "Requests whose decode worker was lost mid-request, by outcome: resumed on another pair, or "
+      "not (exhausted: past --max-migrations; no_time: too close to the deadline).",
+      {{"outcome", name}});
+}
+
 }  // namespace
 
 RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
@@ -62,6 +73,10 @@ RouterMetrics::RouterMetrics(Metrics* m, Cluster* cluster)
   m->Counter("tandem_requests_total", "Requests by outcome and gRPC code.",
              {{"outcome", "error"}, {"code", "UNAVAILABLE"}});
   for (const char* reason : {"unauthenticated", "rate_limited"}) ApiKeyCounter(m, reason);
+  for (MigrationOutcome o :
+       {MigrationOutcome::kResumed, MigrationOutcome::kExhausted, MigrationOutcome::kNoTime}) {
+    MigrationCounter(m, o);
+  }
   for (const char* endpoint : {"/v1/completions", "/v1/chat/completions"}) {
     m->Counter("tandem_http_requests_total", "HTTP API requests by endpoint and HTTP status.",
                {{"endpoint", endpoint}, {"code", "200"}});
@@ -72,6 +87,10 @@ void RouterMetrics::Admitted() { in_flight_.Increment(); }
 
 void RouterMetrics::ApiKeyRefused(const std::string& reason) {
   ApiKeyCounter(m_, reason).Increment();
+}
+
+void RouterMetrics::Migration(MigrationOutcome outcome) {
+  MigrationCounter(m_, outcome).Increment();
 }
 
 void RouterMetrics::HttpResponse(const std::string& endpoint, int status) {

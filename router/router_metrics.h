@@ -1,7 +1,8 @@
 // The router's metrics: requests by outcome and gRPC code, latency histograms (TTFT, inter-token
 // latency, time per output token, end to end, router queue) and TTFT taken apart (prefill queue,
 // prefill compute, KV transfer, decode queue — one histogram each, so a dashboard can stack them),
-// prompt and generation tokens, requests in flight, live workers by role, and API-key refusals.
+// prompt and generation tokens, requests in flight, live workers by role, API-key refusals and
+// request migrations.
 #pragma once
 
 #include "common/metrics/metrics.h"
@@ -10,6 +11,13 @@
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem::router {
+
+// What the router did with a request whose decode worker was lost (request_flow.h).
+enum class MigrationOutcome {
+  kResumed,    // resumed on another pair
+  kExhausted,  // not: the request had used its --max-migrations
+  kNoTime,     // not: too close to its deadline
+};
 
 class RouterMetrics {
  public:
@@ -27,6 +35,8 @@ class RouterMetrics {
   // A request refused for its API key: reason "unauthenticated" (none, or not valid) or
   // "rate_limited" (over the key's requests or tokens a minute).
   void ApiKeyRefused(const std::string& reason);
+  // A request's decode worker was lost mid-request (tandem_request_migrations_total{outcome}).
+  void Migration(MigrationOutcome outcome);
 
  private:
   Metrics* m_;

@@ -241,7 +241,7 @@ absl::Status Engine::ValidateParams(const EngineRequest& req) const {
   SamplingLimits limits;
   limits.vocab_size = model_->config().vocab_size;
   limits.max_model_len = options_.scheduler.max_model_len;
-  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
+  limits.prompt_len = static_cast<int64_t>(req.prompt_token_ids.size()) - req.resumed_output_tokens;
   limits.max_logprobs = options_.max_logprobs;
   RETURN_IF_ERROR(req.params.Validate(limits));
   if (req.params.structured_output.kind != StructuredOutput::Kind::kNone) {
@@ -261,12 +261,19 @@ absl::StatusOr<std::shared_ptr<structured::GrammarAutomaton>> Engine::Structured
 
 absl::StatusOr<std::unique_ptr<SequenceSampler>> Engine::NewSampler(
     const EngineRequest& req) const {
-  auto sampler = std::make_unique<SequenceSampler>(req.params, req.prompt_token_ids,
+  const std::span<const int32_t> all(req.prompt_token_ids);
+  const size_t prompt_len = all.size() - static_cast<size_t>(req.resumed_output_tokens);
+  auto sampler = std::make_unique<SequenceSampler>(req.params, all.first(prompt_len),
                                                    model_->config().vocab_size, eos_ids_);
   if (req.params.structured_output.kind != StructuredOutput::Kind::kNone) {
     ASSIGN_OR_RETURN(std::shared_ptr<structured::GrammarAutomaton> automaton,
                      StructuredAutomaton(req.params.structured_output));
     sampler->set_constraint(std::make_unique<structured::GrammarConstraint>(std::move(automaton)));
+  }
+  // Output generated before a resumption: each token as its step took it (one draw when sampled).
+  for (const int32_t token : all.subspan(prompt_len)) {
+    if (!req.params.greedy()) sampler->SkipDraw();
+    sampler->Accept(token);
   }
   return sampler;
 }
@@ -288,6 +295,13 @@ absl::Status Engine::Validate(const EngineRequest& req) const {
         "speculation.num_tokens must be in [1, ", kMaxSpeculativeTokens,
         "] (0: the worker's --num-speculative-tokens), got ", req.num_speculative_tokens));
   }
+  if (req.resumed_output_tokens < 0 ||
+      req.resumed_output_tokens >= static_cast<int64_t>(req.prompt_token_ids.size()) ||
+      (req.resumed_output_tokens > 0 && req.resumed_output_tokens >= req.params.max_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resumed_output_tokens must be in [0, ", req.prompt_token_ids.size(),
+        ") and below max_tokens (", req.params.max_tokens, "), got ", req.resumed_output_tokens));
+  }
   if (req.speculation == SpeculationMethod::kDraft && draft_ == nullptr) {
     return absl::InvalidArgumentError(
         "speculation method draft needs a worker started with --speculative-model; this one has "
@@ -301,6 +315,7 @@ SequenceState Engine::NewSequence(const EngineRequest& req,
   SequenceState seq;
   seq.params = req.params;
   seq.sampler = std::move(sampler);
+  seq.resumed = req.resumed_output_tokens;
   if (options_.scheduler.role != SchedulerRole::kPrefill) {
     seq.spec.method = req.speculation.value_or(options_.speculation.method);
     seq.spec.k = req.num_speculative_tokens > 0 ? req.num_speculative_tokens
@@ -321,7 +336,7 @@ absl::Status Engine::AddRequest(EngineRequest req) {
   auto r = std::make_unique<SchedRequest>();
   r->id = req.id;
   r->token_ids = req.prompt_token_ids;
-  r->max_tokens = req.params.max_tokens;
+  r->max_tokens = req.params.max_tokens - req.resumed_output_tokens;
   r->use_prefix_cache = req.params.prompt_logprobs < 0;
   RETURN_IF_ERROR(scheduler_->AddRequest(std::move(r)));
   SequenceState seq = NewSequence(req, std::move(sampler));
@@ -356,10 +371,12 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   if (!req.params.greedy()) sampler->SkipDraw();  // the prefill worker drew for the first token
   sampler->Accept(first_token);
   // The first token may already end the request: it is reported by the next Step().
+  const int32_t generated = req.resumed_output_tokens + 1;
   FinishReason reason = FinishReason::kNone;
-  if (sampler->IsStop(first_token, 1)) {
+  if (sampler->IsStop(first_token, generated)) {
     reason = FinishReason::kStop;
-  } else if (req.params.max_tokens <= 1 || prompt_len + 1 >= options_.scheduler.max_model_len) {
+  } else if (req.params.max_tokens <= generated ||
+             prompt_len + 1 >= options_.scheduler.max_model_len) {
     reason = FinishReason::kLength;
   }
   if (reason != FinishReason::kNone) {
@@ -380,7 +397,7 @@ absl::Status Engine::AdmitPrefilled(EngineRequest req, int32_t first_token) {
   r->token_ids = req.prompt_token_ids;
   r->token_ids.push_back(first_token);
   r->prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
-  r->max_tokens = req.params.max_tokens;
+  r->max_tokens = req.params.max_tokens - req.resumed_output_tokens;
   RETURN_IF_ERROR(scheduler_->AdmitPrefilled(std::move(r)));
   sequences_.emplace(req.id, NewSequence(req, std::move(sampler)));
   return absl::OkStatus();
@@ -702,7 +719,7 @@ void Engine::Postprocess(const SchedulerStep& step, const StepPlan& plan,
     SchedRequest* r =
         plan.seqs[s].request;  // sampled: not among prompt_only, still the scheduler's
     SequenceState& seq = *plan.seqs[s].state;
-    const int32_t generated = static_cast<int32_t>(r->num_output_tokens());
+    const int32_t generated = static_cast<int32_t>(r->num_output_tokens() + seq.resumed);
     FinishReason reason = FinishReason::kNone;
     if (options_.scheduler.role == SchedulerRole::kPrefill) {
       reason = FinishReason::kPrefillDone;
@@ -747,9 +764,9 @@ void Engine::PrepareSpeculation() {
     SequenceState& seq = sequences_.at(r->id);
     if (seq.spec.method == SpeculationMethod::kOff) continue;
     // Never past max_tokens or the context: the target adds a token after the kept ones.
-    int64_t wanted =
-        std::min<int64_t>({seq.spec.k, seq.params.max_tokens - r->num_output_tokens() - 1,
-                           options_.scheduler.max_model_len - r->num_tokens() - 1});
+    int64_t wanted = std::min<int64_t>(
+        {seq.spec.k, seq.params.max_tokens - seq.resumed - r->num_output_tokens() - 1,
+         options_.scheduler.max_model_len - r->num_tokens() - 1});
     // Nor past the draft's own context: it reads the proposed tokens but the last.
     if (seq.spec.method == SpeculationMethod::kDraft && draft_ != nullptr) {
       wanted = std::min<int64_t>(
@@ -842,7 +859,7 @@ void Engine::VerifyRows(const StepPlan& plan, size_t first_row, const StepResult
   const bool greedy = seq.params.greedy() || seq.params.top_k == 1;
   auto uniform = [&sampler] { return sampler.Uniform(); };
   int32_t accepted = 0;  // proposed tokens kept
-  int64_t generated = r.num_output_tokens();
+  int64_t generated = r.num_output_tokens() + seq.resumed;
   for (int64_t i = 0; i < num_proposed; ++i) ++spec_stats_.proposed_at[i];
   // Row i is the target's distribution after the sequence and proposals [0, i). Each token is
   // accepted into the sampler before the next row is read, so the penalties and min_tokens of row

@@ -65,6 +65,13 @@ struct EngineRequest {
   // worker's --num-speculative-tokens.
   std::optional<SpeculationMethod> speculation;
   int32_t num_speculative_tokens = 0;
+  // A request resumed elsewhere (the router migrating it off a lost decode worker): the last
+  // resumed_output_tokens of prompt_token_ids are output it already generated and streamed. They
+  // count as generated for max_tokens, min_tokens and the penalties, move the structured-output
+  // constraint on, and advance the sampler's generator by the one draw each took (a sampled step
+  // without speculation draws exactly one number: a seeded request goes on with the draws it
+  // would have made). In [0, prompt length); less than params.max_tokens.
+  int32_t resumed_output_tokens = 0;
 };
 
 // What one step produced for one request.

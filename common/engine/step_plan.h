@@ -35,6 +35,9 @@ struct SequenceState {
   absl::Time first_scheduled = absl::InfinitePast();
   bool first_output_sent = false;
   SequenceSpeculation spec;
+  // Output generated before the request was resumed here (EngineRequest::resumed_output_tokens):
+  // the scheduler counts it as prompt, the stop and length checks as generated.
+  int64_t resumed = 0;
 };
 
 // One sequence's part of a step.

@@ -926,13 +926,78 @@ TEST_F(ServiceTest, DeadlineOnALongRequestEndsItInTimeAndOrphansNothing) {
 
 // ---------------------------------------------------------------- worker faults
 
-TEST_F(ServiceTest, KilledDecodeWorkerFailsOnlyItsStreamsAndIsRoutedAround) {
+// A decode worker SIGKILLed mid-stream: the router resumes each of its streams on the other pair
+// (request migration, on by default) from the prompt and the output already streamed. Every stream
+// completes with the tokens of an undisturbed run, greedy (speculating, as the workers' default
+// here) and seeded sampling alike, and none errors.
+void ExpectKilledDecodeWorkerLosesNoStream(LocalCluster* c, const std::string& role) {
+  const std::string victim = c->workers(role)[0];
+  constexpr int kStreams = 10, kTokens = 800;
+  std::vector<v1::GenerateRequest> reqs;
+  for (int i = 0; i < kStreams; ++i) {
+    v1::GenerateRequest g = TokenRequest({9, 8, 7, i}, kTokens);
+    if (i >= 8) {  // seeded sampling, one draw a token (not speculating), penalties and all
+      v1::SamplingParameters* s = g.mutable_sampling();
+      s->set_temperature(0.9f);
+      s->set_top_p(0.95f);
+      s->set_seed(40 + i);
+      s->set_frequency_penalty(0.2f);
+      s->mutable_speculation()->set_method(v1::SPECULATION_METHOD_OFF);
+    }
+    reqs.push_back(g);
+  }
+  // The undisturbed run, all streams together as below.
+  std::vector<StreamResult> want(kStreams);
+  ParallelFor(kStreams, kStreams, [&](int i) { want[i] = Stream(c->generation(), reqs[i]); });
+  absl::Duration longest;
+  for (const StreamResult& r : want) {
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.ids.size(), static_cast<size_t>(kTokens));
+    longest = std::max(longest, r.end - r.start);
+  }
+  // The kill lands a quarter into what the streams take (at most 400 ms): mid-decode on a CPU or a
+  // GPU alike.
+  std::vector<StreamResult> got(kStreams);
+  std::thread killer([&] {
+    absl::SleepFor(std::min(absl::Milliseconds(400), longest / 4));
+    c->process(victim)->Signal(SIGKILL);
+  });
+  ParallelFor(kStreams, kStreams, [&](int i) { got[i] = Stream(c->generation(), reqs[i]); });
+  killer.join();
+  int migrated = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].ids, want[i].ids) << "stream " << i;
+    EXPECT_EQ(got[i].text, want[i].text) << "stream " << i;
+    EXPECT_EQ(got[i].final.usage().completion_tokens(), kTokens) << "stream " << i;
+    EXPECT_EQ(got[i].final.finish_reason(), v1::FINISH_REASON_LENGTH);
+    migrated += got[i].final.migrations() > 0 ? 1 : 0;
+  }
+  EXPECT_GT(migrated, 0) << "the kill should have caught streams mid-decode";
+  EXPECT_LT(migrated, kStreams) << "the other decode worker should have had streams of its own";
+  EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(victim)));
+  std::string why;
+  EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+}
+
+TEST_F(ServiceTest, KilledDecodeWorkerLosesNoStream) {
   // The decode workers speculate: the survivor's blocks, rejected positions' included, all come
   // back (WaitIdle).
   auto c = StartCluster({.prefill = 2, .decode = 2, .decode_args = {"--speculative-method=ngram"}});
+  ExpectKilledDecodeWorkerLosesNoStream(c.get(), "decode");
+}
+
+TEST_F(ServiceTest, KilledCombinedWorkerLosesNoStream) {
+  auto c = StartCluster(
+      {.prefill = 0, .decode = 0, .combined = 2, .decode_args = {"--speculative-method=ngram"}});
+  ExpectKilledDecodeWorkerLosesNoStream(c.get(), "combined");
+}
+
+// With migration off (--max-migrations=0) the killed worker's streams fail fast with UNAVAILABLE,
+// the others complete, and new requests go around it.
+TEST_F(ServiceTest, KilledDecodeWorkerWithMigrationOffFailsOnlyItsStreams) {
+  auto c = StartCluster({.prefill = 1, .decode = 2, .router_args = {"--max-migrations=0"}});
   const std::string victim = c->workers("decode")[0];
-  // The kill lands a quarter into what one such stream takes here alone (at most 400 ms):
-  // mid-decode on a CPU or a GPU alike.
   const StreamResult alone = Stream(c->generation(), TokenRequest({9, 8, 7, 100}, 1500));
   ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
   constexpr int kStreams = 8;

@@ -141,6 +141,28 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return tokens;
   }
 
+  // Moves handed-out request `id`'s KV (its first num_tokens tokens' blocks) from a prefill-role
+  // engine into blocks the decode-role engine reserves for it: the transport's job, done by hand.
+  static void HandOver(Engine* prefill, Engine* decode, const std::string& id, int64_t num_tokens) {
+    const std::vector<int32_t> src = prefill->block_table(id);
+    const std::vector<int32_t> dst = decode->Reserve(id, num_tokens).value();
+    ASSERT_EQ(src.size(), dst.size());
+    const KvCacheGeometry g = prefill->kv_storage()->geometry();
+    for (int64_t l = 0; l < g.num_layers; ++l) {
+      for (size_t b = 0; b < src.size(); ++b) {
+        const int64_t from = l * g.elements_per_layer() + src[b] * g.elements_per_block();
+        const int64_t to = l * g.elements_per_layer() + dst[b] * g.elements_per_block();
+        std::copy_n(static_cast<float*>(prefill->kv_storage()->k_data()) + from,
+                    g.elements_per_block(),
+                    static_cast<float*>(decode->kv_storage()->k_data()) + to);
+        std::copy_n(static_cast<float*>(prefill->kv_storage()->v_data()) + from,
+                    g.elements_per_block(),
+                    static_cast<float*>(decode->kv_storage()->v_data()) + to);
+      }
+    }
+    ASSERT_TRUE(prefill->Release(id).ok());
+  }
+
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<LlamaModel> model_;
   bool device_sampling_ = true;  // RunOn's EngineOptions::device_sampling
@@ -752,25 +774,90 @@ TEST_P(EngineTest, SeededSamplingContinuesAcrossTheHandOff) {
   // Hand the KV over block by block (the transport's job, done by hand here) and continue on the
   // decode engine: with the same seed, the tokens after the first must be the combined engine's.
   auto decode = RoleEngine(SchedulerRole::kDecode);
-  const std::vector<int32_t> src = prefill->block_table("s");
-  const std::vector<int32_t> dst = decode->Reserve("s", 12).value();
-  ASSERT_EQ(src.size(), dst.size());
-  const KvCacheGeometry g = prefill->kv_storage()->geometry();
-  for (int64_t l = 0; l < g.num_layers; ++l) {
-    for (size_t b = 0; b < src.size(); ++b) {
-      const int64_t from = l * g.elements_per_layer() + src[b] * g.elements_per_block();
-      const int64_t to = l * g.elements_per_layer() + dst[b] * g.elements_per_block();
-      std::copy_n(static_cast<float*>(prefill->kv_storage()->k_data()) + from,
-                  g.elements_per_block(), static_cast<float*>(decode->kv_storage()->k_data()) + to);
-      std::copy_n(static_cast<float*>(prefill->kv_storage()->v_data()) + from,
-                  g.elements_per_block(), static_cast<float*>(decode->kv_storage()->v_data()) + to);
-    }
-  }
+  HandOver(prefill.get(), decode.get(), "s", 12);
   ASSERT_TRUE(decode->AdmitPrefilled(r, first[0]).ok());
   std::vector<int32_t> got = first;
   const auto rest = RunAll(decode.get()).at("s");
   got.insert(got.end(), rest.begin(), rest.end());
   EXPECT_EQ(got, expected);
+}
+
+// A request resumed with its output so far appended to the prompt (resumed_output_tokens: the
+// router migrating it off a lost decode worker) goes on exactly as the undisturbed run: greedy, and
+// seeded sampling with penalties, min_tokens and a stop id (one draw a token), whether it resumes
+// in a combined engine or across a prefill/decode hand-off.
+TEST_P(EngineTest, AResumedRequestGoesOnAsTheUndisturbedRun) {
+  std::vector<EngineRequest> variants(2);
+  variants[0] = Request("greedy", 9, 21, 24);
+  variants[0].params.temperature = 0;
+  variants[1] = Request("sampled", 13, 22, 24);
+  SamplingParams& p = variants[1].params;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.seed = 77;
+  p.frequency_penalty = 0.4f;
+  p.presence_penalty = 0.3f;
+  p.repetition_penalty = 1.2f;
+  p.min_tokens = 14;
+  p.ignore_eos = false;
+  for (const EngineRequest& r : variants) {
+    auto reference = MakeEngine(64, 512, 0);
+    ASSERT_TRUE(reference->AddRequest(r).ok());
+    std::map<std::string, std::vector<RequestOutput>> outs;
+    const std::vector<int32_t> want = RunAll(reference.get(), &outs).at(r.id);
+    const FinishReason reason = outs.at(r.id).back().finish_reason;
+    ASSERT_GT(want.size(), 10u) << r.id;
+    // The sampled run's stop id: its 12th token, masked by min_tokens until the 14th.
+    EngineRequest req = r;
+    if (!r.params.greedy()) req.params.stop_token_ids = {want[11]};
+    auto with_stop = MakeEngine(64, 512, 0);
+    ASSERT_TRUE(with_stop->AddRequest(req).ok());
+    outs.clear();
+    const std::vector<int32_t> full = RunAll(with_stop.get(), &outs).at(r.id);
+    const FinishReason full_reason = outs.at(r.id).back().finish_reason;
+    if (r.params.greedy()) {
+      EXPECT_EQ(full, want);
+      EXPECT_EQ(full_reason, reason);
+    }
+    for (const int32_t cut : {1, 5, static_cast<int32_t>(full.size()) - 1}) {
+      SCOPED_TRACE(absl::StrCat(r.id, ", resumed after ", cut, " tokens"));
+      EngineRequest resumed = req;
+      resumed.prompt_token_ids.insert(resumed.prompt_token_ids.end(), full.begin(),
+                                      full.begin() + cut);
+      resumed.resumed_output_tokens = cut;
+      const std::vector<int32_t> rest(full.begin() + cut, full.end());
+      auto combined = MakeEngine(64, 512, 0);
+      ASSERT_TRUE(combined->AddRequest(resumed).ok());
+      outs.clear();
+      EXPECT_EQ(RunAll(combined.get(), &outs).at(r.id), rest);
+      EXPECT_EQ(outs.at(r.id).back().finish_reason, full_reason);
+      // The prefill worker samples the next token; the decode worker goes on from it.
+      auto prefill = RoleEngine(SchedulerRole::kPrefill);
+      ASSERT_TRUE(prefill->AddRequest(resumed).ok());
+      const std::vector<int32_t> first = RunAll(prefill.get()).at(r.id);
+      ASSERT_EQ(first.size(), 1u);
+      EXPECT_EQ(first[0], rest[0]);
+      auto decode = RoleEngine(SchedulerRole::kDecode);
+      HandOver(prefill.get(), decode.get(), r.id,
+               static_cast<int64_t>(resumed.prompt_token_ids.size()));
+      ASSERT_TRUE(decode->AdmitPrefilled(resumed, first[0]).ok());
+      outs.clear();
+      std::vector<int32_t> got = first;
+      const auto later = RunAll(decode.get(), &outs);
+      if (later.contains(r.id)) got.insert(got.end(), later.at(r.id).begin(), later.at(r.id).end());
+      EXPECT_EQ(got, rest);
+      EXPECT_EQ(outs.at(r.id).back().finish_reason, full_reason);
+      EXPECT_EQ(decode->stats().free_blocks, 64);
+    }
+  }
+  // Nothing left to generate, or more resumed than the prompt holds: refused.
+  EngineRequest bad = variants[0];
+  bad.resumed_output_tokens = bad.params.max_tokens;
+  bad.prompt_token_ids.resize(bad.params.max_tokens + 5, 1);
+  EXPECT_EQ(MakeEngine(64, 512, 0)->AddRequest(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = variants[0];
+  bad.resumed_output_tokens = static_cast<int32_t>(bad.prompt_token_ids.size());
+  EXPECT_EQ(MakeEngine(64, 512, 0)->AddRequest(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A device that takes 20 ms a forward pass (its embedding waits): the stats split each step's wall
