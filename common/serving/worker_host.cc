@@ -112,7 +112,13 @@ class StatusService final : public v1::WorkerStatus::CallbackService {
 // Registers with the router and heartbeats until `stop`; registers again after NOT_FOUND.
 void RegistrationLoop(const std::string& router, const rpc::TlsOptions& tls,
                       const StatusService* status, int interval_ms, absl::Notification* stop) {
-  auto channel = rpc::CreateTlsChannel(router, tls);
+  // A router that is starting (or restarting) is reached within a second of listening: reconnects
+  // back off from 100 ms to 1 s (gRPC's default grows from 1 s to 2 min), and each call waits for
+  // the connection instead of failing while it is retried.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = rpc::CreateTlsChannel(router, tls, args);
   auto stub = v1::Registration::NewStub(channel);
   bool registered = false;
   absl::Time last_warning = absl::InfinitePast();
@@ -121,6 +127,7 @@ void RegistrationLoop(const std::string& router, const rpc::TlsOptions& tls,
     const v1::WorkerInfo info = status->Info();
     grpc::ClientContext ctx;
     rpc::SetDeadline(&ctx, absl::Now() + absl::Seconds(1));
+    ctx.set_wait_for_ready(true);
     grpc::Status s;
     if (!registered) {
       v1::RegisterRequest req;
