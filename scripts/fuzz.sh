@@ -4,7 +4,7 @@
 # keeping what it found interesting in a working corpus and any crash as a file to reproduce with.
 #
 #   scripts/fuzz.sh [TARGET...]        (default: every target: safetensors config tokenizer request
-#                                       chat_template)
+#                                       chat_template kv_frames)
 #
 # Environment: FUZZ_SECONDS (per target, default 60), FUZZ_BUILD_DIR (build-fuzz), FUZZ_WORK_DIR
 # (fuzz-work: corpora, crash files, logs), FUZZ_JOBS (build jobs, default 2).
@@ -19,7 +19,7 @@ BUILD="${FUZZ_BUILD_DIR:-build-fuzz}"
 WORK="${FUZZ_WORK_DIR:-fuzz-work}"
 JOBS="${FUZZ_JOBS:-2}"
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(safetensors config tokenizer request chat_template)
+((${#TARGETS[@]})) || TARGETS=(safetensors config tokenizer request chat_template kv_frames)
 command -v clang++ >/dev/null || { echo "fuzz: clang++ is not installed (apt-get install clang)" >&2; exit 2; }
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
