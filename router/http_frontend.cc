@@ -283,6 +283,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const Options&
   so.port = options.port;
   so.threads = options.threads;
   so.max_body_bytes = options.max_body_bytes;
+  so.tls_cert_file = options.tls_cert_file;
+  so.tls_key_file = options.tls_key_file;
+  so.tls_refresh = options.tls_refresh;
   HttpFrontend* self = frontend.get();
   auto server = HttpServer::Start(
       so, [self](const HttpRequest& request, std::shared_ptr<HttpResponder> responder) {

@@ -23,6 +23,9 @@ class HttpFrontend {
     int port = 0;
     int threads = 2;
     size_t max_body_bytes = 16u << 20;
+    // HTTPS with this certificate and key (empty: plaintext); see HttpServer::Options.
+    std::string tls_cert_file, tls_key_file;
+    absl::Duration tls_refresh = absl::Seconds(10);
   };
   // `metrics` may be null. Everything passed must outlive the frontend.
   static absl::StatusOr<std::unique_ptr<HttpFrontend>> Start(const Options& options,

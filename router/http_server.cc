@@ -7,14 +7,19 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "boost/asio.hpp"
+#include "boost/asio/ssl.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "boost/beast/ssl.hpp"
+#include "common/base/logging.h"
 
 namespace tandem::router {
 
@@ -29,6 +34,8 @@ namespace {
 // take in this time closes it too (a reader that stopped reading).
 constexpr std::chrono::seconds kIdleTimeout{120};
 constexpr std::chrono::seconds kWriteTimeout{60};
+// A TLS handshake not done in this time closes the connection.
+constexpr std::chrono::seconds kHandshakeTimeout{30};
 
 // Posting to the I/O threads after the server stopped would touch a destroyed io_context:
 // responders check this first.
@@ -37,11 +44,21 @@ struct Lifeline {
   bool open ABSL_GUARDED_BY(mu) = true;
 };
 
-class Session;
+// What a Responder calls, on the connection's strand: a plaintext or a TLS session.
+class SessionBase : public std::enable_shared_from_this<SessionBase> {
+ public:
+  virtual ~SessionBase() = default;
+  virtual net::any_io_executor executor() = 0;
+  virtual void DoRespond(int status, const std::string& content_type, std::string body) = 0;
+  virtual void DoStartStream(int status, const std::string& content_type) = 0;
+  virtual void DoWrite(std::string data) = 0;
+  virtual void DoEnd() = 0;
+  virtual void DoOnDisconnect(std::function<void()> f) = 0;
+};
 
 class Responder final : public HttpResponder {
  public:
-  Responder(std::weak_ptr<Session> session, std::shared_ptr<Lifeline> lifeline)
+  Responder(std::weak_ptr<SessionBase> session, std::shared_ptr<Lifeline> lifeline)
       : session_(std::move(session)), lifeline_(std::move(lifeline)) {}
   void Respond(int status, const std::string& content_type, std::string body) override;
   void StartStream(int status, const std::string& content_type) override;
@@ -52,15 +69,26 @@ class Responder final : public HttpResponder {
  private:
   template <typename F>
   void Post(F f);
-  std::weak_ptr<Session> session_;
+  std::weak_ptr<SessionBase> session_;
   std::shared_ptr<Lifeline> lifeline_;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
+// One connection: requests read one after another (keep-alive), each answered whole or streamed.
+// Stream is PlainStream or TlsStream (HTTPS: the handshake first; see WatchForDisconnect).
+template <typename Stream>
+class Session final : public SessionBase {
  public:
-  Session(tcp::socket socket, const HttpServer::Handler* handler, size_t max_body,
-          std::shared_ptr<Lifeline> lifeline, std::atomic<int64_t>* connections)
-      : stream_(std::move(socket)),
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
+  // `context`: the TLS session's (null for PlainStream), kept while the connection lives.
+  Session(tcp::socket socket, std::shared_ptr<net::ssl::context> context,
+          const HttpServer::Handler* handler, size_t max_body, std::shared_ptr<Lifeline> lifeline,
+          std::atomic<int64_t>* connections)
+      : context_(std::move(context)),
+        stream_(MakeStream(std::move(socket), context_.get())),
         handler_(handler),
         max_body_(max_body),
         lifeline_(std::move(lifeline)),
@@ -68,20 +96,33 @@ class Session : public std::enable_shared_from_this<Session> {
     connections_->fetch_add(1);
     beast::error_code ec;
     // Events are small writes: Nagle's algorithm would hold each back until the last one's ACK.
-    stream_.socket().set_option(tcp::no_delay(true), ec);
-    const auto endpoint = stream_.socket().remote_endpoint(ec);
+    Lowest().socket().set_option(tcp::no_delay(true), ec);
+    const auto endpoint = Lowest().socket().remote_endpoint(ec);
     if (!ec) peer_ = absl::StrCat(endpoint.address().to_string(), ":", endpoint.port());
   }
-  ~Session() { connections_->fetch_sub(1); }
+  ~Session() override { connections_->fetch_sub(1); }
 
   void Start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); });
+    net::dispatch(stream_.get_executor(), [self = Self()] {
+      if constexpr (kTls) {
+        self->Lowest().expires_after(kHandshakeTimeout);
+        self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+          if (ec) {
+            self->Close();
+            return;
+          }
+          self->Read();
+        });
+      } else {
+        self->Read();
+      }
+    });
   }
 
-  auto executor() { return stream_.get_executor(); }
+  net::any_io_executor executor() override { return stream_.get_executor(); }
 
   // On the strand, from Responder.
-  void DoRespond(int status, const std::string& content_type, std::string body) {
+  void DoRespond(int status, const std::string& content_type, std::string body) override {
     if (answered_ || closed_) return;
     answered_ = true;
     auto response = std::make_shared<http::response<http::string_body>>(
@@ -91,7 +132,7 @@ class Session : public std::enable_shared_from_this<Session> {
     response->keep_alive(keep_alive_);
     response->body() = std::move(body);
     response->prepare_payload();
-    Enqueue([self = shared_from_this(), response](auto done) {
+    Enqueue([self = Self(), response](auto done) {
       http::async_write(self->stream_, *response,
                         [response, done](beast::error_code ec, size_t) { done(ec); });
     });
@@ -99,7 +140,7 @@ class Session : public std::enable_shared_from_this<Session> {
     Enqueue(nullptr);  // marks the end of the response
   }
 
-  void DoStartStream(int status, const std::string& content_type) {
+  void DoStartStream(int status, const std::string& content_type) override {
     if (answered_ || closed_) return;
     answered_ = true;
     streaming_ = true;
@@ -111,33 +152,33 @@ class Session : public std::enable_shared_from_this<Session> {
     response->keep_alive(keep_alive_);
     response->chunked(true);
     auto serializer = std::make_shared<http::response_serializer<http::empty_body>>(*response);
-    Enqueue([self = shared_from_this(), response, serializer](auto done) {
+    Enqueue([self = Self(), response, serializer](auto done) {
       http::async_write_header(
           self->stream_, *serializer,
           [response, serializer, done](beast::error_code ec, size_t) { done(ec); });
     });
   }
 
-  void DoWrite(std::string data) {
+  void DoWrite(std::string data) override {
     if (!streaming_ || finished_ || closed_ || data.empty()) return;
     auto chunk = std::make_shared<std::string>(std::move(data));
-    Enqueue([self = shared_from_this(), chunk](auto done) {
+    Enqueue([self = Self(), chunk](auto done) {
       net::async_write(self->stream_, http::make_chunk(net::buffer(*chunk)),
                        [chunk, done](beast::error_code ec, size_t) { done(ec); });
     });
   }
 
-  void DoEnd() {
+  void DoEnd() override {
     if (!streaming_ || finished_ || closed_) return;
     finished_ = true;
-    Enqueue([self = shared_from_this()](auto done) {
+    Enqueue([self = Self()](auto done) {
       net::async_write(self->stream_, http::make_chunk_last(),
                        [done](beast::error_code ec, size_t) { done(ec); });
     });
     Enqueue(nullptr);
   }
 
-  void DoOnDisconnect(std::function<void()> f) {
+  void DoOnDisconnect(std::function<void()> f) override {
     if (closed_ && !finished_) {
       f();
       return;
@@ -149,14 +190,23 @@ class Session : public std::enable_shared_from_this<Session> {
   using Done = std::function<void(beast::error_code)>;
   using Op = std::function<void(Done)>;  // null: the response is complete
 
+  std::shared_ptr<Session> Self() { return std::static_pointer_cast<Session>(shared_from_this()); }
+  static Stream MakeStream(tcp::socket socket, net::ssl::context* context) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *context);
+    } else {
+      return Stream(std::move(socket));
+    }
+  }
+  auto& Lowest() { return beast::get_lowest_layer(stream_); }
+
   void Read() {
     parser_.emplace();
     parser_->body_limit(max_body_);
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(kIdleTimeout);
-    http::async_read(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+    Lowest().expires_after(kIdleTimeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = Self()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
   void OnRead(beast::error_code ec) {
@@ -176,7 +226,7 @@ class Session : public std::enable_shared_from_this<Session> {
       Close();
       return;
     }
-    stream_.expires_never();
+    Lowest().expires_never();
     const auto& message = parser_->get();
     HttpRequest request;
     request.method = std::string(message.method_string());
@@ -199,14 +249,42 @@ class Session : public std::enable_shared_from_this<Session> {
   // readable after the request's bytes were read (a readiness seen before the read and handled
   // after it, likelier with more I/O threads), so a peek decides: 0 bytes is the client's close,
   // data is a pipelined request, EAGAIN was spurious and the watch is armed again.
-  void WatchForDisconnect() { WatchForDisconnect(++request_seq_); }
+  //
+  // Over TLS a peek sees records, not what they hold (a closing client's close_notify is data): the
+  // watch is a real read through the TLS stream instead. An error or end of stream is the client's
+  // close; bytes are a pipelined request, kept in the buffer the next request is parsed from. While
+  // that read is pending the next request's read waits for it (two reads may not overlap): the
+  // response's end then only marks the session as waiting for it (OnWatched).
+  void WatchForDisconnect() {
+    if constexpr (kTls) {
+      watching_ = true;
+      stream_.async_read_some(
+          buffer_.prepare(4096),
+          [self = Self()](beast::error_code ec, size_t n) { self->OnWatched(ec, n); });
+    } else {
+      WatchForDisconnect(++request_seq_);
+    }
+  }
+  void OnWatched(beast::error_code ec, size_t n) {
+    watching_ = false;
+    if (ec) {
+      Close();  // the client left (or went idle past the timeout while awaited)
+      return;
+    }
+    buffer_.commit(n);
+    if (awaiting_request_) {
+      awaiting_request_ = false;
+      Lowest().expires_never();
+      Read();
+    }
+  }
   void WatchForDisconnect(uint64_t request) {
-    stream_.socket().async_wait(
-        tcp::socket::wait_read, [self = shared_from_this(), request](beast::error_code ec) {
+    Lowest().socket().async_wait(
+        tcp::socket::wait_read, [self = Self(), request](beast::error_code ec) {
           if (ec || request != self->request_seq_ || self->finished_ || self->closed_) return;
           char byte;
           const ssize_t n =
-              ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+              ::recv(self->Lowest().socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
           if (n > 0) return;  // pipelined data
           if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
             self->WatchForDisconnect(request);
@@ -231,11 +309,14 @@ class Session : public std::enable_shared_from_this<Session> {
     queue_.pop_front();
     if (!op) {  // response complete: next request, or close
       writing_ = false;
-      if (keep_alive_) {
+      if (keep_alive_ && watching_) {  // TLS: the pending watch read takes the next request's bytes
+        awaiting_request_ = true;
+        Lowest().expires_after(kIdleTimeout);
+      } else if (keep_alive_) {
         Read();
       } else {
         beast::error_code ignored;
-        stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+        Lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
         if (drain_) {
           Drain();
         } else {
@@ -244,9 +325,9 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return;
     }
-    stream_.expires_after(kWriteTimeout);
-    op([self = shared_from_this()](beast::error_code ec) {
-      self->stream_.expires_never();
+    Lowest().expires_after(kWriteTimeout);
+    op([self = Self()](beast::error_code ec) {
+      self->Lowest().expires_never();
       if (ec) {
         self->Close();
         return;
@@ -257,15 +338,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Discards what the client still sends (up to the idle timeout), then closes.
   void Drain() {
-    stream_.expires_after(std::chrono::seconds(10));
-    stream_.async_read_some(net::buffer(scratch_),
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              if (ec) {
-                                self->Close();
-                                return;
-                              }
-                              self->Drain();
-                            });
+    Lowest().expires_after(std::chrono::seconds(10));
+    stream_.async_read_some(net::buffer(scratch_), [self = Self()](beast::error_code ec, size_t) {
+      if (ec) {
+        self->Close();
+        return;
+      }
+      self->Drain();
+    });
   }
 
   void Close() {
@@ -273,7 +353,7 @@ class Session : public std::enable_shared_from_this<Session> {
     closed_ = true;
     queue_.clear();
     beast::error_code ignored;
-    stream_.socket().close(ignored);
+    Lowest().socket().close(ignored);
     if (answered_ ? !finished_ : true) {
       if (on_disconnect_) {
         auto f = std::move(on_disconnect_);
@@ -283,7 +363,8 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  beast::tcp_stream stream_;
+  std::shared_ptr<net::ssl::context> context_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   const HttpServer::Handler* handler_;
@@ -298,7 +379,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finished_ = false;  // the response's last part is queued
   bool closed_ = false;
   bool writing_ = false;
-  uint64_t request_seq_ = 0;  // which request a disconnect watch belongs to
+  uint64_t request_seq_ = 0;       // which request a disconnect watch belongs to
+  bool watching_ = false;          // TLS: the disconnect watch's read is pending
+  bool awaiting_request_ = false;  // TLS: the response ended while it was: it reads on
   bool drain_ = false;
   std::array<char, 65536> scratch_;
   std::deque<Op> queue_;
@@ -309,33 +392,33 @@ template <typename F>
 void Responder::Post(F f) {
   absl::MutexLock lock(&lifeline_->mu);
   if (!lifeline_->open) return;
-  std::shared_ptr<Session> session = session_.lock();
+  std::shared_ptr<SessionBase> session = session_.lock();
   if (!session) return;
-  Session* raw = session.get();
+  SessionBase* raw = session.get();
   net::post(raw->executor(),
             [session = std::move(session), f = std::move(f)]() mutable { f(*session); });
 }
 
 void Responder::Respond(int status, const std::string& content_type, std::string body) {
-  Post([status, content_type, body = std::move(body)](Session& s) mutable {
+  Post([status, content_type, body = std::move(body)](SessionBase& s) mutable {
     s.DoRespond(status, content_type, std::move(body));
   });
 }
 
 void Responder::StartStream(int status, const std::string& content_type) {
-  Post([status, content_type](Session& s) { s.DoStartStream(status, content_type); });
+  Post([status, content_type](SessionBase& s) { s.DoStartStream(status, content_type); });
 }
 
 void Responder::Write(std::string data) {
-  Post([data = std::move(data)](Session& s) mutable { s.DoWrite(std::move(data)); });
+  Post([data = std::move(data)](SessionBase& s) mutable { s.DoWrite(std::move(data)); });
 }
 
 void Responder::End() {
-  Post([](Session& s) { s.DoEnd(); });
+  Post([](SessionBase& s) { s.DoEnd(); });
 }
 
 void Responder::OnDisconnect(std::function<void()> on_disconnect) {
-  Post([f = std::move(on_disconnect)](Session& s) mutable { s.DoOnDisconnect(std::move(f)); });
+  Post([f = std::move(on_disconnect)](SessionBase& s) mutable { s.DoOnDisconnect(std::move(f)); });
 }
 
 }  // namespace
@@ -349,6 +432,12 @@ class HttpServer::Impl {
         lifeline_(std::make_shared<Lifeline>()) {}
 
   absl::Status Bind() {
+    if (!options_.tls_cert_file.empty()) {
+      absl::StatusOr<std::shared_ptr<net::ssl::context>> context = LoadTls();
+      if (!context.ok()) return context.status();
+      tls_ = *std::move(context);
+      tls_checked_ = absl::Now();
+    }
     beast::error_code ec;
     const auto address = net::ip::make_address(options_.address, ec);
     if (ec)
@@ -393,22 +482,72 @@ class HttpServer::Impl {
   std::atomic<int64_t> connections_{0};
 
  private:
+  // A TLS context from the certificate and key files (HTTPS), with their modification times.
+  absl::StatusOr<std::shared_ptr<net::ssl::context>> LoadTls() {
+    auto context = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
+    context->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 |
+                         net::ssl::context::no_sslv3 | net::ssl::context::no_tlsv1 |
+                         net::ssl::context::no_tlsv1_1);
+    beast::error_code ec;
+    context->use_certificate_chain_file(options_.tls_cert_file, ec);
+    if (!ec) context->use_private_key_file(options_.tls_key_file, net::ssl::context::pem, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("HTTPS: cannot use ", options_.tls_cert_file,
+                                                     " and ", options_.tls_key_file, ": ",
+                                                     ec.message()));
+    }
+    tls_stamp_ = FileStamp(options_.tls_cert_file) + "|" + FileStamp(options_.tls_key_file);
+    return context;
+  }
+  static std::string FileStamp(const std::string& path) {
+    std::error_code ec;
+    const auto t = std::filesystem::last_write_time(path, ec);
+    return ec ? "" : std::to_string(t.time_since_epoch().count());
+  }
+  // The context for a new connection (null: plaintext). At most every tls_refresh, the files are
+  // looked at again, and a changed pair loaded (a pair that does not load keeps the one in use).
+  std::shared_ptr<net::ssl::context> TlsContext() {
+    if (tls_ == nullptr) return nullptr;
+    if (absl::Now() - tls_checked_ >= options_.tls_refresh) {
+      tls_checked_ = absl::Now();
+      if (FileStamp(options_.tls_cert_file) + "|" + FileStamp(options_.tls_key_file) !=
+          tls_stamp_) {
+        absl::StatusOr<std::shared_ptr<net::ssl::context>> context = LoadTls();
+        if (context.ok()) {
+          tls_ = *std::move(context);
+          TANDEM_LOG(INFO) << "HTTPS: certificate " << options_.tls_cert_file << " reloaded";
+        } else {
+          TANDEM_LOG(WARNING) << context.status().message() << "; keeping the one in use";
+        }
+      }
+    }
+    return tls_;
+  }
+
   void Accept() {
-    acceptor_.async_accept(
-        net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
-          if (ec) {
-            if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
-          } else {
-            std::make_shared<Session>(std::move(socket), &handler_, options_.max_body_bytes,
-                                      lifeline_, &connections_)
-                ->Start();
-          }
-          Accept();
-        });
+    acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec,
+                                                          tcp::socket socket) {
+      if (ec) {
+        if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+      } else if (std::shared_ptr<net::ssl::context> context = TlsContext()) {
+        std::make_shared<Session<TlsStream>>(std::move(socket), std::move(context), &handler_,
+                                             options_.max_body_bytes, lifeline_, &connections_)
+            ->Start();
+      } else {
+        std::make_shared<Session<PlainStream>>(std::move(socket), nullptr, &handler_,
+                                               options_.max_body_bytes, lifeline_, &connections_)
+            ->Start();
+      }
+      Accept();
+    });
   }
 
   net::io_context ioc_;
   tcp::acceptor acceptor_;
+  // HTTPS (null: plaintext); touched by the accept handler only (one at a time).
+  std::shared_ptr<net::ssl::context> tls_;
+  std::string tls_stamp_;
+  absl::Time tls_checked_;
   std::shared_ptr<Lifeline> lifeline_;
   std::vector<std::thread> threads_;
 };

@@ -1,7 +1,8 @@
-// A small asynchronous HTTP/1.1 server (Boost.Beast over Asio): a fixed number of I/O threads hold
-// every connection, so thousands of concurrent server-sent-event streams cost sockets and buffers,
-// not threads. Keep-alive, a body limit (413), chunked streaming responses, and a client that goes
-// away mid-response reported to the handler (so its request can be cancelled).
+// A small asynchronous HTTP/1.1 server (Boost.Beast over Asio), plaintext or HTTPS (TLS 1.2+ from
+// PEM files, reloaded when they change): a fixed number of I/O threads hold every connection, so
+// thousands of concurrent server-sent-event streams cost sockets and buffers, not threads.
+// Keep-alive, a body limit (413), chunked streaming responses, and a client that goes away
+// mid-response reported to the handler (so its request can be cancelled).
 //
 // The handler runs on an I/O thread and must not block: it answers at once, or keeps the responder
 // and answers later from any thread (Responder is thread-safe; its calls are posted to the
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tandem::router {
 
@@ -48,6 +50,10 @@ class HttpServer {
     int port = 0;  // 0: any free port (see port())
     int threads = 2;
     size_t max_body_bytes = 16u << 20;
+    // HTTPS: a PEM certificate chain and its key (empty: plaintext HTTP). The files are looked at
+    // again at most every tls_refresh when connections arrive; a renewed pair serves new ones.
+    std::string tls_cert_file, tls_key_file;
+    absl::Duration tls_refresh = absl::Seconds(10);
   };
   using Handler =
       std::function<void(const HttpRequest& request, std::shared_ptr<HttpResponder> responder)>;

@@ -62,6 +62,9 @@ ABSL_FLAG(
     int32_t, http_port, -1,
     "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
     "/health); 0 = any free port (printed), -1 = off");
+ABSL_FLAG(bool, http_tls, true,
+          "with --tls-cert-file/--tls-key-file: serve the HTTP API as HTTPS with the same "
+          "certificate (reloaded as it changes); false: plaintext HTTP beside TLS gRPC");
 ABSL_FLAG(int32_t, http_threads, 2, "I/O threads of the HTTP API (they hold every connection)");
 ABSL_FLAG(int64_t, http_max_body_bytes, 16 << 20, "largest HTTP request body (larger: 413)");
 ABSL_FLAG(std::string, api_key_file, "",
@@ -196,6 +199,11 @@ int main(int argc, char** argv) {
     ho.threads = absl::GetFlag(FLAGS_http_threads);
     ho.max_body_bytes =
         static_cast<size_t>(std::max<int64_t>(1024, absl::GetFlag(FLAGS_http_max_body_bytes)));
+    if (tls->server_tls() && absl::GetFlag(FLAGS_http_tls)) {
+      ho.tls_cert_file = tls->cert_file;
+      ho.tls_key_file = tls->key_file;
+      ho.tls_refresh = absl::Seconds(std::max(1, tls->refresh_s));
+    }
     auto started = tandem::router::HttpFrontend::Start(ho, &generation, &cluster, tokenizer->get(),
                                                        &router_metrics);
     if (!started.ok()) return fail(started.status());
@@ -205,7 +213,8 @@ int main(int argc, char** argv) {
   std::printf("tandem-router: listening on %s:%d\n", absl::GetFlag(FLAGS_bind_address).c_str(),
               server->port);
   if (http) {
-    std::printf("tandem-router: OpenAI-compatible HTTP API on %s:%d/v1\n",
+    std::printf("tandem-router: OpenAI-compatible HTTP API on %s://%s:%d/v1\n",
+                tls->server_tls() && absl::GetFlag(FLAGS_http_tls) ? "https" : "http",
                 absl::GetFlag(FLAGS_bind_address).c_str(), http->port());
   }
   if (!mo.listen_address.empty()) {

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/backend/cpu/cpu_backend.h"
@@ -29,6 +30,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
+#include "openssl/err.h"
+#include "openssl/ssl.h"
+#include "openssl/x509v3.h"
 #include "reflection.grpc.pb.h"
 #include "tests/e2e/local_cluster.h"
 #include "tests/unit/tiny_models.h"
@@ -505,6 +509,89 @@ int HttpStatus(int port, const std::string& method, const std::string& path,
   return status;
 }
 
+// HTTPS to 127.0.0.1:`port`, the server's certificate verified against `ca_file` (for the IP
+// 127.0.0.1): each of `requests` in turn on one connection, each answer read whole (Content-Length
+// or chunked) before the next is sent. `close_after_first_event`: the first request's answer is
+// left after its first chunk and the connection closed (a client gone mid-stream). Returns the
+// answers, or why there were none (the handshake's OpenSSL reason).
+absl::StatusOr<std::vector<std::string>> HttpsExchange(int port, const std::string& ca_file,
+                                                       const std::vector<std::string>& requests,
+                                                       bool close_after_first_event = false) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  SSL_CTX_load_verify_locations(ctx, ca_file.c_str(), nullptr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  SSL* ssl = SSL_new(ctx);
+  auto cleanup = [&] {
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    ::close(fd);
+  };
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    cleanup();
+    return absl::UnavailableError("connect failed");
+  }
+  X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), "127.0.0.1");
+  SSL_set_fd(ssl, fd);
+  if (SSL_connect(ssl) != 1) {
+    char why[256];
+    ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+    cleanup();
+    return absl::UnavailableError(absl::StrCat("handshake: ", why));
+  }
+  std::vector<std::string> answers;
+  std::string pending;  // read past the last answer
+  for (const std::string& request : requests) {
+    SSL_write(ssl, request.data(), static_cast<int>(request.size()));
+    std::string answer = std::move(pending);
+    pending.clear();
+    auto complete = [&]() -> size_t {  // the answer's length once whole, else 0
+      const size_t head = answer.find("\r\n\r\n");
+      if (head == std::string::npos) return 0;
+      const std::string headers = absl::AsciiStrToLower(answer.substr(0, head));
+      if (const size_t cl = headers.find("content-length: "); cl != std::string::npos) {
+        const size_t n = head + 4 + std::strtoul(headers.c_str() + cl + 16, nullptr, 10);
+        return answer.size() >= n ? n : 0;
+      }
+      if (close_after_first_event && answers.empty() &&
+          answer.find("data: ", head) != std::string::npos)
+        return answer.size();
+      const size_t end = answer.find("\r\n0\r\n\r\n", head);
+      return end == std::string::npos ? 0 : end + 7;
+    };
+    char buf[4096];
+    size_t n = 0;
+    while ((n = complete()) == 0) {
+      const int got = SSL_read(ssl, buf, sizeof(buf));
+      if (got <= 0) break;
+      answer.append(buf, got);
+    }
+    if (n > 0) {
+      pending = answer.substr(n);
+      answer.resize(n);
+    }
+    answers.push_back(std::move(answer));
+    if (close_after_first_event) break;
+  }
+  if (!close_after_first_event) SSL_shutdown(ssl);
+  cleanup();
+  return answers;
+}
+
+std::string HttpRequestText(const std::string& method, const std::string& path,
+                            const std::string& body = "") {
+  return absl::StrCat(method, " ", path,
+                      " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: ",
+                      body.size(), "\r\n\r\n", body);
+}
+
 // API keys on both front doors: no key, a wrong key and a key over its rate are refused (gRPC
 // UNAUTHENTICATED / RESOURCE_EXHAUSTED, HTTP 401 / 429), a good key is served; health stays open.
 TEST_F(ServiceTest, ApiKeysGuardBothFrontDoorsWithPerKeyRateLimits) {
@@ -579,9 +666,12 @@ TEST_F(ServiceTest, TlsOnEveryHopRefusesStrangersAndChangesNoOutput) {
   member.cert_file = a + "node.pem";
   member.key_file = a + "node.key";
   member.ca_file = a + "ca.pem";
+  const int http_port = FreePort();
+  std::vector<std::string> router_args = flags("router");
+  router_args.push_back(absl::StrCat("--http-port=", http_port));
   auto c = StartCluster({.prefill = 1,
                          .decode = 1,
-                         .router_args = flags("router"),
+                         .router_args = router_args,
                          .worker_args = flags("node"),
                          .tls = member});
   ExpectEquivalent(c->generation(), model_dir_, 30);
@@ -642,8 +732,48 @@ TEST_F(ServiceTest, TlsOnEveryHopRefusesStrangersAndChangesNoOutput) {
   EXPECT_FALSE(worker_status(anonymous).ok()) << "no client certificate";
   EXPECT_FALSE(worker_status(rogue).ok()) << "a certificate from another CA";
 
+  // The HTTP API is HTTPS with the router's certificate: answers whole and streamed, two requests
+  // on one kept-alive connection, and a client gone mid-stream (its request cancelled: the blocks
+  // come back); plaintext HTTP and a client that does not trust the CA get nothing.
+  {
+    const std::string stream_body = R"({"prompt": [1, 2, 3], "max_tokens": 4, "stream": true})";
+    absl::StatusOr<std::vector<std::string>> got =
+        HttpsExchange(http_port, a + "ca.pem",
+                      {HttpRequestText("GET", "/v1/models"),
+                       HttpRequestText("POST", "/v1/completions", stream_body)});
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), 2u);
+    EXPECT_THAT((*got)[0], ::testing::StartsWith("HTTP/1.1 200"));
+    EXPECT_THAT((*got)[0], HasSubstr("\"object\""));
+    EXPECT_THAT((*got)[1], ::testing::StartsWith("HTTP/1.1 200"));
+    EXPECT_THAT((*got)[1], HasSubstr("data: [DONE]"));
+    const std::string long_body =
+        R"({"prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": true, "stream": true})";
+    // The whole stream's time, then the same left after its first event: the request must end
+    // (its blocks back) in a third of that — it is cancelled, not run to its end.
+    absl::Time start = absl::Now();
+    got = HttpsExchange(http_port, a + "ca.pem",
+                        {HttpRequestText("POST", "/v1/completions", long_body)});
+    const absl::Duration whole = absl::Now() - start;
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->at(0), HasSubstr("data: [DONE]"));
+    got = HttpsExchange(http_port, a + "ca.pem",
+                        {HttpRequestText("POST", "/v1/completions", long_body)},
+                        /*close_after_first_event=*/true);
+    start = absl::Now();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->at(0), HasSubstr("data: "));
+    EXPECT_TRUE(c->WaitIdle(std::max(absl::Milliseconds(200), whole / 3), &why))
+        << "an HTTPS client left mid-stream, and its request went on (the whole stream took "
+        << whole << "): " << why;
+    EXPECT_EQ(HttpStatus(http_port, "GET", "/v1/models", ""), -1) << "plaintext HTTP";
+    got = HttpsExchange(http_port, b + "ca.pem", {HttpRequestText("GET", "/v1/models")});
+    EXPECT_FALSE(got.ok()) << "the router's HTTPS certificate must not verify against another CA";
+    if (!got.ok()) EXPECT_THAT(got.status().message(), HasSubstr("certificate verify failed"));
+  }
+
   // Renewal: the router's files replaced by a certificate from the other CA are served to new
-  // connections within the refresh interval (1 s here), without a restart.
+  // connections within the refresh interval (1 s here), without a restart — HTTPS too.
   for (const char* ext : {".key", ".pem"}) {
     std::filesystem::copy_file(b + "rogue" + ext, a + "router.tmp" + ext,
                                std::filesystem::copy_options::overwrite_existing);
@@ -655,6 +785,12 @@ TEST_F(ServiceTest, TlsOnEveryHopRefusesStrangersAndChangesNoOutput) {
     if (!renewed) absl::SleepFor(absl::Milliseconds(200));
   }
   EXPECT_TRUE(renewed) << "the renewed certificate was not picked up";
+  renewed = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(15); !renewed && absl::Now() < end;) {
+    renewed = HttpsExchange(http_port, b + "ca.pem", {HttpRequestText("GET", "/v1/models")}).ok();
+    if (!renewed) absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(renewed) << "HTTPS did not pick up the renewed certificate";
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }

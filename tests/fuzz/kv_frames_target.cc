@@ -3,12 +3,14 @@
 // kCapability); each input is a script of frames written to a fresh connection: handshakes right
 // and wrong, Begins with the capability or without, layer headers and payloads that fit or not,
 // Ends, raw frames of any type and length, and raw bytes. The receiver must not crash, must close
-// the connection once the input ends, and must never write outside the reservation — nor into it
-// unless the bytes sent carry the capability.
+// the connection once the input ends, must never write outside the reservation — nor into it
+// unless the bytes sent carry the capability — and protobuf must not log on the way (its UTF-8
+// complaints were a line per frame a peer could make the worker write: the fields are bytes now).
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include "common/backend/kv_cache_storage.h"
 #include "common/rpc/dtype_proto.h"
 #include "common/transport/kv_control.h"
+#include "google/protobuf/stubs/logging.h"
 #include "tandem/v1/kv_transfer.pb.h"
 
 namespace {
@@ -40,9 +43,17 @@ struct Receiver {
   KvCacheGeometry g;
 };
 
+// Whether protobuf logged (a line a hostile peer could make the worker write per frame).
+std::atomic<bool> protobuf_logged{false};
+void OnProtobufLog(google::protobuf::LogLevel, const char*, int, const std::string& message) {
+  std::fprintf(stderr, "kv_frames: protobuf logged: %s\n", message.c_str());
+  protobuf_logged = true;
+}
+
 Receiver& TheReceiver() {
   static Receiver* r = [] {
     std::signal(SIGPIPE, SIG_IGN);  // the receiver may close before the input is written
+    google::protobuf::SetLogHandler(OnProtobufLog);
     auto* x = new Receiver;
     x->backend = tandem::CpuBackend::Create({}).value();
     x->g = {/*num_layers=*/2, /*num_blocks=*/6, /*block_size=*/2, /*num_kv_heads=*/1,
@@ -188,14 +199,14 @@ std::string Compose(Input& in, const KvCacheGeometry& g) {
 }
 
 // Writes `wire` to a new connection, then reads until the receiver closes it (false: it did not
-// within 5 s).
+// within 30 s).
 bool Exchange(int port, const std::string& wire) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  timeval tv{5, 0};
+  timeval tv{30, 0};  // a hang, not a slow machine (a libFuzzer run beside a build took > 5 s)
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -232,6 +243,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::fprintf(stderr, "kv_frames: the receiver kept the connection open after the input\n");
     std::abort();
   }
+  if (protobuf_logged) std::abort();
   const bool may_write = wire.find(kCapability) != std::string::npos;
   const int64_t block = r.g.bytes_per_block();
   for (int64_t l = 0; l < r.g.num_layers; ++l) {

@@ -1,5 +1,6 @@
 #include "common/backend/cpu/cpu_kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -220,8 +221,14 @@ __attribute__((target("avx2"))) void I8ToF32Avx2(const int8_t* src, float* dst, 
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                       __builtin_cpu_supports("f16c");
+// F16C from CPUID leaf 1 (clang before 15 knows no "f16c" for __builtin_cpu_supports).
+bool HaveF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
+const bool kHaveAvx2 =
+    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HaveF16c();
 // Off when TANDEM_DISABLE_AVX512 is set (to compare the two paths on one machine).
 const bool kHaveAvx512 =
     __builtin_cpu_supports("avx512f") && std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
