@@ -215,15 +215,18 @@ bool Exchange(int port, const std::string& wire) {
   }
   for (size_t done = 0; done < wire.size();) {
     const ssize_t n = ::send(fd, wire.data() + done, wire.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) break;  // the receiver closed: the rest is not read
+    if (n < 0 && errno == EINTR) continue;  // libFuzzer's timer signal
+    if (n <= 0) break;                      // the receiver closed: the rest is not read
     done += static_cast<size_t>(n);
   }
   ::shutdown(fd, SHUT_WR);
   char buf[4096];
   ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) {
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0 || (n < 0 && errno == EINTR)) {
   }
-  const bool closed = n == 0 || (n < 0 && errno == ECONNRESET);
+  const int error = errno;
+  const bool closed = n == 0 || (n < 0 && error == ECONNRESET);
+  if (!closed) std::fprintf(stderr, "kv_frames: recv: %s\n", std::strerror(error));
   ::close(fd);
   return closed;
 }
