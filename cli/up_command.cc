@@ -287,7 +287,13 @@ int UpCommand() {
         w.worker().kv_address().empty() ? "" : ("KV receiver " + w.worker().kv_address()).c_str());
   }
   if (http_port > 0) {
-    std::printf("  HTTP API  http://127.0.0.1:%d/v1 (OpenAI-compatible)\n", http_port);
+    // HTTPS when the router has a certificate (its --http-tls, on unless --router-args turn it
+    // off).
+    bool https = tls->server_tls();
+    for (const std::string& a : absl::GetFlag(FLAGS_router_args))
+      if (a == "--http-tls=false" || a == "--nohttp_tls" || a == "--nohttp-tls") https = false;
+    std::printf("  HTTP API  %s://127.0.0.1:%d/v1 (OpenAI-compatible)\n", https ? "https" : "http",
+                http_port);
   }
   std::printf(
       "Stream a completion:  tandem generate --server %s --prompt \"Hello\"\nCtrl-C stops the "
