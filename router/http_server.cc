@@ -496,8 +496,12 @@ class HttpServer::Impl {
                                                      " and ", options_.tls_key_file, ": ",
                                                      ec.message()));
     }
-    tls_stamp_ = FileStamp(options_.tls_cert_file) + "|" + FileStamp(options_.tls_key_file);
+    tls_stamp_ = TlsStamp();
     return context;
+  }
+  // The certificate and key files' modification times, to tell a renewed pair.
+  std::string TlsStamp() const {
+    return FileStamp(options_.tls_cert_file) + "|" + FileStamp(options_.tls_key_file);
   }
   static std::string FileStamp(const std::string& path) {
     std::error_code ec;
@@ -510,8 +514,7 @@ class HttpServer::Impl {
     if (tls_ == nullptr) return nullptr;
     if (absl::Now() - tls_checked_ >= options_.tls_refresh) {
       tls_checked_ = absl::Now();
-      if (FileStamp(options_.tls_cert_file) + "|" + FileStamp(options_.tls_key_file) !=
-          tls_stamp_) {
+      if (TlsStamp() != tls_stamp_) {
         absl::StatusOr<std::shared_ptr<net::ssl::context>> context = LoadTls();
         if (context.ok()) {
           tls_ = *std::move(context);

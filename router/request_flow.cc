@@ -95,7 +95,7 @@ class Flow {
     f.set_request_id(req_.id);
     f.set_finish_reason(finish_reason_);
     f.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(req_.prompt.size()));
-    f.mutable_usage()->set_completion_tokens(completion_tokens_);
+    f.mutable_usage()->set_completion_tokens(Resumed());
     f.set_migrations(migrations_);
     if (speculated_) {
       v1::SpeculationCounts* sc = f.mutable_speculation();
@@ -278,8 +278,7 @@ class Flow {
       bool lost = false;
       grpc::Status s = ReadDecode(call, reader.get(), w->address, &lost);
       // Nothing was produced yet by a worker that is gone: another one can take the request.
-      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && completion_tokens_ == 0 &&
-          TimeLeft()) {
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && generated_.empty() && TimeLeft()) {
         tried.insert(w->address);
         continue;
       }
@@ -417,7 +416,6 @@ class Flow {
     if (text_.stopped()) return false;
     size_t used = 0;
     std::string text = text_.Add(ids, &used);
-    completion_tokens_ += static_cast<int32_t>(used);
     generated_.insert(generated_.end(), ids.begin(), ids.begin() + used);
     v1::TextDelta delta;
     *delta.mutable_token_ids() = {ids.begin(), ids.begin() + used};
@@ -455,12 +453,11 @@ class Flow {
   FlowControl* control_;
   FlowSink* sink_;
   TextStream text_;  // detokenizer and stop strings
-  int32_t completion_tokens_ = 0;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
   absl::Time started_;
   absl::Time first_token_ = absl::InfinitePast();
   v1::GenerateResponse final_;
-  std::vector<int32_t> generated_;  // every output token streamed
+  std::vector<int32_t> generated_;  // every output token streamed (the completion's tokens)
   int32_t migrations_ = 0;
   // Speculation counts: the lost workers' together, and the current worker's so far.
   v1::SpeculationCounts spec_base_, spec_run_;

@@ -120,7 +120,7 @@ def main():
         with lock:
             counts[key] += 1
 
-    def forever(f):  # a load thread survives anything one round throws
+    def forever(f):  # a load thread runs rounds of `f` and survives anything one throws
         def loop():
             while not stopping.is_set():
                 try:
@@ -131,45 +131,43 @@ def main():
                     time.sleep(1)
         return loop
 
-    def bench_loop():
-        if True:
-            r = subprocess.run([tandem, "bench", "--server", router, "--concurrency", str(args.concurrency),
-                                "--duration-s", str(max(5, min(45, t0 + total - time.time()))), "--input-len", str(args.input_len), "--output-len",
-                                str(args.output_len), "--range-ratio", "0.5", "--bench-seed",
-                                str(random.randrange(1 << 30))], capture_output=True, text=True)
-            count("bench_rounds")
-            if r.returncode != 0:
-                count("bench_failed_rounds")
-                time.sleep(1)
+    def bench_round():
+        seconds = max(5, min(45, t0 + total - time.time()))  # a round ends with the run
+        r = subprocess.run([tandem, "bench", "--server", router, "--concurrency", str(args.concurrency),
+                            "--duration-s", str(seconds), "--input-len", str(args.input_len),
+                            "--output-len", str(args.output_len), "--range-ratio", "0.5", "--bench-seed",
+                            str(random.randrange(1 << 30))], capture_output=True, text=True)
+        count("bench_rounds")
+        if r.returncode != 0:
+            count("bench_failed_rounds")
+            time.sleep(1)
 
     body = json.dumps({"model": "kjv-target", "prompt": "In the beginning", "max_tokens": 200,
                        "stream": True})
 
-    def cancel_loop():
-        if True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
-                c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-                r = c.getresponse()
-                r.read1(64)
-                c.close()  # mid-stream: the router cancels the request
-                count("cancelled")
-            except OSError:
-                count("cancel_errors")
-            time.sleep(random.uniform(0.2, 0.6))
+    def cancel_round():
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+            c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            r = c.getresponse()
+            r.read1(64)
+            c.close()  # mid-stream: the router cancels the request
+            count("cancelled")
+        except OSError:
+            count("cancel_errors")
+        time.sleep(random.uniform(0.2, 0.6))
 
-    def deadline_loop():
-        if True:
-            r = subprocess.run([tandem, "generate", "--server", router, "--token-ids", "5,6,7,8",
-                                "--max-tokens", "1000", "--ignore-eos", "--timeout-s", "0.05"],
-                               capture_output=True, text=True)
-            expired = r.returncode != 0 and re.search("deadline exceeded", r.stderr, re.I)
-            count("deadlines" if expired else "deadline_other")
-            time.sleep(random.uniform(1, 3))
+    def deadline_round():
+        r = subprocess.run([tandem, "generate", "--server", router, "--token-ids", "5,6,7,8",
+                            "--max-tokens", "1000", "--ignore-eos", "--timeout-s", "0.05"],
+                           capture_output=True, text=True)
+        expired = r.returncode != 0 and re.search("deadline exceeded", r.stderr, re.I)
+        count("deadlines" if expired else "deadline_other")
+        time.sleep(random.uniform(1, 3))
 
     t0 = time.time()
     total = args.minutes * 60
-    threads = [threading.Thread(target=forever(f), daemon=True) for f in (bench_loop, cancel_loop, deadline_loop)]
+    threads = [threading.Thread(target=forever(f), daemon=True) for f in (bench_round, cancel_round, deadline_round)]
     for t in threads:
         t.start()
 
