@@ -169,8 +169,6 @@ GenerationService::GenerationService(const Options& options, Cluster* cluster,
            .max_migrations = std::max(0, options.max_migrations),
            .eos_token_id = options.eos_token_id,
            .metrics = metrics} {
-  for (int i = 0; i < std::max(1, options_.max_concurrent_requests); ++i)
-    threads_.emplace_back([this] { FlowThread(); });
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
@@ -179,8 +177,14 @@ GenerationService::~GenerationService() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     for (const auto& c : active_) c->Cancel();
+    for (const Job& j : queue_) j.control->Cancel();  // they end at once, cancelled
   }
-  for (auto& t : threads_) t.join();
+  StartQueued();
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this] { return running_ == 0 && queue_.empty() && !pumping_; };
+    mu_.Await(absl::Condition(&idle));
+  }
   watchdog_.join();
 }
 
@@ -208,6 +212,7 @@ absl::Status GenerationService::Submit(const v1::GenerateRequest& request, absl:
     if (!api_key.empty() && options_.api_keys != nullptr)
       sink = std::make_shared<ChargingSink>(std::move(sink), options_.api_keys, api_key);
     s = Admit(std::move(flow), std::move(control), std::move(sink), request.priority());
+    if (s.ok()) StartQueued();
   }
   if (!s.ok() && metrics_ != nullptr)
     metrics_->Finished(rpc::ToGrpc(s), v1::GenerateResponse(), /*admitted=*/false);
@@ -406,46 +411,58 @@ absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request,
     metrics_->Admitted();
     sink = std::make_shared<MeteredSink>(std::move(sink), metrics_);
   }
-  Job job{priority, next_order_++, [this, request, control, sink] {
-            {
-              absl::MutexLock l(&mu_);
-              active_.insert(control);
-            }
-            if (control->cancelled()) {
-              sink->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while queued"), {});
-            } else if (absl::Now() >= request->deadline) {
-              sink->Finish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                        "deadline exceeded while queued"),
-                           {});
-            } else {
-              RunFlow(env_, *request, control.get(), sink.get());
-            }
-            absl::MutexLock l(&mu_);
-            active_.erase(control);
-            ids_.erase(request->id);
-          }};
+  Job job{priority, next_order_++, std::move(request), control, std::move(sink)};
   auto pos = std::find_if(queue_.begin(), queue_.end(),
                           [&](const Job& j) { return j.priority < priority; });
   queue_.insert(pos, std::move(job));
   return absl::OkStatus();
 }
 
-void GenerationService::FlowThread() {
+void GenerationService::StartQueued() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (pumping_) return;  // the thread pumping starts what this call would
+    pumping_ = true;
+  }
   while (true) {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this] { return !queue_.empty() || stopping_; };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;
+      if (queue_.empty() ||
+          (running_ >= std::max(1, options_.max_concurrent_requests) && !stopping_)) {
+        pumping_ = false;
+        return;
+      }
       job = std::move(queue_.front());
       queue_.pop_front();
       ++running_;
+      active_.insert(job.control);
     }
-    job.run();
-    absl::MutexLock lock(&mu_);
-    --running_;
+    RunJob(std::move(job));
   }
+}
+
+void GenerationService::RunJob(Job job) {
+  auto done = [this, control = job.control, id = job.request->id] {
+    {
+      absl::MutexLock lock(&mu_);
+      active_.erase(control);
+      ids_.erase(id);
+      --running_;
+    }
+    StartQueued();
+  };
+  if (job.control->cancelled()) {
+    job.sink->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while queued"), {});
+    return done();
+  }
+  if (absl::Now() >= job.request->deadline) {
+    job.sink->Finish(
+        grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded while queued"), {});
+    return done();
+  }
+  StartFlow(env_, std::move(job.request), std::move(job.control), std::move(job.sink),
+            std::move(done));
 }
 
 void GenerationService::Watchdog() {

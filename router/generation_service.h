@@ -1,8 +1,10 @@
 // The public API (tandem.v1.Generation) and the worker registration API (tandem.v1.Registration)
 // of the router. Translators only: requests are validated here (every field, before any queue:
 // INVALID_ARGUMENT with a message), admitted or refused at once (RESOURCE_EXHAUSTED when
-// max_concurrent_requests run and max_queued_requests wait), and run by RunFlow on a fixed pool of
-// flow threads, higher priority first. A watchdog cancels child calls to workers that stopped being
+// max_concurrent_requests run and max_queued_requests wait), and started as asynchronous flows
+// (StartFlow), higher priority first. A flow holds no thread while it waits on workers: requests in
+// flight cost memory, and the router's threads are gRPC's and the HTTP front end's however many
+// streams are open. A watchdog cancels child calls to workers that stopped being
 // healthy, so a hung worker costs a request a retry or an UNAVAILABLE, never its whole deadline.
 #pragma once
 
@@ -41,7 +43,7 @@ class GenerationService final : public GenerationServiceBase {
   struct Options {
     v1::ModelInfo model;  // name, fingerprint, vocabulary, context
     int64_t max_queued_requests = 1024;
-    int max_concurrent_requests = 256;
+    int max_concurrent_requests = 256;                   // flows in flight at once (not threads)
     absl::Duration request_timeout = absl::Minutes(10);  // deadline of requests that set none
     int32_t max_logprobs = 20;
     // The model's chat template (null: chat requests are refused) and the format tool calls in a
@@ -99,7 +101,9 @@ class GenerationService final : public GenerationServiceBase {
   struct Job {
     int32_t priority;
     uint64_t order;
-    std::function<void()> run;
+    std::shared_ptr<const FlowRequest> request;
+    std::shared_ptr<FlowControl> control;
+    std::shared_ptr<FlowSink> sink;
   };
   // A chat's tool_choice: sets the request's tool-call format, and returns the schema a forced
   // choice (required, a named function) generates under ("" otherwise).
@@ -122,7 +126,11 @@ class GenerationService final : public GenerationServiceBase {
                          std::shared_ptr<FlowControl> control, const SinkFactory& make_sink);
   // Authenticate on a gRPC call's authorization metadata.
   absl::StatusOr<std::string> AuthenticateCall(const grpc::CallbackServerContext& context);
-  void FlowThread();
+  // Starts queued flows while fewer than max_concurrent_requests run (one caller at a time: a flow
+  // that ends inside it, or a concurrent caller, leaves the starting to it).
+  void StartQueued() ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a dequeued flow (or ends one cancelled or past its deadline while queued).
+  void RunJob(Job job) ABSL_LOCKS_EXCLUDED(mu_);
   void Watchdog();
 
   Options options_;
@@ -136,9 +144,9 @@ class GenerationService final : public GenerationServiceBase {
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool pumping_ ABSL_GUARDED_BY(mu_) = false;  // a StartQueued call is starting flows
   absl::flat_hash_set<std::string> ids_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::shared_ptr<FlowControl>> active_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;
   std::thread watchdog_;
 };
 

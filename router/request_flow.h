@@ -1,4 +1,4 @@
-// One request's path through the cluster, run on a router thread (request_flow.cc):
+// One request's path through the cluster (request_flow.cc), asynchronous (StartFlow below):
 //   disaggregated: choose a decode worker and open its Decode stream (it reserves KV blocks and
 //     answers Reserved); choose a prefill worker (prefix affinity) and call Prefill naming the
 //     decode worker's KV receiver; the first token comes back from the prefill worker (TTFT); then
@@ -97,8 +97,12 @@ struct FlowEnvironment {
   RouterMetrics* metrics = nullptr;  // may be null
 };
 
-// Runs the request to its end; calls sink->Finish exactly once.
-void RunFlow(const FlowEnvironment& env, const FlowRequest& request, FlowControl* control,
-             FlowSink* sink);
+// Starts the request and returns at once. The flow runs on the threads gRPC completes its child
+// calls on (flow_calls.h), one step at a time, and holds no thread while it waits: ten thousand
+// streams in flight are ten thousand small state machines, not threads. `sink` gets Finish exactly
+// once; then `done` runs, with no child call of the flow left open. `env` must outlive `done`.
+void StartFlow(const FlowEnvironment& env, std::shared_ptr<const FlowRequest> request,
+               std::shared_ptr<FlowControl> control, std::shared_ptr<FlowSink> sink,
+               std::function<void()> done);
 
 }  // namespace tandem::router
