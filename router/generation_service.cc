@@ -411,7 +411,9 @@ absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request,
     metrics_->Admitted();
     sink = std::make_shared<MeteredSink>(std::move(sink), metrics_);
   }
-  Job job{priority, next_order_++, std::move(request), control, std::move(sink)};
+  const int64_t tokens =
+      static_cast<int64_t>(request->prompt.size()) + std::max(0, request->params.max_tokens);
+  Job job{priority, next_order_++, std::move(request), control, std::move(sink), tokens};
   auto pos = std::find_if(queue_.begin(), queue_.end(),
                           [&](const Job& j) { return j.priority < priority; });
   queue_.insert(pos, std::move(job));
@@ -428,14 +430,18 @@ void GenerationService::StartQueued() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      if (queue_.empty() ||
-          (running_ >= std::max(1, options_.max_concurrent_requests) && !stopping_)) {
+      const bool full = !queue_.empty() &&
+                        (running_ >= std::max(1, options_.max_concurrent_requests) ||
+                         (options_.max_inflight_tokens > 0 && running_ > 0 &&
+                          running_tokens_ + queue_.front().tokens > options_.max_inflight_tokens));
+      if (queue_.empty() || (full && !stopping_)) {
         pumping_ = false;
         return;
       }
       job = std::move(queue_.front());
       queue_.pop_front();
       ++running_;
+      running_tokens_ += job.tokens;
       active_.insert(job.control);
     }
     RunJob(std::move(job));
@@ -443,12 +449,13 @@ void GenerationService::StartQueued() {
 }
 
 void GenerationService::RunJob(Job job) {
-  auto done = [this, control = job.control, id = job.request->id] {
+  auto done = [this, control = job.control, id = job.request->id, tokens = job.tokens] {
     {
       absl::MutexLock lock(&mu_);
       active_.erase(control);
       ids_.erase(id);
       --running_;
+      running_tokens_ -= tokens;
     }
     StartQueued();
   };

@@ -43,7 +43,10 @@ class GenerationService final : public GenerationServiceBase {
   struct Options {
     v1::ModelInfo model;  // name, fingerprint, vocabulary, context
     int64_t max_queued_requests = 1024;
-    int max_concurrent_requests = 256;                   // flows in flight at once (not threads)
+    int max_concurrent_requests = 4096;  // flows in flight at once (not threads)
+    // Prompt plus max_tokens summed over the flows in flight; past it, requests wait in the queue
+    // (0: no limit). The head of the queue starts when it fits, or alone when nothing runs.
+    int64_t max_inflight_tokens = 0;
     absl::Duration request_timeout = absl::Minutes(10);  // deadline of requests that set none
     int32_t max_logprobs = 20;
     // The model's chat template (null: chat requests are refused) and the format tool calls in a
@@ -104,6 +107,7 @@ class GenerationService final : public GenerationServiceBase {
     std::shared_ptr<const FlowRequest> request;
     std::shared_ptr<FlowControl> control;
     std::shared_ptr<FlowSink> sink;
+    int64_t tokens;  // prompt plus max_tokens: its share of max_inflight_tokens
   };
   // A chat's tool_choice: sets the request's tool-call format, and returns the schema a forced
   // choice (required, a named function) generates under ("" otherwise).
@@ -141,6 +145,7 @@ class GenerationService final : public GenerationServiceBase {
   mutable absl::Mutex mu_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);  // by priority, then arrival
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t running_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // Job::tokens over the flows running
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

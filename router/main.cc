@@ -41,8 +41,14 @@ ABSL_FLAG(std::string, dns_server, "",
           "IP:PORT of the DNS server for --workers-dns (default: the system's resolver)");
 ABSL_FLAG(int32_t, dns_refresh_ms, 5000, "how often --workers-dns names are resolved again");
 ABSL_FLAG(int64_t, max_queued_requests, 1024,
-          "requests waiting for a flow thread beyond which new ones are refused");
-ABSL_FLAG(int32_t, max_concurrent_requests, 256, "requests in flight through the cluster at once");
+          "requests waiting to start (past --max-concurrent-requests or --max-inflight-tokens) "
+          "beyond which new ones are refused");
+ABSL_FLAG(int32_t, max_concurrent_requests, 4096,
+          "requests in flight through the cluster at once (asynchronous flows: each costs tens of "
+          "kilobytes of memory, no thread)");
+ABSL_FLAG(int64_t, max_inflight_tokens, 0,
+          "prompt plus max_tokens summed over the requests in flight, past which new ones wait in "
+          "the queue (0: no limit; a request larger than the limit runs alone)");
 ABSL_FLAG(double, request_timeout_s, 600, "deadline of requests that set none");
 ABSL_FLAG(double, heartbeat_timeout_s, 3, "a worker silent this long receives no new work");
 ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a request may ask for");
@@ -150,6 +156,7 @@ int main(int argc, char** argv) {
   go.model.set_max_position_embeddings(static_cast<int32_t>(config->max_position_embeddings));
   go.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   go.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
+  go.max_inflight_tokens = absl::GetFlag(FLAGS_max_inflight_tokens);
   go.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   go.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
   go.max_migrations = absl::GetFlag(FLAGS_max_migrations);

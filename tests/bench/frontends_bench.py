@@ -6,8 +6,8 @@ uses to count tokens per event, so the two do the same work), one door after the
 above concurrency 1, both at once with half the streams each (the same contention for both: the
 fair comparison on a machine the client shares); then N concurrent HTTP streams held
 open at once, with the router's thread count sampled from /proc while they run (the router's
-defaults: --max-concurrent-requests 256 flow threads run requests, the rest wait in its queue holding
-no thread; the HTTP side holds every connection on --http-threads I/O threads).
+flows are asynchronous, holding no thread; the HTTP side holds every connection on --http-threads
+I/O threads).
 
 usage: frontends_bench.py TANDEM MODEL_DIR [--concurrency 1,16,64] [--num-requests N]
          [--input-len N] [--output-len N] [--streams 1000] [--stream-output-len N] [--port P]

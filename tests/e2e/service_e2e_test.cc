@@ -968,6 +968,34 @@ TEST_F(ServiceTest, OverloadIsRefusedAtOnceAndAdmittedRequestsComplete) {
   EXPECT_EQ(refused, kSent - kAdmitted);
 }
 
+TEST_F(ServiceTest, ATokenBudgetQueuesRequestsInsteadOfRefusingThem) {
+  // Each request is 4 prompt + 300 output tokens: a budget of 700 runs two at a time.
+  auto c = StartCluster({.prefill = 1, .decode = 1, .router_args = {"--max-inflight-tokens=700"}});
+  constexpr int kSent = 5;
+  std::vector<StreamResult> results(kSent);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSent; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Stream(c->generation(), TokenRequest({5, 6, 7, 100 + i}, 300));
+    });
+  }
+  for (auto& t : threads) t.join();
+  // When each ran on the router: from the end of its queueing to its end (a few ms trimmed off
+  // both ends for the clocks of client and router).
+  std::vector<std::pair<absl::Time, int>> edges;
+  for (const StreamResult& r : results) {
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.ids.size(), 300u);
+    const v1::Timings& t = r.final.timings();
+    edges.push_back({r.start + absl::Seconds(t.router_queue()) + absl::Milliseconds(5), +1});
+    edges.push_back({r.start + absl::Seconds(t.end_to_end()) - absl::Milliseconds(5), -1});
+  }
+  std::sort(edges.begin(), edges.end());
+  int running = 0, most = 0;
+  for (const auto& [at, step] : edges) most = std::max(most, running += step);
+  EXPECT_EQ(most, 2) << "requests running at once under the token budget";
+}
+
 TEST_F(ServiceTest, KvPressureRefusesNewWorkInsteadOfFallingOver) {
   // 64 blocks of 16 tokens; above a quarter of them in use the decode worker reports itself full.
   // Heartbeats every 50 ms: on a GPU the long request holds the blocks for a few hundred ms only.
