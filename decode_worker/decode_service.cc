@@ -39,10 +39,15 @@ absl::Status DecodeService::Start(LlamaModel* model, Engine* engine, const std::
     if (!paths.ok()) return paths.status();
     data_paths_ = *std::move(paths);
     ro.link_factories = data_paths_.links();
+    absl::StatusOr<std::shared_ptr<KvTls>> tls = KvTlsFromFlags();
+    if (!tls.ok()) return tls.status();
+    ro.tls = *tls;
     auto receiver = KvControlReceiver::Create(ro);
     if (!receiver.ok()) return receiver.status();
     receiver_ = *std::move(receiver);
-    kv_address_ = absl::StrCat(options_.advertise_host, ":", receiver_->port());
+    // A TLS receiver's address says so: senders must then connect with TLS (kv_stream.h).
+    kv_address_ = absl::StrCat(ro.tls != nullptr ? kKvTlsScheme : "", options_.advertise_host, ":",
+                               receiver_->port());
     description->set_kv_address(kv_address_);
     TANDEM_LOG(INFO) << "KV receiver on " << kv_address_
                      << (ro.link_factories.empty()

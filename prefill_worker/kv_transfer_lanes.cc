@@ -86,7 +86,7 @@ absl::Status KvTransferLanes::Execute(Lane* lane, const Job& job) {
   if (lane->sender == nullptr) {
     std::string refused;
     auto sender = KvControlSender::ConnectFirst(lane->address, options_.info, options_.io_timeout,
-                                                options_.data_paths, &refused);
+                                                options_.data_paths, &refused, options_.tls.get());
     if (!sender.ok()) return sender.status();
     if (!refused.empty()) {
       TANDEM_LOG(WARNING) << "KV connection to " << lane->address << ": layers go over "

@@ -26,6 +26,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/transport/kv_link.h"
+#include "common/transport/kv_stream.h"
 #include "common/transport/kv_transport.h"
 
 namespace tandem {
@@ -46,6 +47,8 @@ class KvTransferLanes {
     int32_t fault_stop_after_layer = -1;
     absl::Duration idle_check = absl::Seconds(1);
     absl::Duration retire_idle_lane = absl::Minutes(5);
+    // This worker's KV TLS (null: plaintext); with it, only "tls://" receivers are sent to.
+    std::shared_ptr<KvTls> tls = nullptr;
   };
   using Done = std::function<void(const absl::Status& status, double send_seconds)>;
 

@@ -20,15 +20,19 @@ absl::Status PrefillService::Start(LlamaModel* model, Engine* engine,
   absl::StatusOr<KvDataPaths> paths = KvDataPathsFromFlags(engine->kv_storage());
   if (!paths.ok()) return paths.status();
   data_paths_ = *std::move(paths);
-  lanes_ = std::make_unique<KvTransferLanes>(
-      KvTransferLanes::Options{{fingerprint, engine->kv_storage()->geometry()},
-                               engine->kv_storage(),
-                               options_.kv_io_timeout,
-                               data_paths_.order(),
-                               options_.fault_stop_after_kv_layer});
+  absl::StatusOr<std::shared_ptr<KvTls>> tls = KvTlsFromFlags();
+  if (!tls.ok()) return tls.status();
+  KvTransferLanes::Options lanes{{fingerprint, engine->kv_storage()->geometry()},
+                                 engine->kv_storage(),
+                                 options_.kv_io_timeout,
+                                 data_paths_.order(),
+                                 options_.fault_stop_after_kv_layer};
+  lanes.tls = *tls;
+  lanes_ = std::make_unique<KvTransferLanes>(lanes);
   TANDEM_LOG(INFO) << "KV layers go "
                    << (data_paths_.links().empty() ? "inline on the TCP connection"
-                                                   : "over " + data_paths_.Describe());
+                                                   : "over " + data_paths_.Describe())
+                   << (*tls != nullptr ? " (KV connections over TLS)" : "");
   if (options_.layerwise_transfer) {
     engine->set_layer_listener([this](int64_t layer, const std::vector<std::string>& completed) {
       OnLayer(layer, completed);

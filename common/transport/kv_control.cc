@@ -20,6 +20,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -49,72 +50,39 @@ absl::Status IoError(const char* what) {
   return absl::UnavailableError(absl::StrCat("KV transfer: ", what, ": ", std::strerror(errno)));
 }
 
-absl::Status WriteAll(int fd, const void* data, size_t n) {
-  return SendAll(fd, data, n) ? absl::OkStatus() : IoError("send");
-}
-
-// Writes every buffer of `iov` (consumed as it goes), IOV_MAX at a time.
-absl::Status WriteVector(int fd, std::vector<iovec>& iov) {
-  size_t first = 0;
-  while (first < iov.size()) {
-    msghdr m{};
-    m.msg_iov = iov.data() + first;
-    m.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
-    ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IoError("send");
-    }
-    while (w > 0 && first < iov.size()) {
-      const size_t n = std::min<size_t>(static_cast<size_t>(w), iov[first].iov_len);
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + n;
-      iov[first].iov_len -= n;
-      w -= static_cast<ssize_t>(n);
-      if (iov[first].iov_len == 0) ++first;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReadAll(int fd, void* data, size_t n) {
-  if (RecvAll(fd, data, n)) return absl::OkStatus();
-  if (errno == 0) return absl::UnavailableError("KV transfer: peer closed the connection");
-  return IoError("recv");
-}
-
-absl::Status SendFrame(int fd, FrameType type, const void* data, size_t n) {
+absl::Status SendFrame(KvStream& stream, FrameType type, const void* data, size_t n) {
   unsigned char header[5];
   const uint32_t len = static_cast<uint32_t>(n);
   std::memcpy(header, &len, 4);
   header[4] = type;
-  RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header)));
-  return WriteAll(fd, data, n);
+  RETURN_IF_ERROR(stream.Write(header, sizeof(header)));
+  return stream.Write(data, n);
 }
 
-absl::Status SendMessage(int fd, FrameType type, const google::protobuf::MessageLite& m) {
+absl::Status SendMessage(KvStream& stream, FrameType type, const google::protobuf::MessageLite& m) {
   const std::string bytes = m.SerializeAsString();
-  return SendFrame(fd, type, bytes.data(), bytes.size());
+  return SendFrame(stream, type, bytes.data(), bytes.size());
 }
 
 // Reads a frame header: its type and payload length.
-absl::Status ReadHeader(int fd, FrameType* type, uint32_t* len) {
+absl::Status ReadHeader(KvStream& stream, FrameType* type, uint32_t* len) {
   unsigned char header[5];
-  RETURN_IF_ERROR(ReadAll(fd, header, sizeof(header)));
+  RETURN_IF_ERROR(stream.Read(header, sizeof(header)));
   std::memcpy(len, header, 4);
   *type = static_cast<FrameType>(header[4]);
   return absl::OkStatus();
 }
 
-absl::Status ReadMessage(int fd, FrameType expected, google::protobuf::MessageLite* m) {
+absl::Status ReadMessage(KvStream& stream, FrameType expected, google::protobuf::MessageLite* m) {
   FrameType type;
   uint32_t len;
-  RETURN_IF_ERROR(ReadHeader(fd, &type, &len));
+  RETURN_IF_ERROR(ReadHeader(stream, &type, &len));
   if (type != expected || len > kMaxControlFrame) {
     return absl::DataLossError(absl::StrCat("KV transfer: expected frame ", expected, ", got ",
                                             type, " of ", len, " bytes"));
   }
   std::string bytes(len, '\0');
-  RETURN_IF_ERROR(ReadAll(fd, bytes.data(), len));
+  RETURN_IF_ERROR(stream.Read(bytes.data(), len));
   if (!m->ParseFromString(bytes))
     return absl::DataLossError("KV transfer: malformed control message");
   return absl::OkStatus();
@@ -276,6 +244,7 @@ bool KvControlReceiver::HoldsLiveTransfer(const std::vector<std::string>& open,
 }
 
 void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
+  KvStream stream(fd);            // closes the socket when this returns
   std::vector<std::string> open;  // transfers begun on this connection and not ended
   // Transfers begun here without their reservation's capability (their End is refused), and
   // whether that was logged.
@@ -295,13 +264,23 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
       }
       if (mine && !options_.keep_reservation_on_sender_loss) Fail(id, std::string(s.message()));
     }
-    ::close(fd);
     absl::MutexLock lock(&mu_);
     std::erase(connection_fds_, fd);
     ended_connections_.push_back(connection);
   };
+  if (options_.tls != nullptr) {
+    if (absl::Status s = stream.StartTls(options_.tls.get(), /*server=*/true); !s.ok()) {
+      // Logged for the first few strangers, then every hundredth (a peer cannot flood the log).
+      const int64_t n = ++tls_refusals_;
+      if (n <= 5 || n % 100 == 0) {
+        TANDEM_LOG(WARNING) << "KV connection " << connection << " refused (" << n
+                            << " so far): " << s.message();
+      }
+      return finish(s);
+    }
+  }
   v1::KvHandshake hello;
-  if (absl::Status s = ReadMessage(fd, kHandshake, &hello); !s.ok()) return finish(s);
+  if (absl::Status s = ReadMessage(stream, kHandshake, &hello); !s.ok()) return finish(s);
   KvEndpointInfo sender;
   sender.model_fingerprint = hello.model_fingerprint();
   sender.geometry = {hello.geometry().num_layers(), 0, hello.geometry().block_size(),
@@ -339,7 +318,7 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
   reply.set_accepted(why.empty());
   reply.set_reason(why);
   reply.set_link_rendezvous(rendezvous);
-  if (absl::Status s = SendMessage(fd, kHandshakeReply, reply); !s.ok() || !why.empty()) {
+  if (absl::Status s = SendMessage(stream, kHandshakeReply, reply); !s.ok() || !why.empty()) {
     // A rendezvous the sender never heard of: nobody will join it.
     if (!rendezvous.empty()) factory->Abandon(rendezvous, {0, 1});
     return finish(s.ok() ? absl::FailedPreconditionError(why) : s);
@@ -363,14 +342,13 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
     // long prompt computes between a transfer's frames. So the wait for it has no timeout while a
     // transfer begun here waits for it (a reservation's own timeout bounds a transfer), and
     // idle_timeout otherwise; io_timeout bounds the reading of a frame begun.
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, 100);
+    const int ready = stream.PollReadable(100);
     if (ready == 0 || (ready < 0 && errno == EINTR)) {
       // A last look at the socket: a frame that arrived meanwhile keeps the connection. (A Begin
       // still on its way may meet the close; that transfer then fails, and the router may retry its
       // prefill.)
       if (absl::Now() - last_frame >= options_.idle_timeout &&
-          !HoldsLiveTransfer(open, connection) && ::poll(&p, 1, 0) == 0) {
+          !HoldsLiveTransfer(open, connection) && stream.PollReadable(0) == 0) {
         TANDEM_LOG(INFO) << "closing KV connection " << connection << ": nothing arrived for "
                          << absl::FormatDuration(options_.idle_timeout)
                          << (link != nullptr ? " (its link with it)" : "");
@@ -381,12 +359,12 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
     if (ready < 0) return finish(IoError("poll"));
     FrameType type;
     uint32_t len;
-    if (absl::Status s = ReadHeader(fd, &type, &len); !s.ok()) return finish(s);
+    if (absl::Status s = ReadHeader(stream, &type, &len); !s.ok()) return finish(s);
     last_frame = absl::Now();
     if (type == kBegin || type == kEnd || type == kLayerHeader) {
       if (len > kMaxControlFrame) return finish(absl::DataLossError("oversized control frame"));
       std::string bytes(len, '\0');
-      if (absl::Status s = ReadAll(fd, bytes.data(), len); !s.ok()) return finish(s);
+      if (absl::Status s = stream.Read(bytes.data(), len); !s.ok()) return finish(s);
       if (type == kBegin) {
         v1::KvTransferBegin m;
         if (!m.ParseFromString(bytes)) return finish(absl::DataLossError("malformed begin"));
@@ -443,7 +421,7 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
           changed_.SignalAll();
         }
         if (notify && on_complete_) on_complete_(m.request_id());
-        if (absl::Status s = SendMessage(fd, kAck, ack); !s.ok()) return finish(s);
+        if (absl::Status s = SendMessage(stream, kAck, ack); !s.ok()) return finish(s);
         continue;
       }
       // Layer header, then its payload frame. The payload size is checked against the header and
@@ -466,7 +444,7 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
       }
       FrameType ptype;
       uint32_t plen;
-      if (absl::Status s = ReadHeader(fd, &ptype, &plen); !s.ok()) return finish(s);
+      if (absl::Status s = ReadHeader(stream, &ptype, &plen); !s.ok()) return finish(s);
       if (ptype != kLayerPayload || plen != expected) {
         return finish(absl::DataLossError("layer payload does not match its header"));
       }
@@ -481,13 +459,13 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
         char scratch[1 << 16];
         for (uint64_t left = plen; left > 0;) {
           const size_t n = static_cast<size_t>(std::min<uint64_t>(left, sizeof(scratch)));
-          if (absl::Status s = ReadAll(fd, scratch, n); !s.ok()) return finish(s);
+          if (absl::Status s = stream.Read(scratch, n); !s.ok()) return finish(s);
           left -= n;
         }
         continue;
       }
       payload.resize(plen);
-      if (absl::Status s = ReadAll(fd, payload.data(), plen); !s.ok()) return finish(s);
+      if (absl::Status s = stream.Read(payload.data(), plen); !s.ok()) return finish(s);
       absl::ReleasableMutexLock lock(&mu_);
       auto it = transfers_.find(h.request_id());
       if (it == transfers_.end() || !it->second.OwnedBy(connection)) {
@@ -612,20 +590,20 @@ void KvControlReceiver::Cancel(const std::string& request_id) {
 
 absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Connect(
     const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
-    KvLinkFactory* link_factory) {
-  return ConnectFirst(address, info, io_timeout, {link_factory});
+    KvLinkFactory* link_factory, KvTls* tls) {
+  return ConnectFirst(address, info, io_timeout, {link_factory}, nullptr, tls);
 }
 
 absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::ConnectFirst(
     const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
-    const std::vector<KvLinkFactory*>& paths, std::string* refused) {
+    const std::vector<KvLinkFactory*>& paths, std::string* refused, KvTls* tls) {
   if (paths.empty()) return absl::InvalidArgumentError("no KV data path to try");
   std::string reasons;
   absl::Status last;
   for (KvLinkFactory* path : paths) {
     bool path_failed = false;
     absl::StatusOr<std::unique_ptr<KvControlSender>> sender =
-        Open(address, info, io_timeout, path, &path_failed);
+        Open(address, info, io_timeout, path, tls, &path_failed);
     if (sender.ok()) {
       if (refused != nullptr) *refused = reasons;
       return sender;
@@ -641,12 +619,24 @@ absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::ConnectFirst(
                                        : std::string(last.message()));
 }
 
-absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(const std::string& address,
-                                                                       const KvEndpointInfo& info,
-                                                                       absl::Duration io_timeout,
-                                                                       KvLinkFactory* link_factory,
-                                                                       bool* path_failed) {
+absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(
+    const std::string& target, const KvEndpointInfo& info, absl::Duration io_timeout,
+    KvLinkFactory* link_factory, KvTls* tls, bool* path_failed) {
   *path_failed = false;
+  const bool tls_address = absl::StartsWith(target, kKvTlsScheme);
+  const std::string address = tls_address ? target.substr(strlen(kKvTlsScheme)) : target;
+  if (tls_address && tls == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the KV receiver at ", address,
+        " accepts only TLS: give this worker the cluster's "
+        "--tls-cert-file, --tls-key-file and --tls-ca-file (with --kv-tls, the default)"));
+  }
+  if (!tls_address && tls != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker sends KV only over TLS (--kv-tls with its --tls-* files), and the KV receiver "
+        "at ",
+        address, " is plaintext: give it the same --tls-* files, or --kv-tls=false to both"));
+  }
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
@@ -671,14 +661,21 @@ absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(const std
     ::close(fd);
     return s;
   }
-  std::unique_ptr<KvControlSender> sender(new KvControlSender(fd, info, io_timeout));
+  auto stream = std::make_unique<KvStream>(fd);
+  if (tls != nullptr) {
+    if (absl::Status s = stream->StartTls(tls, /*server=*/false); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("KV connection to ", address, ": ", s.message()));
+    }
+  }
+  std::unique_ptr<KvControlSender> sender(new KvControlSender(std::move(stream), info, io_timeout));
+  KvStream& stream_ref = *sender->stream_;
   v1::KvHandshake hello;
   hello.set_model_fingerprint(info.model_fingerprint);
   KvGeometryToProto(info.geometry, hello.mutable_geometry());
   if (link_factory != nullptr) hello.set_data_path(link_factory->name());
-  RETURN_IF_ERROR(SendMessage(fd, kHandshake, hello));
+  RETURN_IF_ERROR(SendMessage(stream_ref, kHandshake, hello));
   v1::KvHandshakeReply reply;
-  RETURN_IF_ERROR(ReadMessage(fd, kHandshakeReply, &reply));
+  RETURN_IF_ERROR(ReadMessage(stream_ref, kHandshakeReply, &reply));
   if (!reply.accepted()) {
     *path_failed = reply.data_path_refused();
     return absl::FailedPreconditionError(
@@ -704,7 +701,7 @@ absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(const std
   return sender;
 }
 
-KvControlSender::~KvControlSender() { ::close(fd_); }
+KvControlSender::~KvControlSender() = default;
 
 absl::Status KvControlSender::Begin(const std::string& request_id, int64_t num_tokens,
                                     const std::string& capability) {
@@ -712,7 +709,7 @@ absl::Status KvControlSender::Begin(const std::string& request_id, int64_t num_t
   m.set_request_id(request_id);
   m.set_num_tokens(num_tokens);
   m.set_capability(capability);
-  return Io(SendMessage(fd_, kBegin, m));
+  return Io(SendMessage(*stream_, kBegin, m));
 }
 
 absl::Status KvControlSender::SendLayer(const std::string& request_id, int32_t layer,
@@ -747,7 +744,7 @@ absl::Status KvControlSender::SendLayer(const std::string& request_id, int32_t l
   h.set_layer(layer);
   h.set_num_blocks(static_cast<int32_t>(src_blocks.size()));
   h.set_payload_bytes(static_cast<int64_t>(payload));
-  RETURN_IF_ERROR(Io(SendMessage(fd_, kLayerHeader, h)));
+  RETURN_IF_ERROR(Io(SendMessage(*stream_, kLayerHeader, h)));
   if (link_ != nullptr) return Io(link_->SendLayer(layer, src_blocks, io_timeout_, ready));
   // The payload goes out from the staging copy, or straight from host cache blocks (K blocks, then
   // V blocks): the sender's blocks stay allocated until End() returns.
@@ -759,22 +756,22 @@ absl::Status KvControlSender::SendLayer(const std::string& request_id, int32_t l
   iov_.push_back({header, sizeof(header)});
   if (!storage->host_accessible()) {
     iov_.push_back({staging_.data(), payload});
-    return Io(WriteVector(fd_, iov_));
+    return Io(stream_->WriteVector(iov_));
   }
   for (bool v : {false, true}) {
     std::byte* base = storage->layer_data(v, layer);
     for (int32_t b : src_blocks) iov_.push_back({base + b * block_bytes, block_bytes});
   }
-  return Io(WriteVector(fd_, iov_));
+  return Io(stream_->WriteVector(iov_));
 }
 
 absl::Status KvControlSender::End(const std::string& request_id, int32_t first_token) {
   v1::KvTransferEnd m;
   m.set_request_id(request_id);
   m.set_first_token(first_token);
-  RETURN_IF_ERROR(Io(SendMessage(fd_, kEnd, m)));
+  RETURN_IF_ERROR(Io(SendMessage(*stream_, kEnd, m)));
   v1::KvTransferAck ack;
-  RETURN_IF_ERROR(Io(ReadMessage(fd_, kAck, &ack)));
+  RETURN_IF_ERROR(Io(ReadMessage(*stream_, kAck, &ack)));
   if (!ack.ok())
     return absl::UnavailableError(
         absl::StrCat("KV receiver rejected \"", request_id, "\": ", ack.error()));
@@ -790,8 +787,7 @@ bool KvControlSender::Connected() const {
   if (broken_) return false;
   // The receiver only ever writes an acknowledgement, which End reads at once: between jobs a
   // readable (or hung-up) socket is one the receiver closed or reset.
-  pollfd p{fd_, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 0;
+  return stream_->PollReadable(0) == 0;
 }
 
 }  // namespace tandem

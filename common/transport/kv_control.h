@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/transport/kv_link.h"
+#include "common/transport/kv_stream.h"
 #include "common/transport/kv_transport.h"
 
 namespace tandem {
@@ -45,6 +46,9 @@ class KvControlReceiver final : public KvReceiver {
     // its staging memory): what a sender that went silent (stopped, wedged) would otherwise hold
     // for ever. A sender that is only idle reconnects before its next transfer. Infinite: never.
     absl::Duration idle_timeout = absl::InfiniteDuration();
+    // Set: every connection is TLS with a certificate from the CA (kv_stream.h); a plaintext or
+    // stranger's connection is closed at its handshake, before any frame is read.
+    std::shared_ptr<KvTls> tls = nullptr;
   };
   static absl::StatusOr<std::unique_ptr<KvControlReceiver>> Create(const Options& options);
   ~KvControlReceiver() override;
@@ -97,6 +101,7 @@ class KvControlReceiver final : public KvReceiver {
   // By connection; a connection's thread that has ended is joined when the next one is accepted.
   absl::flat_hash_map<int64_t, std::thread> connection_threads_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> ended_connections_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> tls_refusals_{0};
   std::vector<int> connection_fds_ ABSL_GUARDED_BY(mu_);
   int64_t next_connection_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -106,10 +111,12 @@ class KvControlSender final : public KvSender {
   // Connects to "host:port" and performs the handshake; with `link_factory` (not owned, serving the
   // storage that SendLayer is given) asks for that side data path and joins it. FAILED_PRECONDITION
   // when the receiver refuses the model, geometry or data path; UNAVAILABLE / DEADLINE_EXCEEDED
-  // when it cannot be reached.
+  // when it cannot be reached. An address "tls://host:port" is a TLS receiver: `tls` (this
+  // process's KV TLS) must be given, and is refused for a plaintext address (kv_stream.h);
+  // UNAUTHENTICATED when the TLS handshake refuses either end's certificate.
   static absl::StatusOr<std::unique_ptr<KvControlSender>> Connect(
       const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
-      KvLinkFactory* link_factory = nullptr);
+      KvLinkFactory* link_factory = nullptr, KvTls* tls = nullptr);
   // Connect with each of `paths` in turn (nullptr: inline TCP) until the receiver accepts one and
   // its link, if any, is joined: the first that works. A receiver that cannot be reached, or that
   // refuses this sender's model or geometry, is not asked again. The error, when none works, gives
@@ -117,7 +124,8 @@ class KvControlSender final : public KvSender {
   // taken.
   static absl::StatusOr<std::unique_ptr<KvControlSender>> ConnectFirst(
       const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
-      const std::vector<KvLinkFactory*>& paths, std::string* refused = nullptr);
+      const std::vector<KvLinkFactory*>& paths, std::string* refused = nullptr,
+      KvTls* tls = nullptr);
   // The side data path in use ("nccl-chunks", "cuda-ipc"), or "inline".
   std::string data_path() const { return data_path_; }
   ~KvControlSender() override;
@@ -134,8 +142,9 @@ class KvControlSender final : public KvSender {
   bool Connected() const override;
 
  private:
-  KvControlSender(int fd, const KvEndpointInfo& info, absl::Duration io_timeout)
-      : fd_(fd), info_(info), io_timeout_(io_timeout) {}
+  KvControlSender(std::unique_ptr<KvStream> stream, const KvEndpointInfo& info,
+                  absl::Duration io_timeout)
+      : stream_(std::move(stream)), info_(info), io_timeout_(io_timeout) {}
   // One connection over one path. On failure `path_failed` says whether the data path alone failed
   // (not offered, or its link not joined), where another path may work; not when the receiver was
   // not reached or refused the sender's model or geometry.
@@ -143,10 +152,10 @@ class KvControlSender final : public KvSender {
                                                                const KvEndpointInfo& info,
                                                                absl::Duration io_timeout,
                                                                KvLinkFactory* link_factory,
-                                                               bool* path_failed);
+                                                               KvTls* tls, bool* path_failed);
   // `s`, noting the connection as broken when it is an error.
   absl::Status Io(absl::Status s);
-  int fd_;
+  std::unique_ptr<KvStream> stream_;
   bool broken_ = false;
   KvEndpointInfo info_;
   absl::Duration io_timeout_;

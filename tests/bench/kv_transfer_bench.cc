@@ -9,8 +9,12 @@
 //     by side: tcp (layers staged through host memory), nccl (the NCCL link: its socket transport,
 //     between two processes on one GPU) and cuda-ipc (the receiver maps the sender's staging).
 //
+//   With --tls-certs DIR (scripts/make_certs.sh DIR node:IP:127.0.0.1), the CPU run measures the
+//   same transfers over TLS too (KV TLS, kv_stream.h), side by side.
+//
 //   kv_transfer_bench [--presets qwen2.5-0.5b,llama-3-8b] [--tokens 512,2048] [--iterations 5]
 //                     [--device cuda [--transports tcp,nccl,cuda-ipc]] [--two-processes]
+//                     [--tls-certs DIR]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +57,9 @@ ABSL_FLAG(bool, two_processes, false,
 ABSL_FLAG(std::string, role, "",
           "internal: 'receiver' is the receiving process of a --device cuda run");
 ABSL_FLAG(std::string, ready_file, "", "internal: where the receiver writes its port");
+ABSL_FLAG(std::string, tls_certs, "",
+          "--device cpu: a directory with ca.pem, node.pem and node.key (scripts/make_certs.sh DIR "
+          "node:IP:127.0.0.1): the transfers over TLS as well, side by side");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "two-process runs: what the caches store: f32, bf16 (half the bytes), int8 (a quarter, "
           "plus a scale per token and head) or fp8 (a quarter; CUDA)");
@@ -288,8 +295,19 @@ int RunGpu() {
 
 int Run() {
   auto backend = CpuBackend::Create({}).value();
-  std::printf("%-14s %7s %10s %12s %12s %12s\n", "geometry", "tokens", "MiB", "TCP GB/s",
+  std::shared_ptr<KvTls> tls;
+  if (const std::string dir = absl::GetFlag(FLAGS_tls_certs); !dir.empty()) {
+    auto made = KvTls::Create({dir + "/node.pem", dir + "/node.key", dir + "/ca.pem"});
+    if (!made.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(made.status().message()).c_str());
+      return 2;
+    }
+    tls = *made;
+  }
+  std::printf("%-14s %7s %10s %12s %12s %12s", "geometry", "tokens", "MiB", "TCP GB/s",
               "memcpy GB/s", "TCP/memcpy");
+  if (tls != nullptr) std::printf(" %12s %12s", "TLS GB/s", "TLS/TCP");
+  std::printf("\n");
   for (const std::string& name : absl::GetFlag(FLAGS_presets)) {
     auto preset = FindModelPreset(name);
     if (!preset.ok()) {
@@ -309,34 +327,48 @@ int Run() {
         static_cast<float*>(src->k_data())[i] = static_cast<float*>(src->v_data())[i] =
             static_cast<float>(i % 1000);
       const KvEndpointInfo info{"bench", g};
-      auto receiver =
-          KvControlReceiver::Create({"127.0.0.1", 0, dst.get(), info, absl::Seconds(30)}).value();
-      auto sender = KvControlSender::Connect(absl::StrCat("127.0.0.1:", receiver->port()), info,
-                                             absl::Seconds(30))
-                        .value();
       std::vector<int32_t> table(blocks);
       for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>(b);
       const double bytes = 2.0 * static_cast<double>(floats) * sizeof(float);
-      double best = 1e30;
-      for (int it = 0; it < absl::GetFlag(FLAGS_iterations); ++it) {
-        const std::string id = absl::StrCat("r", it);
-        if (!receiver->Expect(id, table, "").ok()) return 1;
-        const auto t0 = Clock::now();
-        if (!sender->Begin(id, tokens, "").ok()) return 1;
-        for (int32_t l = 0; l < g.num_layers; ++l) {
-          if (absl::Status s = sender->SendLayer(id, l, table, src.get()); !s.ok()) {
-            std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-            return 1;
-          }
+      // The best of --iterations transfers over a new connection (TLS with `kv_tls`); 0 on error.
+      auto measure = [&](KvTls* kv_tls) -> double {
+        std::memset(dst->k_data(), 0, floats * sizeof(float));
+        KvControlReceiver::Options o{"127.0.0.1", 0, dst.get(), info, absl::Seconds(30)};
+        if (kv_tls != nullptr) o.tls = tls;
+        auto receiver = KvControlReceiver::Create(o).value();
+        auto sender = KvControlSender::Connect(
+            absl::StrCat(kv_tls != nullptr ? kKvTlsScheme : "", "127.0.0.1:", receiver->port()),
+            info, absl::Seconds(30), nullptr, kv_tls);
+        if (!sender.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(sender.status().message()).c_str());
+          return 0;
         }
-        if (!sender->End(id, 1).ok() || !receiver->Wait(id, absl::Seconds(30)).ok()) return 1;
-        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      if (std::memcmp(static_cast<float*>(src->k_data()), static_cast<float*>(dst->k_data()),
-                      floats * sizeof(float)) != 0) {
-        std::fprintf(stderr, "transferred KV differs from the source\n");
-        return 1;
-      }
+        double best = 1e30;
+        for (int it = 0; it < absl::GetFlag(FLAGS_iterations); ++it) {
+          const std::string id = absl::StrCat("r", it);
+          if (!receiver->Expect(id, table, "").ok()) return 0;
+          const auto t0 = Clock::now();
+          if (!(*sender)->Begin(id, tokens, "").ok()) return 0;
+          for (int32_t l = 0; l < g.num_layers; ++l) {
+            if (absl::Status s = (*sender)->SendLayer(id, l, table, src.get()); !s.ok()) {
+              std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+              return 0;
+            }
+          }
+          if (!(*sender)->End(id, 1).ok() || !receiver->Wait(id, absl::Seconds(30)).ok()) return 0;
+          best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        if (std::memcmp(static_cast<float*>(src->k_data()), static_cast<float*>(dst->k_data()),
+                        floats * sizeof(float)) != 0) {
+          std::fprintf(stderr, "transferred KV differs from the source\n");
+          return 0;
+        }
+        return best;
+      };
+      const double best = measure(nullptr);
+      if (best == 0) return 1;
+      double tls_best = 0;
+      if (tls != nullptr && (tls_best = measure(tls.get())) == 0) return 1;
       double copy_best = 1e30;
       for (int it = 0; it < absl::GetFlag(FLAGS_iterations); ++it) {
         const auto t0 = Clock::now();
@@ -346,9 +378,11 @@ int Run() {
                     floats * sizeof(float));
         copy_best = std::min(copy_best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      std::printf("%-14s %7lld %10.1f %12.2f %12.2f %12.2f\n", name.c_str(),
+      std::printf("%-14s %7lld %10.1f %12.2f %12.2f %12.2f", name.c_str(),
                   static_cast<long long>(tokens), bytes / (1 << 20), bytes / best / 1e9,
                   bytes / copy_best / 1e9, copy_best / best);
+      if (tls != nullptr) std::printf(" %12.2f %12.2f", bytes / tls_best / 1e9, best / tls_best);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }

@@ -677,6 +677,18 @@ TEST_F(ServiceTest, TlsOnEveryHopRefusesStrangersAndChangesNoOutput) {
   ExpectEquivalent(c->generation(), model_dir_, 30);
   std::string why;
   EXPECT_TRUE(c->WaitIdle(absl::Seconds(2), &why)) << why;
+  {  // The KV went over TLS too: the decode worker's receiver takes only TLS, and says so.
+    grpc::ClientContext ctx;
+    v1::ListWorkersResponse workers;
+    ASSERT_TRUE(c->registration()->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok());
+    int decode = 0;
+    for (const v1::WorkerInfo& w : workers.workers()) {
+      if (w.worker().role() != v1::WORKER_ROLE_DECODE) continue;
+      ++decode;
+      EXPECT_THAT(w.worker().kv_address(), ::testing::StartsWith("tls://"));
+    }
+    EXPECT_EQ(decode, 1);
+  }
 
   const std::string router = c->router_address();
   auto generate = [&](const rpc::TlsOptions& o) {
