@@ -18,27 +18,16 @@ usage: scripts/load_streams.py [--streams 10000] [--max-tokens 16] [--prompt-tok
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "bench"))
-from bench_util import free_port_run  # noqa: E402
-
-
-def proc_stats(pid):
-    try:
-        status = open(f"/proc/{pid}/status").read()
-        rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
-        threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
-        return rss, threads
-    except (OSError, AttributeError):
-        return None, None
+from bench_util import free_port_run, proc_stats  # noqa: E402
+from bench_util import metric as metric_at  # noqa: E402
 
 
 def main():
@@ -92,12 +81,7 @@ def main():
         procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
     def metric(name, family):
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics[name]}/metrics", timeout=2).read().decode()
-        except OSError:
-            return None
-        vals = [float(m.group(1)) for m in re.finditer(rf"^{family}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
-        return sum(vals) if vals else None
+        return metric_at(metrics[name], family)
 
     try:
         deadline = time.time() + 60
@@ -109,7 +93,7 @@ def main():
                 sys.exit(f"load_streams: the cluster did not start; logs in {args.work_dir}")
             time.sleep(0.2)
         time.sleep(0.5)
-        before = {name: proc_stats(p.pid) for name, p in procs.items()}
+        before = {name: proc_stats(p.pid)[:2] for name, p in procs.items()}
         peaks = {name: {"rss_mb": 0.0, "threads": 0} for name in procs}
         peak_in_flight = [0.0]
         stop = threading.Event()
@@ -117,7 +101,7 @@ def main():
         def sampler():
             while not stop.is_set():
                 for name, p in procs.items():
-                    rss, thr = proc_stats(p.pid)
+                    rss, thr, _ = proc_stats(p.pid)
                     if rss is not None:
                         peaks[name]["rss_mb"] = max(peaks[name]["rss_mb"], rss)
                         peaks[name]["threads"] = max(peaks[name]["threads"], thr)
@@ -136,7 +120,7 @@ def main():
                              capture_output=True, text=True, timeout=args.timeout_s + 120)
         stop.set()
         t.join()
-        after = {name: proc_stats(p.pid) for name, p in procs.items()}
+        after = {name: proc_stats(p.pid)[:2] for name, p in procs.items()}
         try:
             client = json.loads(run.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):

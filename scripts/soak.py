@@ -32,11 +32,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "bench"))
-from bench_util import free_port_run  # noqa: E402
+from bench_util import free_port_run, proc_stats  # noqa: E402
+from bench_util import metric as metric_at  # noqa: E402
 
 
 def main():
@@ -93,12 +93,7 @@ def main():
             p.wait()
 
     def metric(name, family):
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics[name]}/metrics", timeout=2).read().decode()
-        except OSError:
-            return None
-        vals = [float(m.group(1)) for m in re.finditer(rf"^{family}(?:{{[^}}]*}})? (\S+)$", text, re.M)]
-        return sum(vals) if vals else None
+        return metric_at(metrics[name], family)
 
     def live_workers():
         return metric("router", "tandem_workers_live") or 0
@@ -174,13 +169,7 @@ def main():
     def sample(minute):
         row = {"minute": round(minute, 1)}
         for name, p in procs.items():
-            try:
-                status = open(f"/proc/{p.pid}/status").read()
-                rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
-                thr = int(re.search(r"Threads:\s+(\d+)", status).group(1))
-                fds = len(os.listdir(f"/proc/{p.pid}/fd"))
-            except (OSError, AttributeError):
-                rss, thr, fds = None, None, None
+            rss, thr, fds = proc_stats(p.pid)
             row[name] = {"rss_mb": rss and round(rss, 1), "threads": thr, "fds": fds}
         row["in_flight"] = metric("router", "tandem_requests_in_flight")
         row["kv_blocks_used"] = sum(metric(n, "tandem_kv_blocks_used") or 0 for n in ("decode-0", "decode-1"))

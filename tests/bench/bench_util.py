@@ -80,6 +80,22 @@ def scrape_counters(address, names):
     return out
 
 
+def metric(port, family):
+    """A family's sum on 127.0.0.1:PORT/metrics; None when the process does not answer."""
+    return scrape_counters(f"127.0.0.1:{port}", [family]).get(family)
+
+
+def proc_stats(pid):
+    """(resident MiB, threads, open descriptors) of a process from /proc; Nones when it is gone."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+        rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+        threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))
+        return rss, threads, len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, AttributeError):
+        return None, None, None
+
+
 PROMPT_FORWARD = 'tandem_engine_forward_seconds_total{step="prompt"}'
 
 
