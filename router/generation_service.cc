@@ -182,7 +182,7 @@ GenerationService::~GenerationService() {
   StartQueued();
   {
     absl::MutexLock lock(&mu_);
-    auto idle = [this] { return running_ == 0 && queue_.empty() && !pumping_; };
+    auto idle = [this] { return running_ == 0 && finishing_ == 0 && queue_.empty() && !pumping_; };
     mu_.Await(absl::Condition(&idle));
   }
   watchdog_.join();
@@ -398,7 +398,10 @@ absl::Status GenerationService::Admit(std::shared_ptr<FlowRequest> request,
   absl::MutexLock lock(&mu_);
   if (stopping_ || draining_) return absl::UnavailableError("the router is shutting down");
   const int64_t waiting = static_cast<int64_t>(queue_.size());
-  if (running_ + waiting >= options_.max_concurrent_requests + options_.max_queued_requests) {
+  // With a token budget the queue itself is what --max-queued-requests bounds (flows may run far
+  // fewer than --max-concurrent-requests).
+  if (running_ + waiting >= options_.max_concurrent_requests + options_.max_queued_requests ||
+      (options_.max_inflight_tokens > 0 && waiting >= options_.max_queued_requests)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "overloaded: ", running_, " requests running and ", waiting,
         " queued (--max-queued-requests ", options_.max_queued_requests, "); retry later"));
@@ -430,7 +433,11 @@ void GenerationService::StartQueued() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
-      const bool full = !queue_.empty() &&
+      // A head cancelled or past its deadline is taken at once (RunJob ends it): it must not hold
+      // the queue behind a budget it will never use.
+      const bool dead = !queue_.empty() && (queue_.front().control->cancelled() ||
+                                            absl::Now() >= queue_.front().request->deadline);
+      const bool full = !queue_.empty() && !dead &&
                         (running_ >= std::max(1, options_.max_concurrent_requests) ||
                          (options_.max_inflight_tokens > 0 && running_ > 0 &&
                           running_tokens_ + queue_.front().tokens > options_.max_inflight_tokens));
@@ -456,8 +463,11 @@ void GenerationService::RunJob(Job job) {
       ids_.erase(id);
       --running_;
       running_tokens_ -= tokens;
+      ++finishing_;
     }
     StartQueued();
+    absl::MutexLock lock(&mu_);
+    --finishing_;
   };
   if (job.control->cancelled()) {
     job.sink->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while queued"), {});

@@ -150,6 +150,9 @@ class GenerationService final : public GenerationServiceBase {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool pumping_ ABSL_GUARDED_BY(mu_) = false;  // a StartQueued call is starting flows
+  // Flows that ended and are still in their `done` (starting the next): the destructor waits for
+  // them as for running ones.
+  int64_t finishing_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::string> ids_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::shared_ptr<FlowControl>> active_ ABSL_GUARDED_BY(mu_);
   std::thread watchdog_;

@@ -88,7 +88,8 @@ class Flow : public std::enable_shared_from_this<Flow> {
 
   // Runs `task` in the executor with the flow kept alive.
   void Post(std::function<void()> task) {
-    executor_.Post([self = shared_from_this(), task = std::move(task)] { task(); });
+    auto self = shared_from_this();  // alive until Post returns, whatever the tasks release
+    executor_.Post([self, task = std::move(task)] { task(); });
   }
 
   void Dispatch() {
@@ -115,6 +116,7 @@ class Flow : public std::enable_shared_from_this<Flow> {
     phase_ = combined ? Phase::kStreaming : Phase::kReserving;
     decode_done_ = false;
     stopped_ = false;
+    no_reservation_ = false;
     auto self = shared_from_this();
     decode_ = std::make_unique<DecodeCall>(
         control_.get(), w->address, req_->deadline,
