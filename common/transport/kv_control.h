@@ -112,8 +112,10 @@ class KvControlSender final : public KvSender {
   // storage that SendLayer is given) asks for that side data path and joins it. FAILED_PRECONDITION
   // when the receiver refuses the model, geometry or data path; UNAVAILABLE / DEADLINE_EXCEEDED
   // when it cannot be reached. An address "tls://host:port" is a TLS receiver: `tls` (this
-  // process's KV TLS) must be given, and is refused for a plaintext address (kv_stream.h);
-  // UNAUTHENTICATED when the TLS handshake refuses either end's certificate.
+  // process's KV TLS) must be given, and is refused for a plaintext address (kv_stream.h). A
+  // certificate refused at the handshake fails the connection: UNAUTHENTICATED when this end
+  // refuses the receiver's, UNAVAILABLE when the receiver refuses this one's (TLS 1.3 tells the
+  // client only once it reads).
   static absl::StatusOr<std::unique_ptr<KvControlSender>> Connect(
       const std::string& address, const KvEndpointInfo& info, absl::Duration io_timeout,
       KvLinkFactory* link_factory = nullptr, KvTls* tls = nullptr);

@@ -145,14 +145,28 @@ absl::StatusOr<std::shared_ptr<KvTls>> KvTlsFromFlags() {
 
 KvStream::~KvStream() {
   if (ssl_ != nullptr) {
-    SSL_shutdown(ssl_);  // close_notify, best effort (the socket has a send timeout)
+    // close_notify, best effort, on a healthy connection only: after a fatal error OpenSSL forbids
+    // it, and after a timeout it would block for another one flushing what did not go out.
+    if (handshaken_ && !failed_) SSL_shutdown(ssl_);
+    ERR_clear_error();
     SSL_free(ssl_);
   }
   if (fd_ >= 0) ::close(fd_);
 }
 
+// Whether a failed TLS call was interrupted by a signal and is to be made again with the same
+// arguments (OpenSSL's socket BIO reports EINTR as a retry: WANT_READ / WANT_WRITE).
+static bool Interrupted(SSL* ssl, int rc) {
+  const int err = errno;
+  const int e = SSL_get_error(ssl, rc);
+  errno = err;
+  return (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_SYSCALL) &&
+         err == EINTR;
+}
+
 absl::Status KvStream::TlsError(const char* what, int rc) {
   const int e = SSL_get_error(ssl_, rc);
+  if (e != SSL_ERROR_ZERO_RETURN) failed_ = true;
   switch (e) {
     case SSL_ERROR_ZERO_RETURN:
       return absl::UnavailableError("KV transfer: peer closed the connection");
@@ -185,7 +199,7 @@ absl::Status KvStream::StartTls(KvTls* tls, bool server) {
     errno = 0;
     const int rc = server ? SSL_accept(ssl_) : SSL_connect(ssl_);
     if (rc == 1) break;
-    if (SSL_get_error(ssl_, rc) == SSL_ERROR_SYSCALL && errno == EINTR) continue;
+    if (Interrupted(ssl_, rc)) continue;
     const long verify = SSL_get_verify_result(ssl_);
     if (verify != X509_V_OK) {
       ERR_clear_error();
@@ -203,8 +217,10 @@ absl::Status KvStream::StartTls(KvTls* tls, bool server) {
     return s;
   }
   if (SSL_get0_peer_certificate(ssl_) == nullptr) {
+    failed_ = true;
     return absl::UnauthenticatedError("KV TLS: the peer presented no certificate");
   }
+  handshaken_ = true;
   return absl::OkStatus();
 }
 
@@ -216,7 +232,7 @@ absl::Status KvStream::SslWrite(const void* data, size_t n) {
     errno = 0;
     const int rc = SSL_write(ssl_, p, chunk);
     if (rc <= 0) {
-      if (SSL_get_error(ssl_, rc) == SSL_ERROR_SYSCALL && errno == EINTR) continue;
+      if (Interrupted(ssl_, rc)) continue;
       return TlsError("send", rc);
     }
     p += rc;
@@ -293,7 +309,7 @@ absl::Status KvStream::Read(void* data, size_t n) {
     errno = 0;
     const int rc = SSL_read(ssl_, p, chunk);
     if (rc <= 0) {
-      if (SSL_get_error(ssl_, rc) == SSL_ERROR_SYSCALL && errno == EINTR) continue;
+      if (Interrupted(ssl_, rc)) continue;
       return TlsError("recv", rc);
     }
     p += rc;
@@ -303,7 +319,7 @@ absl::Status KvStream::Read(void* data, size_t n) {
 }
 
 int KvStream::PollReadable(int timeout_ms) const {
-  if (ssl_ != nullptr && SSL_pending(ssl_) > 0) return 1;
+  if (ssl_ != nullptr && SSL_has_pending(ssl_) == 1) return 1;
   pollfd p{fd_, POLLIN, 0};
   const int rc = ::poll(&p, 1, timeout_ms);
   return rc < 0 ? -1 : (rc > 0 ? 1 : 0);

@@ -96,6 +96,8 @@ class KvStream {
 
   int fd_;
   SSL* ssl_ = nullptr;
+  bool handshaken_ = false;     // TLS: the handshake completed
+  bool failed_ = false;         // TLS: a fatal error or a timeout: no close_notify at the end
   std::vector<char> coalesce_;  // TLS: small buffers gathered into full records
 };
 
