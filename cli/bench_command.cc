@@ -432,8 +432,8 @@ json RunLevel(v1::Generation::Stub* stub, std::vector<Prompt> prompts, int concu
     }
   };
   std::vector<std::thread> threads;
+  std::atomic<size_t> next{0};  // closed loop: the next unit to run (outlives the threads)
   if (rate <= 0) {
-    std::atomic<size_t> next{0};
     for (int c = 0; c < std::max(1, concurrency); ++c) {
       threads.emplace_back([&] {
         for (size_t u; (u = next++) < units.size();) run_unit(units[u]);

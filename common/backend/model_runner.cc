@@ -543,8 +543,10 @@ void ModelRunner::ReadLogprobs(const ForwardInput& in, const int32_t* region,
     r.rank = host[3 * rows + i];
     r.top_ids.assign(host.begin() + 4 * rows + i * k, host.begin() + 4 * rows + (i + 1) * k);
     r.top_logprobs.resize(static_cast<size_t>(k));
-    std::memcpy(r.top_logprobs.data(), &host[4 * rows + rows * k + i * k],
-                static_cast<size_t>(k) * sizeof(float));
+    if (k > 0) {  // memcpy into an empty vector's null data() is undefined even for 0 bytes
+      std::memcpy(r.top_logprobs.data(), &host[4 * rows + rows * k + i * k],
+                  static_cast<size_t>(k) * sizeof(float));
+    }
     (*out)[i] = std::move(r);
   }
 }
