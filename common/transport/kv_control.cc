@@ -264,9 +264,12 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
       }
       if (mine && !options_.keep_reservation_on_sender_loss) Fail(id, std::string(s.message()));
     }
-    absl::MutexLock lock(&mu_);
-    std::erase(connection_fds_, fd);
-    ended_connections_.push_back(connection);
+    {
+      absl::MutexLock lock(&mu_);
+      std::erase(connection_fds_, fd);
+      ended_connections_.push_back(connection);
+    }
+    stream.Close();  // before the link is torn down (on return), as the sender expects
   };
   if (options_.tls != nullptr) {
     if (absl::Status s = stream.StartTls(options_.tls.get(), /*server=*/true); !s.ok()) {
@@ -701,7 +704,11 @@ absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(
   return sender;
 }
 
-KvControlSender::~KvControlSender() = default;
+KvControlSender::~KvControlSender() {
+  // The connection first: a side link's teardown waits for the receiver to let go of it (CUDA IPC:
+  // unmap the staging), which the receiver does when it sees the connection close.
+  stream_->Close();
+}
 
 absl::Status KvControlSender::Begin(const std::string& request_id, int64_t num_tokens,
                                     const std::string& capability) {

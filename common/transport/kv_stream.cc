@@ -143,15 +143,17 @@ absl::StatusOr<std::shared_ptr<KvTls>> KvTlsFromFlags() {
 
 // ------------------------------------------------------------------------------------- KvStream
 
-KvStream::~KvStream() {
+void KvStream::Close() {
   if (ssl_ != nullptr) {
     // close_notify, best effort, on a healthy connection only: after a fatal error OpenSSL forbids
     // it, and after a timeout it would block for another one flushing what did not go out.
     if (handshaken_ && !failed_) SSL_shutdown(ssl_);
     ERR_clear_error();
     SSL_free(ssl_);
+    ssl_ = nullptr;
   }
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 // Whether a failed TLS call was interrupted by a signal and is to be made again with the same

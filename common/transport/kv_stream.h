@@ -71,7 +71,7 @@ class KvStream {
  public:
   // Plaintext over `fd`, which the stream owns (closed by the destructor).
   explicit KvStream(int fd) : fd_(fd) {}
-  ~KvStream();
+  ~KvStream() { Close(); }
   KvStream(const KvStream&) = delete;
   KvStream& operator=(const KvStream&) = delete;
 
@@ -89,6 +89,9 @@ class KvStream {
   // Whether something can be read (bytes, or the peer's close) within `timeout_ms`: 1 yes, 0 no,
   // -1 error.
   int PollReadable(int timeout_ms) const;
+  // Ends the connection (TLS close_notify when it is healthy) and closes the socket; the peer sees
+  // it closed. Idempotent; nothing may be read or written afterwards.
+  void Close();
 
  private:
   absl::Status TlsError(const char* what, int rc);
