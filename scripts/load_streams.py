@@ -60,7 +60,7 @@ def main():
     port = base
     metrics = {"router": base + 1, "prefill": base + 2, "decode": base + 3}
     router = f"127.0.0.1:{port}"
-    # KV room for every stream at once (bf16 KV: 6 KiB... per token of kjv-target), with a margin.
+    # KV room for every stream at once: kjv-target's bf16 KV is 3 KiB a token, doubled for block rounding.
     tokens = n * (args.prompt_tokens + args.max_tokens + 32)
     kv_mib = max(256, tokens * 3 * 1024 // (1 << 20) * 2)
     common = [f"--model={args.model}", "--bind-address=127.0.0.1"]

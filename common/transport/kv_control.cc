@@ -43,13 +43,6 @@ enum FrameType : uint8_t {
 };
 constexpr uint32_t kMaxControlFrame = 1 << 20;
 
-absl::Status IoError(const char* what) {
-  if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    return absl::DeadlineExceededError(absl::StrCat("KV transfer: ", what, " timed out"));
-  }
-  return absl::UnavailableError(absl::StrCat("KV transfer: ", what, ": ", std::strerror(errno)));
-}
-
 absl::Status SendFrame(KvStream& stream, FrameType type, const void* data, size_t n) {
   unsigned char header[5];
   const uint32_t len = static_cast<uint32_t>(n);
@@ -163,7 +156,7 @@ absl::StatusOr<std::unique_ptr<KvControlReceiver>> KvControlReceiver::Create(
     return absl::InvalidArgumentError("KvControlReceiver needs a KV storage");
   std::unique_ptr<KvControlReceiver> r(new KvControlReceiver(options));
   r->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (r->listen_fd_ < 0) return IoError("socket");
+  if (r->listen_fd_ < 0) return KvSocketError("socket");
   int one = 1;
   setsockopt(r->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
@@ -174,8 +167,8 @@ absl::StatusOr<std::unique_ptr<KvControlReceiver>> KvControlReceiver::Create(
         absl::StrCat("KV receiver: '", options.host, "' is not an IPv4 address"));
   }
   if (::bind(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0)
-    return IoError("bind");
-  if (::listen(r->listen_fd_, 64) < 0) return IoError("listen");
+    return KvSocketError("bind");
+  if (::listen(r->listen_fd_, 64) < 0) return KvSocketError("listen");
   socklen_t len = sizeof(addr);
   getsockname(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   r->port_ = ntohs(addr.sin_port);
@@ -359,7 +352,7 @@ void KvControlReceiver::ServeConnection(int fd, int64_t connection) {
       }
       continue;
     }
-    if (ready < 0) return finish(IoError("poll"));
+    if (ready < 0) return finish(KvSocketError("poll"));
     FrameType type;
     uint32_t len;
     if (absl::Status s = ReadHeader(stream, &type, &len); !s.ok()) return finish(s);
@@ -660,7 +653,7 @@ absl::StatusOr<std::unique_ptr<KvControlSender>> KvControlSender::Open(
   const int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
   freeaddrinfo(res);
   if (rc < 0) {
-    absl::Status s = IoError("connect");
+    absl::Status s = KvSocketError("connect");
     ::close(fd);
     return s;
   }

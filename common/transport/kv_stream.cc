@@ -37,16 +37,16 @@ std::string OpenSslErrors() {
   return out.empty() ? "unknown TLS error" : out;
 }
 
-absl::Status SocketError(const char* what) {
+void FreeContext(SSL_CTX* ctx) { SSL_CTX_free(ctx); }
+
+}  // namespace
+
+absl::Status KvSocketError(const char* what) {
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
     return absl::DeadlineExceededError(absl::StrCat("KV transfer: ", what, " timed out"));
   }
   return absl::UnavailableError(absl::StrCat("KV transfer: ", what, ": ", std::strerror(errno)));
 }
-
-void FreeContext(SSL_CTX* ctx) { SSL_CTX_free(ctx); }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------- KvTls
 
@@ -178,7 +178,7 @@ absl::Status KvStream::TlsError(const char* what, int rc) {
       return absl::DeadlineExceededError(absl::StrCat("KV transfer: ", what, " timed out"));
     case SSL_ERROR_SYSCALL:
       if (errno == 0) return absl::UnavailableError("KV transfer: peer closed the connection");
-      return SocketError(what);
+      return KvSocketError(what);
     default:
       return absl::UnavailableError(absl::StrCat("KV transfer: TLS ", what, ": ", OpenSslErrors()));
   }
@@ -245,7 +245,7 @@ absl::Status KvStream::SslWrite(const void* data, size_t n) {
 
 absl::Status KvStream::Write(const void* data, size_t n) {
   if (ssl_ != nullptr) return SslWrite(data, n);
-  return SendAll(fd_, data, n) ? absl::OkStatus() : SocketError("send");
+  return SendAll(fd_, data, n) ? absl::OkStatus() : KvSocketError("send");
 }
 
 absl::Status KvStream::WriteVector(std::vector<iovec>& iov) {
@@ -285,7 +285,7 @@ absl::Status KvStream::WriteVector(std::vector<iovec>& iov) {
     ssize_t w = ::sendmsg(fd_, &m, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return SocketError("send");
+      return KvSocketError("send");
     }
     while (w > 0 && first < iov.size()) {
       const size_t n = std::min<size_t>(static_cast<size_t>(w), iov[first].iov_len);
@@ -302,7 +302,7 @@ absl::Status KvStream::Read(void* data, size_t n) {
   if (ssl_ == nullptr) {
     if (RecvAll(fd_, data, n)) return absl::OkStatus();
     if (errno == 0) return absl::UnavailableError("KV transfer: peer closed the connection");
-    return SocketError("recv");
+    return KvSocketError("recv");
   }
   char* p = static_cast<char*>(data);
   while (n > 0) {

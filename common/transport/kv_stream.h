@@ -64,6 +64,10 @@ class KvTls {
 // all three files.
 absl::StatusOr<std::shared_ptr<KvTls>> KvTlsFromFlags();
 
+// A failed socket call `what` of a KV connection, from errno: DEADLINE_EXCEEDED for a socket
+// timeout (EAGAIN), UNAVAILABLE otherwise.
+absl::Status KvSocketError(const char* what);
+
 // The scheme prefix of a TLS KV address ("tls://host:port").
 inline constexpr char kKvTlsScheme[] = "tls://";
 
