@@ -283,6 +283,7 @@ absl::StatusOr<std::unique_ptr<HttpFrontend>> HttpFrontend::Start(const Options&
   so.port = options.port;
   so.threads = options.threads;
   so.max_body_bytes = options.max_body_bytes;
+  so.write_through = options.write_through;
   so.tls_cert_file = options.tls_cert_file;
   so.tls_key_file = options.tls_key_file;
   so.tls_refresh = options.tls_refresh;

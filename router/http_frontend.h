@@ -23,6 +23,7 @@ class HttpFrontend {
     int port = 0;
     int threads = 2;
     size_t max_body_bytes = 16u << 20;
+    bool write_through = true;  // HttpServer::Options::write_through
     // HTTPS with this certificate and key (empty: plaintext); see HttpServer::Options.
     std::string tls_cert_file, tls_key_file;
     absl::Duration tls_refresh = absl::Seconds(10);

@@ -54,6 +54,61 @@ class SessionBase : public std::enable_shared_from_this<SessionBase> {
   virtual void DoWrite(std::string data) = 0;
   virtual void DoEnd() = 0;
   virtual void DoOnDisconnect(std::function<void()> f) = 0;
+
+  // Write-through (plaintext streams): a Write() from the thread that produced the event goes
+  // straight to the socket when nothing else of the response is queued or posted, instead of
+  // hopping to an I/O thread (on a busy machine, the wait for that thread to be scheduled is most
+  // of what an event's trip costs). A post counts itself here, so that no later write passes it.
+  void Posting() {
+    absl::MutexLock lock(&direct_mu_);
+    ++posted_;
+  }
+  void Arrived() {
+    absl::MutexLock lock(&direct_mu_);
+    --posted_;
+  }
+  // Sends `chunk` (already framed) now if the socket's write side is idle. kSent: all of it;
+  // kRest: `chunk` is now its unsent rest, which the caller posts (DoWriteRaw) before anything else
+  // (write-through stays closed until the I/O thread has written it); kPost: nothing sent.
+  enum class Through { kPost, kSent, kRest };
+  Through TryWriteThrough(std::string& chunk) {
+    absl::MutexLock lock(&direct_mu_);
+    if (!direct_open_ || posted_ != 0) return Through::kPost;
+    size_t sent = 0;
+    while (sent < chunk.size()) {
+      const ssize_t n =
+          ::send(direct_fd_, chunk.data() + sent, chunk.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        break;  // a full socket buffer (or an error, which the queued write then meets)
+      }
+    }
+    direct_writes_->fetch_add(1, std::memory_order_relaxed);
+    if (sent == chunk.size()) return Through::kSent;
+    direct_open_ = false;  // the rest goes by the I/O thread, and everything after it too
+    chunk.erase(0, sent);
+    return Through::kRest;
+  }
+  virtual void DoWriteRaw(std::string bytes) = 0;
+
+ protected:
+  explicit SessionBase(std::atomic<int64_t>* direct_writes) : direct_writes_(direct_writes) {}
+  // On the strand: the socket's write side is idle (or no longer) as far as the session knows.
+  void SetWriteThrough(bool open, int fd = -1) {
+    absl::MutexLock lock(&direct_mu_);
+    direct_open_ = open;
+    if (open) direct_fd_ = fd;
+  }
+
+ private:
+  absl::Mutex direct_mu_;
+  int posted_ ABSL_GUARDED_BY(direct_mu_) = 0;  // Responder calls posted, not yet run
+  bool direct_open_ ABSL_GUARDED_BY(direct_mu_) = false;
+  int direct_fd_ ABSL_GUARDED_BY(direct_mu_) = -1;
+  std::atomic<int64_t>* direct_writes_;
 };
 
 class Responder final : public HttpResponder {
@@ -69,6 +124,8 @@ class Responder final : public HttpResponder {
  private:
   template <typename F>
   void Post(F f);
+  // Held across each call, so that a write-through's unsent rest is posted before any later call.
+  absl::Mutex mu_;
   std::weak_ptr<SessionBase> session_;
   std::shared_ptr<Lifeline> lifeline_;
 };
@@ -86,8 +143,11 @@ class Session final : public SessionBase {
   // `context`: the TLS session's (null for PlainStream), kept while the connection lives.
   Session(tcp::socket socket, std::shared_ptr<net::ssl::context> context,
           const HttpServer::Handler* handler, size_t max_body, std::shared_ptr<Lifeline> lifeline,
-          std::atomic<int64_t>* connections)
-      : context_(std::move(context)),
+          std::atomic<int64_t>* connections, std::atomic<int64_t>* direct_writes,
+          bool write_through)
+      : SessionBase(direct_writes),
+        write_through_(write_through),
+        context_(std::move(context)),
         stream_(MakeStream(std::move(socket), context_.get())),
         handler_(handler),
         max_body_(max_body),
@@ -165,6 +225,16 @@ class Session final : public SessionBase {
     Enqueue([self = Self(), chunk](auto done) {
       net::async_write(self->stream_, http::make_chunk(net::buffer(*chunk)),
                        [chunk, done](beast::error_code ec, size_t) { done(ec); });
+    });
+  }
+
+  // The unsent rest of a chunk that TryWriteThrough began (its framing included).
+  void DoWriteRaw(std::string bytes) override {
+    if (closed_) return;
+    auto rest = std::make_shared<std::string>(std::move(bytes));
+    Enqueue([self = Self(), rest](auto done) {
+      net::async_write(self->stream_, net::buffer(*rest),
+                       [rest, done](beast::error_code ec, size_t) { done(ec); });
     });
   }
 
@@ -299,12 +369,24 @@ class Session final : public SessionBase {
     if (!writing_) WriteNext();
   }
 
+  // Write-through opens when a plaintext stream's queue runs dry mid-response, and closes when
+  // anything is queued, the response ends, or the connection closes.
+  void UpdateWriteThrough() {
+    if constexpr (!kTls) {
+      const bool open =
+          write_through_ && streaming_ && !finished_ && !closed_ && !writing_ && queue_.empty();
+      SetWriteThrough(open, open ? Lowest().socket().native_handle() : -1);
+    }
+  }
+
   void WriteNext() {
     if (queue_.empty() || closed_) {
       writing_ = false;
+      UpdateWriteThrough();
       return;
     }
     writing_ = true;
+    UpdateWriteThrough();
     Op op = std::move(queue_.front());
     queue_.pop_front();
     if (!op) {  // response complete: next request, or close
@@ -351,6 +433,7 @@ class Session final : public SessionBase {
   void Close() {
     if (closed_) return;
     closed_ = true;
+    UpdateWriteThrough();  // before the descriptor can be reused
     queue_.clear();
     beast::error_code ignored;
     Lowest().socket().close(ignored);
@@ -363,6 +446,7 @@ class Session final : public SessionBase {
     }
   }
 
+  const bool write_through_;
   std::shared_ptr<net::ssl::context> context_;
   Stream stream_;
   beast::flat_buffer buffer_;
@@ -395,29 +479,49 @@ void Responder::Post(F f) {
   std::shared_ptr<SessionBase> session = session_.lock();
   if (!session) return;
   SessionBase* raw = session.get();
-  net::post(raw->executor(),
-            [session = std::move(session), f = std::move(f)]() mutable { f(*session); });
+  raw->Posting();
+  net::post(raw->executor(), [session = std::move(session), f = std::move(f)]() mutable {
+    session->Arrived();
+    f(*session);
+  });
 }
 
 void Responder::Respond(int status, const std::string& content_type, std::string body) {
+  absl::MutexLock lock(&mu_);
   Post([status, content_type, body = std::move(body)](SessionBase& s) mutable {
     s.DoRespond(status, content_type, std::move(body));
   });
 }
 
 void Responder::StartStream(int status, const std::string& content_type) {
+  absl::MutexLock lock(&mu_);
   Post([status, content_type](SessionBase& s) { s.DoStartStream(status, content_type); });
 }
 
 void Responder::Write(std::string data) {
+  if (data.empty()) return;
+  absl::MutexLock lock(&mu_);
+  if (std::shared_ptr<SessionBase> session = session_.lock()) {
+    // The chunk as Beast frames one: its size in hex, CRLF, the bytes, CRLF.
+    std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
+    switch (session->TryWriteThrough(chunk)) {
+      case SessionBase::Through::kSent: return;
+      case SessionBase::Through::kRest:
+        Post([rest = std::move(chunk)](SessionBase& s) mutable { s.DoWriteRaw(std::move(rest)); });
+        return;
+      case SessionBase::Through::kPost: break;
+    }
+  }
   Post([data = std::move(data)](SessionBase& s) mutable { s.DoWrite(std::move(data)); });
 }
 
 void Responder::End() {
+  absl::MutexLock lock(&mu_);
   Post([](SessionBase& s) { s.DoEnd(); });
 }
 
 void Responder::OnDisconnect(std::function<void()> on_disconnect) {
+  absl::MutexLock lock(&mu_);
   Post([f = std::move(on_disconnect)](SessionBase& s) mutable { s.DoOnDisconnect(std::move(f)); });
 }
 
@@ -480,6 +584,7 @@ class HttpServer::Impl {
   Options options_;
   Handler handler_;
   std::atomic<int64_t> connections_{0};
+  std::atomic<int64_t> direct_writes_{0};
 
  private:
   // A TLS context from the certificate and key files (HTTPS), with their modification times.
@@ -528,21 +633,23 @@ class HttpServer::Impl {
   }
 
   void Accept() {
-    acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec,
-                                                          tcp::socket socket) {
-      if (ec) {
-        if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
-      } else if (std::shared_ptr<net::ssl::context> context = TlsContext()) {
-        std::make_shared<Session<TlsStream>>(std::move(socket), std::move(context), &handler_,
-                                             options_.max_body_bytes, lifeline_, &connections_)
-            ->Start();
-      } else {
-        std::make_shared<Session<PlainStream>>(std::move(socket), nullptr, &handler_,
-                                               options_.max_body_bytes, lifeline_, &connections_)
-            ->Start();
-      }
-      Accept();
-    });
+    acceptor_.async_accept(
+        net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+          if (ec) {
+            if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+          } else if (std::shared_ptr<net::ssl::context> context = TlsContext()) {
+            std::make_shared<Session<TlsStream>>(std::move(socket), std::move(context), &handler_,
+                                                 options_.max_body_bytes, lifeline_, &connections_,
+                                                 &direct_writes_, options_.write_through)
+                ->Start();
+          } else {
+            std::make_shared<Session<PlainStream>>(
+                std::move(socket), nullptr, &handler_, options_.max_body_bytes, lifeline_,
+                &connections_, &direct_writes_, options_.write_through)
+                ->Start();
+          }
+          Accept();
+        });
   }
 
   net::io_context ioc_;
@@ -567,6 +674,7 @@ HttpServer::~HttpServer() { Stop(); }
 int HttpServer::port() const { return impl_->port_; }
 int HttpServer::threads() const { return std::max(1, impl_->options_.threads); }
 int64_t HttpServer::open_connections() const { return impl_->connections_.load(); }
+int64_t HttpServer::written_through() const { return impl_->direct_writes_.load(); }
 void HttpServer::Stop() { impl_->Stop(); }
 
 }  // namespace tandem::router

@@ -6,7 +6,8 @@
 //
 // The handler runs on an I/O thread and must not block: it answers at once, or keeps the responder
 // and answers later from any thread (Responder is thread-safe; its calls are posted to the
-// connection's strand).
+// connection's strand, except a plaintext stream's Write(), which the calling thread sends itself
+// when nothing of the response is queued before it).
 #pragma once
 
 #include <functional>
@@ -50,6 +51,9 @@ class HttpServer {
     int port = 0;  // 0: any free port (see port())
     int threads = 2;
     size_t max_body_bytes = 16u << 20;
+    // A plaintext stream's Write() sends from the calling thread when nothing of the response is
+    // queued before it (false: every write goes by an I/O thread).
+    bool write_through = true;
     // HTTPS: a PEM certificate chain and its key (empty: plaintext HTTP). The files are looked at
     // again at most every tls_refresh when connections arrive; a renewed pair serves new ones.
     std::string tls_cert_file, tls_key_file;
@@ -67,6 +71,9 @@ class HttpServer {
   int port() const;
   int threads() const;
   int64_t open_connections() const;
+  // Streamed writes sent from the writer's thread (write-through, plaintext only), not an I/O
+  // thread.
+  int64_t written_through() const;
   // Stops accepting, closes every connection and joins the I/O threads.
   void Stop();
 

@@ -72,6 +72,9 @@ ABSL_FLAG(bool, http_tls, true,
           "with --tls-cert-file/--tls-key-file: serve the HTTP API as HTTPS with the same "
           "certificate (reloaded as it changes); false: plaintext HTTP beside TLS gRPC");
 ABSL_FLAG(int32_t, http_threads, 2, "I/O threads of the HTTP API (they hold every connection)");
+ABSL_FLAG(bool, http_write_through, true,
+          "send a streamed event from the thread that produced it when the connection has nothing "
+          "queued (plaintext HTTP); false: every event goes by an HTTP I/O thread");
 ABSL_FLAG(int64_t, http_max_body_bytes, 16 << 20, "largest HTTP request body (larger: 413)");
 ABSL_FLAG(std::string, api_key_file, "",
           "API keys for the client-facing gRPC service and the HTTP API: one per line, "
@@ -204,6 +207,7 @@ int main(int argc, char** argv) {
     ho.bind_address = absl::GetFlag(FLAGS_bind_address);
     ho.port = absl::GetFlag(FLAGS_http_port);
     ho.threads = absl::GetFlag(FLAGS_http_threads);
+    ho.write_through = absl::GetFlag(FLAGS_http_write_through);
     ho.max_body_bytes =
         static_cast<size_t>(std::max<int64_t>(1024, absl::GetFlag(FLAGS_http_max_body_bytes)));
     if (tls->server_tls() && absl::GetFlag(FLAGS_http_tls)) {
