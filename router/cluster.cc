@@ -94,6 +94,8 @@ void Cluster::MarkUnhealthy(const std::string& address) {
   registry_.MarkUnhealthy(address);
 }
 
+void Cluster::Heard(const std::string& address) { registry_.Heard(address); }
+
 bool Cluster::IsHealthy(const std::string& address) const { return registry_.IsHealthy(address); }
 
 std::vector<WorkerLoad> Cluster::Live(v1::WorkerRole role,

@@ -54,6 +54,8 @@ class Cluster {
   absl::Status Register(const v1::WorkerDescription& worker);
   absl::Status Heartbeat(const std::string& address, const v1::WorkerLoad& load);
   void MarkUnhealthy(const std::string& address);
+  // The worker answered a call: liveness as a heartbeat gives it (WorkerRegistry::Heard).
+  void Heard(const std::string& address);
   // Alive (heard from in time, no failed call since). A draining worker is healthy: its calls in
   // flight continue, it just gets no new ones.
   bool IsHealthy(const std::string& address) const;

@@ -50,7 +50,9 @@ ABSL_FLAG(int64_t, max_inflight_tokens, 0,
           "prompt plus max_tokens summed over the requests in flight, past which new ones wait in "
           "the queue (0: no limit; a request larger than the limit runs alone)");
 ABSL_FLAG(double, request_timeout_s, 600, "deadline of requests that set none");
-ABSL_FLAG(double, heartbeat_timeout_s, 3, "a worker silent this long receives no new work");
+ABSL_FLAG(double, heartbeat_timeout_s, 3,
+          "a worker silent this long (no heartbeat, no answered call) receives no new work and its "
+          "calls are cancelled");
 ABSL_FLAG(int32_t, max_logprobs, 20, "largest logprobs / prompt_logprobs a request may ask for");
 ABSL_FLAG(int32_t, worker_keepalive_ms, 2000, "keepalive ping interval on connections to workers");
 ABSL_FLAG(int32_t, worker_keepalive_timeout_ms, 2000,

@@ -112,6 +112,7 @@ class Flow : public std::enable_shared_from_this<Flow> {
     absl::StatusOr<Cluster::Worker> w = env_.cluster->ChooseDecode(Demand(), combined, tried_);
     if (!w.ok()) return Complete(rpc::ToGrpc(w.status()));
     decode_worker_ = w->address;
+    decode_heard_ = absl::InfinitePast();
     decode_assignment_.emplace(env_.cluster, w->address, Blocks(*w));
     phase_ = combined ? Phase::kStreaming : Phase::kReserving;
     decode_done_ = false;
@@ -129,6 +130,7 @@ class Flow : public std::enable_shared_from_this<Flow> {
 
   void OnDecodeRead(bool ok) {
     if (!decode_->Arrived(ok)) return;  // its end comes to OnDecodeDone
+    HeardFrom(decode_worker_);
     const v1::DecodeEvent& event = decode_->event();
     if (phase_ == Phase::kReserving) {
       if (!event.has_reserved()) {
@@ -148,6 +150,15 @@ class Flow : public std::enable_shared_from_this<Flow> {
       return;
     }
     decode_->Next();
+  }
+
+  // The decode worker sent an event: proof of life for the registry, told at most once a second a
+  // flow (a stream's events would otherwise take the registry's lock once a token).
+  void HeardFrom(const std::string& worker) {
+    const absl::Time now = absl::Now();
+    if (now - decode_heard_ < absl::Seconds(1)) return;
+    decode_heard_ = now;
+    env_.cluster->Heard(worker);
   }
 
   // A decode event while streaming: tokens, or the finish. False when a stop string matched.
@@ -275,7 +286,10 @@ class Flow : public std::enable_shared_from_this<Flow> {
   void OnPrefillDone(const grpc::Status& s, bool lost) {
     std::unique_ptr<PrefillCall> call = std::move(prefill_);
     prefill_assignment_.reset();
-    if (s.ok()) return PrefillSucceeded(call->response);
+    if (s.ok()) {
+      env_.cluster->Heard(prefill_worker_);
+      return PrefillSucceeded(call->response);
+    }
     const bool kv_failed = call->kv_failure();
     const bool worker_failed = lost || (s.error_code() == grpc::StatusCode::UNAVAILABLE &&
                                         !kv_failed && !control_->cancelled());
@@ -516,6 +530,7 @@ class Flow : public std::enable_shared_from_this<Flow> {
   std::string decode_worker_;
   std::optional<Cluster::Assignment> decode_assignment_;
   std::unique_ptr<DecodeCall> decode_;
+  absl::Time decode_heard_ = absl::InfinitePast();  // when its events last counted as liveness
   bool decode_done_ = false;
   grpc::Status decode_status_;
   bool decode_lost_ = false;     // the watchdog cancelled the stream: its worker was lost

@@ -57,6 +57,13 @@ void WorkerRegistry::MarkUnhealthy(const std::string& address) {
   if (it != workers_.end()) it->second.failed_check = true;
 }
 
+void WorkerRegistry::Heard(const std::string& address) {
+  const absl::Time now = options_.clock();
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(address);
+  if (it != workers_.end()) it->second.last_heard = std::max(it->second.last_heard, now);
+}
+
 void WorkerRegistry::Remove(const std::string& address) {
   absl::MutexLock lock(&mu_);
   workers_.erase(address);

@@ -53,6 +53,10 @@ class WorkerRegistry {
   // A failed health check (or a transport error seen by the router) marks the worker unhealthy
   // until its next heartbeat.
   void MarkUnhealthy(const std::string& address);
+  // Traffic as liveness: the worker answered a call (a Decode event, a Prefill's reply), which is
+  // as good a sign of life as a heartbeat, so a router too busy to take heartbeats in time does not
+  // declare the workers it is hearing from dead. The load and a failed check are left as they are.
+  void Heard(const std::string& address);
   void Remove(const std::string& address);
 
   // Workers able to serve `role` (combined workers serve both), with liveness applied.

@@ -781,7 +781,9 @@ TEST_F(ServiceTest, TlsOnEveryHopRefusesStrangersAndChangesNoOutput) {
     EXPECT_EQ(HttpStatus(http_port, "GET", "/v1/models", ""), -1) << "plaintext HTTP";
     got = HttpsExchange(http_port, b + "ca.pem", {HttpRequestText("GET", "/v1/models")});
     EXPECT_FALSE(got.ok()) << "the router's HTTPS certificate must not verify against another CA";
-    if (!got.ok()) EXPECT_THAT(got.status().message(), HasSubstr("certificate verify failed"));
+    if (!got.ok()) {
+      EXPECT_THAT(got.status().message(), HasSubstr("certificate verify failed"));
+    }
   }
 
   // Renewal: the router's files replaced by a certificate from the other CA are served to new
@@ -1394,6 +1396,28 @@ void HungWorkerTest(LocalCluster* c, const std::string& victim) {
   EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(victim)));
   for (const StreamResult& r : batch(8)) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   c->process(victim)->Signal(SIGCONT);
+}
+
+// Traffic as liveness: a worker whose heartbeats do not reach the router in time (here it sends one
+// a minute; on a router too busy to take them, they arrive late) stays in service while it answers
+// calls, and is dropped as before once it is silent in both.
+TEST_F(ServiceTest, AWorkerAnsweringCallsStaysLiveWithoutHeartbeats) {
+  auto c = StartCluster({.prefill = 1,
+                         .decode = 1,
+                         .router_args = {"--heartbeat-timeout-s=1"},
+                         .prefill_args = {"--heartbeat-interval-ms=60000"}});
+  const std::string prefill = c->workers("prefill")[0];
+  std::mt19937 rng(5);
+  int served = 0;
+  for (const absl::Time end = absl::Now() + absl::Seconds(3); absl::Now() < end; ++served) {
+    const StreamResult r = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 24, vocab_), 4));
+    ASSERT_TRUE(r.status.ok()) << "request " << served << ": " << r.status.error_message();
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_GE(served, 5);
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(prefill)))
+      << "silent and idle for 1.5 s against a 1 s timeout";
 }
 
 TEST_F(ServiceTest, HungDecodeWorkerIsRoutedAround) {

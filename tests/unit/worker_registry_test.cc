@@ -57,6 +57,30 @@ TEST_F(WorkerRegistryTest, FailedHealthCheckRemovesFromServiceUntilNextHeartbeat
   EXPECT_EQ(registry_.Heartbeat("d1:1", {}).code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(WorkerRegistryTest, AnsweredCallsKeepAWorkerAliveButDoNotClearAFailedCheck) {
+  ASSERT_TRUE(registry_.Register(Worker("d1:1", WorkerRole::kDecode)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("d1:1", {1, 2, 40}).ok());
+  // Its heartbeats stop reaching the router, but its Decode streams keep answering.
+  for (int i = 0; i < 5; ++i) {
+    now_ += absl::Seconds(2);
+    registry_.Heard("d1:1");
+    EXPECT_TRUE(registry_.IsHealthy("d1:1")) << "10 s without a heartbeat, heard 2 s ago";
+  }
+  EXPECT_EQ(registry_.Snapshot(WorkerRole::kDecode)[0].free_blocks, 40)
+      << "the load is the heartbeat's";
+  now_ += absl::Milliseconds(3100);  // neither for 3.1 s
+  EXPECT_FALSE(registry_.IsHealthy("d1:1"));
+  registry_.Heard("d1:1");
+  EXPECT_TRUE(registry_.IsHealthy("d1:1"));
+  registry_.MarkUnhealthy("d1:1");  // a failed call or health check: only a heartbeat clears it
+  registry_.Heard("d1:1");
+  EXPECT_FALSE(registry_.IsHealthy("d1:1"));
+  ASSERT_TRUE(registry_.Heartbeat("d1:1", {}).ok());
+  EXPECT_TRUE(registry_.IsHealthy("d1:1"));
+  registry_.Heard("nobody:1");  // an unknown worker is not registered by it
+  EXPECT_FALSE(registry_.IsHealthy("nobody:1"));
+}
+
 TEST_F(WorkerRegistryTest, RefusesOtherModelsAndGeometries) {
   auto w = Worker("p1:1", WorkerRole::kPrefill);
   w.model_fingerprint = "model-B";
