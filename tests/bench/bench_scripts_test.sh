@@ -91,12 +91,15 @@ grep -q "reads its weights at [0-9.]*% of it" "$out/cpu.txt" || fail "bench_cpu.
 # complete every request at every level, and the stand-in's tokens be counted one an event.
 LLAMA_SERVER="$src/tests/bench/standin_llama_server.py" TANDEM_BUILD_DIR="$(cd "$(dirname "$kvb")/../.." && pwd)" \
   BENCH_LEVELS=1,2 BENCH_REQUESTS=2 BENCH_INPUT_LEN=8 BENCH_OUTPUT_LEN=4 BENCH_THREADS=1 BENCH_PORT=$((port + 5)) \
-  scripts/bench_serve_cpu.sh "$model" > "$out/serve.txt" 2> "$out/serve.err" ||
+  BENCH_RATES=40 BENCH_RATE_REQUESTS=3 scripts/bench_serve_cpu.sh "$model" > "$out/serve.txt" 2> "$out/serve.err" ||
   fail "bench_serve_cpu.sh ($(tail -3 "$out/serve.err"))"
 for c in 1 2; do
   awk -v c="$c" '$1 == c && $2 > 0 && $3 > 0 && $(NF - 1) == 2 && $NF == 2 { ok = 1 } END { exit !ok }' \
     "$out/serve.txt" || fail "bench_serve_cpu.sh: level $c incomplete: $(cat "$out/serve.txt")"
 done
+# Its open-loop row (BENCH_RATES): both sides' throughput, TTFTs and ITLs, every request done.
+awk '$1 == 40 && NF == 11 && $2 > 0 && $3 > 0 && $4 > 0 && $5 > 0 && $10 == 3 && $11 == 3 { ok = 1 } END { exit !ok }' \
+  "$out/serve.txt" || fail "bench_serve_cpu.sh: open-loop row incomplete: $(cat "$out/serve.txt")"
 python3 scripts/gpu_summary.py "$out" > /dev/null || fail "gpu_summary.py"
 python3 - "$out" <<'PY'
 import json, sys

@@ -35,6 +35,7 @@
 #include "openssl/x509v3.h"
 #include "reflection.grpc.pb.h"
 #include "tests/e2e/local_cluster.h"
+#include "tests/support/loopback.h"
 #include "tests/unit/tiny_models.h"
 
 namespace tandem::e2e {
@@ -486,15 +487,8 @@ grpc::health::v1::HealthCheckResponse::ServingStatus HealthOf(const std::string&
 // One HTTP/1.1 request to 127.0.0.1:port; returns the status code (-1 when nothing answered).
 int HttpStatus(int port, const std::string& method, const std::string& path,
                const std::string& authorization, const std::string& body = "") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
+  const int fd = test_support::ConnectLoopback(port);
+  if (fd < 0) return -1;
   std::string request = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n",
                                      "Content-Type: application/json\r\nConnection: close\r\n");
   if (!authorization.empty()) absl::StrAppend(&request, "Authorization: ", authorization, "\r\n");

@@ -4,8 +4,6 @@
 // reported and costs nothing after.
 #include "router/http_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,23 +18,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/support/loopback.h"
 
 namespace tandem::router {
 namespace {
 
-// A blocking client socket connected to 127.0.0.1:port (-1 on failure).
-int Connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+using ::tandem::test_support::ConnectLoopback;
 
 bool SendAll(int fd, const std::string& s) {
   size_t sent = 0;
@@ -162,7 +149,7 @@ TEST(HttpServerTest, StreamedEventsArriveWholeAndInOrderMostlyWrittenThrough) {
   // them.
   StreamingServer s({.events = 200, .size = 90, .gap = std::chrono::microseconds(200)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = Connect(s.server->port());
+  const int fd = ConnectLoopback(s.server->port());
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendAll(fd, Request("/stream")));
   std::string head, body;
@@ -181,7 +168,7 @@ TEST(HttpServerTest, AClientThatReadsLateGetsEveryByteInOrder) {
   // part of an event and leaves the rest to the I/O thread, and every later event queues behind it.
   StreamingServer s({.events = 384, .size = 64 << 10});
   ASSERT_NE(s.server, nullptr);
-  const int fd = Connect(s.server->port());
+  const int fd = ConnectLoopback(s.server->port());
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendAll(fd, Request("/stream")));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -199,7 +186,7 @@ TEST(HttpServerTest, AClientThatReadsLateGetsEveryByteInOrder) {
 TEST(HttpServerTest, KeepAliveStreamsOneAfterAnotherOnOneConnection) {
   StreamingServer s({.events = 50, .size = 100, .gap = std::chrono::microseconds(100)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = Connect(s.server->port());
+  const int fd = ConnectLoopback(s.server->port());
   ASSERT_GE(fd, 0);
   for (int round = 0; round < 3; ++round) {
     ASSERT_TRUE(SendAll(fd, Request("/stream")));
@@ -214,7 +201,7 @@ TEST(HttpServerTest, AClientLeavingMidStreamIsReportedAndLaterWritesAreDropped) 
   // Long enough that the client leaves while the writer still writes.
   StreamingServer s({.events = 1000, .size = 200, .gap = std::chrono::microseconds(500)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = Connect(s.server->port());
+  const int fd = ConnectLoopback(s.server->port());
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendAll(fd, Request("/stream")));
   char buf[4096];

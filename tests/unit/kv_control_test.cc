@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/kv_transfer.pb.h"
+#include "tests/support/loopback.h"
 #include "tests/unit/loopback_kv_link.h"
 
 namespace tandem {
@@ -390,12 +391,8 @@ void RawFrame(int fd, uint8_t type, const std::string& payload, uint32_t claimed
 
 TEST_P(TcpKvTransportTest, HostileFramesDropTheConnectionWithoutLargeAllocations) {
   ASSERT_TRUE(receiver_->Expect("r", {1}, "").ok());
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(receiver_->port()));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const int fd = ::tandem::test_support::ConnectLoopback(receiver_->port());
+  ASSERT_GE(fd, 0);
   v1::KvHandshake hello;
   hello.set_model_fingerprint("model-A");
   hello.mutable_geometry()->set_num_layers(3);
