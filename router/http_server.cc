@@ -37,8 +37,9 @@ constexpr std::chrono::seconds kWriteTimeout{60};
 // A TLS handshake not done in this time closes the connection.
 constexpr std::chrono::seconds kHandshakeTimeout{30};
 
-// Posting to the I/O threads after the server stopped would touch a destroyed io_context:
-// responders check this first.
+// Posting to the I/O threads after the server stopped would touch a destroyed io_context, and so
+// would a session outliving it (its socket deregisters from the io_context's reactor): responders
+// check `open` and hold a session only under a reader lock, which Stop() waits out as the writer.
 struct Lifeline {
   absl::Mutex mu;
   bool open ABSL_GUARDED_BY(mu) = true;
@@ -472,18 +473,22 @@ class Session final : public SessionBase {
   std::function<void()> on_disconnect_;
 };
 
+// Runs f(session) on the session's strand. Under a reader lock of the lifeline, server open.
 template <typename F>
-void Responder::Post(F f) {
-  absl::MutexLock lock(&lifeline_->mu);
-  if (!lifeline_->open) return;
-  std::shared_ptr<SessionBase> session = session_.lock();
-  if (!session) return;
-  SessionBase* raw = session.get();
-  raw->Posting();
-  net::post(raw->executor(), [session = std::move(session), f = std::move(f)]() mutable {
+void PostTo(const std::shared_ptr<SessionBase>& session, F f) {
+  session->Posting();
+  net::post(session->executor(), [session, f = std::move(f)]() mutable {
     session->Arrived();
     f(*session);
   });
+}
+
+template <typename F>
+void Responder::Post(F f) {
+  absl::ReaderMutexLock lock(&lifeline_->mu);
+  if (!lifeline_->open) return;
+  std::shared_ptr<SessionBase> session = session_.lock();
+  if (session) PostTo(session, std::move(f));
 }
 
 void Responder::Respond(int status, const std::string& content_type, std::string body) {
@@ -501,18 +506,23 @@ void Responder::StartStream(int status, const std::string& content_type) {
 void Responder::Write(std::string data) {
   if (data.empty()) return;
   absl::MutexLock lock(&mu_);
-  if (std::shared_ptr<SessionBase> session = session_.lock()) {
-    // The chunk as Beast frames one: its size in hex, CRLF, the bytes, CRLF.
-    std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
-    switch (session->TryWriteThrough(chunk)) {
-      case SessionBase::Through::kSent: return;
-      case SessionBase::Through::kRest:
-        Post([rest = std::move(chunk)](SessionBase& s) mutable { s.DoWriteRaw(std::move(rest)); });
-        return;
-      case SessionBase::Through::kPost: break;
-    }
+  absl::ReaderMutexLock alive(&lifeline_->mu);
+  if (!lifeline_->open) return;
+  const std::shared_ptr<SessionBase> session = session_.lock();  // released before `alive`
+  if (!session) return;
+  // The chunk as Beast frames one: its size in hex, CRLF, the bytes, CRLF.
+  std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
+  switch (session->TryWriteThrough(chunk)) {
+    case SessionBase::Through::kSent: return;
+    case SessionBase::Through::kRest:
+      PostTo(session,
+             [rest = std::move(chunk)](SessionBase& s) mutable { s.DoWriteRaw(std::move(rest)); });
+      return;
+    case SessionBase::Through::kPost:
+      PostTo(session,
+             [data = std::move(data)](SessionBase& s) mutable { s.DoWrite(std::move(data)); });
+      return;
   }
-  Post([data = std::move(data)](SessionBase& s) mutable { s.DoWrite(std::move(data)); });
 }
 
 void Responder::End() {

@@ -216,5 +216,22 @@ TEST(HttpServerTest, AClientLeavingMidStreamIsReportedAndLaterWritesAreDropped) 
   EXPECT_EQ(s.server->open_connections(), 0);
 }
 
+TEST(HttpServerTest, StoppingTheServerMidStreamLeavesItsWritersSafe) {
+  // The writer goes on writing after the server (and its I/O threads and io_context) is gone: its
+  // writes, written through or posted, must be dropped without touching what was destroyed.
+  StreamingServer s({.events = 1000, .size = 200, .gap = std::chrono::microseconds(500)});
+  ASSERT_NE(s.server, nullptr);
+  const int fd = ConnectLoopback(s.server->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, Request("/stream")));
+  char buf[4096];
+  ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // the stream began
+  s.server.reset();
+  for (int i = 0; i < 500 && s.ended.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(s.ended.load(), 1) << "the writer did not finish";
+  ::close(fd);
+}
+
 }  // namespace
 }  // namespace tandem::router
