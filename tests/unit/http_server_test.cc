@@ -137,6 +137,22 @@ struct StreamingServer {
     ended.fetch_add(1);
   }
 
+  // A client connection that has sent the one request: the stream begins (-1: no connection).
+  int Open() const {
+    const int fd = ConnectLoopback(server->port());
+    if (fd >= 0 && !SendAll(fd, Request("/stream"))) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  // Waits up to 10 s for the writers to have written `n` Ends; whether they did.
+  bool WaitEnded(int n) const {
+    for (int i = 0; i < 500 && ended.load() < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return ended.load() == n;
+  }
+
   Plan plan;
   std::unique_ptr<HttpServer> server;
   std::vector<std::thread> writers;
@@ -149,9 +165,8 @@ TEST(HttpServerTest, StreamedEventsArriveWholeAndInOrderMostlyWrittenThrough) {
   // them.
   StreamingServer s({.events = 200, .size = 90, .gap = std::chrono::microseconds(200)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = ConnectLoopback(s.server->port());
+  const int fd = s.Open();
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, Request("/stream")));
   std::string head, body;
   ASSERT_TRUE(ReadChunkedResponse(fd, &head, &body)) << head;
   EXPECT_NE(head.find("200"), std::string::npos) << head;
@@ -168,9 +183,8 @@ TEST(HttpServerTest, AClientThatReadsLateGetsEveryByteInOrder) {
   // part of an event and leaves the rest to the I/O thread, and every later event queues behind it.
   StreamingServer s({.events = 384, .size = 64 << 10});
   ASSERT_NE(s.server, nullptr);
-  const int fd = ConnectLoopback(s.server->port());
+  const int fd = s.Open();
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, Request("/stream")));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   std::string head, body;
   ASSERT_TRUE(ReadChunkedResponse(fd, &head, &body)) << head;
@@ -186,10 +200,12 @@ TEST(HttpServerTest, AClientThatReadsLateGetsEveryByteInOrder) {
 TEST(HttpServerTest, KeepAliveStreamsOneAfterAnotherOnOneConnection) {
   StreamingServer s({.events = 50, .size = 100, .gap = std::chrono::microseconds(100)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = ConnectLoopback(s.server->port());
+  const int fd = s.Open();
   ASSERT_GE(fd, 0);
   for (int round = 0; round < 3; ++round) {
-    ASSERT_TRUE(SendAll(fd, Request("/stream")));
+    if (round > 0) {
+      ASSERT_TRUE(SendAll(fd, Request("/stream")));
+    }
     std::string head, body;
     ASSERT_TRUE(ReadChunkedResponse(fd, &head, &body)) << "round " << round;
     EXPECT_EQ(body, s.Expected()) << "round " << round;
@@ -201,16 +217,13 @@ TEST(HttpServerTest, AClientLeavingMidStreamIsReportedAndLaterWritesAreDropped) 
   // Long enough that the client leaves while the writer still writes.
   StreamingServer s({.events = 1000, .size = 200, .gap = std::chrono::microseconds(500)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = ConnectLoopback(s.server->port());
+  const int fd = s.Open();
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, Request("/stream")));
   char buf[4096];
   ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // the stream began
   ::close(fd);
   EXPECT_TRUE(s.disconnected.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  for (int i = 0; i < 500 && s.ended.load() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(s.ended.load(), 1);
+  EXPECT_TRUE(s.WaitEnded(1)) << "the writer did not finish";
   for (int i = 0; i < 100 && s.server->open_connections() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(s.server->open_connections(), 0);
@@ -221,15 +234,12 @@ TEST(HttpServerTest, StoppingTheServerMidStreamLeavesItsWritersSafe) {
   // writes, written through or posted, must be dropped without touching what was destroyed.
   StreamingServer s({.events = 1000, .size = 200, .gap = std::chrono::microseconds(500)});
   ASSERT_NE(s.server, nullptr);
-  const int fd = ConnectLoopback(s.server->port());
+  const int fd = s.Open();
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendAll(fd, Request("/stream")));
   char buf[4096];
   ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // the stream began
   s.server.reset();
-  for (int i = 0; i < 500 && s.ended.load() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(s.ended.load(), 1) << "the writer did not finish";
+  EXPECT_TRUE(s.WaitEnded(1)) << "the writer did not finish";
   ::close(fd);
 }
 
