@@ -130,7 +130,7 @@ class Flow : public std::enable_shared_from_this<Flow> {
 
   void OnDecodeRead(bool ok) {
     if (!decode_->Arrived(ok)) return;  // its end comes to OnDecodeDone
-    HeardFrom(decode_worker_);
+    DecodeWorkerHeard();
     const v1::DecodeEvent& event = decode_->event();
     if (phase_ == Phase::kReserving) {
       if (!event.has_reserved()) {
@@ -154,11 +154,11 @@ class Flow : public std::enable_shared_from_this<Flow> {
 
   // The decode worker sent an event: proof of life for the registry, told at most once a second a
   // flow (a stream's events would otherwise take the registry's lock once a token).
-  void HeardFrom(const std::string& worker) {
+  void DecodeWorkerHeard() {
     const absl::Time now = absl::Now();
     if (now - decode_heard_ < absl::Seconds(1)) return;
     decode_heard_ = now;
-    env_.cluster->Heard(worker);
+    env_.cluster->Heard(decode_worker_);
   }
 
   // A decode event while streaming: tokens, or the finish. False when a stop string matched.
