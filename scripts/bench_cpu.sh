@@ -13,7 +13,8 @@
 #   decode-1       qwen2.5-0.5b, batch-1 decode after a 128-token prompt
 #   decode-8       qwen2.5-0.5b, 8 sequences decoded together, aggregate tokens/s
 # then Tandem's batch-1 decode as a share of the read bandwidth the same threads draw (forward_bench's
-# roofline line), and, unless BENCH_QUANT=0, scripts/bench_quant_cpu.sh's INT8 / Q8_0 and INT4 / Q4_0
+# roofline line: each decode step against a read pass right after it, the median), and, unless
+# BENCH_QUANT=0, scripts/bench_quant_cpu.sh's INT8 / Q8_0 and INT4 / Q4_0
 # rows. llama.cpp's figures are its own llama_decode timer (node-llama-cpp adds its per-call overhead
 # to the wall clock, printed on stderr). llama.cpp's BF16 path rounds activations to BF16, so the
 # like-for-like column is Tandem's bf16 one; f32 is Tandem's exact default.
@@ -64,7 +65,7 @@ source scripts/bench_common.sh  # (the working directory is the repository root)
 echo "machine: $(cpu_model), $(nproc) CPUs; threads $THREADS; best of $REPEATS; Tandem KV cache f32," \
   "llama.cpp f16, flash attention off"
 
-roofline() { sed -n 's/^roofline: read kernel \([0-9.]*\) GB\/s -> decode at \([0-9.]*\)%.*/\1 \2/p' | head -1; }
+roofline() { sed -n 's/^roofline: read kernel \([0-9.]*\) GB\/s.* -> decode at \([0-9.]*\)%.*/\1 \2/p' | head -1; }
 
 status=0
 tandem() {  # MODEL FLAGS...
@@ -124,7 +125,8 @@ printf '%-13s %-34s %10s %10s %10s %8s %8s\n' row measure "T f32" "T bf16" "L" "
 printf '%s\n' "${rows[@]}"
 if [[ -n "$roof" ]]; then
   read -r gbs pct <<<"$roof"
-  echo "read bandwidth of $THREADS threads: $gbs GB/s; Tandem's batch-1 decode (f32) reads its weights at $pct% of it"
+  echo "read bandwidth of $THREADS threads: $gbs GB/s (median of passes each right after a decode step);" \
+    "Tandem's batch-1 decode (f32) reads its weights at $pct% of it (the median step's share)"
 fi
 
 if [[ "${BENCH_QUANT:-1}" != 0 ]]; then

@@ -46,34 +46,40 @@ float ReadPortable(const float* p, size_t lines) {
 
 }  // namespace
 
-double MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes) {
-  const size_t lines = bytes / 64;
-  if (lines == 0) return 0;
-  std::unique_ptr<float, void (*)(float*)> buf(
-      static_cast<float*>(::operator new[](lines * 64, std::align_val_t(64))),
-      [](float* p) { ::operator delete[](p, std::align_val_t(64)); });
-  std::memset(buf.get(), 0, lines * 64);  // touch every page before timing
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes)
+    : pool_(pool),
+      lines_(bytes / 64),
+      buf_(static_cast<float*>(
+               ::operator new[](std::max<size_t>(lines_, 1) * 64, std::align_val_t(64))),
+           [](float* p) { ::operator delete[](p, std::align_val_t(64)); }) {
+  std::memset(buf_.get(), 0, lines_ * 64);  // touch every page before timing
+}
+
+double ReadBandwidthProbe::Measure(int passes) {
+  if (lines_ == 0) return 0;
   const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
   std::atomic<float> sink{0};
-  double best = 1e30;
+  double fastest = 1e30;
   for (int pass = 0; pass < passes; ++pass) {
     const auto t0 = std::chrono::steady_clock::now();
     // One chunk per thread: each streams a contiguous part of the buffer.
-    const int64_t chunks = pool.num_threads();
-    pool.ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
+    const int64_t chunks = pool_.num_threads();
+    pool_.ParallelFor(chunks, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c) {
-        const size_t first = lines * c / chunks, last = lines * (c + 1) / chunks;
-        const float* p = buf.get() + 16 * first;
+        const size_t first = lines_ * c / chunks, last = lines_ * (c + 1) / chunks;
+        const float* p = buf_.get() + 16 * first;
         const float s = avx512 ? ReadAvx512(p, last - first)
                         : avx2 ? ReadAvx2(p, last - first)
                                : ReadPortable(p, last - first);
         sink.store(s, std::memory_order_relaxed);
       }
     });
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    fastest = std::min(
+        fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return static_cast<double>(lines * 64) / best / 1e9;
+  const double gb_s = static_cast<double>(lines_ * 64) / fastest / 1e9;
+  best_ = std::max(best_, gb_s);
+  return gb_s;
 }
 
 }  // namespace tandem::bench

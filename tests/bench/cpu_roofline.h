@@ -4,13 +4,29 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "common/base/thread_pool.h"
 
 namespace tandem::bench {
 
-// GB/s (1e9 bytes) of the best of `passes` reads of `bytes` (rounded down to 64-byte lines), each
-// split across the pool's threads, with the widest vector loads this CPU has.
-double MeasureReadBandwidth(ThreadPool& pool, size_t bytes, int passes = 3);
+// A buffer of `bytes` (rounded down to 64-byte lines), touched once, read by Measure() with the
+// widest vector loads this CPU has, split across the pool's threads. On a shared machine the
+// bandwidth a process gets moves from second to second, so a benchmark interleaves Measure() with
+// what it compares against the ceiling and keeps the best of both (best()).
+class ReadBandwidthProbe {
+ public:
+  ReadBandwidthProbe(ThreadPool& pool, size_t bytes);
+  // GB/s (1e9 bytes) of the best of `passes` reads of the whole buffer.
+  double Measure(int passes = 1);
+  // The best of every Measure() so far (0 before the first).
+  double best() const { return best_; }
+
+ private:
+  ThreadPool& pool_;
+  size_t lines_;
+  std::unique_ptr<float, void (*)(float*)> buf_;
+  double best_ = 0;
+};
 
 }  // namespace tandem::bench

@@ -79,22 +79,27 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
                          });
 
 // Batch invariance: every batch size's Linear (register-blocked tiles of weight rows × up to 8
-// activation rows, and the rest) gives each row exactly the bits of a one-row Linear.
+// activation rows, and the rest) gives each row exactly the bits of a one-row Linear (whose rows
+// are streamed in runs per thread: 53 rows are one chunk of four runs and a remainder, 1,031 rows
+// several chunks, each with a remainder).
 TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
   auto backend = CpuBackend::Create({}).value();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    const int64_t rows = 53, cols = 203;  // tiles with a remainder, vector tails
-    Matrix w = RandomWeight(rows, cols, dtype, 3);
-    Matrix x = RandomWeight(19, cols, DType::kF32, 4);
-    std::vector<float> one(rows);
-    for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19}) {
-      std::vector<float> out(n * rows);
-      backend->Linear(x.f32.data(), n, w.weight, nullptr, out.data());
-      for (int64_t i = 0; i < n; ++i) {
-        backend->Linear(x.f32.data() + i * cols, 1, w.weight, nullptr, one.data());
-        for (int64_t j = 0; j < rows; ++j) {
-          ASSERT_EQ(std::bit_cast<uint32_t>(out[i * rows + j]), std::bit_cast<uint32_t>(one[j]))
-              << DTypeName(dtype) << " n=" << n << " row " << i << " col " << j;
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{53, 203}, {1031, 67}}) {
+      // tiles with a remainder, vector tails
+      Matrix w = RandomWeight(rows, cols, dtype, 3);
+      Matrix x = RandomWeight(19, cols, DType::kF32, 4);
+      std::vector<float> one(rows);
+      for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19}) {
+        std::vector<float> out(n * rows);
+        backend->Linear(x.f32.data(), n, w.weight, nullptr, out.data());
+        for (int64_t i = 0; i < n; ++i) {
+          backend->Linear(x.f32.data() + i * cols, 1, w.weight, nullptr, one.data());
+          for (int64_t j = 0; j < rows; ++j) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(out[i * rows + j]), std::bit_cast<uint32_t>(one[j]))
+                << DTypeName(dtype) << " " << rows << "x" << cols << " n=" << n << " row " << i
+                << " col " << j;
+          }
         }
       }
     }

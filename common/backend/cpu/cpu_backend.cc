@@ -35,6 +35,8 @@ class HostBuffer final : public DeviceBuffer {
 
 // Batches up to this many rows use the direct dot-product kernels (weights read once per row).
 constexpr int64_t kDirectDotMaxRows = 8;
+// The fewest weight rows a thread takes at once at batch 1 (a few streams' worth).
+constexpr int64_t kStreamedMinRows = 64;
 // Target size of one converted weight tile for the GEMM path.
 constexpr int64_t kTileBytes = 1 << 20;
 
@@ -272,7 +274,13 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
   const int64_t m = w.rows, k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
-  if (n <= kDirectDotMaxRows || batch_invariant_) {
+  if (n == 1) {
+    // Batch 1 reads every weight once: runs of whole rows per thread, streamed (the same bits as
+    // the tiles below give the row in a batch).
+    pool_->ParallelFor(m, kStreamedMinRows, [&](int64_t b, int64_t e) {
+      cpu::DotRowsStreamed(x, wbytes + b * row_bytes, row_bytes, e - b, w.dtype, k, out + b);
+    });
+  } else if (n <= kDirectDotMaxRows || batch_invariant_) {
     // Every output element is one Dot, so results do not depend on n.
     ForEachTile(pool_, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
       const float* xs[8];

@@ -186,6 +186,48 @@ void DotTileDispatch(const float* const* x, int rows_x, const std::byte* w, size
   }
 }
 
+// DotRowsStreamed with AVX-512: the rows in kStreams runs of `run` rows, row j of every run at a
+// time, each row's sum the operations of DotTileAvx512 (16 lanes along the row, the lanes, the
+// scalar tail). Rows of 896 and 4864 weights (Qwen2.5-0.5B) read as four streams ran at 100-110%
+// of a plain read of the same memory on an AMD EPYC Zen 5 VM, one row at a time at 90% (896) and
+// 60% (4864), six rows side by side (16 weights of each in turn) at 70-80%.
+constexpr int kStreams = 4;
+
+template <typename L, int S>
+__attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* x, const std::byte* w,
+                                                          size_t row_bytes, int64_t run, int64_t n,
+                                                          float* out) {
+  for (int64_t j = 0; j < run; ++j) {
+    const std::byte* wj = w + j * row_bytes;
+    __m512 acc[S];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) acc[s] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + i);
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s)
+        acc[s] = _mm512_fmadd_ps(xv, L::Load(wj + s * run * row_bytes, i), acc[s]);
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      const void* wr = wj + s * run * row_bytes;
+      float sum = ReduceAddAvx512(acc[s]);
+      for (int64_t k = i; k < n; ++k) sum += x[k] * L::Scalar(wr, k);
+      out[s * run + j] = sum;
+    }
+  }
+}
+
+template <typename L>
+void DotRowsStreamedAvx512(const float* x, const std::byte* w, size_t row_bytes, int64_t rows,
+                           int64_t n, float* out) {
+  const int64_t run = rows / kStreams;
+  if (run > 0) DotRowsRunsAvx512<L, kStreams>(x, w, row_bytes, run, n, out);
+  const int64_t done = run * kStreams;
+  DotRowsRunsAvx512<L, 1>(x, w + done * row_bytes, row_bytes, rows - done, n, out + done);
+}
+
 template <typename L>
 float DotScalar(const float* x, const void* w, int64_t n) {
   float sum = 0.f;
@@ -291,6 +333,24 @@ void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_byte
       DotRows(x + t0, count, wb + r * w_row_bytes, dtype, n, res);
       for (int t = 0; t < count; ++t) out[(t0 + t) * out_stride + r] = res[t];
     }
+  }
+}
+
+void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t rows, DType dtype,
+                     int64_t n, float* out) {
+  const auto* wb = static_cast<const std::byte*>(w);
+  if (kHaveAvx512) {
+    switch (dtype) {
+      case DType::kF32: return DotRowsStreamedAvx512<Avx512F32>(x, wb, w_row_bytes, rows, n, out);
+      case DType::kBF16: return DotRowsStreamedAvx512<Avx512Bf16>(x, wb, w_row_bytes, rows, n, out);
+      case DType::kF16: return DotRowsStreamedAvx512<Avx512F16>(x, wb, w_row_bytes, rows, n, out);
+      default: break;
+    }
+  }
+  constexpr int kTileRows = 24;
+  for (int64_t r = 0; r < rows; r += kTileRows) {
+    DotTile(&x, 1, wb + r * w_row_bytes, w_row_bytes,
+            static_cast<int>(std::min<int64_t>(kTileRows, rows - r)), dtype, n, out + r, 1);
   }
 }
 

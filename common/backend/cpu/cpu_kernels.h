@@ -17,6 +17,14 @@ namespace tandem::cpu {
 // Without AVX-512, AVX2 (or portable) dot products, one output at a time.
 void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_bytes, int rows_w,
              DType dtype, int64_t n, float* out, int64_t out_stride);
+// One activation row x [n] against `rows` consecutive weight rows (w + r * w_row_bytes):
+// out[r] = x · w[r], the same bits as DotTile gives for them. Batch 1's Linear, which reads each
+// weight once, so its speed is the speed the rows stream from memory at: with AVX-512 the rows are
+// split into four equal runs read side by side, four long sequential streams whose dot products
+// are independent chains of FMAs (one row after another is a single chain the core waits on; rows
+// side by side in a tile are short streams that jump). Elsewhere, DotTile's tiles.
+void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t rows, DType dtype,
+                     int64_t n, float* out);
 // Converts n elements of type `dtype` to f32.
 void ToF32(const void* src, DType dtype, float* dst, int64_t n);
 // True when the AVX2/FMA/F16C paths are in use.
