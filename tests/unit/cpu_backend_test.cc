@@ -80,8 +80,8 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
 
 // Batch invariance: every batch size's Linear (register-blocked tiles of weight rows × up to 8
 // activation rows, and the rest) gives each row exactly the bits of a one-row Linear (whose rows
-// are streamed in runs per thread: 53 rows are one chunk of four runs and a remainder, 1,031 rows
-// several chunks, each with a remainder).
+// are streamed in runs per thread: 53 rows are one chunk of four runs and a remainder, 1,031 rows a
+// chunk a thread, each with a remainder).
 TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
   auto backend = CpuBackend::Create({}).value();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
