@@ -11,9 +11,11 @@
 namespace tandem::bench {
 
 // A buffer of `bytes` (rounded down to 64-byte lines), touched once, read by Measure() with the
-// widest vector loads this CPU has, split across the pool's threads. On a shared machine the
-// bandwidth a process gets moves from second to second, so a benchmark interleaves Measure() with
-// what it compares against the ceiling and keeps the best of both (best()).
+// widest vector loads this CPU has, split across the pool's threads (as one run a thread, and with
+// AVX-512 as four runs a thread read side by side too, the batch-1 Linear's pattern: the faster).
+// On a shared machine the bandwidth a process gets moves from second to second, so a benchmark
+// interleaves Measure() with what it compares against the ceiling and keeps the best of both
+// (best()).
 class ReadBandwidthProbe {
  public:
   ReadBandwidthProbe(ThreadPool& pool, size_t bytes);

@@ -35,10 +35,6 @@ class HostBuffer final : public DeviceBuffer {
 
 // Batches up to this many rows use the direct dot-product kernels (weights read once per row).
 constexpr int64_t kDirectDotMaxRows = 8;
-// The fewest weight rows a thread takes at once at batch 1 (a few streams' worth).
-constexpr int64_t kStreamedMinRows = 64;
-// Below this many weight bytes a thread, batch 1 gives each thread one run of rows.
-constexpr int64_t kStreamedSmallBytes = 2 << 20;
 // Target size of one converted weight tile for the GEMM path.
 constexpr int64_t kTileBytes = 1 << 20;
 
@@ -185,6 +181,21 @@ void ForEachTile(ThreadPool* pool, int64_t m, int64_t n, const Fn& fn) {
   });
 }
 
+// Batch 1's Linear, which reads every weight once: fn(first row, end row) over runs of whole weight
+// rows on the pool, which the kernels stream (cpu::DotRowsStreamed). A small matrix is one run a
+// thread: in the pool's usual four chunks a thread, a 1.6 MB matrix's runs were too short for the
+// streams to get going (32 GB/s, against 47-50 for the large ones).
+template <typename Fn>
+void ForEachRowRun(ThreadPool* pool, int64_t m, size_t row_bytes, const Fn& fn) {
+  constexpr int64_t kMinRows = 64;                   // a few streams' worth
+  constexpr int64_t kSmallBytes = int64_t{2} << 20;  // a thread's share below which: one run
+  const int64_t threads = pool->num_threads();
+  const int64_t grain = static_cast<int64_t>(row_bytes) * m <= kSmallBytes * threads
+                            ? (m + threads - 1) / threads
+                            : kMinRows;
+  pool->ParallelFor(m, std::max(grain, kMinRows), fn);
+}
+
 // ForEachTile for quantized weights: kernel(first activation row, rows, the tile's weight rows,
 // their count, out at the tile).
 template <typename Kernel>
@@ -288,16 +299,8 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
   if (n == 1) {
-    // Batch 1 reads every weight once: runs of whole rows per thread, streamed (the same bits as
-    // the tiles below give the row in a batch).
-    // A small matrix is one run per thread: cut into the pool's usual four chunks a thread, a
-    // 1.6 MB matrix's runs were too short for the streams to get going (32 GB/s, against 47-50
-    // for the large ones).
-    const int64_t threads = pool_->num_threads();
-    const int64_t grain = static_cast<int64_t>(row_bytes) * m <= kStreamedSmallBytes * threads
-                              ? (m + threads - 1) / threads
-                              : kStreamedMinRows;
-    pool_->ParallelFor(m, std::max(grain, kStreamedMinRows), [&](int64_t b, int64_t e) {
+    // Batch 1: the same bits as the tiles below give the row in a batch.
+    ForEachRowRun(pool_, m, row_bytes, [&](int64_t b, int64_t e) {
       cpu::DotRowsStreamed(x, wbytes + b * row_bytes, row_bytes, e - b, w.dtype, k, out + b);
     });
   } else if (n <= kDirectDotMaxRows || batch_invariant_) {
