@@ -153,7 +153,7 @@ Value FilterTitle(const Value& v, CallArgs&) {
       out += piece;
     } else {
       std::string head;
-      AppendUtf8(cps[i], head);
+      AppendUtf8(cps[i], &head);
       out += PythonUpper(head) +
              PythonLower(EncodeUtf8(std::u32string_view(cps).substr(i + 1, j - i - 1)));
     }

@@ -73,7 +73,7 @@ std::string Unescape(std::string_view body, int line) {
         SyntaxError(line, "truncated \\x/\\u/\\U escape in a string literal");
       }
       i += digits;
-      AppendUtf8(static_cast<char32_t>(std::strtoul(h.c_str(), nullptr, 16)), out);
+      AppendUtf8(static_cast<char32_t>(std::strtoul(h.c_str(), nullptr, 16)), &out);
     };
     switch (c) {
       case '\n': break;
@@ -97,7 +97,7 @@ std::string Unescape(std::string_view body, int line) {
                ++k) {
             value = value * 8 + (body[++i] - '0');
           }
-          AppendUtf8(static_cast<char32_t>(value), out);
+          AppendUtf8(static_cast<char32_t>(value), &out);
         } else {
           out += '\\';
           out += c;

@@ -209,7 +209,7 @@ List Iterate(const Value& value) {
       List chars;
       for (char32_t cp : DecodeUtf8(value.string_value())) {
         std::string s;
-        AppendUtf8(cp, s);
+        AppendUtf8(cp, &s);
         chars.push_back(Value::String(std::move(s)));
       }
       return chars;
@@ -297,7 +297,7 @@ Value GetItem(const Value& object, const Value& key) {
     if (i >= 0 && i < length) {
       if (object.is_list()) return object.list()[static_cast<size_t>(i)];
       std::string s;
-      AppendUtf8(DecodeUtf8(object.string_value())[static_cast<size_t>(i)], s);
+      AppendUtf8(DecodeUtf8(object.string_value())[static_cast<size_t>(i)], &s);
       return Value::String(std::move(s));
     }
   }
@@ -421,7 +421,7 @@ bool IsCased(char32_t cp) {
 std::string PythonLower(const std::string& s) {
   std::string out;
   for (char32_t cp : DecodeUtf8(s))
-    AppendUtf8(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))), out);
+    AppendUtf8(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))), &out);
   return out;
 }
 
@@ -439,7 +439,8 @@ std::string PythonUpper(const std::string& s) {
       case 0xFB05:
       case 0xFB06: out += "ST"; continue;
       default:
-        AppendUtf8(static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(cp))), out);
+        AppendUtf8(static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(cp))),
+                   &out);
     }
   }
   return out;
@@ -451,7 +452,7 @@ std::string PythonTitle(const std::string& s) {
   for (char32_t cp : DecodeUtf8(s)) {
     const auto c = static_cast<utf8proc_int32_t>(cp);
     AppendUtf8(static_cast<char32_t>(previous_cased ? utf8proc_tolower(c) : utf8proc_totitle(c)),
-               out);
+               &out);
     previous_cased = IsCased(cp);
   }
   return out;
@@ -462,7 +463,7 @@ std::string PythonCapitalize(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < cps.size(); ++i) {
     const auto c = static_cast<utf8proc_int32_t>(cps[i]);
-    AppendUtf8(static_cast<char32_t>(i == 0 ? utf8proc_totitle(c) : utf8proc_tolower(c)), out);
+    AppendUtf8(static_cast<char32_t>(i == 0 ? utf8proc_totitle(c) : utf8proc_tolower(c)), &out);
   }
   return out;
 }
@@ -570,7 +571,7 @@ Value StringMethod(const Value& self, const std::string& name, CallArgs& args) {
           out += replacement;
           --count;
         }
-        if (i < cps.size()) AppendUtf8(cps[i], out);
+        if (i < cps.size()) AppendUtf8(cps[i], &out);
       }
       return Value::String(std::move(out));
     }

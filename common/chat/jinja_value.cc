@@ -206,7 +206,7 @@ std::string ReprString(const std::string& s) {
     } else if (cp < 0x7f && cp >= 0x20) {
       out += static_cast<char>(cp);
     } else if (IsPrintable(cp) && cp >= 0x7f) {
-      AppendUtf8(cp, out);
+      AppendUtf8(cp, &out);
     } else {
       if (cp < 0x100) {
         std::snprintf(escape, sizeof(escape), "\\x%02x", static_cast<unsigned>(cp));
@@ -514,16 +514,10 @@ std::u32string DecodeUtf8(std::string_view text) {
   return out;
 }
 
-void AppendUtf8(char32_t cp, std::string& out) {
-  utf8proc_uint8_t buffer[4];
-  const utf8proc_ssize_t n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buffer);
-  out.append(reinterpret_cast<const char*>(buffer), static_cast<size_t>(n));
-}
-
 std::string EncodeUtf8(std::u32string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (char32_t cp : text) AppendUtf8(cp, out);
+  for (char32_t cp : text) AppendUtf8(cp, &out);
   return out;
 }
 

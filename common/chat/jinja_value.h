@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::chat::jinja {
@@ -202,7 +203,6 @@ std::string ToJson(const Value& value, const JsonOptions& options);
 // Code-point helpers (Python str semantics over UTF-8).
 std::u32string DecodeUtf8(std::string_view text);
 std::string EncodeUtf8(std::u32string_view text);
-void AppendUtf8(char32_t cp, std::string& out);
 bool IsPythonSpace(char32_t cp);
 // Python's str.strip/lstrip/rstrip: code points in `chars` (null: Unicode whitespace) removed from
 // the left and/or right end.

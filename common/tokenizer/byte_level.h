@@ -6,11 +6,11 @@
 #include <array>
 #include <string>
 
+#include "common/base/utf8.h"
+
 namespace tandem {
 
 // Code point standing for each byte.
 const std::array<int, 256>& ByteLevelCodePoints();
-// UTF-8 encoding of a code point below U+10000.
-std::string EncodeUtf8(int code_point);
 
 }  // namespace tandem

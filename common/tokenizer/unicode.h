@@ -10,7 +10,6 @@ namespace tandem::unicode {
 
 // Decodes the code point at s[i]; sets *len to its byte length. Invalid bytes decode as -1, len 1.
 int32_t DecodeAt(std::string_view s, size_t i, size_t* len);
-void AppendUtf8(int32_t cp, std::string* out);
 // Byte length of the UTF-8 sequence starting with lead byte `c` (1 for invalid lead bytes).
 size_t SequenceLength(unsigned char c);
 
