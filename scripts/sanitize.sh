@@ -8,10 +8,12 @@
 # select (e.g. -R KvControl). A sanitizer report fails the test it happens in (halt_on_error), and
 # the script exits with ctest's status. Run both before landing changes to the transport, the
 # engine or the router (README, "Tests"); CI's 30-minute budget leaves them out of .ci/run.
+# tsan first builds Debian's Abseil source with TSan (scripts/build_absl_tsan.sh: once, about ten
+# minutes, needs deb.debian.org) and loads it in place of the system's.
 # Environment: SANITIZE_BUILD_DIR (build-asan / build-tsan), SANITIZE_JOBS (build jobs, 2),
-# SANITIZE_TARGETS (space-separated targets to build instead of everything, for a quick run),
-# CTEST_PARALLEL_LEVEL (ctest jobs, 2). Suppressions: scripts/sanitizers/*.supp (each entry says
-# why it is not Tandem's).
+# SANITIZE_TARGETS (space-separated targets to build instead of everything, for a quick run; with no
+# CTEST_ARGS only their tests run), CTEST_PARALLEL_LEVEL (ctest jobs, 2). Suppressions:
+# scripts/sanitizers/*.supp (each entry says why it is not Tandem's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind="${1:-}"
@@ -19,7 +21,7 @@ shift || true
 case "$kind" in
   asan) flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" ;;
   tsan) flags="-fsanitize=thread -fno-omit-frame-pointer" ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
 absl_tsan=""
 if [[ $kind == tsan ]]; then
@@ -52,11 +54,12 @@ export TANDEM_NUM_THREADS="${TANDEM_NUM_THREADS:-2}"
 args=("$@")
 cd "$build"
 if ((${#args[@]} == 0)) && [[ -n ${SANITIZE_TARGETS:-} ]]; then
-  # Only the tests whose programs were built here (of the unit, integration and e2e labels; a
-  # test run by an interpreter needs the whole tree).
-  regex="$(ctest --show-only=json-v1 | python3 -c '
+  # Only the tests of the programs named (of the unit, integration and e2e labels; a test run by
+  # an interpreter needs the whole tree).
+  regex="$(ctest --show-only=json-v1 | SANITIZE_TARGETS="$SANITIZE_TARGETS" python3 -c '
 import json, os, re, sys
 names = []
+targets = set(os.environ["SANITIZE_TARGETS"].split())
 for t in json.load(sys.stdin)["tests"]:
     labels = set()
     for p in t.get("properties", []):
@@ -64,11 +67,15 @@ for t in json.load(sys.stdin)["tests"]:
             labels.update(p["value"] if isinstance(p["value"], list) else [p["value"]])
     program = os.path.realpath((t.get("command") or [""])[0])
     if labels & {"unit", "integration", "e2e"} and program.startswith(os.getcwd() + "/") and \
-            os.path.exists(program):
+            os.path.basename(program) in targets:
         names.append(re.escape(t["name"]))
 print("^(" + "|".join(names) + ")$" if names else "^$")')"
   args=(-R "$regex")
 fi
 ((${#args[@]})) || args=(-L 'unit|integration|e2e')
-echo "== ctest ${args[*]:0:1} ($(ctest -N "${args[@]}" | tail -1))" >&2
-ctest -j"${CTEST_PARALLEL_LEVEL:-2}" --output-on-failure --timeout 900 "${args[@]}"
+if [[ -n ${regex:-} ]]; then
+  echo "== ctest: the tests of $SANITIZE_TARGETS ($(ctest -N "${args[@]}" | tail -1))" >&2
+else
+  echo "== ctest ${args[*]}" >&2
+fi
+ctest -j"${CTEST_PARALLEL_LEVEL:-2}" --output-on-failure --no-tests=error --timeout 900 "${args[@]}"

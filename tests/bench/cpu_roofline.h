@@ -14,8 +14,8 @@ namespace tandem::bench {
 // widest vector loads this CPU has, split across the pool's threads (as one run a thread, and with
 // AVX-512 as four runs a thread read side by side too, the batch-1 Linear's pattern: the faster).
 // On a shared machine the bandwidth a process gets moves from second to second, so a benchmark
-// interleaves Measure() with what it compares against the ceiling and keeps the best of both
-// (best()).
+// interleaves Measure() with what it compares against the ceiling: each measurement against the
+// pass right after it (forward_bench's median step share), or the best of both sides (best()).
 class ReadBandwidthProbe {
  public:
   ReadBandwidthProbe(ThreadPool& pool, size_t bytes);

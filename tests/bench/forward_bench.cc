@@ -253,9 +253,10 @@ int Run() {
     }
     return true;
   };
-  // The CPU's read ceiling, measured between the decode repeats (the same pool as the backend's,
-  // TANDEM_NUM_THREADS, reading a buffer past the caches): on a shared machine the bandwidth moves
-  // from minute to minute, and the best of each side, interleaved, compares like with like.
+  // The CPU's read ceiling (the same pool as the backend's, TANDEM_NUM_THREADS, reading a buffer
+  // past the caches): on a shared machine the bandwidth moves from minute to minute, so it is read
+  // between the decode repeats and, below, right after every step of one more decode pass; the
+  // median of those per-step shares is the figure.
   std::unique_ptr<bench::ReadBandwidthProbe> read_probe;
   if (backend->name() == "cpu" && absl::GetFlag(FLAGS_roofline_copy_mib) > 0) {
     read_probe = std::make_unique<bench::ReadBandwidthProbe>(
@@ -410,8 +411,8 @@ int Run() {
     const double best_pct = 100.0 * step_bytes / step_seconds / 1e9 / best_read;
     std::printf(
         "roofline: read kernel %.1f GB/s (median of %zu passes, each right after a decode step) "
-        "-> decode at %.1f%% of it (step by step: P10 %.1f%%, P90 %.1f%%; best step against the "
-        "best read, %.1f GB/s: %.1f%%)\n",
+        "-> decode at %.1f%% of it (step by step: P10 %.1f%%, P90 %.1f%%; the fastest repeat's "
+        "mean step against the best read, %.1f GB/s: %.1f%%)\n",
         quantile(paired_reads, 0.5), paired_reads.size(), quantile(paired_shares, 0.5),
         quantile(paired_shares, 0.1), quantile(paired_shares, 0.9), best_read, best_pct);
     record["read_gb_s"] = quantile(paired_reads, 0.5);

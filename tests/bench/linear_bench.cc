@@ -107,8 +107,8 @@ BENCHMARK_CAPTURE(BM_LinearQuant, INT4, QuantType::kInt4)
     ->ArgsProduct({{1, 5, 8, 64}, {0}, {0}})
     ->UseRealTime();
 // Weights far larger than the caches (BF16 256 MiB): what batch-1 decode of a real model reads.
-// Batch 1 at the Qwen2.5-0.5B row lengths too: 896 (q, k, v, o, gate, up and the LM head: rows
-// read one after another) and 4864 (down: rows read six at a time in turns).
+// Batch 1 at the Qwen2.5-0.5B row lengths too: 896 (q, k, v, o, gate, up and the LM head) and
+// 4864 (down), both read as cpu::DotRowsStreamed's four runs a thread.
 BENCHMARK_CAPTURE(BM_Linear, BF16_dram, DType::kBF16)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
     ->Args({1, 524288, 256})

@@ -81,11 +81,12 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
 // Batch invariance: every batch size's Linear (register-blocked tiles of weight rows × up to 8
 // activation rows, and the rest) gives each row exactly the bits of a one-row Linear (whose rows
 // are streamed in runs per thread: 53 rows are one chunk of four runs and a remainder, 1,031 rows a
-// chunk a thread, each with a remainder).
+// chunk a thread of 516 and 515 rows, 8,195 rows past the small-matrix size several chunks).
 TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
   auto backend = CpuBackend::Create({}).value();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{53, 203}, {1031, 67}}) {
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{53, 203}, {1031, 67}, {8195, 131}}) {
       // tiles with a remainder, vector tails
       Matrix w = RandomWeight(rows, cols, dtype, 3);
       Matrix x = RandomWeight(19, cols, DType::kF32, 4);

@@ -157,7 +157,8 @@ namespace {
 int64_t ElementwiseGrain(int64_t total, int64_t threads) {
   constexpr int64_t kMinGrain = 1024;
   const int64_t chunks = std::max<int64_t>(1, std::min(4 * threads, total / kMinGrain));
-  const int64_t even = std::max<int64_t>(1, chunks / threads * threads);
+  // Fewer chunks than threads: as many as there are (each of at least kMinGrain).
+  const int64_t even = chunks >= threads ? chunks / threads * threads : chunks;
   return (total + even - 1) / even;
 }
 
@@ -182,12 +183,13 @@ void ForEachTile(ThreadPool* pool, int64_t m, int64_t n, const Fn& fn) {
 }
 
 // Batch 1's Linear, which reads every weight once: fn(first row, end row) over runs of whole weight
-// rows on the pool, which the kernels stream (cpu::DotRowsStreamed). A small matrix is one run a
-// thread: in the pool's usual four chunks a thread, a 1.6 MB matrix's runs were too short for the
-// streams to get going (32 GB/s, against 47-50 for the large ones).
+// rows on the pool (up to the pool's four chunks a thread), which the kernels stream
+// (cpu::DotRowsStreamed). A small matrix is one run a thread: in four chunks a thread, a 1.6 MB
+// matrix's runs were too short for the streams to get going (32 GB/s, against 47-50 for the large
+// ones).
 template <typename Fn>
 void ForEachRowRun(ThreadPool* pool, int64_t m, size_t row_bytes, const Fn& fn) {
-  constexpr int64_t kMinRows = 64;                   // a few streams' worth
+  constexpr int64_t kMinRows = 16;                   // four rows a stream
   constexpr int64_t kSmallBytes = int64_t{2} << 20;  // a thread's share below which: one run
   const int64_t threads = pool->num_threads();
   const int64_t grain = static_cast<int64_t>(row_bytes) * m <= kSmallBytes * threads
