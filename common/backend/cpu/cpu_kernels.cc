@@ -347,11 +347,8 @@ void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t 
       default: break;
     }
   }
-  constexpr int kTileRows = 24;
-  for (int64_t r = 0; r < rows; r += kTileRows) {
-    DotTile(&x, 1, wb + r * w_row_bytes, w_row_bytes,
-            static_cast<int>(std::min<int64_t>(kTileRows, rows - r)), dtype, n, out + r, 1);
-  }
+  // Each row's dot product alone, as the tiles compute it (DotTile takes any number of rows).
+  DotTile(&x, 1, wb, w_row_bytes, static_cast<int>(rows), dtype, n, out, 1);
 }
 
 void ToF32(const void* src, DType dtype, float* dst, int64_t n) {
