@@ -108,7 +108,8 @@ BENCHMARK_CAPTURE(BM_LinearQuant, INT4, QuantType::kInt4)
     ->UseRealTime();
 // Weights far larger than the caches (BF16 256 MiB): what batch-1 decode of a real model reads.
 // Batch 1 at the Qwen2.5-0.5B row lengths too: 896 (q, k, v, o, gate, up and the LM head) and
-// 4864 (down), both read as cpu::DotRowsStreamed's four runs a thread.
+// 4864 (down), both read as four runs a thread side by side (cpu::DotRowsStreamed,
+// cpu::QuantDotRowsStreamed).
 BENCHMARK_CAPTURE(BM_Linear, BF16_dram, DType::kBF16)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
     ->Args({1, 524288, 256})
@@ -118,16 +119,24 @@ BENCHMARK_CAPTURE(BM_Linear, BF16_dram, DType::kBF16)
 BENCHMARK_CAPTURE(BM_LinearQuant, INT8_dram, QuantType::kInt8)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
     ->Args({1, 524288, 256})
+    ->Args({1, 151936, 896})
+    ->Args({1, 27648, 4864})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT4_dram, QuantType::kInt4)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
     ->Args({1, 524288, 256})
+    ->Args({1, 151936, 896})
+    ->Args({1, 27648, 4864})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT8_A8_dram, QuantType::kInt8, true)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->Args({1, 151936, 896})
+    ->Args({1, 27648, 4864})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT4_A8_dram, QuantType::kInt4, true)
     ->ArgsProduct({{1, 5}, {16384}, {8192}})
+    ->Args({1, 151936, 896})
+    ->Args({1, 27648, 4864})
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearQuant, INT8_wide, QuantType::kInt8)
     ->ArgsProduct({{1, 5}, {16384}, {256}})

@@ -3,7 +3,10 @@
 // dot product over the dequantized weights, on every activation-row count, with ragged groups,
 // zero points and act-order permutations; batch invariance; the portable path.
 #include <cmath>
+#include <limits>
 #include <random>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/backend/cpu/cpu_backend.h"
 #include "common/backend/cpu/quant_a8_kernels.h"
@@ -338,6 +341,47 @@ TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
   }
 }
 
+// The vectorized activation quantization gives the portable code's bits: block sizes with and
+// without 16-column tails, int4's slot order, ties, NaN and infinities (a NaN is skipped by the
+// block's maximum and becomes 127; an infinite maximum gives scale 1).
+TEST(QuantA8Test, VectorActivationQuantizationIsThePortableBits) {
+  struct Shape {
+    QuantType type;
+    int64_t cols, group;
+  };
+  for (const Shape& shape : {Shape{QuantType::kInt8, 131, 131}, Shape{QuantType::kInt8, 300, 100},
+                             Shape{QuantType::kInt4, 320, 128}, Shape{QuantType::kInt4, 192, 32},
+                             Shape{QuantType::kInt4, 512, 512}}) {
+    cpu::QuantRows q;
+    q.type = shape.type;
+    q.cols = shape.cols;
+    q.group_size = shape.group;
+    q.groups = (shape.cols + shape.group - 1) / shape.group;
+    const int64_t rows = 4;
+    std::vector<float> x = Random(rows * shape.cols, 17);
+    x[3] = std::nanf("");
+    x[shape.cols + 5] = std::numeric_limits<float>::infinity();
+    x[2 * shape.cols + 1] = -0.f;
+    x[2 * shape.cols + 2] = 1e30f;
+    x[2 * shape.cols + 3] = 1e-40f;  // subnormal
+    for (int64_t c = 0; c < 16; ++c) x[3 * shape.cols + c] = 0.5f * static_cast<float>(c) - 4.f;
+    x[3 * shape.cols + 16] = 127.f;  // ties: x / s lands on halves in that block
+    cpu::QuantizedActivations vec, portable;
+    cpu::QuantizeActivations(x.data(), rows, q, &vec);
+    cpu::QuantizeActivationsPortable(x.data(), rows, q, &portable);
+    const std::string what = absl::StrCat(std::string(QuantTypeName(shape.type)), " cols ",
+                                          shape.cols, " group ", shape.group);
+    EXPECT_EQ(vec.block_size, portable.block_size) << what;
+    EXPECT_EQ(vec.q, portable.q) << what;
+    EXPECT_EQ(vec.sum, portable.sum) << what;
+    ASSERT_EQ(vec.scale.size(), portable.scale.size()) << what;
+    for (size_t i = 0; i < vec.scale.size(); ++i)
+      EXPECT_EQ(vec.scale[i], portable.scale[i]) << what << " block " << i;
+    EXPECT_EQ(portable.row(0)[3], 127) << what << ": NaN";
+    EXPECT_EQ(portable.scales(1)[0], 1.f) << what << ": an infinite maximum";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, QuantLinearTest,
     ::testing::Values(Case{QuantType::kInt8, 37, 256, 0, true, false},
@@ -348,7 +392,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{QuantType::kInt4, 26, 320, 128, false, false},  // ragged last group
                       Case{QuantType::kInt4, 33, 192, 32, true, false},
                       Case{QuantType::kInt4, 31, 256, 64, false, true},
-                      Case{QuantType::kInt4, 9, 512, 0, false, false}),  // one group per row
+                      Case{QuantType::kInt4, 9, 512, 0, false, false},  // one group per row
+                      // Batch 1 streams runs of rows side by side: several runs a thread.
+                      Case{QuantType::kInt8, 517, 200, 64, false, false},
+                      Case{QuantType::kInt4, 603, 256, 128, false, false},
+                      Case{QuantType::kInt4, 45, 512, 256, false, false}),  // two blocks a group
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return std::string(QuantTypeName(c.type)) + "_" + std::to_string(c.rows) + "x" +

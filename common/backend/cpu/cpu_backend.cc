@@ -237,6 +237,13 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
       cpu::QuantGroupSums(x + i * k, k, q.group_size, &sums[i * q.groups]);
   }
   const float* xsum_base = sums.data();
+  if (n == 1) {
+    // Batch 1: the same bits as the tiles below give the row in a batch.
+    ForEachRowRun(pool_, m, q.row_bytes, [&](int64_t b, int64_t e) {
+      cpu::QuantDotRowsStreamed(x, xsum_base, q.RowsFrom(b), e - b, out + b);
+    });
+    return;
+  }
   if (n <= kDirectDotMaxRows || batch_invariant_) {
     QuantTiles(pool_, q, m, n, out,
                [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
@@ -270,6 +277,13 @@ void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, int64_t m, const c
   thread_local cpu::QuantizedActivations quantized;
   const cpu::QuantizedActivations& a = quantized;  // the caller's, captured by the pool's tasks
   cpu::QuantizeActivations(x, n, q, &quantized);
+  if (n == 1) {
+    // Batch 1: the same bits as the tiles below give the row in a batch.
+    ForEachRowRun(pool_, m, q.row_bytes, [&](int64_t b, int64_t e) {
+      cpu::QuantDotRowsStreamedA8(a, 0, q.RowsFrom(b), e - b, out + b);
+    });
+    return;
+  }
   // As the f32 path's tiles, for every batch size: integer products need no SGEMM to be fast.
   QuantTiles(pool_, q, m, n, out,
              [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {

@@ -44,15 +44,24 @@ struct QuantizedActivations {
 // The columns an activation scale covers for weights `w` (the rule above).
 int64_t ActivationBlockSize(const QuantRows& w);
 
-// Quantizes x[rows][w.cols] (stored column order) for w.
+// Quantizes x[rows][w.cols] (stored column order) for w. With VNNI sixteen columns at a time, the
+// portable code's bits (a NaN becomes 127 in both; its block's scale ignores it).
 void QuantizeActivations(const float* x, int64_t rows, const QuantRows& w,
                          QuantizedActivations* out);
+// The portable path, for tests.
+void QuantizeActivationsPortable(const float* x, int64_t rows, const QuantRows& w,
+                                 QuantizedActivations* out);
 
 // A tile: out[t * out_stride + r] for activation rows first_row .. first_row + rows_x − 1 of `a`
 // (at most 8) and weight rows [0, rows_w) of w, as the formula above. Each output is computed the
 // same way whatever rows_x is (batch invariance).
 void QuantDotTileA8(const QuantizedActivations& a, int64_t first_row, int rows_x,
                     const QuantRows& w, int rows_w, float* out, int64_t out_stride);
+// Batch 1: out[r] for activation row `row` of `a` against weight rows [0, rows) of w, the same bits
+// QuantDotTileA8 gives them, the rows read as four runs side by side (QuantDotRowsStreamed's
+// pattern).
+void QuantDotRowsStreamedA8(const QuantizedActivations& a, int64_t row, const QuantRows& w,
+                            int64_t rows, float* out);
 // The portable path (what a CPU without VNNI runs), for tests.
 void QuantDotTileA8Portable(const QuantizedActivations& a, int64_t first_row, int rows_x,
                             const QuantRows& w, int rows_w, float* out, int64_t out_stride);

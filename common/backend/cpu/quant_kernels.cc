@@ -76,20 +76,24 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void QuantStep
 // go to a wider block: RT accumulators, R widened weights and one activation vector). Zero points
 // are subtracted once per group through the activation's group sum. Each activation vector is
 // loaded once for the R rows and each widened weight vector feeds T FMAs. The operations for one
-// (row, activation) pair do not depend on R or T.
+// (row, activation) pair do not depend on R or T. The block's rows are r0, r0 + step, ...,
+// r0 + (R - 1) * step (step 1: a tile's neighbours; a run's length: QuantDotRowsStreamed's
+// streams), row r0 + i * step's output at out[t * stride + i * step].
 template <int R, int T, bool kInt4>
 __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float* const* x,
                                                                      const float* const* xsum,
                                                                      const QuantRows& w, int64_t r0,
-                                                                     float* out, int64_t stride) {
+                                                                     float* out, int64_t stride,
+                                                                     int64_t step = 1) {
   const uint8_t* q[R];
   const float* sc[R];
   const float* zp[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    q[r] = w.codes + (r0 + r) * w.row_bytes;
-    sc[r] = w.scales + (r0 + r) * w.groups;
-    zp[r] = w.zeros ? w.zeros + (r0 + r) * w.groups : nullptr;
+    const int64_t row = r0 + r * step;
+    q[r] = w.codes + row * static_cast<int64_t>(w.row_bytes);
+    sc[r] = w.scales + row * w.groups;
+    zp[r] = w.zeros ? w.zeros + row * w.groups : nullptr;
   }
   // Totals: in registers for one activation row (R of them fit beside the R group accumulators),
   // else in memory.
@@ -151,7 +155,7 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m512 sum = T == 1 ? total_reg[r] : _mm512_load_ps(total[r][t]);
-      out[t * stride + r] = _mm512_reduce_add_ps(sum) + extra[r][t];
+      out[t * stride + r * step] = _mm512_reduce_add_ps(sum) + extra[r][t];
     }
   }
 }
@@ -176,6 +180,19 @@ void QuantDotRowsAvx512(const float* const* x, const float* const* xsum, const Q
       QuantDotBlockAvx512<1, T, false>(x, xsum, w, r, out + r, stride);
     }
   }
+}
+
+// QuantDotRowsStreamed with AVX-512: kStreams runs of `run` rows, row j of every run at a time.
+constexpr int kStreams = 4;
+
+template <bool kInt4>
+void QuantRowsStreamedAvx512(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
+                             float* out) {
+  const int64_t run = rows / kStreams;
+  for (int64_t j = 0; j < run; ++j)
+    QuantDotBlockAvx512<kStreams, 1, kInt4>(&x, &xsum, w, j, out + j, 0, run);
+  for (int64_t r = run * kStreams; r < rows; ++r)
+    QuantDotBlockAvx512<1, 1, kInt4>(&x, &xsum, w, r, out + r, 0);
 }
 
 }  // namespace
@@ -236,6 +253,16 @@ void QuantDotTile(const float* const* x, int rows_x, const float* const* xsum, c
     case 7: return QuantDotRowsAvx512<3, 7>(x, xsum, w, rows_w, out, out_stride);
     default: return QuantDotRowsAvx512<3, 8>(x, xsum, w, rows_w, out, out_stride);
   }
+}
+
+void QuantDotRowsStreamed(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
+                          float* out) {
+  if (!HaveAvx512()) {
+    // Each row's dot product alone, as the tiles compute it (the portable tile takes any rows).
+    return QuantDotTilePortable(&x, 1, &xsum, w, static_cast<int>(rows), out, 1);
+  }
+  if (w.type == QuantType::kInt4) return QuantRowsStreamedAvx512<true>(x, xsum, w, rows, out);
+  QuantRowsStreamedAvx512<false>(x, xsum, w, rows, out);
 }
 
 void DequantizeRows(const QuantRows& w, int64_t rows, float* out) {
