@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_kernels.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -181,6 +182,34 @@ TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {
   std::vector<int32_t> out(rows.size(), -1);
   b->ArgmaxRows(x.data(), static_cast<int64_t>(rows.size()), 11, out.data());
   EXPECT_EQ(out, (std::vector<int32_t>{1, 3, 0, 0, 10}));
+}
+
+// SiLU · up in vector lanes (cpu::SiluMul): within a few ulp of the double formula over the whole
+// range a gate takes (both signs, past exp's overflow), and an element's bits do not depend on
+// where a call's range starts or ends (the ops split elements over threads by the batch's size).
+TEST(CpuBackendTest, SiluMulIsCloseToTheFormulaAndTheSameBitsWhereverItsRangeSplits) {
+  const int64_t n = 1237;
+  std::vector<float> gate(n), up(n), whole(n), split(n);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> wide(-120.f, 120.f), narrow(-6.f, 6.f);
+  for (int64_t i = 0; i < n; ++i) {
+    gate[i] = i % 3 == 0 ? wide(rng) : narrow(rng);
+    up[i] = narrow(rng);
+  }
+  gate[5] = 0.f;
+  gate[6] = -0.f;
+  gate[7] = 88.5f;  // exp(88.5) overflows f32
+  gate[8] = -88.5f;
+  cpu::SiluMul(gate.data(), up.data(), n, whole.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i], want = g / (1.0 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(whole[i], want, 1e-6 * std::abs(want) + 1e-30) << "gate " << gate[i];
+  }
+  for (const int64_t cut : {int64_t{1}, int64_t{7}, int64_t{13}, int64_t{600}, n - 3}) {
+    cpu::SiluMul(gate.data(), up.data(), cut, split.data());
+    cpu::SiluMul(gate.data() + cut, up.data() + cut, n - cut, split.data() + cut);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(whole[i], split[i]) << "cut " << cut << " at " << i;
+  }
 }
 
 TEST(CpuBackendTest, PackedGateUpAndColumnCopiesMatchTheSeparateOps) {

@@ -409,21 +409,18 @@ void CpuBackend::PagedAttention(const float* q, const float* k, const float* v, 
 
 void CpuBackend::SiluMul(const float* gate, const float* up, int64_t n, int64_t d, float* out) {
   pool_->ParallelFor(n * d, ElementwiseGrain(n * d, pool_->num_threads()),
-                     [&](int64_t b, int64_t e) {
-                       for (int64_t i = b; i < e; ++i) {
-                         const float g = gate[i];
-                         out[i] = g / (1.0f + std::exp(-g)) * up[i];
-                       }
-                     });
+                     [&](int64_t b, int64_t e) { cpu::SiluMul(gate + b, up + b, e - b, out + b); });
 }
 
 void CpuBackend::SiluMulPacked(const float* x, int64_t n, int64_t d, float* out) {
   pool_->ParallelFor(n * d, ElementwiseGrain(n * d, pool_->num_threads()),
                      [&](int64_t b, int64_t e) {
-                       for (int64_t i = b; i < e; ++i) {
-                         const int64_t t = i / d, j = i % d;
-                         const float g = x[t * 2 * d + j];
-                         out[i] = g / (1.0f + std::exp(-g)) * x[t * 2 * d + d + j];
+                       // Row by row: a row's gate and up halves are d apart.
+                       for (int64_t i = b; i < e;) {
+                         const int64_t t = i / d, j = i % d, len = std::min(e - i, d - j);
+                         const float* row = x + t * 2 * d;
+                         cpu::SiluMul(row + j, row + d + j, len, out + i);
+                         i += len;
                        }
                      });
 }

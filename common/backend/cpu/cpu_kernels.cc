@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 
@@ -349,6 +350,57 @@ void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t 
   }
   // Each row's dot product alone, as the tiles compute it (DotTile takes any number of rows).
   DotTile(&x, 1, wb, w_row_bytes, static_cast<int>(rows), dtype, n, out, 1);
+}
+
+namespace {
+
+__attribute__((target("avx512f"))) void SiluMulAvx512(const float* gate, const float* up, int64_t n,
+                                                      float* out) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m =
+        n - i >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+    const __m512 e = ExpAvx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));  // exp(-|g|)
+    const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 num = _mm512_mask_mul_ps(g, negative, g, e);
+    const __m512 silu = _mm512_div_ps(num, _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+// Eight elements of SiluMulAvx2.
+__attribute__((target("avx2,fma"))) inline void SiluMulAvx2Eight(const float* gate, const float* up,
+                                                                 float* out) {
+  const __m256 g = _mm256_loadu_ps(gate);
+  const __m256 e = ExpAvx2(_mm256_or_ps(g, _mm256_set1_ps(-0.f)));  // exp(-|g|)
+  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 num = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), negative);
+  const __m256 silu = _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+  _mm256_storeu_ps(out, _mm256_mul_ps(silu, _mm256_loadu_ps(up)));
+}
+
+__attribute__((target("avx2,fma"))) void SiluMulAvx2(const float* gate, const float* up, int64_t n,
+                                                     float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) SiluMulAvx2Eight(gate + i, up + i, out + i);
+  if (i < n) {  // the tail through padded buffers: the same operations as a whole vector
+    alignas(32) float g[8] = {}, u[8] = {}, o[8];
+    for (int64_t k = i; k < n; ++k) {
+      g[k - i] = gate[k];
+      u[k - i] = up[k];
+    }
+    SiluMulAvx2Eight(g, u, o);
+    for (int64_t k = i; k < n; ++k) out[k] = o[k - i];
+  }
+}
+
+}  // namespace
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  if (kHaveAvx512) return SiluMulAvx512(gate, up, n, out);
+  if (kHaveAvx2) return SiluMulAvx2(gate, up, n, out);
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 void ToF32(const void* src, DType dtype, float* dst, int64_t n) {

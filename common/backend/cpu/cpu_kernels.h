@@ -25,6 +25,12 @@ void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_byte
 // side by side in a tile are short streams that jump). Elsewhere, DotTile's tiles.
 void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t rows, DType dtype,
                      int64_t n, float* out);
+// out[i] = silu(gate[i]) · up[i] = gate[i] / (1 + exp(-gate[i])) · up[i] for i < n. With AVX-512 or
+// AVX2 in vector lanes (the tail masked or padded, so an element's bits do not depend on where a
+// call's range starts or ends): exp(-|g|) within 2 ulp (simd.h), then g / (1 + e) for g >= 0 and
+// g·e / (1 + e) for g < 0 (the same function, its exp's argument never positive). Portable: the
+// first form with std::exp.
+void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // Converts n elements of type `dtype` to f32.
 void ToF32(const void* src, DType dtype, float* dst, int64_t n);
 // True when the AVX2/FMA/F16C paths are in use.
