@@ -187,13 +187,11 @@ void DotTileDispatch(const float* const* x, int rows_x, const std::byte* w, size
   }
 }
 
-// DotRowsStreamed with AVX-512: the rows in kStreams runs of `run` rows, row j of every run at a
-// time, each row's sum the operations of DotTileAvx512 (16 lanes along the row, the lanes, the
+// DotRowsStreamed with AVX-512: the rows in kBatch1Streams runs of `run` rows, row j of every run
+// at a time, each row's sum the operations of DotTileAvx512 (16 lanes along the row, the lanes, the
 // scalar tail). Rows of 896 and 4864 weights (Qwen2.5-0.5B) read as four streams ran at 100-110%
 // of a plain read of the same memory on an AMD EPYC Zen 5 VM, one row at a time at 90% (896) and
 // 60% (4864), six rows side by side (16 weights of each in turn) at 70-80%.
-constexpr int kStreams = 4;
-
 template <typename L, int S>
 __attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* x, const std::byte* w,
                                                           size_t row_bytes, int64_t run, int64_t n,
@@ -223,9 +221,9 @@ __attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* x, const 
 template <typename L>
 void DotRowsStreamedAvx512(const float* x, const std::byte* w, size_t row_bytes, int64_t rows,
                            int64_t n, float* out) {
-  const int64_t run = rows / kStreams;
-  if (run > 0) DotRowsRunsAvx512<L, kStreams>(x, w, row_bytes, run, n, out);
-  const int64_t done = run * kStreams;
+  const int64_t run = rows / kBatch1Streams;
+  if (run > 0) DotRowsRunsAvx512<L, kBatch1Streams>(x, w, row_bytes, run, n, out);
+  const int64_t done = run * kBatch1Streams;
   DotRowsRunsAvx512<L, 1>(x, w + done * row_bytes, row_bytes, rows - done, n, out + done);
 }
 

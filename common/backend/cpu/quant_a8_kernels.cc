@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "common/backend/cpu/cpu_kernels.h"
+
 // GCC 12's AVX-512 extract intrinsics start from an "undefined" vector it then calls uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -30,7 +32,7 @@ inline int64_t ActivationSlot(QuantType type, int64_t c0, int64_t c1, int64_t c)
   return chunk + (j < 16 ? 16 * block + j : 64 + 16 * block + (j - 16));
 }
 
-// Activation block [c0, c1) of row x: its scale, its codes at their slots in q, their sum.
+// An activation block's scale from its largest magnitude (1 for an all-zero or non-finite block).
 inline float BlockScale(float amax) { return amax > 0 && std::isfinite(amax) ? amax / 127.f : 1.f; }
 // x / s rounded to even and clamped to [-127, 127] (NaN to 127, as QuantizeBlockAvx512's min/max).
 inline int QuantizeValue(float x, float s) {
@@ -38,19 +40,24 @@ inline int QuantizeValue(float x, float s) {
   v = v < 127.f ? v : 127.f;
   return static_cast<int>(v > -127.f ? v : -127.f);
 }
-void QuantizeBlock(QuantType type, const float* x, int64_t c0, int64_t c1, int8_t* q, float* scale,
-                   int32_t* sum) {
-  float amax = 0.f;
-  for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(x[c]));
-  const float s = BlockScale(amax);
+// Columns [from, c1) of block [c0, c1) at scale s into their slots; returns their codes' sum.
+int32_t QuantizeColumns(QuantType type, const float* x, int64_t c0, int64_t c1, int64_t from,
+                        float s, int8_t* q) {
   int32_t total = 0;
-  for (int64_t c = c0; c < c1; ++c) {
+  for (int64_t c = from; c < c1; ++c) {
     const int v = QuantizeValue(x[c], s);
     q[ActivationSlot(type, c0, c1, c)] = static_cast<int8_t>(v);
     total += v;
   }
-  *scale = s;
-  *sum = total;
+  return total;
+}
+// Activation block [c0, c1) of row x: its scale, its codes at their slots in q, their sum.
+void QuantizeBlock(QuantType type, const float* x, int64_t c0, int64_t c1, int8_t* q, float* scale,
+                   int32_t* sum) {
+  float amax = 0.f;
+  for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(x[c]));
+  *scale = BlockScale(amax);
+  *sum = QuantizeColumns(type, x, c0, c1, c0, *scale, q);
 }
 // The same with AVX-512, bit for bit: a maximum is exact in any order, the division and the
 // rounding to even are IEEE's, the integer sum is exact. Sixteen columns at a time share a half of
@@ -77,14 +84,8 @@ __attribute__((target("avx512f,avx512bw"))) void QuantizeBlockAvx512(QuantType t
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + ActivationSlot(type, c0, c1, c)),
                      _mm512_cvtepi32_epi8(iv));
   }
-  int32_t total = _mm512_reduce_add_epi32(vsum);
-  for (; c < c1; ++c) {
-    const int v = QuantizeValue(x[c], s);
-    q[ActivationSlot(type, c0, c1, c)] = static_cast<int8_t>(v);
-    total += v;
-  }
   *scale = s;
-  *sum = total;
+  *sum = _mm512_reduce_add_epi32(vsum) + QuantizeColumns(type, x, c0, c1, c, s, q);
 }
 
 // One group's share of an output: sw · sx · (dot − (o + z) · Σxq), in double for the correction
@@ -277,12 +278,12 @@ void A8RowsVnni(const QuantizedActivations& a, int64_t row0, const QuantRows& w,
   }
 }
 
-// QuantDotRowsStreamedA8 with VNNI: kStreams runs of `run` rows, row j of every run at a time.
-constexpr int kStreams = 4;
+// QuantDotRowsStreamedA8 with VNNI: kBatch1Streams runs of `run` rows, row j of every run at a
+// time.
 
 // Int4 weights in whole blocks of 128 columns (groups of 128 or a multiple: the default layout),
-// one activation row: A8BlockVnni<kStreams, 1, true>'s operations for each row in the same order
-// (the same bits), without its general loops, which at batch 1 cost a third of the time.
+// one activation row: A8BlockVnni<kBatch1Streams, 1, true>'s operations for each row in the same
+// order (the same bits), without its general loops, which at batch 1 cost a third of the time.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4Streams128(
     const QuantizedActivations& a, int64_t row, const QuantRows& w, int64_t run, float* out) {
   const int8_t* xr = a.row(row);
@@ -291,13 +292,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
   const int64_t per_group = w.group_size / 128;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t j = 0; j < run; ++j) {
-    const uint8_t* q[kStreams];
-    const float* sc[kStreams];
-    const float* zp[kStreams];
-    __m512 f[kStreams];
-    __m128 corr[kStreams];
+    const uint8_t* q[kBatch1Streams];
+    const float* sc[kBatch1Streams];
+    const float* zp[kBatch1Streams];
+    __m512 f[kBatch1Streams];
+    __m128 corr[kBatch1Streams];
 #pragma GCC unroll 4
-    for (int r = 0; r < kStreams; ++r) {
+    for (int r = 0; r < kBatch1Streams; ++r) {
       const int64_t i = j + r * run;
       q[r] = w.codes + i * static_cast<int64_t>(w.row_bytes);
       sc[r] = w.scales + i * w.groups;
@@ -310,7 +311,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
                     x1 = _mm512_loadu_si512(xr + 128 * b + 64);
       const float sx = xs[b], xsf = static_cast<float>(xsum[b]);
 #pragma GCC unroll 4
-      for (int r = 0; r < kStreams; ++r) {
+      for (int r = 0; r < kBatch1Streams; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(q[r]) + 64 * b + kPrefetchBytes, _MM_HINT_T0);
         const __m512i v = _mm512_loadu_si512(q[r] + 64 * b);
         __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, nibble), x0);
@@ -328,7 +329,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
       }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < kStreams; ++r) {
+    for (int r = 0; r < kBatch1Streams; ++r) {
       out[r * run + j] = static_cast<float>(static_cast<double>(_mm512_reduce_add_ps(f[r])) -
                                             static_cast<double>(_mm_cvtss_f32(corr[r])) + 0.0);
     }
@@ -338,14 +339,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
 template <bool kInt4>
 void A8RowsStreamedVnni(const QuantizedActivations& a, int64_t row, const QuantRows& w,
                         int64_t rows, float* out) {
-  const int64_t run = rows / kStreams;
+  const int64_t run = rows / kBatch1Streams;
   if (kInt4 && a.block_size == 128 && w.group_size % 128 == 0 && w.cols % 128 == 0) {
     A8Int4Streams128(a, row, w, run, out);
   } else {
     for (int64_t j = 0; j < run; ++j)
-      A8BlockVnni<kStreams, 1, kInt4>(a, row, w, j, out + j, 0, run);
+      A8BlockVnni<kBatch1Streams, 1, kInt4>(a, row, w, j, out + j, 0, run);
   }
-  for (int64_t r = run * kStreams; r < rows; ++r)
+  for (int64_t r = run * kBatch1Streams; r < rows; ++r)
     A8BlockVnni<1, 1, kInt4>(a, row, w, r, out + r, 0);
 }
 

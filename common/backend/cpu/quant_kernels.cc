@@ -182,16 +182,16 @@ void QuantDotRowsAvx512(const float* const* x, const float* const* xsum, const Q
   }
 }
 
-// QuantDotRowsStreamed with AVX-512: kStreams runs of `run` rows, row j of every run at a time.
-constexpr int kStreams = 4;
+// QuantDotRowsStreamed with AVX-512: kBatch1Streams runs of `run` rows, row j of every run at a
+// time.
 
 template <bool kInt4>
 void QuantRowsStreamedAvx512(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
                              float* out) {
-  const int64_t run = rows / kStreams;
+  const int64_t run = rows / kBatch1Streams;
   for (int64_t j = 0; j < run; ++j)
-    QuantDotBlockAvx512<kStreams, 1, kInt4>(&x, &xsum, w, j, out + j, 0, run);
-  for (int64_t r = run * kStreams; r < rows; ++r)
+    QuantDotBlockAvx512<kBatch1Streams, 1, kInt4>(&x, &xsum, w, j, out + j, 0, run);
+  for (int64_t r = run * kBatch1Streams; r < rows; ++r)
     QuantDotBlockAvx512<1, 1, kInt4>(&x, &xsum, w, r, out + r, 0);
 }
 
