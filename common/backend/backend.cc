@@ -10,6 +10,10 @@ int64_t DeviceWeight::bytes() const {
          (perm ? cols * static_cast<int64_t>(sizeof(int32_t)) : 0);
 }
 
+void Backend::LinearEach(const float* x, int64_t n, absl::Span<const Projection> projections) {
+  for (const Projection& p : projections) Linear(x, n, *p.w, p.bias, p.out);
+}
+
 absl::StatusOr<DeviceWeight> Backend::UploadQuantizedWeight(
     std::shared_ptr<const QuantizedMatrix> matrix) {
   auto values = std::make_shared<std::vector<float>>(Dequantize(*matrix));

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/backend/device.h"
 #include "common/backend/device_sampler.h"
 #include "common/quant/quantized_matrix.h"
@@ -153,6 +154,16 @@ class Backend : public Device {
   // out[n][w.rows] = x[n][w.cols] · w^T (+ bias[w.rows]).
   virtual void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
                       float* out) = 0;
+  // One input's projections (q, k, v; gate, up): each out[n][w->rows] = x[n][w->cols] · w^T
+  // (+ bias), bit for bit what Linear gives it. By default Linear once each; a backend may read
+  // them as one job (the CPU's batch 1: one pass of its threads over all their rows, and one end
+  // of the op to wait for instead of one a weight).
+  struct Projection {
+    const DeviceWeight* w = nullptr;
+    const DeviceWeight* bias = nullptr;  // null: none
+    float* out = nullptr;
+  };
+  virtual void LinearEach(const float* x, int64_t n, absl::Span<const Projection> projections);
   // Rotates q[n][num_q_heads][head_dim] and k[n][num_kv_heads][head_dim] in place, rotate-half
   // (Hugging Face) convention; inv_freq[head_dim/2] already includes any rope scaling.
   virtual void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,

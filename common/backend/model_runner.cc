@@ -616,9 +616,11 @@ void ModelRunner::SeparateQkvAttention(const TransformerLayerWeights& lw, const 
   const int64_t n = buf.md.num_tokens;
   const float eps = c.rms_norm_eps;
   Backend& b = *backend_;
-  b.Linear(buf.h, n, lw.q, c.attention_bias ? &lw.q_bias : nullptr, buf.q);
-  b.Linear(buf.h, n, lw.k, c.attention_bias ? &lw.k_bias : nullptr, buf.k);
-  b.Linear(buf.h, n, lw.v, c.attention_bias ? &lw.v_bias : nullptr, buf.v);
+  const bool bias = c.attention_bias;
+  const Backend::Projection qkv[] = {{&lw.q, bias ? &lw.q_bias : nullptr, buf.q},
+                                     {&lw.k, bias ? &lw.k_bias : nullptr, buf.k},
+                                     {&lw.v, bias ? &lw.v_bias : nullptr, buf.v}};
+  b.LinearEach(buf.h, n, qkv);
   if (c.qk_norm) {
     b.RmsNorm(buf.q, lw.q_norm, eps, n * c.num_q_heads, c.head_dim, buf.q);
     b.RmsNorm(buf.k, lw.k_norm, eps, n * c.num_kv_heads, c.head_dim, buf.k);
@@ -630,8 +632,8 @@ void ModelRunner::SeparateQkvAttention(const TransformerLayerWeights& lw, const 
 
 void ModelRunner::SeparateGateUp(const TransformerLayerWeights& lw, const StepBuffers& buf) const {
   const int64_t n = buf.md.num_tokens;
-  backend_->Linear(buf.h, n, lw.gate, nullptr, buf.gate);
-  backend_->Linear(buf.h, n, lw.up, nullptr, buf.up);
+  const Backend::Projection gate_up[] = {{&lw.gate, nullptr, buf.gate}, {&lw.up, nullptr, buf.up}};
+  backend_->LinearEach(buf.h, n, gate_up);
   backend_->SiluMul(buf.gate, buf.up, n, shape().intermediate_size, buf.gate);
 }
 

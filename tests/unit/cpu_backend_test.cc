@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "gtest/gtest.h"
+#include "tests/unit/linear_each.h"
 
 namespace tandem {
 namespace {
@@ -110,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
 // Batch invariance: every batch size's Linear (register-blocked tiles of weight rows × up to 8
 // activation rows, and the rest) gives each row exactly the bits of a one-row Linear (whose rows
 // are streamed in runs per thread: 53 rows are one chunk of four runs and a remainder, 1,031 rows a
-// chunk a thread of 516 and 515 rows, 8,195 rows past the small-matrix size several chunks).
+// chunk a thread of 516 and 515 rows, 8,195 f32 rows of 131, 4.3 MB, four runs of 1 MiB or more).
 TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
   auto backend = CpuBackend::Create({}).value();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -122,6 +123,52 @@ TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
       ASSERT_TRUE(EveryBatchGivesOneRowsBits(
           *backend, x, w, absl::StrCat(std::string(DTypeName(dtype)), " ", rows, "x", cols),
           [](int64_t, int64_t, float) { return true; }));
+    }
+  }
+}
+
+// One input's projections (q, k, v; gate, up) read as one job at batch 1 (LinearEach): each
+// output is its own Linear's bits, where the whole is one run a thread (7 + 53 + 40 rows) and where
+// it is many chunks, some running from one weight into the next (1,031 + 8,195 + 517 rows), with a
+// bias on one; the same at three rows (a Linear each), for weights of different dtypes (a Linear
+// each) and with BF16 activations (whose tiles serve every batch).
+TEST(CpuBackendTest, ProjectionsReadAsOneGiveEachLinearsBits) {
+  using test_support::LinearEachGivesEachLinearsBits;
+  const int64_t cols = 131;
+  const Matrix x = RandomWeight(3, cols, DType::kF32, 30);
+  for (ActivationDType act : {ActivationDType::kF32, ActivationDType::kBF16}) {
+    CpuBackend::Options options;
+    options.activations = act;
+    auto backend = CpuBackend::Create(options).value();
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (const std::vector<int64_t>& rows :
+           {std::vector<int64_t>{7, 53, 40}, std::vector<int64_t>{1031, 8195, 517}}) {
+        std::vector<Matrix> ws;
+        std::vector<std::vector<float>> outs;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          // The last one's dtype differs in the mixed case below.
+          ws.push_back(RandomWeight(rows[i], cols, dtype, 20 + static_cast<uint32_t>(i)));
+          outs.emplace_back(3 * rows[i]);
+        }
+        std::vector<float> bias_v(rows[1]);
+        for (int64_t j = 0; j < rows[1]; ++j) bias_v[j] = 0.01f * j;
+        const DeviceWeight bias{DType::kF32, 1, rows[1], bias_v.data(), nullptr};
+        const Backend::Projection ps[] = {{&ws[0].weight, nullptr, outs[0].data()},
+                                          {&ws[1].weight, &bias, outs[1].data()},
+                                          {&ws[2].weight, nullptr, outs[2].data()}};
+        const std::string what =
+            absl::StrCat(std::string(DTypeName(dtype)), " rows ", rows[0], "+", rows[1], "+",
+                         rows[2], act == ActivationDType::kBF16 ? ", bf16 activations" : "");
+        for (int64_t n : {1, 3}) {
+          ASSERT_TRUE(LinearEachGivesEachLinearsBits(*backend, x.f32.data(), n, ps, what));
+        }
+        const Matrix other =
+            RandomWeight(rows[2], cols, dtype == DType::kF32 ? DType::kBF16 : DType::kF32, 29);
+        const Backend::Projection mixed[] = {
+            ps[0], ps[1], {&other.weight, nullptr, outs[2].data()}};
+        ASSERT_TRUE(
+            LinearEachGivesEachLinearsBits(*backend, x.f32.data(), 1, mixed, what + ", mixed"));
+      }
     }
   }
 }

@@ -15,6 +15,7 @@
 #include "common/quant/rtn.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/linear_each.h"
 
 namespace tandem {
 namespace {
@@ -181,14 +182,16 @@ struct Case {
 
 class QuantLinearTest : public ::testing::TestWithParam<Case> {
  protected:
-  std::shared_ptr<QuantizedMatrix> Make() {
+  // The case's matrix (rows: the case's when 0).
+  std::shared_ptr<QuantizedMatrix> Make(int64_t rows = 0, uint32_t seed = 11) {
     const Case& c = GetParam();
+    if (rows == 0) rows = c.rows;
     RtnOptions o;
     o.type = c.type;
     o.group_size = c.group;
     o.symmetric = c.symmetric;
-    const std::vector<float> w = Random(c.rows * c.cols, 11, 0.05f);
-    auto m = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), c.rows, c.cols, o));
+    const std::vector<float> w = Random(rows * c.cols, seed, 0.05f);
+    auto m = std::make_shared<QuantizedMatrix>(QuantizeRtn(w.data(), rows, c.cols, o));
     if (c.permuted) {
       m->perm.resize(c.cols);
       for (int64_t i = 0; i < c.cols; ++i) m->perm[i] = static_cast<int32_t>(i);
@@ -338,6 +341,37 @@ TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
     cpu::QuantDotTileA8Portable(a, 0, 3, q, static_cast<int>(c.rows), portable.data(), c.rows);
     ExpectClose(portable, Reference(*m, Int8Activations(*m, x, 3), 3), x, c.cols,
                 "int8 activations, portable");
+  }
+}
+
+// One input's projections read as one job at batch 1 (LinearEach): each output is its own
+// Linear's bits, with the case's matrix between two of other row counts and a bias on the last, on
+// both activation paths; the same at three rows (a Linear each). Act-order weights each have a
+// column order of their own, which LinearEach reads a Linear at a time.
+TEST_P(QuantLinearTest, ProjectionsReadAsOneGiveEachLinearsBits) {
+  const Case& c = GetParam();
+  for (ActivationDType act : {ActivationDType::kF32, ActivationDType::kInt8}) {
+    CpuBackend::Options options;
+    options.activations = act;
+    auto backend = CpuBackend::Create(options).value();
+    const int64_t rows[] = {7, c.rows, c.rows / 2 + 20};
+    std::vector<DeviceWeight> ws;
+    std::vector<std::vector<float>> outs;
+    for (int i = 0; i < 3; ++i) {
+      ws.push_back(backend->UploadQuantizedWeight(Make(rows[i], 40 + i)).value());
+      outs.emplace_back(3 * rows[i]);
+    }
+    std::vector<float> bias_v = Random(rows[2], 43);
+    const DeviceWeight bias{DType::kF32, 1, rows[2], bias_v.data(), nullptr};
+    const Backend::Projection ps[] = {{&ws[0], nullptr, outs[0].data()},
+                                      {&ws[1], nullptr, outs[1].data()},
+                                      {&ws[2], &bias, outs[2].data()}};
+    const std::vector<float> x = Random(3 * c.cols, 44);
+    for (int64_t n : {1, 3}) {
+      ASSERT_TRUE(test_support::LinearEachGivesEachLinearsBits(
+          *backend, x.data(), n, ps,
+          act == ActivationDType::kInt8 ? "int8 activations" : "f32 activations"));
+    }
   }
 }
 

@@ -182,20 +182,57 @@ void ForEachTile(ThreadPool* pool, int64_t m, int64_t n, const Fn& fn) {
   });
 }
 
-// Batch 1's Linear, which reads every weight once: fn(first row, end row) over runs of whole weight
-// rows on the pool (up to the pool's four chunks a thread), which the kernels stream
-// (cpu::DotRowsStreamed). A small matrix is one run a thread: in four chunks a thread, a 1.6 MB
-// matrix's runs were too short for the streams to get going (32 GB/s, against 47-50 for the large
-// ones).
+// Batch 1's Linear, which reads every weight once: fn(projection, first row, end row) over runs of
+// whole weight rows (row_bytes each) of the projections' weights read as one, on the pool (a run
+// that reaches the end of one weight goes on as a run of the next), which the kernels stream
+// (cpu::DotRowsStreamed). The runs are as many as the threads, or a multiple (up to four a thread)
+// that keeps each at least 1 MiB: shorter runs' streams do not get going (a 1.6 MB matrix in four
+// runs a thread read at 32 GB/s, against 47-50 for the large ones, and gate|up of int4 weights,
+// 4.4 MB, in eight runs was slower than in four).
 template <typename Fn>
-void ForEachRowRun(ThreadPool* pool, int64_t m, size_t row_bytes, const Fn& fn) {
-  constexpr int64_t kMinRows = 16;                   // four rows a stream
-  constexpr int64_t kSmallBytes = int64_t{2} << 20;  // a thread's share below which: one run
+void ForEachRowRun(ThreadPool* pool, absl::Span<const Backend::Projection> ps, size_t row_bytes,
+                   const Fn& fn) {
+  constexpr int64_t kMinRunBytes = int64_t{1} << 20;
+  int64_t m = 0;
+  for (const Backend::Projection& p : ps) m += p.w->rows;
   const int64_t threads = pool->num_threads();
-  const int64_t grain = static_cast<int64_t>(row_bytes) * m <= kSmallBytes * threads
-                            ? (m + threads - 1) / threads
-                            : kMinRows;
-  pool->ParallelFor(m, std::max(grain, kMinRows), fn);
+  const int64_t bytes = static_cast<int64_t>(row_bytes) * m;
+  const int64_t runs = threads * std::clamp<int64_t>(bytes / (threads * kMinRunBytes), 1, 4);
+  constexpr int64_t kMinRows = 16;  // four rows a stream
+  const int64_t grain = std::max((m + runs - 1) / runs, kMinRows);
+  pool->ParallelFor(m, grain, [&](int64_t b, int64_t e) {
+    int64_t first = 0;  // the row of the whole that is weight s's row 0
+    for (size_t s = 0; s < ps.size() && b < e; first += ps[s].w->rows, ++s) {
+      const int64_t end = first + ps[s].w->rows, stop = std::min(e, end);
+      if (b >= end) continue;
+      fn(s, b - first, stop - first);
+      b = stop;
+    }
+  });
+}
+
+// A quantized weight's rows, as the kernels read them.
+cpu::QuantRows WeightRows(const DeviceWeight& w) {
+  cpu::QuantRows q;
+  q.type = w.quant;
+  q.cols = w.cols;
+  q.group_size = w.group_size;
+  q.groups = (w.cols + w.group_size - 1) / w.group_size;
+  q.row_bytes = static_cast<size_t>(w.quant == QuantType::kInt4 ? w.cols / 2 : w.cols);
+  q.codes = static_cast<const uint8_t*>(w.data);
+  q.scales = w.scales;
+  q.zeros = w.zeros;
+  return q;
+}
+
+// out[n][m] += bias[m] (none: nothing).
+void AddBias(const DeviceWeight* bias, int64_t n, int64_t m, float* out) {
+  if (bias == nullptr) return;
+  const float* bv = static_cast<const float*>(bias->data);
+  for (int64_t i = 0; i < n; ++i) {
+    float* oi = out + i * m;
+    for (int64_t j = 0; j < m; ++j) oi[j] += bv[j];
+  }
 }
 
 // ForEachTile for quantized weights: kernel(first activation row, rows, the tile's weight rows,
@@ -211,16 +248,12 @@ void QuantTiles(ThreadPool* pool, const cpu::QuantRows& q, int64_t m, int64_t n,
 }  // namespace
 
 void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out) {
+  if (n == 1) {
+    const Projection p{&w, nullptr, out};
+    return QuantizedRows1(x, {&p, 1});
+  }
   const int64_t m = w.rows, k = w.cols;
-  cpu::QuantRows q;
-  q.type = w.quant;
-  q.cols = k;
-  q.group_size = w.group_size;
-  q.groups = (k + w.group_size - 1) / w.group_size;
-  q.row_bytes = static_cast<size_t>(w.quant == QuantType::kInt4 ? k / 2 : k);
-  q.codes = static_cast<const uint8_t*>(w.data);
-  q.scales = w.scales;
-  q.zeros = w.zeros;
+  const cpu::QuantRows q = WeightRows(w);
   // The activations in stored column order (act-order weights), and their group sums.
   thread_local std::vector<float> permuted, sums;
   if (w.perm != nullptr) {
@@ -237,13 +270,6 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
       cpu::QuantGroupSums(x + i * k, k, q.group_size, &sums[i * q.groups]);
   }
   const float* xsum_base = sums.data();
-  if (n == 1) {
-    // Batch 1: the same bits as the tiles below give the row in a batch.
-    ForEachRowRun(pool_, m, q.row_bytes, [&](int64_t b, int64_t e) {
-      cpu::QuantDotRowsStreamed(x, xsum_base, q.RowsFrom(b), e - b, out + b);
-    });
-    return;
-  }
   if (n <= kDirectDotMaxRows || batch_invariant_) {
     QuantTiles(pool_, q, m, n, out,
                [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
@@ -277,14 +303,8 @@ void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, int64_t m, const c
   thread_local cpu::QuantizedActivations quantized;
   const cpu::QuantizedActivations& a = quantized;  // the caller's, captured by the pool's tasks
   cpu::QuantizeActivations(x, n, q, &quantized);
-  if (n == 1) {
-    // Batch 1: the same bits as the tiles below give the row in a batch.
-    ForEachRowRun(pool_, m, q.row_bytes, [&](int64_t b, int64_t e) {
-      cpu::QuantDotRowsStreamedA8(a, 0, q.RowsFrom(b), e - b, out + b);
-    });
-    return;
-  }
-  // As the f32 path's tiles, for every batch size: integer products need no SGEMM to be fast.
+  // As the f32 path's tiles, for every batch size (batch 1 streams, QuantizedRows1): integer
+  // products need no SGEMM to be fast.
   QuantTiles(pool_, q, m, n, out,
              [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
                cpu::QuantDotTileA8(a, i0, rows, tile, tile_rows, o, m);
@@ -315,10 +335,8 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
   if (n == 1) {
-    // Batch 1: the same bits as the tiles below give the row in a batch.
-    ForEachRowRun(pool_, m, row_bytes, [&](int64_t b, int64_t e) {
-      cpu::DotRowsStreamed(x, wbytes + b * row_bytes, row_bytes, e - b, w.dtype, k, out + b);
-    });
+    const Projection p{&w, nullptr, out};
+    Rows1(x, {&p, 1});
   } else if (n <= kDirectDotMaxRows || batch_invariant_) {
     // Every output element is one Dot, so results do not depend on n.
     ForEachTile(pool_, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
@@ -356,7 +374,6 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
 
 void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
                         float* out) {
-  const int64_t m = w.rows;
   if (w.quant != QuantType::kNone) {
     QuantizedLinear(x, n, w, out);
   } else if (activations_ == ActivationDType::kBF16 && w.dtype == DType::kBF16) {
@@ -364,13 +381,76 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
   } else {
     LinearF32(x, n, w, out);
   }
-  if (bias != nullptr) {
-    const float* bv = static_cast<const float*>(bias->data);
-    for (int64_t i = 0; i < n; ++i) {
-      float* oi = out + i * m;
-      for (int64_t j = 0; j < m; ++j) oi[j] += bv[j];
+  AddBias(bias, n, w.rows, out);
+}
+
+void CpuBackend::LinearEach(const float* x, int64_t n, absl::Span<const Projection> projections) {
+  if (n != 1 || projections.empty() || !ReadAlike(projections)) {
+    return Backend::LinearEach(x, n, projections);
+  }
+  Rows1(x, projections);
+  for (const Projection& p : projections) AddBias(p.bias, 1, p.w->rows, p.out);
+}
+
+bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
+  const DeviceWeight& w0 = *projections[0].w;
+  // BF16 activations over BF16 weights: LinearBf16's tiles, at every batch size.
+  if (w0.quant == QuantType::kNone && activations_ == ActivationDType::kBF16 &&
+      w0.dtype == DType::kBF16) {
+    return false;
+  }
+  for (const Projection& p : projections) {
+    const DeviceWeight& w = *p.w;
+    if (w.quant != w0.quant || w.cols != w0.cols || w.perm != w0.perm) return false;
+    if (w.quant == QuantType::kNone && w.dtype != w0.dtype) return false;
+    if (w.quant != QuantType::kNone &&
+        (w.group_size != w0.group_size || (w.zeros == nullptr) != (w0.zeros == nullptr))) {
+      return false;
     }
   }
+  return true;
+}
+
+void CpuBackend::Rows1(const float* x, absl::Span<const Projection> projections) {
+  const DeviceWeight& w0 = *projections[0].w;
+  if (w0.quant != QuantType::kNone) return QuantizedRows1(x, projections);
+  const int64_t k = w0.cols;
+  const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w0.dtype);
+  ForEachRowRun(pool_, projections, row_bytes, [&](size_t s, int64_t b, int64_t e) {
+    const auto* rows = static_cast<const std::byte*>(projections[s].w->data) + b * row_bytes;
+    cpu::DotRowsStreamed(x, rows, row_bytes, e - b, w0.dtype, k, projections[s].out + b);
+  });
+}
+
+void CpuBackend::QuantizedRows1(const float* x, absl::Span<const Projection> projections) {
+  const DeviceWeight& w0 = *projections[0].w;
+  const int64_t k = w0.cols;
+  thread_local std::vector<cpu::QuantRows> weights;
+  thread_local std::vector<float> permuted, sums;
+  weights.clear();
+  for (const Projection& p : projections) weights.push_back(WeightRows(*p.w));
+  const cpu::QuantRows* rows = weights.data();  // the caller's, captured by the pool's tasks
+  if (w0.perm != nullptr) {
+    // The activations in stored column order (act-order weights).
+    permuted.resize(static_cast<size_t>(k));
+    for (int64_t c = 0; c < k; ++c) permuted[c] = x[w0.perm[c]];
+    x = permuted.data();
+  }
+  if (activations_ == ActivationDType::kInt8) {
+    thread_local cpu::QuantizedActivations quantized;
+    cpu::QuantizeActivations(x, 1, rows[0], &quantized);
+    const cpu::QuantizedActivations& a = quantized;  // the caller's
+    ForEachRowRun(pool_, projections, rows[0].row_bytes, [&](size_t s, int64_t b, int64_t e) {
+      cpu::QuantDotRowsStreamedA8(a, 0, rows[s].RowsFrom(b), e - b, projections[s].out + b);
+    });
+    return;
+  }
+  sums.resize(static_cast<size_t>(rows[0].groups));
+  if (w0.zeros != nullptr) cpu::QuantGroupSums(x, k, w0.group_size, sums.data());
+  const float* xsum = sums.data();
+  ForEachRowRun(pool_, projections, rows[0].row_bytes, [&](size_t s, int64_t b, int64_t e) {
+    cpu::QuantDotRowsStreamed(x, xsum, rows[s].RowsFrom(b), e - b, projections[s].out + b);
+  });
 }
 
 void CpuBackend::Rope(float* q, float* k, const int32_t* positions, const float* inv_freq,
