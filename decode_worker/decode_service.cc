@@ -78,7 +78,8 @@ void DecodeService::Stop() {
       CancelCall(e, id, grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker shutting down"));
   });
   loop_->Stop();
-  loop_.reset();
+  // The loop object stays until the service goes: until the server has shut down, status calls
+  // and cancellations may still read it (they find it stopped; a task posted now is dropped).
   receiver_.reset();
 }
 

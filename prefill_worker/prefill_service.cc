@@ -55,7 +55,8 @@ void PrefillService::Stop() {
   });
   loop_->Stop();
   lanes_.reset();  // fails queued transfers; their callbacks post to a stopped loop (dropped)
-  loop_.reset();
+  // The loop object stays until the service goes: until the server has shut down, status calls
+  // and cancellations may still read it (they find it stopped; a task posted now is dropped).
 }
 
 EngineSnapshot PrefillService::snapshot() const {

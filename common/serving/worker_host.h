@@ -42,7 +42,8 @@ class WorkerService {
   virtual int64_t in_flight() const = 0;
   // Refuse new calls (UNAVAILABLE, "draining"); in-flight ones continue.
   virtual void StartDraining() = 0;
-  // Abort what is left and stop the engine thread.
+  // Abort what is left and stop the engine thread. The service keeps answering snapshot() (and
+  // refusing calls) until it is destroyed: the host stops it before it shuts its server down.
   virtual void Stop() = 0;
 };
 
