@@ -1316,9 +1316,11 @@ TEST_F(ServiceTest, APrefillWorkerHungOrKilledMidTransferFailsOnlyItsRequest) {
     }
     EXPECT_THAT(c->Live(), ::testing::Not(::testing::Contains(*faulty)));
     std::vector<StreamResult> after(4);
+    std::vector<std::vector<int32_t>> prompts;  // drawn here: the generator is not thread-safe
+    for (int i = 0; i < 4; ++i) prompts.push_back(RandomPrompt(rng, 40 + i, vocab_));
     ParallelFor(4, 4, [&](int i) {
-      after[i] = Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, vocab_), 8),
-                        absl::Now() + absl::Seconds(30));
+      after[i] =
+          Stream(c->generation(), TokenRequest(prompts[i], 8), absl::Now() + absl::Seconds(30));
     });
     for (const StreamResult& r : after) {
       EXPECT_TRUE(r.status.ok()) << r.status.error_message();
@@ -1375,10 +1377,11 @@ void HungWorkerTest(LocalCluster* c, const std::string& victim) {
   auto batch = [&](int n) {
     std::vector<StreamResult> results(n);
     std::vector<absl::Time> deadlines(n);
+    std::vector<std::vector<int32_t>> prompts;  // drawn here: the generator is not thread-safe
+    for (int i = 0; i < n; ++i) prompts.push_back(RandomPrompt(rng, 40 + i, 512));
     ParallelFor(n, n, [&](int i) {
       deadlines[i] = absl::Now() + absl::Seconds(8);
-      results[i] =
-          Stream(c->generation(), TokenRequest(RandomPrompt(rng, 40 + i, 512), 8), deadlines[i]);
+      results[i] = Stream(c->generation(), TokenRequest(prompts[i], 8), deadlines[i]);
     });
     for (int i = 0; i < n; ++i) EXPECT_LT(results[i].end, deadlines[i] + absl::Milliseconds(200));
     return results;
