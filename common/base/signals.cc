@@ -24,8 +24,6 @@ void Terminate(int sig) {
   [[maybe_unused]] const ssize_t n = write(g_pipe[1], &byte, 1);
 }
 
-void OnTermination(int sig) { Terminate(sig); }
-
 }  // namespace
 
 void InstallTerminationHandlers() {
@@ -34,7 +32,7 @@ void InstallTerminationHandlers() {
   if (pipe2(g_pipe, O_CLOEXEC) != 0) g_pipe[0] = g_pipe[1] = -1;
   // Handlers, for the threads libraries started before this call (they do not block the signals).
   struct sigaction sa {};
-  sa.sa_handler = OnTermination;
+  sa.sa_handler = Terminate;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);

@@ -225,6 +225,18 @@ cpu::QuantRows WeightRows(const DeviceWeight& w) {
   return q;
 }
 
+// x[n][k] in stored column order (act-order weights: stored column c is x's column perm[c]),
+// written into *buffer; x itself when there is no permutation.
+const float* InStoredOrder(const float* x, int64_t n, int64_t k, const int32_t* perm,
+                           std::vector<float>* buffer) {
+  if (perm == nullptr) return x;
+  buffer->resize(static_cast<size_t>(n * k));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < k; ++c) (*buffer)[i * k + c] = x[i * k + perm[c]];
+  }
+  return buffer->data();
+}
+
 // out[n][m] += bias[m] (none: nothing).
 void AddBias(const DeviceWeight* bias, int64_t n, int64_t m, float* out) {
   if (bias == nullptr) return;
@@ -256,13 +268,7 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
   const cpu::QuantRows q = WeightRows(w);
   // The activations in stored column order (act-order weights), and their group sums.
   thread_local std::vector<float> permuted, sums;
-  if (w.perm != nullptr) {
-    permuted.resize(static_cast<size_t>(n * k));
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t c = 0; c < k; ++c) permuted[i * k + c] = x[i * k + w.perm[c]];
-    }
-    x = permuted.data();
-  }
+  x = InStoredOrder(x, n, k, w.perm, &permuted);
   if (activations_ == ActivationDType::kInt8) return QuantizedLinearA8(x, n, m, q, out);
   sums.resize(static_cast<size_t>(n * q.groups));
   if (w.zeros != nullptr) {
@@ -429,13 +435,8 @@ void CpuBackend::QuantizedRows1(const float* x, absl::Span<const Projection> pro
   thread_local std::vector<float> permuted, sums;
   weights.clear();
   for (const Projection& p : projections) weights.push_back(WeightRows(*p.w));
-  const cpu::QuantRows* rows = weights.data();  // the caller's, captured by the pool's tasks
-  if (w0.perm != nullptr) {
-    // The activations in stored column order (act-order weights).
-    permuted.resize(static_cast<size_t>(k));
-    for (int64_t c = 0; c < k; ++c) permuted[c] = x[w0.perm[c]];
-    x = permuted.data();
-  }
+  const cpu::QuantRows* rows = weights.data();     // the caller's, captured by the pool's tasks
+  x = InStoredOrder(x, 1, k, w0.perm, &permuted);  // act-order weights
   if (activations_ == ActivationDType::kInt8) {
     thread_local cpu::QuantizedActivations quantized;
     cpu::QuantizeActivations(x, 1, rows[0], &quantized);

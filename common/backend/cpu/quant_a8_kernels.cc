@@ -278,9 +278,6 @@ void A8RowsVnni(const QuantizedActivations& a, int64_t row0, const QuantRows& w,
   }
 }
 
-// QuantDotRowsStreamedA8 with VNNI: kBatch1Streams runs of `run` rows, row j of every run at a
-// time.
-
 // Int4 weights in whole blocks of 128 columns (groups of 128 or a multiple: the default layout),
 // one activation row: A8BlockVnni<kBatch1Streams, 1, true>'s operations for each row in the same
 // order (the same bits), without its general loops, which at batch 1 cost a third of the time.
@@ -336,6 +333,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
   }
 }
 
+// QuantDotRowsStreamedA8 with VNNI: kBatch1Streams runs of `run` rows, row j of every run at a
+// time.
 template <bool kInt4>
 void A8RowsStreamedVnni(const QuantizedActivations& a, int64_t row, const QuantRows& w,
                         int64_t rows, float* out) {

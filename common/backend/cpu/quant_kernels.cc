@@ -184,7 +184,6 @@ void QuantDotRowsAvx512(const float* const* x, const float* const* xsum, const Q
 
 // QuantDotRowsStreamed with AVX-512: kBatch1Streams runs of `run` rows, row j of every run at a
 // time.
-
 template <bool kInt4>
 void QuantRowsStreamedAvx512(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
                              float* out) {
