@@ -108,10 +108,11 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndBatches, LinearTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
-// Batch invariance: every batch size's Linear (register-blocked tiles of weight rows × up to 8
-// activation rows, and the rest) gives each row exactly the bits of a one-row Linear (whose rows
-// are streamed in runs per thread: 53 rows are one chunk of four runs and a remainder, 1,031 rows a
-// chunk a thread of 516 and 515 rows, 8,195 f32 rows of 131, 4.3 MB, four runs of 1 MiB or more).
+// Batch invariance: every batch size's Linear (up to 8 rows streamed as batch 1 is, past that
+// register-blocked tiles of weight rows × up to 8 activation rows, and the rest) gives each row
+// exactly the bits of a one-row Linear (whose rows are streamed in runs the threads claim: 53 rows
+// are a run a thread of 27 and 26 rows, each four streams and a remainder; 1,031 rows 516 and 515;
+// 8,195 f32 rows of 131, 4.3 MB, runs of 4,098, 2,049, 2,001 (1 MiB) and 47 rows).
 TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
   auto backend = CpuBackend::Create({}).value();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -130,8 +131,8 @@ TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
 // One input's projections (q, k, v; gate, up) read as one job at batch 1 (LinearEach): each
 // output is its own Linear's bits, where the whole is one run a thread (7 + 53 + 40 rows) and where
 // it is many chunks, some running from one weight into the next (1,031 + 8,195 + 517 rows), with a
-// bias on one; the same at three rows (a Linear each), for weights of different dtypes (a Linear
-// each) and with BF16 activations (whose tiles serve every batch).
+// bias on one; the same at three rows (streamed together as well), for weights of different dtypes
+// (a Linear each) and with BF16 activations (whose tiles serve every batch).
 TEST(CpuBackendTest, ProjectionsReadAsOneGiveEachLinearsBits) {
   using test_support::LinearEachGivesEachLinearsBits;
   const int64_t cols = 131;

@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -185,28 +186,41 @@ void ForEachTile(ThreadPool* pool, int64_t m, int64_t n, const Fn& fn) {
 // Batch 1's Linear, which reads every weight once: fn(projection, first row, end row) over runs of
 // whole weight rows (row_bytes each) of the projections' weights read as one, on the pool (a run
 // that reaches the end of one weight goes on as a run of the next), which the kernels stream
-// (cpu::DotRowsStreamed). The runs are as many as the threads, or a multiple (up to four a thread)
-// that keeps each at least 1 MiB: shorter runs' streams do not get going (a 1.6 MB matrix in four
-// runs a thread read at 32 GB/s, against 47-50 for the large ones, and gate|up of int4 weights,
-// 4.4 MB, in eight runs was slower than in four).
+// (cpu::DotRowsStreamed). Each thread claims its next run when it has finished the last, and a
+// run is the rows left ÷ the threads (guided scheduling) but at least 1 MiB and 16 rows (and at
+// most an equal share): the first runs are long streams, the last short, so the threads end nearly
+// together. Fixed runs (as many as the threads, or up to four a thread) could leave the thread that
+// drew less bandwidth most of a run behind with the other waiting, 34 MB of Qwen2.5-0.5B's LM head.
+// Runs under 1 MiB do not get their streams going (a 1.6 MB matrix in four runs a thread read at
+// 32 GB/s, against 47-50 for large ones).
 template <typename Fn>
 void ForEachRowRun(ThreadPool* pool, absl::Span<const Backend::Projection> ps, size_t row_bytes,
                    const Fn& fn) {
   constexpr int64_t kMinRunBytes = int64_t{1} << 20;
+  constexpr int64_t kMinRows = 16;  // four rows a stream
   int64_t m = 0;
   for (const Backend::Projection& p : ps) m += p.w->rows;
   const int64_t threads = pool->num_threads();
-  const int64_t bytes = static_cast<int64_t>(row_bytes) * m;
-  const int64_t runs = threads * std::clamp<int64_t>(bytes / (threads * kMinRunBytes), 1, 4);
-  constexpr int64_t kMinRows = 16;  // four rows a stream
-  const int64_t grain = std::max((m + runs - 1) / runs, kMinRows);
-  pool->ParallelFor(m, grain, [&](int64_t b, int64_t e) {
-    int64_t first = 0;  // the row of the whole that is weight s's row 0
-    for (size_t s = 0; s < ps.size() && b < e; first += ps[s].w->rows, ++s) {
-      const int64_t end = first + ps[s].w->rows, stop = std::min(e, end);
-      if (b >= end) continue;
-      fn(s, b - first, stop - first);
-      b = stop;
+  // A run: at least 1 MiB (and 16 rows), at most an equal share of the whole.
+  const int64_t min_run =
+      std::min((m + threads - 1) / threads,
+               std::max<int64_t>(
+                   kMinRows, kMinRunBytes / std::max<int64_t>(1, static_cast<int64_t>(row_bytes))));
+  std::atomic<int64_t> next{0};  // the first row not claimed
+  // One task a thread (a thread that finds none left returns); each claims runs until none is left.
+  pool->ParallelFor(threads, 1, [&](int64_t, int64_t) {
+    int64_t b = next.load(std::memory_order_relaxed);
+    while (b < m) {
+      const int64_t run = std::min(m - b, std::max(min_run, (m - b + threads - 1) / threads));
+      if (!next.compare_exchange_weak(b, b + run, std::memory_order_relaxed)) continue;
+      int64_t e = b + run, first = 0;  // first: the row of the whole that is weight s's row 0
+      for (size_t s = 0; s < ps.size() && b < e; first += ps[s].w->rows, ++s) {
+        const int64_t end = first + ps[s].w->rows, stop = std::min(e, end);
+        if (b >= end) continue;
+        fn(s, b - first, stop - first);
+        b = stop;
+      }
+      b = next.load(std::memory_order_relaxed);
     }
   });
 }
@@ -340,9 +354,9 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
   const int64_t m = w.rows, k = w.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w.dtype);
   const auto* wbytes = static_cast<const std::byte*>(w.data);
-  if (n == 1) {
+  if (n <= cpu::kStreamedMaxRows) {
     const Projection p{&w, nullptr, out};
-    Rows1(x, {&p, 1});
+    StreamedRows(x, n, {&p, 1});
   } else if (n <= kDirectDotMaxRows || batch_invariant_) {
     // Every output element is one Dot, so results do not depend on n.
     ForEachTile(pool_, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
@@ -391,11 +405,16 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
 }
 
 void CpuBackend::LinearEach(const float* x, int64_t n, absl::Span<const Projection> projections) {
-  if (n != 1 || projections.empty() || !ReadAlike(projections)) {
+  if (projections.empty() || !StreamsTogether(n, projections)) {
     return Backend::LinearEach(x, n, projections);
   }
-  Rows1(x, projections);
-  for (const Projection& p : projections) AddBias(p.bias, 1, p.w->rows, p.out);
+  StreamedRows(x, n, projections);
+  for (const Projection& p : projections) AddBias(p.bias, n, p.w->rows, p.out);
+}
+
+bool CpuBackend::StreamsTogether(int64_t n, absl::Span<const Projection> projections) const {
+  if (!ReadAlike(projections)) return false;
+  return n == 1 || (n <= cpu::kStreamedMaxRows && projections[0].w->quant == QuantType::kNone);
 }
 
 bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
@@ -417,14 +436,17 @@ bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
   return true;
 }
 
-void CpuBackend::Rows1(const float* x, absl::Span<const Projection> projections) {
+void CpuBackend::StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections) {
   const DeviceWeight& w0 = *projections[0].w;
-  if (w0.quant != QuantType::kNone) return QuantizedRows1(x, projections);
+  if (w0.quant != QuantType::kNone) return QuantizedRows1(x, projections);  // n is 1
   const int64_t k = w0.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w0.dtype);
+  const float* xs[cpu::kStreamedMaxRows];
+  for (int64_t i = 0; i < n; ++i) xs[i] = x + i * k;
   ForEachRowRun(pool_, projections, row_bytes, [&](size_t s, int64_t b, int64_t e) {
     const auto* rows = static_cast<const std::byte*>(projections[s].w->data) + b * row_bytes;
-    cpu::DotRowsStreamed(x, rows, row_bytes, e - b, w0.dtype, k, projections[s].out + b);
+    cpu::DotRowsStreamed(xs, static_cast<int>(n), rows, row_bytes, e - b, w0.dtype, k,
+                         projections[s].out + b, projections[s].w->rows);
   });
 }
 

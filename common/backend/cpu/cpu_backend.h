@@ -54,7 +54,7 @@ class CpuBackend final : public Backend {
   void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
               float* out) override;
   // Batch 1 over weights alike (one dtype or quantization, one row length, no column order of
-  // their own) reads them as one job (Rows1 below); the others one Linear each.
+  // their own) reads them as one job (StreamedRows below); the others one Linear each.
   void LinearEach(const float* x, int64_t n, absl::Span<const Projection> projections) override;
   void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
             int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
@@ -73,13 +73,16 @@ class CpuBackend final : public Backend {
  private:
   CpuBackend(ThreadPool* pool, bool batch_invariant)
       : pool_(pool), batch_invariant_(batch_invariant) {}
-  // Whether LinearEach reads these weights as one job: Rows1 serves them all.
-  bool ReadAlike(absl::Span<const Projection> projections) const;
-  // Batch 1's Linear over weights ReadAlike accepts (biases aside): every weight row once, in runs
-  // streamed by one pass of the pool over all of them (cpu::DotRowsStreamed, QuantDotRowsStreamed
-  // and its int8-activation twin). Each output is the bits the tiles give its row in a batch.
-  void Rows1(const float* x, absl::Span<const Projection> projections);
+  // Whether LinearEach reads these weights as n rows' job (StreamedRows serves them all).
+  bool StreamsTogether(int64_t n, absl::Span<const Projection> projections) const;
+  // The Linear of batch 1 (any weights ReadAlike accepts) and of a few rows (up to
+  // cpu::kStreamedMaxRows; 16-bit or f32 weights), biases aside: every weight row read once, in
+  // runs streamed by one pass of the pool over all the projections (cpu::DotRowsStreamed,
+  // QuantDotRowsStreamed and its int8-activation twin). Each output is the bits the tiles give
+  // its row in a batch.
+  void StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
   void QuantizedRows1(const float* x, absl::Span<const Projection> projections);
+  bool ReadAlike(absl::Span<const Projection> projections) const;
   // Linear over 16-bit or f32 weights with f32 activations.
   void LinearF32(const float* x, int64_t n, const DeviceWeight& w, float* out);
   // Linear over BF16 weights with BF16 activations (Options::activations kBF16).

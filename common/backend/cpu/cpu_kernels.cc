@@ -187,44 +187,87 @@ void DotTileDispatch(const float* const* x, int rows_x, const std::byte* w, size
   }
 }
 
-// DotRowsStreamed with AVX-512: the rows in kBatch1Streams runs of `run` rows, row j of every run
-// at a time, each row's sum the operations of DotTileAvx512 (16 lanes along the row, the lanes, the
-// scalar tail). Rows of 896 and 4864 weights (Qwen2.5-0.5B) read as four streams ran at 100-110%
-// of a plain read of the same memory on an AMD EPYC Zen 5 VM, one row at a time at 90% (896) and
-// 60% (4864), six rows side by side (16 weights of each in turn) at 70-80%.
-template <typename L, int S>
-__attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* x, const std::byte* w,
+// DotRowsStreamed with AVX-512: the rows in S runs of `run` rows, row j of every run at a time
+// against T activation rows, each (row, activation row) pair's sum the operations of
+// DotTileAvx512 (16 lanes along the row, the lanes, the scalar tail). Rows of 896 and 4864 weights
+// (Qwen2.5-0.5B) read as four streams ran at 100-110% of a plain read of the same memory on an AMD
+// EPYC Zen 5 VM, one row at a time at 90% (896) and 60% (4864), six rows side by side (16 weights
+// of each in turn) at 70-80%. S·T accumulators, S weights and one activation fit the 32 registers:
+// S = 4 up to T = 6, S = 3 up to T = 8.
+template <typename L, int S, int T>
+__attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* const* x, const std::byte* w,
                                                           size_t row_bytes, int64_t run, int64_t n,
-                                                          float* out) {
+                                                          float* out, int64_t out_stride) {
   for (int64_t j = 0; j < run; ++j) {
     const std::byte* wj = w + j * row_bytes;
-    __m512 acc[S];
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s) acc[s] = _mm512_setzero_ps();
+    __m512 acc[S][T];
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[s][t] = _mm512_setzero_ps();
+    }
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-      const __m512 xv = _mm512_loadu_ps(x + i);
-#pragma GCC unroll 4
-      for (int s = 0; s < S; ++s)
-        acc[s] = _mm512_fmadd_ps(xv, L::Load(wj + s * run * row_bytes, i), acc[s]);
+      __m512 wv[S];
+#pragma GCC unroll 8
+      for (int s = 0; s < S; ++s) {
+        // Several activation rows' FMAs take longer than a row's weights take to arrive: ask for
+        // the weights early (once per 64-byte line) so that the loads overlap them.
+        if constexpr (T > 1) {
+          if ((i * L::kBytes) % 64 == 0)
+            _mm_prefetch(reinterpret_cast<const char*>(wj + s * run * row_bytes) + i * L::kBytes +
+                             kPrefetchBytes,
+                         _MM_HINT_T0);
+        }
+        wv[s] = L::Load(wj + s * run * row_bytes, i);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        __m512 xv = _mm512_loadu_ps(x[t] + i);
+        if constexpr (S > 1 && T > 1) asm("" : "+v"(xv));  // one load for the S FMAs
+#pragma GCC unroll 8
+        for (int s = 0; s < S; ++s) acc[s][t] = _mm512_fmadd_ps(xv, wv[s], acc[s][t]);
+      }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int s = 0; s < S; ++s) {
       const void* wr = wj + s * run * row_bytes;
-      float sum = ReduceAddAvx512(acc[s]);
-      for (int64_t k = i; k < n; ++k) sum += x[k] * L::Scalar(wr, k);
-      out[s * run + j] = sum;
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        float sum = ReduceAddAvx512(acc[s][t]);
+        for (int64_t k = i; k < n; ++k) sum += x[t][k] * L::Scalar(wr, k);
+        out[t * out_stride + s * run + j] = sum;
+      }
     }
   }
 }
 
+// Four runs up to six activation rows, three (S·T + S + 1 registers) for seven and eight.
+template <typename L, int T>
+void DotRowsStreamedAvx512(const float* const* x, const std::byte* w, size_t row_bytes,
+                           int64_t rows, int64_t n, float* out, int64_t out_stride) {
+  constexpr int S = T <= 6 ? kBatch1Streams : 3;
+  const int64_t run = rows / S;
+  if (run > 0) DotRowsRunsAvx512<L, S, T>(x, w, row_bytes, run, n, out, out_stride);
+  const int64_t done = run * S;
+  DotRowsRunsAvx512<L, 1, T>(x, w + done * row_bytes, row_bytes, rows - done, n, out + done,
+                             out_stride);
+}
+
 template <typename L>
-void DotRowsStreamedAvx512(const float* x, const std::byte* w, size_t row_bytes, int64_t rows,
-                           int64_t n, float* out) {
-  const int64_t run = rows / kBatch1Streams;
-  if (run > 0) DotRowsRunsAvx512<L, kBatch1Streams>(x, w, row_bytes, run, n, out);
-  const int64_t done = run * kBatch1Streams;
-  DotRowsRunsAvx512<L, 1>(x, w + done * row_bytes, row_bytes, rows - done, n, out + done);
+void DotRowsStreamedDispatch(const float* const* x, int rows_x, const std::byte* w,
+                             size_t row_bytes, int64_t rows, int64_t n, float* out,
+                             int64_t out_stride) {
+  switch (rows_x) {
+    case 1: return DotRowsStreamedAvx512<L, 1>(x, w, row_bytes, rows, n, out, out_stride);
+    case 2: return DotRowsStreamedAvx512<L, 2>(x, w, row_bytes, rows, n, out, out_stride);
+    case 3: return DotRowsStreamedAvx512<L, 3>(x, w, row_bytes, rows, n, out, out_stride);
+    case 4: return DotRowsStreamedAvx512<L, 4>(x, w, row_bytes, rows, n, out, out_stride);
+    case 5: return DotRowsStreamedAvx512<L, 5>(x, w, row_bytes, rows, n, out, out_stride);
+    case 6: return DotRowsStreamedAvx512<L, 6>(x, w, row_bytes, rows, n, out, out_stride);
+    case 7: return DotRowsStreamedAvx512<L, 7>(x, w, row_bytes, rows, n, out, out_stride);
+    default: return DotRowsStreamedAvx512<L, 8>(x, w, row_bytes, rows, n, out, out_stride);
+  }
 }
 
 template <typename L>
@@ -335,19 +378,28 @@ void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_byte
   }
 }
 
-void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t rows, DType dtype,
-                     int64_t n, float* out) {
+void DotRowsStreamed(const float* const* x, int rows_x, const void* w, size_t w_row_bytes,
+                     int64_t rows, DType dtype, int64_t n, float* out, int64_t out_stride) {
   const auto* wb = static_cast<const std::byte*>(w);
-  if (kHaveAvx512) {
+  if (kHaveAvx512 && rows_x >= 1 && rows_x <= kStreamedMaxRows) {
     switch (dtype) {
-      case DType::kF32: return DotRowsStreamedAvx512<Avx512F32>(x, wb, w_row_bytes, rows, n, out);
-      case DType::kBF16: return DotRowsStreamedAvx512<Avx512Bf16>(x, wb, w_row_bytes, rows, n, out);
-      case DType::kF16: return DotRowsStreamedAvx512<Avx512F16>(x, wb, w_row_bytes, rows, n, out);
+      case DType::kF32:
+        return DotRowsStreamedDispatch<Avx512F32>(x, rows_x, wb, w_row_bytes, rows, n, out,
+                                                  out_stride);
+      case DType::kBF16:
+        return DotRowsStreamedDispatch<Avx512Bf16>(x, rows_x, wb, w_row_bytes, rows, n, out,
+                                                   out_stride);
+      case DType::kF16:
+        return DotRowsStreamedDispatch<Avx512F16>(x, rows_x, wb, w_row_bytes, rows, n, out,
+                                                  out_stride);
       default: break;
     }
   }
-  // Each row's dot product alone, as the tiles compute it (DotTile takes any number of rows).
-  DotTile(&x, 1, wb, w_row_bytes, static_cast<int>(rows), dtype, n, out, 1);
+  // Each row's dot products as the tiles compute them (DotTile takes any number of weight rows).
+  for (int t0 = 0; t0 < rows_x; t0 += 8) {
+    DotTile(x + t0, std::min(8, rows_x - t0), wb, w_row_bytes, static_cast<int>(rows), dtype, n,
+            out + t0 * out_stride, out_stride);
+  }
 }
 
 namespace {

@@ -17,14 +17,19 @@ namespace tandem::cpu {
 // Without AVX-512, AVX2 (or portable) dot products, one output at a time.
 void DotTile(const float* const* x, int rows_x, const void* w, size_t w_row_bytes, int rows_w,
              DType dtype, int64_t n, float* out, int64_t out_stride);
-// One activation row x [n] against `rows` consecutive weight rows (w + r * w_row_bytes):
-// out[r] = x · w[r], the same bits as DotTile gives for them. Batch 1's Linear, which reads each
-// weight once, so its speed is the speed the rows stream from memory at: with AVX-512 the rows are
-// split into four equal runs read side by side, four long sequential streams whose dot products
-// are independent chains of FMAs (one row after another is a single chain the core waits on; rows
-// side by side in a tile are short streams that jump). Elsewhere, DotTile's tiles.
-void DotRowsStreamed(const float* x, const void* w, size_t w_row_bytes, int64_t rows, DType dtype,
-                     int64_t n, float* out);
+// `rows_x` activation rows x[t] [n] against `rows` consecutive weight rows (w + r * w_row_bytes):
+// out[t * out_stride + r] = x[t] · w[r], the same bits as DotTile gives for them. Batch 1's Linear
+// and a few rows' (speculative verification), which read each weight once, so their speed is the
+// speed the rows stream from memory at: with AVX-512 (up to kStreamedMaxRows activation rows) the
+// rows are split into four equal runs (three past six activation rows) read side by side, long
+// sequential streams whose dot products are independent chains of FMAs (one row after another is a
+// single chain the core waits on; rows side by side in a tile are short streams that jump).
+// Elsewhere, DotTile's tiles.
+void DotRowsStreamed(const float* const* x, int rows_x, const void* w, size_t w_row_bytes,
+                     int64_t rows, DType dtype, int64_t n, float* out, int64_t out_stride);
+// The most activation rows DotRowsStreamed streams (three runs × eight rows of accumulators, three
+// weight vectors and an activation: 28 of AVX-512's 32 registers; up to six rows, four runs).
+inline constexpr int kStreamedMaxRows = 8;
 // The runs a batch-1 kernel reads side by side (DotRowsStreamed, QuantDotRowsStreamed,
 // QuantDotRowsStreamedA8): four sequential streams, which read at the memory's rate on the machines
 // measured (eight were 15-20% slower for int4 weights).
