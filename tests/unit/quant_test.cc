@@ -241,18 +241,28 @@ TEST_P(QuantLinearTest, MatchesTheDequantizedWeightsForEveryRowCount) {
   }
 }
 
+// Each row of a Linear over `n` rows (2 to 8 stream their weights as one row does, 11 run the
+// tiles) is the bits of a one-row Linear over it.
+void ExpectEveryBatchGivesOneRowsBits(Backend& backend, const DeviceWeight& w, const Case& c,
+                                      uint32_t seed) {
+  for (int64_t n : {2, 3, 5, 7, 8, 11}) {
+    const std::vector<float> x = Random(n * c.cols, seed + static_cast<uint32_t>(n));
+    std::vector<float> all(static_cast<size_t>(n * c.rows)), one(static_cast<size_t>(c.rows));
+    backend.Linear(x.data(), n, w, nullptr, all.data());
+    for (int64_t i = 0; i < n; ++i) {
+      backend.Linear(x.data() + i * c.cols, 1, w, nullptr, one.data());
+      for (int64_t r = 0; r < c.rows; ++r) {
+        ASSERT_EQ(one[r], all[i * c.rows + r]) << "n=" << n << ", row " << i << ", col " << r;
+      }
+    }
+  }
+}
+
 TEST_P(QuantLinearTest, RowsAreBatchInvariant) {
   const Case& c = GetParam();
   auto backend = CpuBackend::Create({}).value();
   const DeviceWeight w = backend->UploadQuantizedWeight(Make()).value();
-  const int64_t n = 11;
-  const std::vector<float> x = Random(n * c.cols, 7);
-  std::vector<float> all(static_cast<size_t>(n * c.rows)), one(static_cast<size_t>(c.rows));
-  backend->Linear(x.data(), n, w, nullptr, all.data());
-  for (int64_t i = 0; i < n; ++i) {
-    backend->Linear(x.data() + i * c.cols, 1, w, nullptr, one.data());
-    for (int64_t r = 0; r < c.rows; ++r) ASSERT_EQ(one[r], all[i * c.rows + r]) << i << "," << r;
-  }
+  ExpectEveryBatchGivesOneRowsBits(*backend, w, c, 7);
 }
 
 TEST_P(QuantLinearTest, GemmPathAndPortablePathAgree) {
@@ -324,14 +334,9 @@ TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
                 "int8 activations, n=" + std::to_string(n));
   }
   // Batch invariance holds as on the f32 path.
+  ExpectEveryBatchGivesOneRowsBits(*backend, w, c, 9);
   const int64_t n = 11;
   const std::vector<float> x = Random(n * c.cols, 9);
-  std::vector<float> all(static_cast<size_t>(n * c.rows)), one(static_cast<size_t>(c.rows));
-  backend->Linear(x.data(), n, w, nullptr, all.data());
-  for (int64_t i = 0; i < n; ++i) {
-    backend->Linear(x.data() + i * c.cols, 1, w, nullptr, one.data());
-    for (int64_t r = 0; r < c.rows; ++r) ASSERT_EQ(one[r], all[i * c.rows + r]) << i << "," << r;
-  }
   // The portable kernel (CPUs without VNNI), on stored-order x.
   if (!c.permuted) {
     const cpu::QuantRows q = cpu::QuantRowsOf(*m);
@@ -346,8 +351,8 @@ TEST_P(QuantLinearTest, Int8ActivationsComputeTheDocumentedProducts) {
 
 // One input's projections read as one job at batch 1 (LinearEach): each output is its own
 // Linear's bits, with the case's matrix between two of other row counts and a bias on the last, on
-// both activation paths; the same at three rows (a Linear each). Act-order weights each have a
-// column order of their own, which LinearEach reads a Linear at a time.
+// both activation paths; the same at three rows (streamed together too). Act-order weights each
+// have a column order of their own, which LinearEach reads a Linear at a time.
 TEST_P(QuantLinearTest, ProjectionsReadAsOneGiveEachLinearsBits) {
   const Case& c = GetParam();
   for (ActivationDType act : {ActivationDType::kF32, ActivationDType::kInt8}) {

@@ -274,9 +274,9 @@ void QuantTiles(ThreadPool* pool, const cpu::QuantRows& q, int64_t m, int64_t n,
 }  // namespace
 
 void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& w, float* out) {
-  if (n == 1) {
+  if (n <= cpu::kStreamedMaxRows) {
     const Projection p{&w, nullptr, out};
-    return QuantizedRows1(x, {&p, 1});
+    return QuantizedStreamedRows(x, n, {&p, 1});
   }
   const int64_t m = w.rows, k = w.cols;
   const cpu::QuantRows q = WeightRows(w);
@@ -323,8 +323,8 @@ void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, int64_t m, const c
   thread_local cpu::QuantizedActivations quantized;
   const cpu::QuantizedActivations& a = quantized;  // the caller's, captured by the pool's tasks
   cpu::QuantizeActivations(x, n, q, &quantized);
-  // As the f32 path's tiles, for every batch size (batch 1 streams, QuantizedRows1): integer
-  // products need no SGEMM to be fast.
+  // As the f32 path's tiles, for every batch size (up to 8 rows stream, QuantizedStreamedRows):
+  // integer products need no SGEMM to be fast.
   QuantTiles(pool_, q, m, n, out,
              [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
                cpu::QuantDotTileA8(a, i0, rows, tile, tile_rows, o, m);
@@ -413,8 +413,7 @@ void CpuBackend::LinearEach(const float* x, int64_t n, absl::Span<const Projecti
 }
 
 bool CpuBackend::StreamsTogether(int64_t n, absl::Span<const Projection> projections) const {
-  if (!ReadAlike(projections)) return false;
-  return n == 1 || (n <= cpu::kStreamedMaxRows && projections[0].w->quant == QuantType::kNone);
+  return n <= cpu::kStreamedMaxRows && ReadAlike(projections);
 }
 
 bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
@@ -438,7 +437,7 @@ bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
 
 void CpuBackend::StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections) {
   const DeviceWeight& w0 = *projections[0].w;
-  if (w0.quant != QuantType::kNone) return QuantizedRows1(x, projections);  // n is 1
+  if (w0.quant != QuantType::kNone) return QuantizedStreamedRows(x, n, projections);
   const int64_t k = w0.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w0.dtype);
   const float* xs[cpu::kStreamedMaxRows];
@@ -450,7 +449,8 @@ void CpuBackend::StreamedRows(const float* x, int64_t n, absl::Span<const Projec
   });
 }
 
-void CpuBackend::QuantizedRows1(const float* x, absl::Span<const Projection> projections) {
+void CpuBackend::QuantizedStreamedRows(const float* x, int64_t n,
+                                       absl::Span<const Projection> projections) {
   const DeviceWeight& w0 = *projections[0].w;
   const int64_t k = w0.cols;
   thread_local std::vector<cpu::QuantRows> weights;
@@ -458,21 +458,33 @@ void CpuBackend::QuantizedRows1(const float* x, absl::Span<const Projection> pro
   weights.clear();
   for (const Projection& p : projections) weights.push_back(WeightRows(*p.w));
   const cpu::QuantRows* rows = weights.data();     // the caller's, captured by the pool's tasks
-  x = InStoredOrder(x, 1, k, w0.perm, &permuted);  // act-order weights
+  x = InStoredOrder(x, n, k, w0.perm, &permuted);  // act-order weights
+  const int rows_x = static_cast<int>(n);
   if (activations_ == ActivationDType::kInt8) {
     thread_local cpu::QuantizedActivations quantized;
-    cpu::QuantizeActivations(x, 1, rows[0], &quantized);
+    cpu::QuantizeActivations(x, n, rows[0], &quantized);
     const cpu::QuantizedActivations& a = quantized;  // the caller's
     ForEachRowRun(pool_, projections, rows[0].row_bytes, [&](size_t s, int64_t b, int64_t e) {
-      cpu::QuantDotRowsStreamedA8(a, 0, rows[s].RowsFrom(b), e - b, projections[s].out + b);
+      cpu::QuantDotRowsStreamedA8(a, 0, rows_x, rows[s].RowsFrom(b), e - b, projections[s].out + b,
+                                  projections[s].w->rows);
     });
     return;
   }
-  sums.resize(static_cast<size_t>(rows[0].groups));
-  if (w0.zeros != nullptr) cpu::QuantGroupSums(x, k, w0.group_size, sums.data());
-  const float* xsum = sums.data();
+  const int64_t groups = rows[0].groups;
+  sums.resize(static_cast<size_t>(n * groups));
+  if (w0.zeros != nullptr) {
+    for (int64_t i = 0; i < n; ++i)
+      cpu::QuantGroupSums(x + i * k, k, w0.group_size, &sums[i * groups]);
+  }
+  const float* xs[cpu::kStreamedMaxRows];
+  const float* ss[cpu::kStreamedMaxRows];
+  for (int64_t i = 0; i < n; ++i) {
+    xs[i] = x + i * k;
+    ss[i] = sums.data() + i * groups;
+  }
   ForEachRowRun(pool_, projections, rows[0].row_bytes, [&](size_t s, int64_t b, int64_t e) {
-    cpu::QuantDotRowsStreamed(x, xsum, rows[s].RowsFrom(b), e - b, projections[s].out + b);
+    cpu::QuantDotRowsStreamed(xs, rows_x, ss, rows[s].RowsFrom(b), e - b, projections[s].out + b,
+                              projections[s].w->rows);
   });
 }
 

@@ -75,13 +75,13 @@ class CpuBackend final : public Backend {
       : pool_(pool), batch_invariant_(batch_invariant) {}
   // Whether LinearEach reads these weights as n rows' job (StreamedRows serves them all).
   bool StreamsTogether(int64_t n, absl::Span<const Projection> projections) const;
-  // The Linear of batch 1 (any weights ReadAlike accepts) and of a few rows (up to
-  // cpu::kStreamedMaxRows; 16-bit or f32 weights), biases aside: every weight row read once, in
-  // runs streamed by one pass of the pool over all the projections (cpu::DotRowsStreamed,
+  // The Linear of a few rows (up to cpu::kStreamedMaxRows: batch 1, a verification step, a few
+  // sequences) over weights ReadAlike accepts, biases aside: every weight row read once, in runs
+  // streamed by one pass of the pool over all the projections (cpu::DotRowsStreamed,
   // QuantDotRowsStreamed and its int8-activation twin). Each output is the bits the tiles give
   // its row in a batch.
   void StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
-  void QuantizedRows1(const float* x, absl::Span<const Projection> projections);
+  void QuantizedStreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
   bool ReadAlike(absl::Span<const Projection> projections) const;
   // Linear over 16-bit or f32 weights with f32 activations.
   void LinearF32(const float* x, int64_t n, const DeviceWeight& w, float* out);

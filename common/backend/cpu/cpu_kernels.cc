@@ -258,16 +258,9 @@ template <typename L>
 void DotRowsStreamedDispatch(const float* const* x, int rows_x, const std::byte* w,
                              size_t row_bytes, int64_t rows, int64_t n, float* out,
                              int64_t out_stride) {
-  switch (rows_x) {
-    case 1: return DotRowsStreamedAvx512<L, 1>(x, w, row_bytes, rows, n, out, out_stride);
-    case 2: return DotRowsStreamedAvx512<L, 2>(x, w, row_bytes, rows, n, out, out_stride);
-    case 3: return DotRowsStreamedAvx512<L, 3>(x, w, row_bytes, rows, n, out, out_stride);
-    case 4: return DotRowsStreamedAvx512<L, 4>(x, w, row_bytes, rows, n, out, out_stride);
-    case 5: return DotRowsStreamedAvx512<L, 5>(x, w, row_bytes, rows, n, out, out_stride);
-    case 6: return DotRowsStreamedAvx512<L, 6>(x, w, row_bytes, rows, n, out, out_stride);
-    case 7: return DotRowsStreamedAvx512<L, 7>(x, w, row_bytes, rows, n, out, out_stride);
-    default: return DotRowsStreamedAvx512<L, 8>(x, w, row_bytes, rows, n, out, out_stride);
-  }
+  WithRowCount(rows_x, [&](auto t) {
+    DotRowsStreamedAvx512<L, decltype(t)::value>(x, w, row_bytes, rows, n, out, out_stride);
+  });
 }
 
 template <typename L>

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/tensor/dtype.h"
 
@@ -30,6 +31,21 @@ void DotRowsStreamed(const float* const* x, int rows_x, const void* w, size_t w_
 // The most activation rows DotRowsStreamed streams (three runs × eight rows of accumulators, three
 // weight vectors and an activation: 28 of AVX-512's 32 registers; up to six rows, four runs).
 inline constexpr int kStreamedMaxRows = 8;
+// Calls fn(std::integral_constant<int, T>()) with T = rows (1 to 8; 8 past that): a kernel
+// templated on its activation rows, chosen at run time.
+template <typename Fn>
+void WithRowCount(int rows, const Fn& fn) {
+  switch (rows) {
+    case 1: return fn(std::integral_constant<int, 1>());
+    case 2: return fn(std::integral_constant<int, 2>());
+    case 3: return fn(std::integral_constant<int, 3>());
+    case 4: return fn(std::integral_constant<int, 4>());
+    case 5: return fn(std::integral_constant<int, 5>());
+    case 6: return fn(std::integral_constant<int, 6>());
+    case 7: return fn(std::integral_constant<int, 7>());
+    default: return fn(std::integral_constant<int, 8>());
+  }
+}
 // The runs a batch-1 kernel reads side by side (DotRowsStreamed, QuantDotRowsStreamed,
 // QuantDotRowsStreamedA8): four sequential streams, which read at the memory's rate on the machines
 // measured (eight were 15-20% slower for int4 weights).

@@ -333,20 +333,38 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
   }
 }
 
-// QuantDotRowsStreamedA8 with VNNI: kBatch1Streams runs of `run` rows, row j of every run at a
-// time.
-template <bool kInt4>
-void A8RowsStreamedVnni(const QuantizedActivations& a, int64_t row, const QuantRows& w,
-                        int64_t rows, float* out) {
-  const int64_t run = rows / kBatch1Streams;
-  if (kInt4 && a.block_size == 128 && w.group_size % 128 == 0 && w.cols % 128 == 0) {
-    A8Int4Streams128(a, row, w, run, out);
-  } else {
-    for (int64_t j = 0; j < run; ++j)
-      A8BlockVnni<kBatch1Streams, 1, kInt4>(a, row, w, j, out + j, 0, run);
+// QuantDotRowsStreamedA8 with VNNI: S runs of `run` rows, row j of every run at a time, for T
+// activation rows from first_row.
+template <int S, int T, bool kInt4>
+void A8RowsStreamedVnni(const QuantizedActivations& a, int64_t first_row, const QuantRows& w,
+                        int64_t rows, float* out, int64_t stride) {
+  const int64_t run = rows / S;
+  bool done = false;
+  if constexpr (T == 1 && S == kBatch1Streams && kInt4) {
+    if (a.block_size == 128 && w.group_size % 128 == 0 && w.cols % 128 == 0) {
+      A8Int4Streams128(a, first_row, w, run, out);
+      done = true;
+    }
   }
-  for (int64_t r = run * kBatch1Streams; r < rows; ++r)
-    A8BlockVnni<1, 1, kInt4>(a, row, w, r, out + r, 0);
+  if (!done) {
+    for (int64_t j = 0; j < run; ++j)
+      A8BlockVnni<S, T, kInt4>(a, first_row, w, j, out + j, stride, run);
+  }
+  for (int64_t r = run * S; r < rows; ++r)
+    A8BlockVnni<1, T, kInt4>(a, first_row, w, r, out + r, stride);
+}
+
+// As many runs as the tiles' register blocks hold weight rows for T (2·S·T accumulators), up to
+// four: one run, a single sequential stream, from five rows.
+template <int T>
+void A8RowsStreamedRows(const QuantizedActivations& a, int64_t first_row, const QuantRows& w,
+                        int64_t rows, float* out, int64_t stride) {
+  constexpr int S = T <= 2 ? kBatch1Streams : T <= 4 ? 2 : 1;
+  if (w.type == QuantType::kInt4) {
+    A8RowsStreamedVnni<S, T, true>(a, first_row, w, rows, out, stride);
+  } else {
+    A8RowsStreamedVnni<S, T, false>(a, first_row, w, rows, out, stride);
+  }
 }
 
 }  // namespace
@@ -439,11 +457,14 @@ void QuantDotTileA8(const QuantizedActivations& a, int64_t first_row, int rows_x
   }
 }
 
-void QuantDotRowsStreamedA8(const QuantizedActivations& a, int64_t row, const QuantRows& w,
-                            int64_t rows, float* out) {
-  if (!kHaveVnni) return QuantDotTileA8Portable(a, row, 1, w, static_cast<int>(rows), out, 1);
-  if (w.type == QuantType::kInt4) return A8RowsStreamedVnni<true>(a, row, w, rows, out);
-  A8RowsStreamedVnni<false>(a, row, w, rows, out);
+void QuantDotRowsStreamedA8(const QuantizedActivations& a, int64_t first_row, int rows_x,
+                            const QuantRows& w, int64_t rows, float* out, int64_t out_stride) {
+  if (!kHaveVnni || rows_x < 1 || rows_x > 8) {
+    return QuantDotTileA8Portable(a, first_row, rows_x, w, static_cast<int>(rows), out, out_stride);
+  }
+  WithRowCount(rows_x, [&](auto t) {
+    A8RowsStreamedRows<decltype(t)::value>(a, first_row, w, rows, out, out_stride);
+  });
 }
 
 }  // namespace tandem::cpu

@@ -57,11 +57,12 @@ void QuantizeActivationsPortable(const float* x, int64_t rows, const QuantRows& 
 // same way whatever rows_x is (batch invariance).
 void QuantDotTileA8(const QuantizedActivations& a, int64_t first_row, int rows_x,
                     const QuantRows& w, int rows_w, float* out, int64_t out_stride);
-// Batch 1: out[r] for activation row `row` of `a` against weight rows [0, rows) of w, the same bits
-// QuantDotTileA8 gives them, the rows read as four runs side by side (QuantDotRowsStreamed's
-// pattern).
-void QuantDotRowsStreamedA8(const QuantizedActivations& a, int64_t row, const QuantRows& w,
-                            int64_t rows, float* out);
+// Batch 1 and a few rows (up to 8): out[t * out_stride + r] for activation rows first_row ..
+// first_row + rows_x − 1 of `a` against weight rows [0, rows) of w, the same bits QuantDotTileA8
+// gives them, the rows read as runs side by side (QuantDotRowsStreamed's pattern; four runs for one
+// or two rows, two for three or four, one from five, as many as the tiles' registers hold).
+void QuantDotRowsStreamedA8(const QuantizedActivations& a, int64_t first_row, int rows_x,
+                            const QuantRows& w, int64_t rows, float* out, int64_t out_stride);
 // The portable path (what a CPU without VNNI runs), for tests.
 void QuantDotTileA8Portable(const QuantizedActivations& a, int64_t first_row, int rows_x,
                             const QuantRows& w, int rows_w, float* out, int64_t out_stride);

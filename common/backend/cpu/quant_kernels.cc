@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/backend/cpu/cpu_kernels.h"
 
@@ -126,10 +127,12 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
         QuantStep<R, T, kInt4>(x, q, c, 0, ga);
         c += 16;
       }
+      // Fused explicitly: left to the compiler, whether a product and its sum are contracted
+      // into one FMA depends on how it vectorises these loops for R and T, and the bits with it.
       for (; c < c1; ++c) {
         for (int r = 0; r < R; ++r) {
           const float wq = static_cast<float>(static_cast<int8_t>(q[r][c]));
-          for (int t = 0; t < T; ++t) tail[r][t] += x[t][c] * wq;
+          for (int t = 0; t < T; ++t) tail[r][t] = std::fma(x[t][c], wq, tail[r][t]);
         }
       }
     }
@@ -145,8 +148,8 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
         } else {
           _mm512_store_ps(total[r][t], _mm512_fmadd_ps(ga[r][t], sv, _mm512_load_ps(total[r][t])));
         }
-        if constexpr (!kInt4) extra[r][t] += tail[r][t] * s;
-        if (zp[r] != nullptr) extra[r][t] -= sz * xsum[t][g];
+        if constexpr (!kInt4) extra[r][t] = std::fma(tail[r][t], s, extra[r][t]);
+        if (zp[r] != nullptr) extra[r][t] = std::fma(-sz, xsum[t][g], extra[r][t]);
       }
     }
   }
@@ -182,16 +185,28 @@ void QuantDotRowsAvx512(const float* const* x, const float* const* xsum, const Q
   }
 }
 
-// QuantDotRowsStreamed with AVX-512: kBatch1Streams runs of `run` rows, row j of every run at a
-// time.
-template <bool kInt4>
-void QuantRowsStreamedAvx512(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
-                             float* out) {
-  const int64_t run = rows / kBatch1Streams;
+// QuantDotRowsStreamed with AVX-512: S runs of `run` rows, row j of every run at a time, for T
+// activation rows.
+template <int S, int T, bool kInt4>
+void QuantRowsStreamedAvx512(const float* const* x, const float* const* xsum, const QuantRows& w,
+                             int64_t rows, float* out, int64_t stride) {
+  const int64_t run = rows / S;
   for (int64_t j = 0; j < run; ++j)
-    QuantDotBlockAvx512<kBatch1Streams, 1, kInt4>(&x, &xsum, w, j, out + j, 0, run);
-  for (int64_t r = run * kBatch1Streams; r < rows; ++r)
-    QuantDotBlockAvx512<1, 1, kInt4>(&x, &xsum, w, r, out + r, 0);
+    QuantDotBlockAvx512<S, T, kInt4>(x, xsum, w, j, out + j, stride, run);
+  for (int64_t r = run * S; r < rows; ++r)
+    QuantDotBlockAvx512<1, T, kInt4>(x, xsum, w, r, out + r, stride);
+}
+
+// Four runs up to six activation rows, three for seven and eight (the tiles' register blocks).
+template <int T>
+void QuantRowsStreamedRows(const float* const* x, const float* const* xsum, const QuantRows& w,
+                           int64_t rows, float* out, int64_t stride) {
+  constexpr int S = T <= 6 ? kBatch1Streams : 3;
+  if (w.type == QuantType::kInt4) {
+    QuantRowsStreamedAvx512<S, T, true>(x, xsum, w, rows, out, stride);
+  } else {
+    QuantRowsStreamedAvx512<S, T, false>(x, xsum, w, rows, out, stride);
+  }
 }
 
 }  // namespace
@@ -254,14 +269,15 @@ void QuantDotTile(const float* const* x, int rows_x, const float* const* xsum, c
   }
 }
 
-void QuantDotRowsStreamed(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
-                          float* out) {
-  if (!HaveAvx512()) {
-    // Each row's dot product alone, as the tiles compute it (the portable tile takes any rows).
-    return QuantDotTilePortable(&x, 1, &xsum, w, static_cast<int>(rows), out, 1);
+void QuantDotRowsStreamed(const float* const* x, int rows_x, const float* const* xsum,
+                          const QuantRows& w, int64_t rows, float* out, int64_t out_stride) {
+  if (!HaveAvx512() || rows_x < 1 || rows_x > 8) {
+    // Each row's dot products as the tiles compute them (the portable tile takes any rows).
+    return QuantDotTilePortable(x, rows_x, xsum, w, static_cast<int>(rows), out, out_stride);
   }
-  if (w.type == QuantType::kInt4) return QuantRowsStreamedAvx512<true>(x, xsum, w, rows, out);
-  QuantRowsStreamedAvx512<false>(x, xsum, w, rows, out);
+  WithRowCount(rows_x, [&](auto t) {
+    QuantRowsStreamedRows<decltype(t)::value>(x, xsum, w, rows, out, out_stride);
+  });
 }
 
 void DequantizeRows(const QuantRows& w, int64_t rows, float* out) {

@@ -53,12 +53,13 @@ void QuantDotTile(const float* const* x, int rows_x, const float* const* xsum, c
 // The portable path of QuantDotTile (what a machine without AVX-512 runs), for tests.
 void QuantDotTilePortable(const float* const* x, int rows_x, const float* const* xsum,
                           const QuantRows& w, int rows_w, float* out, int64_t out_stride);
-// Batch 1's quantized Linear: out[r] for one activation row x (stored column order, xsum its group
-// sums) against weight rows [0, rows) of w, the same bits QuantDotTile gives them. With AVX-512 the
-// rows are read as four equal runs side by side, four sequential streams (cpu::DotRowsStreamed's
-// pattern; a tile's neighbouring rows are short streams that jump).
-void QuantDotRowsStreamed(const float* x, const float* xsum, const QuantRows& w, int64_t rows,
-                          float* out);
+// Batch 1's quantized Linear and a few rows' (up to 8): out[t * out_stride + r] for activation
+// rows x[t] (stored column order, xsum[t] their group sums) against weight rows [0, rows) of w, the
+// same bits QuantDotTile gives them. With AVX-512 the rows are read as four equal runs side by side
+// (three past six activation rows), sequential streams (cpu::DotRowsStreamed's pattern; a tile's
+// neighbouring rows are short streams that jump).
+void QuantDotRowsStreamed(const float* const* x, int rows_x, const float* const* xsum,
+                          const QuantRows& w, int64_t rows, float* out, int64_t out_stride);
 // Dequantizes weight rows [0, rows) of w into out[rows][cols] (f32, stored column order).
 void DequantizeRows(const QuantRows& w, int64_t rows, float* out);
 
