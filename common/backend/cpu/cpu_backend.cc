@@ -34,8 +34,6 @@ class HostBuffer final : public DeviceBuffer {
   std::byte* data_;
 };
 
-// Batches up to this many rows use the direct dot-product kernels (weights read once per row).
-constexpr int64_t kDirectDotMaxRows = 8;
 // Target size of one converted weight tile for the GEMM path.
 constexpr int64_t kTileBytes = 1 << 20;
 
@@ -290,7 +288,9 @@ void CpuBackend::QuantizedLinear(const float* x, int64_t n, const DeviceWeight& 
       cpu::QuantGroupSums(x + i * k, k, q.group_size, &sums[i * q.groups]);
   }
   const float* xsum_base = sums.data();
-  if (n <= kDirectDotMaxRows || batch_invariant_) {
+  // Past cpu::kStreamedMaxRows rows (fewer stream above): the tiles where batch invariance is asked
+  // for, else SGEMM.
+  if (batch_invariant_) {
     QuantTiles(pool_, q, m, n, out,
                [&](int64_t i0, int rows, const cpu::QuantRows& tile, int tile_rows, float* o) {
                  const float* xs[8];
@@ -357,7 +357,7 @@ void CpuBackend::LinearF32(const float* x, int64_t n, const DeviceWeight& w, flo
   if (n <= cpu::kStreamedMaxRows) {
     const Projection p{&w, nullptr, out};
     StreamedRows(x, n, {&p, 1});
-  } else if (n <= kDirectDotMaxRows || batch_invariant_) {
+  } else if (batch_invariant_) {
     // Every output element is one Dot, so results do not depend on n.
     ForEachTile(pool_, m, n, [&](int64_t j0, int rows_w, int64_t i0, int rows_x) {
       const float* xs[8];

@@ -53,8 +53,9 @@ class CpuBackend final : public Backend {
                float* out) override;
   void Linear(const float* x, int64_t n, const DeviceWeight& w, const DeviceWeight* bias,
               float* out) override;
-  // Batch 1 over weights alike (one dtype or quantization, one row length, no column order of
-  // their own) reads them as one job (StreamedRows below); the others one Linear each.
+  // Up to cpu::kStreamedMaxRows rows over weights alike (one dtype or quantization, one row
+  // length, no column order of their own) read them as one job (StreamedRows below); the others
+  // one Linear each.
   void LinearEach(const float* x, int64_t n, absl::Span<const Projection> projections) override;
   void Rope(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t n,
             int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim) override;
