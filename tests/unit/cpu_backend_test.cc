@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cpu/bf16_kernels.h"
 #include "common/backend/cpu/cpu_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/unit/linear_each.h"
@@ -132,7 +133,7 @@ TEST(CpuBackendTest, LinearRowsAreTheSameBitsAtEveryBatchSize) {
 // output is its own Linear's bits, where the whole is one run a thread (7 + 53 + 40 rows) and where
 // it is many chunks, some running from one weight into the next (1,031 + 8,195 + 517 rows), with a
 // bias on one; the same at three rows (streamed together as well), for weights of different dtypes
-// (a Linear each) and with BF16 activations (whose tiles serve every batch).
+// (a Linear each) and with BF16 activations (streamed together too, with AVX-512 BF16).
 TEST(CpuBackendTest, ProjectionsReadAsOneGiveEachLinearsBits) {
   using test_support::LinearEachGivesEachLinearsBits;
   const int64_t cols = 131;
@@ -183,12 +184,13 @@ TEST(CpuBackendTest, Bf16ActivationsMatchTheRoundedReferenceAtEveryBatchSize) {
   options.activations = ActivationDType::kBF16;
   auto backend = CpuBackend::Create(options).value();
   auto exact = CpuBackend::Create({}).value();
-  for (const int64_t cols : {203, 45}) {
-    const int64_t rows = 53;
+  // 53 and 1,031 weight rows: up to 8 activation rows stream (four runs and a remainder; 1,031
+  // rows in runs the threads claim), past that the tiles.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{53, 203}, {53, 45}, {1031, 203}}) {
     Matrix w = RandomWeight(rows, cols, DType::kBF16, 5);
     Matrix x = RandomWeight(19, cols, DType::kF32, 6);
     ASSERT_TRUE(EveryBatchGivesOneRowsBits(
-        *backend, x, w, absl::StrCat("k=", cols), [&](int64_t i, int64_t j, float value) {
+        *backend, x, w, absl::StrCat(rows, "x", cols), [&](int64_t i, int64_t j, float value) {
           double ref = 0;
           for (int64_t k = 0; k < cols; ++k) {
             ref += double{Bf16ToF32(F32ToBf16(x.f32[i * cols + k]))} * w.f32[j * cols + k];
@@ -212,6 +214,46 @@ TEST(CpuBackendTest, Bf16ActivationsMatchTheRoundedReferenceAtEveryBatchSize) {
   backend->Linear(x.f32.data(), 3, w.weight, nullptr, a.data());
   exact->Linear(x.f32.data(), 3, w.weight, nullptr, b.data());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// The activations' rounding (vectorised with AVX-512 BF16) gives F32ToBf16's bits for every kind
+// of value: ties to even either way, the largest finite values rounding to infinity, subnormals,
+// zeros, infinities and NaNs (quiet, signalling, either sign), on rows with a scalar tail (k = 37),
+// zero padded to the 32-column blocks.
+TEST(CpuBackendTest, RoundingToBf16GivesTheScalarBitsOnEveryValue) {
+  const auto from_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  std::vector<float> x = {from_bits(0x3f808000),
+                          from_bits(0x3f818000),
+                          from_bits(0x3f808001),
+                          from_bits(0x7f7fffff),
+                          from_bits(0xff7fffff),
+                          from_bits(0x00000001),
+                          from_bits(0x807fffff),
+                          0.f,
+                          -0.f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          from_bits(0x7fc00000),
+                          from_bits(0xffc00001),
+                          from_bits(0x7f800001),
+                          from_bits(0xff80ffff)};
+  std::mt19937 rng(41);
+  std::uniform_int_distribution<uint32_t> bits;
+  while (x.size() < 3 * 37) x.push_back(from_bits(bits(rng)));
+  const int64_t k = 37, kp = cpu::Bf16PaddedCols(k);
+  ASSERT_EQ(kp, 64);
+  std::vector<uint16_t> out(3 * kp, 0xffff);
+  cpu::RoundRowsToBf16(x.data(), 3, k, out.data());
+  for (int64_t t = 0; t < 3; ++t) {
+    for (int64_t i = 0; i < kp; ++i) {
+      const uint16_t want = i < k ? F32ToBf16(x[t * k + i]) : 0;
+      ASSERT_EQ(out[t * kp + i], want) << "row " << t << " column " << i;
+    }
+  }
 }
 
 TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {

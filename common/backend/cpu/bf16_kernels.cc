@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/backend/cpu/cpu_kernels.h"
 #include "common/backend/cpu/simd.h"
 #include "common/tensor/dtype.h"
 
@@ -25,19 +26,19 @@ const bool kHaveBf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppor
 // How far ahead of the dot products a weight row is asked for (as cpu_kernels.cc's).
 constexpr int64_t kPrefetchBytes = 8192;
 
-// One 32-column block of a tile (below), weights past the mask zero.
+// One 32-column block of a tile or of runs side by side (below): R weight rows w + r · w_stride,
+// weights past the mask zero.
 template <int R, int T>
-TANDEM_BF16_TARGET __attribute__((always_inline)) inline void Block(__m512 (&acc)[R][T],
-                                                                    const uint16_t* x,
-                                                                    int64_t x_stride,
-                                                                    const uint16_t* w, int64_t k,
-                                                                    int64_t i, __mmask32 m) {
+TANDEM_BF16_TARGET __attribute__((always_inline)) inline void Block(
+    __m512 (&acc)[R][T], const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
+    int64_t i, __mmask32 m) {
   __m512i wv[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     if constexpr (R * T > 1)
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * k + i) + kPrefetchBytes, _MM_HINT_T0);
-    wv[r] = _mm512_maskz_loadu_epi16(m, w + r * k + i);
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * w_stride + i) + kPrefetchBytes,
+                   _MM_HINT_T0);
+    wv[r] = _mm512_maskz_loadu_epi16(m, w + r * w_stride + i);
   }
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
@@ -80,6 +81,50 @@ void TileRows(const uint16_t* x, int64_t x_stride, const uint16_t* w, int rows_w
   for (; r < rows_w; ++r) Tile<1, T>(x, x_stride, w + r * k, k, out + r, out_stride);
 }
 
+// Bf16DotRowsStreamed: the rows in S runs of `run` rows, row j of every run at a time against T
+// activation rows; each (row, activation row) pair's sum is Tile's operations (the blocks in
+// column order, the masked last one, the lanes' fixed sum), so its bits are a tile's. S·T
+// accumulators, S weights and one activation within the 32 registers (cpu::DotRowsStreamed's
+// pattern: long sequential streams, independent chains of dot products).
+template <int S, int T>
+TANDEM_BF16_TARGET void Runs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t k,
+                             int64_t run, float* out, int64_t out_stride) {
+  for (int64_t j = 0; j < run; ++j) {
+    const uint16_t* wj = w + j * k;
+    __m512 acc[S][T];
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[s][t] = _mm512_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) Block<S, T>(acc, x, x_stride, wj, run * k, i, ~__mmask32{0});
+    if (i < k) Block<S, T>(acc, x, x_stride, wj, run * k, i, (__mmask32{1} << (k - i)) - 1);
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) out[t * out_stride + s * run + j] = ReduceAddAvx512(acc[s][t]);
+    }
+  }
+}
+
+// Rounds x[0, k) to BF16 (F32ToBf16's bits: nearest even, a NaN kept quiet) 16 at a time.
+TANDEM_BF16_TARGET void RoundRowAvx512(const float* x, int64_t k, uint16_t* out) {
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
+                abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                quiet = _mm512_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m512i bits = _mm512_loadu_si512(x + i), high = _mm512_srli_epi32(bits, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(half, _mm512_and_si512(high, one))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, abs_mask), inf);
+    r = _mm512_mask_or_epi32(r, nan, high, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(r));
+  }
+  for (; i < k; ++i) out[i] = F32ToBf16(x[i]);
+}
+
 }  // namespace
 
 bool HaveAvx512Bf16() { return kHaveBf16; }
@@ -89,7 +134,11 @@ int64_t Bf16PaddedCols(int64_t k) { return (k + 31) / 32 * 32; }
 void RoundRowsToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out) {
   const int64_t kp = Bf16PaddedCols(k);
   for (int64_t t = 0; t < rows; ++t) {
-    for (int64_t i = 0; i < k; ++i) out[t * kp + i] = F32ToBf16(x[t * k + i]);
+    if (kHaveBf16) {
+      RoundRowAvx512(x + t * k, k, out + t * kp);
+    } else {
+      for (int64_t i = 0; i < k; ++i) out[t * kp + i] = F32ToBf16(x[t * k + i]);
+    }
     std::fill(out + t * kp + k, out + (t + 1) * kp, uint16_t{0});
   }
 }
@@ -110,6 +159,17 @@ void Bf16DotTile(const uint16_t* x, int64_t x_stride, int rows_x, const uint16_t
     case 7: return TileRows<3, 7>(x, x_stride, w, rows_w, k, out, out_stride);
     default: return TileRows<3, 8>(x, x_stride, w, rows_w, k, out, out_stride);
   }
+}
+
+void Bf16DotRowsStreamed(const uint16_t* x, int64_t x_stride, int rows_x, const uint16_t* w,
+                         int64_t rows, int64_t k, float* out, int64_t out_stride) {
+  WithRowCount(rows_x, [&](auto t) {
+    constexpr int T = decltype(t)::value;
+    constexpr int S = T <= 6 ? kBatch1Streams : 3;  // S·T + S + 1 registers
+    const int64_t run = rows / S, done = run * S;
+    if (run > 0) Runs<S, T>(x, x_stride, w, k, run, out, out_stride);
+    Runs<1, T>(x, x_stride, w + done * k, k, rows - done, out + done, out_stride);
+  });
 }
 
 }  // namespace tandem::cpu

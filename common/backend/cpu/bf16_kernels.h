@@ -29,4 +29,11 @@ void RoundRowsToBf16(const float* x, int64_t rows, int64_t k, uint16_t* out);
 void Bf16DotTile(const uint16_t* x, int64_t x_stride, int rows_x, const uint16_t* w, int rows_w,
                  int64_t k, float* out, int64_t out_stride);
 
+// The same sums for `rows` consecutive weight rows (w + r · k), read as four runs side by side
+// (three past six activation rows; cpu::DotRowsStreamed's pattern), each output the bits
+// Bf16DotTile gives it: batch 1's Linear and a few rows' (rows_x ≤ kStreamedMaxRows), which read
+// each weight once. Requires HaveAvx512Bf16().
+void Bf16DotRowsStreamed(const uint16_t* x, int64_t x_stride, int rows_x, const uint16_t* w,
+                         int64_t rows, int64_t k, float* out, int64_t out_stride);
+
 }  // namespace tandem::cpu

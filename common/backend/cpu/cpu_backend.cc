@@ -332,6 +332,10 @@ void CpuBackend::QuantizedLinearA8(const float* x, int64_t n, int64_t m, const c
 }
 
 void CpuBackend::LinearBf16(const float* x, int64_t n, const DeviceWeight& w, float* out) {
+  if (n <= cpu::kStreamedMaxRows && cpu::HaveAvx512Bf16()) {
+    const Projection p{&w, nullptr, out};
+    return Bf16StreamedRows(x, n, {&p, 1});
+  }
   const int64_t m = w.rows, k = w.cols, kp = cpu::Bf16PaddedCols(k);
   thread_local std::vector<uint16_t> rounded;
   rounded.resize(static_cast<size_t>(n * kp));
@@ -418,9 +422,10 @@ bool CpuBackend::StreamsTogether(int64_t n, absl::Span<const Projection> project
 
 bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
   const DeviceWeight& w0 = *projections[0].w;
-  // BF16 activations over BF16 weights: LinearBf16's tiles, at every batch size.
+  // BF16 activations over BF16 weights stream with AVX-512 BF16 (the others run LinearF32 on the
+  // rounded rows, a Linear each).
   if (w0.quant == QuantType::kNone && activations_ == ActivationDType::kBF16 &&
-      w0.dtype == DType::kBF16) {
+      w0.dtype == DType::kBF16 && !cpu::HaveAvx512Bf16()) {
     return false;
   }
   for (const Projection& p : projections) {
@@ -438,6 +443,9 @@ bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
 void CpuBackend::StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections) {
   const DeviceWeight& w0 = *projections[0].w;
   if (w0.quant != QuantType::kNone) return QuantizedStreamedRows(x, n, projections);
+  if (activations_ == ActivationDType::kBF16 && w0.dtype == DType::kBF16 && cpu::HaveAvx512Bf16()) {
+    return Bf16StreamedRows(x, n, projections);
+  }
   const int64_t k = w0.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w0.dtype);
   const float* xs[cpu::kStreamedMaxRows];
@@ -447,6 +455,21 @@ void CpuBackend::StreamedRows(const float* x, int64_t n, absl::Span<const Projec
     cpu::DotRowsStreamed(xs, static_cast<int>(n), rows, row_bytes, e - b, w0.dtype, k,
                          projections[s].out + b, projections[s].w->rows);
   });
+}
+
+void CpuBackend::Bf16StreamedRows(const float* x, int64_t n,
+                                  absl::Span<const Projection> projections) {
+  const int64_t k = projections[0].w->cols, kp = cpu::Bf16PaddedCols(k);
+  thread_local std::vector<uint16_t> rounded;
+  rounded.resize(static_cast<size_t>(n * kp));
+  cpu::RoundRowsToBf16(x, n, k, rounded.data());
+  const uint16_t* xb = rounded.data();  // the caller's, captured by the pool's tasks
+  ForEachRowRun(pool_, projections, static_cast<size_t>(k) * 2,
+                [&](size_t s, int64_t b, int64_t e) {
+                  const auto* rows = static_cast<const uint16_t*>(projections[s].w->data) + b * k;
+                  cpu::Bf16DotRowsStreamed(xb, kp, static_cast<int>(n), rows, e - b, k,
+                                           projections[s].out + b, projections[s].w->rows);
+                });
 }
 
 void CpuBackend::QuantizedStreamedRows(const float* x, int64_t n,

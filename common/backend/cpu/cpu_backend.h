@@ -79,10 +79,12 @@ class CpuBackend final : public Backend {
   // The Linear of a few rows (up to cpu::kStreamedMaxRows: batch 1, a verification step, a few
   // sequences) over weights ReadAlike accepts, biases aside: every weight row read once, in runs
   // streamed by one pass of the pool over all the projections (cpu::DotRowsStreamed,
-  // QuantDotRowsStreamed and its int8-activation twin). Each output is the bits the tiles give
-  // its row in a batch.
+  // QuantDotRowsStreamed and its int8-activation twin, cpu::Bf16DotRowsStreamed). Each output is
+  // the bits the tiles give its row in a batch.
   void StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
   void QuantizedStreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
+  // BF16 activations over BF16 weights (with AVX-512 BF16): the rows rounded once for all.
+  void Bf16StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
   bool ReadAlike(absl::Span<const Projection> projections) const;
   // Linear over 16-bit or f32 weights with f32 activations.
   void LinearF32(const float* x, int64_t n, const DeviceWeight& w, float* out);
