@@ -50,11 +50,14 @@ TANDEM_BF16_TARGET __attribute__((always_inline)) inline void Block(
   }
 }
 
-// R weight rows × T activation rows in registers: per 32 columns, R weight and T activation loads
-// feed R·T dot products of 32 pairs each.
+// R weight rows (w + r · w_stride, k columns) × T activation rows in registers: per 32 columns, R
+// weight and T activation loads feed R·T dot products of 32 pairs each; out[t · out_stride +
+// r · out_step]. Every (weight row, activation row) pair gets the same operations whatever R and T:
+// the blocks in column order, the masked last one, the lanes' fixed sum.
 template <int R, int T>
-TANDEM_BF16_TARGET void Tile(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t k,
-                             float* out, int64_t out_stride) {
+TANDEM_BF16_TARGET void Sums(const uint16_t* x, int64_t x_stride, const uint16_t* w,
+                             int64_t w_stride, int64_t k, float* out, int64_t out_stride,
+                             int64_t out_step) {
   __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -64,48 +67,32 @@ TANDEM_BF16_TARGET void Tile(const uint16_t* x, int64_t x_stride, const uint16_t
   // Whole 32-column blocks, then the last block with its weights past k masked to zero (the
   // activations there are zero too).
   int64_t i = 0;
-  for (; i + 32 <= k; i += 32) Block<R, T>(acc, x, x_stride, w, k, i, ~__mmask32{0});
-  if (i < k) Block<R, T>(acc, x, x_stride, w, k, i, (__mmask32{1} << (k - i)) - 1);
+  for (; i + 32 <= k; i += 32) Block<R, T>(acc, x, x_stride, w, w_stride, i, ~__mmask32{0});
+  if (i < k) Block<R, T>(acc, x, x_stride, w, w_stride, i, (__mmask32{1} << (k - i)) - 1);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) out[t * out_stride + r] = ReduceAddAvx512(acc[r][t]);
+    for (int t = 0; t < T; ++t) out[t * out_stride + r * out_step] = ReduceAddAvx512(acc[r][t]);
   }
 }
 
+// A tile: R consecutive weight rows at a time.
 template <int R, int T>
 void TileRows(const uint16_t* x, int64_t x_stride, const uint16_t* w, int rows_w, int64_t k,
               float* out, int64_t out_stride) {
   int r = 0;
-  for (; r + R <= rows_w; r += R) Tile<R, T>(x, x_stride, w + r * k, k, out + r, out_stride);
-  for (; r < rows_w; ++r) Tile<1, T>(x, x_stride, w + r * k, k, out + r, out_stride);
+  for (; r + R <= rows_w; r += R) Sums<R, T>(x, x_stride, w + r * k, k, k, out + r, out_stride, 1);
+  for (; r < rows_w; ++r) Sums<1, T>(x, x_stride, w + r * k, k, k, out + r, out_stride, 1);
 }
 
-// Bf16DotRowsStreamed: the rows in S runs of `run` rows, row j of every run at a time against T
-// activation rows; each (row, activation row) pair's sum is Tile's operations (the blocks in
-// column order, the masked last one, the lanes' fixed sum), so its bits are a tile's. S·T
-// accumulators, S weights and one activation within the 32 registers (cpu::DotRowsStreamed's
-// pattern: long sequential streams, independent chains of dot products).
+// Bf16DotRowsStreamed: the rows in S runs of `run` rows, row j of every run at a time (so each
+// pair's bits are a tile's). S·T accumulators, S weights and one activation within the 32 registers
+// (cpu::DotRowsStreamed's pattern: long sequential streams, independent chains of dot products).
 template <int S, int T>
-TANDEM_BF16_TARGET void Runs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t k,
-                             int64_t run, float* out, int64_t out_stride) {
-  for (int64_t j = 0; j < run; ++j) {
-    const uint16_t* wj = w + j * k;
-    __m512 acc[S][T];
-#pragma GCC unroll 8
-    for (int s = 0; s < S; ++s) {
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) acc[s][t] = _mm512_setzero_ps();
-    }
-    int64_t i = 0;
-    for (; i + 32 <= k; i += 32) Block<S, T>(acc, x, x_stride, wj, run * k, i, ~__mmask32{0});
-    if (i < k) Block<S, T>(acc, x, x_stride, wj, run * k, i, (__mmask32{1} << (k - i)) - 1);
-#pragma GCC unroll 8
-    for (int s = 0; s < S; ++s) {
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) out[t * out_stride + s * run + j] = ReduceAddAvx512(acc[s][t]);
-    }
-  }
+void Runs(const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t k, int64_t run,
+          float* out, int64_t out_stride) {
+  for (int64_t j = 0; j < run; ++j)
+    Sums<S, T>(x, x_stride, w + j * k, run * k, k, out + j, out_stride, run);
 }
 
 // Rounds x[0, k) to BF16 (F32ToBf16's bits: nearest even, a NaN kept quiet) 16 at a time.
