@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -254,6 +255,32 @@ TEST(CpuBackendTest, RoundingToBf16GivesTheScalarBitsOnEveryValue) {
       ASSERT_EQ(out[t * kp + i], want) << "row " << t << " column " << i;
     }
   }
+}
+
+// The weight kernels' prefetch distance: by CPU vendor (Intel 2 KiB with batch 1's f32 rows
+// prefetched too, others 8 KiB without), or as the environment says. ctest runs this binary once
+// more with TANDEM_CPU_PREFETCH_BYTES=512 and TANDEM_CPU_PREFETCH_BATCH1=1, where every kernel test
+// above must give the same bits, and this test with TANDEM_CPU_PREFETCH_BYTES=lots, which the
+// backend refuses by name.
+TEST(CpuBackendTest, PrefetchPlanIsTheVendorsOrTheEnvironments) {
+  const bool intel = cpu::IsIntelCpu();
+  const cpu::PrefetchPlan& plan = cpu::Prefetch();
+  const char* bytes = std::getenv("TANDEM_CPU_PREFETCH_BYTES");
+  const char* batch1 = std::getenv("TANDEM_CPU_PREFETCH_BATCH1");
+  const bool bad = bytes != nullptr && std::string(bytes) == "lots";
+  ASSERT_EQ(plan.error.empty(), !bad) << plan.error;
+  if (bad) {
+    const auto backend = CpuBackend::Create({});
+    ASSERT_FALSE(backend.ok());
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(backend.status().message().find("TANDEM_CPU_PREFETCH_BYTES=lots"), std::string::npos)
+        << backend.status();
+    EXPECT_EQ(plan.bytes, intel ? 2048 : 8192);  // the default kept
+    return;
+  }
+  EXPECT_EQ(plan.overridden, bytes != nullptr || batch1 != nullptr);
+  EXPECT_EQ(plan.bytes, bytes != nullptr ? std::atoll(bytes) : intel ? 2048 : 8192) << intel;
+  EXPECT_EQ(plan.batch1, batch1 != nullptr ? std::string(batch1) == "1" : intel) << intel;
 }
 
 TEST(CpuBackendTest, ArgmaxRowsTakesTheLowestIdOfTheMaximumAndNeverNaN) {

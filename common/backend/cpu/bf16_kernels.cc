@@ -23,21 +23,17 @@ const bool kHaveBf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppor
 
 #define TANDEM_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
-// How far ahead of the dot products a weight row is asked for (as cpu_kernels.cc's).
-constexpr int64_t kPrefetchBytes = 8192;
-
 // One 32-column block of a tile or of runs side by side (below): R weight rows w + r · w_stride,
-// weights past the mask zero.
+// weights past the mask zero, asked for `ahead` bytes early (Prefetch()).
 template <int R, int T>
 TANDEM_BF16_TARGET __attribute__((always_inline)) inline void Block(
     __m512 (&acc)[R][T], const uint16_t* x, int64_t x_stride, const uint16_t* w, int64_t w_stride,
-    int64_t i, __mmask32 m) {
+    int64_t i, __mmask32 m, int64_t ahead) {
   __m512i wv[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     if constexpr (R * T > 1)
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * w_stride + i) + kPrefetchBytes,
-                   _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * w_stride + i) + ahead, _MM_HINT_T0);
     wv[r] = _mm512_maskz_loadu_epi16(m, w + r * w_stride + i);
   }
 #pragma GCC unroll 8
@@ -64,11 +60,12 @@ TANDEM_BF16_TARGET void Sums(const uint16_t* x, int64_t x_stride, const uint16_t
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   }
+  const int64_t ahead = Prefetch().bytes;
   // Whole 32-column blocks, then the last block with its weights past k masked to zero (the
   // activations there are zero too).
   int64_t i = 0;
-  for (; i + 32 <= k; i += 32) Block<R, T>(acc, x, x_stride, w, w_stride, i, ~__mmask32{0});
-  if (i < k) Block<R, T>(acc, x, x_stride, w, w_stride, i, (__mmask32{1} << (k - i)) - 1);
+  for (; i + 32 <= k; i += 32) Block<R, T>(acc, x, x_stride, w, w_stride, i, ~__mmask32{0}, ahead);
+  if (i < k) Block<R, T>(acc, x, x_stride, w, w_stride, i, (__mmask32{1} << (k - i)) - 1, ahead);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8

@@ -40,6 +40,7 @@ constexpr int64_t kTileBytes = 1 << 20;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const Options& options) {
+  if (!cpu::Prefetch().error.empty()) return absl::InvalidArgumentError(cpu::Prefetch().error);
   ThreadPool* pool = options.pool ? options.pool : &ThreadPool::Default();
   openblas_set_num_threads(1);
   auto backend = std::unique_ptr<CpuBackend>(new CpuBackend(pool, options.batch_invariant));
@@ -61,6 +62,9 @@ std::string CpuBackend::device_description() const {
           ? (cpu::HaveAvx512Bf16() ? ", bf16 activations (avx512_bf16)"
                                    : ", bf16 activations (f32 kernels: no avx512_bf16)")
           : "",
+      cpu::Prefetch().overridden ? absl::StrCat(", prefetch ", cpu::Prefetch().bytes, " B",
+                                                cpu::Prefetch().batch1 ? " with batch 1" : "")
+                                 : "",
       ")");
 }
 

@@ -4,9 +4,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 
 #include "common/backend/cpu/simd.h"
 
@@ -101,12 +103,6 @@ __attribute__((target("avx2,fma,f16c"))) void DotRowsAvx2(const float* const* x,
   }
 }
 
-// How far ahead of the FMAs a weight row is asked for. Measured on an Intel Xeon VM (the padded
-// kjv-target, whose weights come from memory: 1, 2, 4 and 8 KiB ahead, 4 KiB best) and on an AMD
-// EPYC Zen 5 VM (qwen2.5-0.5b batch-1 decode: 2 KiB 35, 4 KiB 37, 8 KiB 39-40, 12-16 KiB 39-41
-// GB/s of weights).
-constexpr int64_t kPrefetchBytes = 8192;
-
 // R weight rows × T activation rows in registers: per 16 weights, R weight vectors and one
 // activation vector at a time feed R·T FMAs, one accumulator per (r, t) pair. Each pair's result is
 // the same operations whatever R and T (16 lanes summed along the row, a fixed pairwise sum of the
@@ -115,6 +111,7 @@ template <typename L, int R, int T>
 __attribute__((target("avx512f"))) void DotTileAvx512(const float* const* x, const std::byte* w,
                                                       size_t row_bytes, int64_t n, float* out,
                                                       int64_t out_stride) {
+  const int64_t ahead = Prefetch().bytes;
   __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -129,10 +126,9 @@ __attribute__((target("avx512f"))) void DotTileAvx512(const float* const* x, con
       // The weights stream from memory: ask for them early (once per 64-byte line), so the loads
       // overlap the FMAs.
       if constexpr (R * T > 1) {
-        if ((i * L::kBytes) % 64 == 0)
-          _mm_prefetch(
-              reinterpret_cast<const char*>(w + r * row_bytes) + i * L::kBytes + kPrefetchBytes,
-              _MM_HINT_T0);
+        if (ahead > 0 && (i * L::kBytes) % 64 == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(w + r * row_bytes) + i * L::kBytes + ahead,
+                       _MM_HINT_T0);
       }
       wv[r] = L::Load(w + r * row_bytes, i);
     }
@@ -198,6 +194,9 @@ template <typename L, int S, int T>
 __attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* const* x, const std::byte* w,
                                                           size_t row_bytes, int64_t run, int64_t n,
                                                           float* out, int64_t out_stride) {
+  // One row's weights arrive as fast as its FMAs go: left to the hardware's prefetchers where
+  // they keep up (Prefetch()).
+  const int64_t ahead = T > 1 || Prefetch().batch1 ? Prefetch().bytes : 0;
   for (int64_t j = 0; j < run; ++j) {
     const std::byte* wj = w + j * row_bytes;
     __m512 acc[S][T];
@@ -211,14 +210,11 @@ __attribute__((target("avx512f"))) void DotRowsRunsAvx512(const float* const* x,
       __m512 wv[S];
 #pragma GCC unroll 8
       for (int s = 0; s < S; ++s) {
-        // Several activation rows' FMAs take longer than a row's weights take to arrive: ask for
-        // the weights early (once per 64-byte line) so that the loads overlap them.
-        if constexpr (T > 1) {
-          if ((i * L::kBytes) % 64 == 0)
-            _mm_prefetch(reinterpret_cast<const char*>(wj + s * run * row_bytes) + i * L::kBytes +
-                             kPrefetchBytes,
-                         _MM_HINT_T0);
-        }
+        // Ask for the weights early (once per 64-byte line) so that the loads overlap the FMAs.
+        if (ahead > 0 && (i * L::kBytes) % 64 == 0)
+          _mm_prefetch(
+              reinterpret_cast<const char*>(wj + s * run * row_bytes) + i * L::kBytes + ahead,
+              _MM_HINT_T0);
         wv[s] = L::Load(wj + s * run * row_bytes, i);
       }
 #pragma GCC unroll 8
@@ -311,6 +307,45 @@ const bool kHaveAvx512 =
     __builtin_cpu_supports("avx512f") && std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
 
 }  // namespace
+
+bool IsIntelCpu() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char vendor[13] = {};
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+  }
+  return std::strcmp(vendor, "GenuineIntel") == 0;
+}
+
+const PrefetchPlan& Prefetch() {
+  static const PrefetchPlan plan = [] {
+    const bool intel = IsIntelCpu();
+    PrefetchPlan p{intel ? 2048 : 8192, intel, false, ""};
+    if (const char* e = std::getenv("TANDEM_CPU_PREFETCH_BYTES")) {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(e, &end, 10);
+      if (end != e && *end == '\0' && errno == 0 && v >= 0 && v <= 65536) {
+        p.bytes = v;
+        p.overridden = true;
+      } else {
+        p.error = std::string("TANDEM_CPU_PREFETCH_BYTES=") + e + ": want bytes from 0 to 65536";
+      }
+    }
+    if (const char* e = std::getenv("TANDEM_CPU_PREFETCH_BATCH1")) {
+      if (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) {
+        p.batch1 = e[0] == '1';
+        p.overridden = true;
+      } else if (p.error.empty()) {
+        p.error = std::string("TANDEM_CPU_PREFETCH_BATCH1=") + e + ": want 0 or 1";
+      }
+    }
+    return p;
+  }();
+  return plan;
+}
 
 bool HaveAvx2() { return kHaveAvx2; }
 bool HaveAvx512() { return kHaveAvx512; }

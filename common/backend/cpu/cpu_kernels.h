@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "common/tensor/dtype.h"
@@ -46,6 +47,21 @@ void WithRowCount(int rows, const Fn& fn) {
     default: return fn(std::integral_constant<int, 8>());
   }
 }
+// How far ahead the weight-streaming kernels (16-bit, BF16-activation and quantized) ask for a
+// row's bytes, chosen once per process by CPU vendor, as measured (docs/benchmarks.md, "Prefetch
+// distance by CPU"): Intel 2 KiB, with batch 1's f32 rows prefetched too; AMD and others 8 KiB,
+// batch 1's f32 rows left to the hardware prefetchers. TANDEM_CPU_PREFETCH_BYTES=N (0 to 65536)
+// and TANDEM_CPU_PREFETCH_BATCH1=0|1 override them (for measuring other machines); another value
+// is named in `error` (CpuBackend::Create refuses it) and the default kept.
+struct PrefetchPlan {
+  int64_t bytes;      // distance ahead of the loads; 0: none (the quantized kernels' at the load)
+  bool batch1;        // whether one activation row's 16-bit kernel prefetches too
+  bool overridden;    // whether the environment set either
+  std::string error;  // an environment value refused, or empty
+};
+const PrefetchPlan& Prefetch();
+// Whether the CPU says it is Intel's (cpuid's vendor string).
+bool IsIntelCpu();
 // The runs a batch-1 kernel reads side by side (DotRowsStreamed, QuantDotRowsStreamed,
 // QuantDotRowsStreamedA8): four sequential streams, which read at the memory's rate on the machines
 // measured (eight were 15-20% slower for int4 weights).

@@ -19,9 +19,6 @@ const bool kHaveVnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_suppor
                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                        std::getenv("TANDEM_DISABLE_AVX512") == nullptr;
 
-// How far ahead of the dot products a row's codes are asked for (as quant_kernels.cc's).
-constexpr int64_t kPrefetchBytes = 8192;
-
 // Where stored column c of an activation block [c0, c1) sits in the quantized activation row (the
 // header's layout: int4's full 128-column blocks as lows then highs).
 inline int64_t ActivationSlot(QuantType type, int64_t c0, int64_t c1, int64_t c) {
@@ -140,6 +137,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Block
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   constexpr int kOffset = kInt4 ? 0 : 128;
+  const int64_t ahead = Prefetch().bytes;
   for (int64_t b = 0; b < a.blocks; ++b) {
     const int64_t c0 = b * a.block_size, c1 = std::min(w.cols, c0 + a.block_size);
     const int64_t g = c0 / w.group_size;  // blocks never straddle groups
@@ -160,7 +158,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Block
       for (; c + 128 <= c1; c += 128) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(q[r]) + c / 2 + kPrefetchBytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(q[r]) + c / 2 + ahead, _MM_HINT_T0);
           const __m512i v = _mm512_loadu_si512(q[r] + c / 2);
           const __m512i lo = _mm512_and_si512(v, nibble);
           const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
@@ -195,7 +193,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Block
       for (; c + 64 <= c1; c += 64) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          _mm_prefetch(reinterpret_cast<const char*>(q[r]) + c + kPrefetchBytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(q[r]) + c + ahead, _MM_HINT_T0);
           const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(q[r] + c), flip);
 #pragma GCC unroll 8
           for (int t = 0; t < T; ++t) {
@@ -288,6 +286,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
   const int32_t* xsum = a.sums(row);
   const int64_t per_group = w.group_size / 128;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const int64_t ahead = Prefetch().bytes;
   for (int64_t j = 0; j < run; ++j) {
     const uint8_t* q[kBatch1Streams];
     const float* sc[kBatch1Streams];
@@ -309,7 +308,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
       const float sx = xs[b], xsf = static_cast<float>(xsum[b]);
 #pragma GCC unroll 4
       for (int r = 0; r < kBatch1Streams; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(q[r]) + 64 * b + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q[r]) + 64 * b + ahead, _MM_HINT_T0);
         const __m512i v = _mm512_loadu_si512(q[r] + 64 * b);
         __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, nibble), x0);
         acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble), x1);

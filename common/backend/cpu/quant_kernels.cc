@@ -14,9 +14,6 @@
 namespace tandem::cpu {
 namespace {
 
-// How far ahead of the FMAs a row's codes are asked for (as cpu_kernels.cc's 16-bit tiles).
-constexpr int64_t kPrefetchBytes = 8192;
-
 // 16 codes of a row from column c on (for int4: half h of the 32-column block at c), as f32.
 template <bool kInt4>
 __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 Widen16(const uint8_t* row,
@@ -98,6 +95,7 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
   }
   // Totals: in registers for one activation row (R of them fit beside the R group accumulators),
   // else in memory.
+  const int64_t ahead = Prefetch().bytes;
   alignas(64) float total[R][T][16] = {};
   __m512 total_reg[R];
 #pragma GCC unroll 8
@@ -116,7 +114,7 @@ __attribute__((target("avx512f,avx512bw"))) void QuantDotBlockAvx512(const float
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         // The codes stream from memory: ask for them early, so the loads overlap the FMAs.
-        _mm_prefetch(reinterpret_cast<const char*>(q[r]) + (kInt4 ? c / 2 : c) + kPrefetchBytes,
+        _mm_prefetch(reinterpret_cast<const char*>(q[r]) + (kInt4 ? c / 2 : c) + ahead,
                      _MM_HINT_T0);
       }
       QuantStep32<R, T, kInt4>(x, q, c, ga);
