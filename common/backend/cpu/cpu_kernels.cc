@@ -319,7 +319,7 @@ bool IsIntelCpu() {
   return std::strcmp(vendor, "GenuineIntel") == 0;
 }
 
-const PrefetchPlan& Prefetch() {
+const PrefetchPlan& ComputePrefetch() {
   static const PrefetchPlan plan = [] {
     const bool intel = IsIntelCpu();
     PrefetchPlan p{intel ? 2048 : 8192, intel, false, ""};

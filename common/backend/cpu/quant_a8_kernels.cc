@@ -94,10 +94,12 @@ inline double GroupTerm(float k, double dot, int offset, float zero, int32_t xsu
 // R weight rows against T activation rows. Per group, one int32 vector accumulator per pair holds
 // Σ (q + o)·xq lane-wise (vpdpbusd: four byte products per lane); at the group's end it is
 // converted and scaled into the pair's f32 vector total by sw·sx, and the zero point's and the
-// offset's share, sw·sx·(o + z)·Σxq, into a scalar f32 total (one FMA; it was a few double
-// operations a block, which cost as much as the block's dot products at batch 1). The operations
-// for one pair do not depend on R or T. The block's weight rows are r0, r0 + step, ..., r0 + (R -
-// 1) * step (step 1: a tile's neighbours; a run's length: QuantDotRowsStreamedA8's streams), row r0
+// offset's share, sw·(o + z) · (sx·Σxq), into an f32 total (one FMA, for all T pairs of a row in
+// the lanes of one vector: sx·Σxq is the activation's alone, rounded once when it is quantized;
+// computed here per pair and block, it cost several times the block's two vpdpbusd for 5 rows). The
+// operations for one pair do not depend on R or T. The block's weight rows are r0, r0 + step, ...,
+// r0 + (R - 1) * step (step 1: a tile's neighbours; a run's length: QuantDotRowsStreamedA8's
+// streams), row r0
 // + i * step's output at out[t * stride + i * step].
 template <int R, int T, bool kInt4>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8BlockVnni(
@@ -115,22 +117,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Block
   }
   const int8_t* xr[T];
   const float* xs[T];
-  const int32_t* xsum[T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     xr[t] = a.row(row0 + t);
     xs[t] = a.scales(row0 + t);
-    xsum[t] = a.sums(row0 + t);
   }
   __m512 f[R][T];
-  __m128 corr[R][T];  // lane 0: Σ sw·sx·(o + z)·Σxq
+  __m256 corr[R];  // lane t: Σ sw·(o + z)·(sx·Σxq) of pair (r, t)
+  const __mmask8 lanes = static_cast<__mmask8>((1u << T) - 1);
   double extra[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    corr[r] = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       f[r][t] = _mm512_setzero_ps();
-      corr[r][t] = _mm_setzero_ps();
       extra[r][t] = 0;
     }
   }
@@ -224,33 +225,32 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Block
         }
       }
     }
-    // Σxq in f32: exact while |Σxq| < 2^24 (blocks under 132,000 columns).
-    float xsf[T];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) xsf[t] = static_cast<float>(xsum[t][b]);
+    // The rows' sx·Σxq for this block, one lane each (QuantizedActivations::scaled_sum).
+    const __m256 u = _mm256_maskz_loadu_ps(lanes, a.scaled_sums(b) + row0);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const float s = sc[r][g];
-      const bool shifted = kOffset != 0 || zp[r] != nullptr;
       const float zo = static_cast<float>(kOffset) + (zp[r] != nullptr ? zp[r][g] : 0.f);
+      if (kOffset != 0 || zp[r] != nullptr) {
+        corr[r] = _mm256_fmadd_ps(_mm256_set1_ps(s * zo), u, corr[r]);
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const float k = s * xs[t][b];
         f[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][t]), _mm512_set1_ps(k), f[r][t]);
-        if (shifted) {
-          corr[r][t] = _mm_fmadd_ss(_mm_set_ss(k), _mm_set_ss(zo * xsf[t]), corr[r][t]);
-        }
         if (!kInt4 && has_tail) extra[r][t] += static_cast<double>(k) * tail[r][t];
       }
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    alignas(32) float c[8];
+    _mm256_store_ps(c, corr[r]);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       out[t * stride + r * step] =
           static_cast<float>(static_cast<double>(_mm512_reduce_add_ps(f[r][t])) -
-                             static_cast<double>(_mm_cvtss_f32(corr[r][t])) + extra[r][t]);
+                             static_cast<double>(c[t]) + extra[r][t]);
     }
   }
 }
@@ -283,7 +283,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
     const QuantizedActivations& a, int64_t row, const QuantRows& w, int64_t run, float* out) {
   const int8_t* xr = a.row(row);
   const float* xs = a.scales(row);
-  const int32_t* xsum = a.sums(row);
   const int64_t per_group = w.group_size / 128;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const int64_t ahead = Prefetch().bytes;
@@ -305,7 +304,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
     for (int64_t b = 0, g = 0, in_group = 0; b < a.blocks; ++b) {
       const __m512i x0 = _mm512_loadu_si512(xr + 128 * b),
                     x1 = _mm512_loadu_si512(xr + 128 * b + 64);
-      const float sx = xs[b], xsf = static_cast<float>(xsum[b]);
+      const float sx = xs[b], u = a.scaled_sums(b)[row];
 #pragma GCC unroll 4
       for (int r = 0; r < kBatch1Streams; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(q[r]) + 64 * b + ahead, _MM_HINT_T0);
@@ -316,7 +315,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8Int4S
         f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(k), f[r]);
         if (zp[r] != nullptr) {
           const float zo = 0.f + zp[r][g];
-          corr[r] = _mm_fmadd_ss(_mm_set_ss(k), _mm_set_ss(zo * xsf), corr[r]);
+          corr[r] = _mm_fmadd_ss(_mm_set_ss(sc[r][g] * zo), _mm_set_ss(u), corr[r]);
         }
       }
       if (++in_group == per_group) {
@@ -386,6 +385,8 @@ void QuantizeActivationsWith(bool avx512, const float* x, int64_t rows, const Qu
   out->q.resize(static_cast<size_t>(rows * w.cols));
   out->scale.resize(static_cast<size_t>(rows * blocks));
   out->sum.resize(static_cast<size_t>(rows * blocks));
+  out->rows = rows;
+  out->scaled_sum.resize(static_cast<size_t>(rows * blocks));
   for (int64_t i = 0; i < rows; ++i) {
     const float* xi = x + i * w.cols;
     int8_t* qi = out->q.data() + i * w.cols;
@@ -398,6 +399,7 @@ void QuantizeActivationsWith(bool avx512, const float* x, int64_t rows, const Qu
       } else {
         QuantizeBlock(w.type, xi, c0, c1, qi, s, sum);
       }
+      out->scaled_sum[b * rows + i] = *s * static_cast<float>(*sum);
     }
   }
 }

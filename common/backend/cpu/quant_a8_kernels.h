@@ -36,7 +36,12 @@ struct QuantizedActivations {
   std::vector<int8_t> q;     // [rows][cols]
   std::vector<float> scale;  // [rows][blocks]: sx
   std::vector<int32_t> sum;  // [rows][blocks]: Σ xq
+  int64_t rows = 0;
+  // [blocks][rows] (block-major, so that one load gives a block's value for several rows):
+  // sx · (float) Σ xq, the activation's share of the zero point's correction, rounded once.
+  std::vector<float> scaled_sum;
   const int8_t* row(int64_t i) const { return q.data() + i * cols; }
+  const float* scaled_sums(int64_t b) const { return scaled_sum.data() + b * rows; }
   const float* scales(int64_t i) const { return scale.data() + i * blocks; }
   const int32_t* sums(int64_t i) const { return sum.data() + i * blocks; }
 };
