@@ -222,29 +222,24 @@ TEST(CpuBackendTest, Bf16ActivationsMatchTheRoundedReferenceAtEveryBatchSize) {
 // zeros, infinities and NaNs (quiet, signalling, either sign), on rows with a scalar tail (k = 37),
 // zero padded to the 32-column blocks.
 TEST(CpuBackendTest, RoundingToBf16GivesTheScalarBitsOnEveryValue) {
-  const auto from_bits = [](uint32_t b) {
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
-  std::vector<float> x = {from_bits(0x3f808000),
-                          from_bits(0x3f818000),
-                          from_bits(0x3f808001),
-                          from_bits(0x7f7fffff),
-                          from_bits(0xff7fffff),
-                          from_bits(0x00000001),
-                          from_bits(0x807fffff),
+  std::vector<float> x = {std::bit_cast<float>(uint32_t{0x3f808000}),
+                          std::bit_cast<float>(uint32_t{0x3f818000}),
+                          std::bit_cast<float>(uint32_t{0x3f808001}),
+                          std::bit_cast<float>(uint32_t{0x7f7fffff}),
+                          std::bit_cast<float>(uint32_t{0xff7fffff}),
+                          std::bit_cast<float>(uint32_t{0x00000001}),
+                          std::bit_cast<float>(uint32_t{0x807fffff}),
                           0.f,
                           -0.f,
                           std::numeric_limits<float>::infinity(),
                           -std::numeric_limits<float>::infinity(),
-                          from_bits(0x7fc00000),
-                          from_bits(0xffc00001),
-                          from_bits(0x7f800001),
-                          from_bits(0xff80ffff)};
+                          std::bit_cast<float>(uint32_t{0x7fc00000}),
+                          std::bit_cast<float>(uint32_t{0xffc00001}),
+                          std::bit_cast<float>(uint32_t{0x7f800001}),
+                          std::bit_cast<float>(uint32_t{0xff80ffff})};
   std::mt19937 rng(41);
   std::uniform_int_distribution<uint32_t> bits;
-  while (x.size() < 3 * 37) x.push_back(from_bits(bits(rng)));
+  while (x.size() < 3 * 37) x.push_back(std::bit_cast<float>(bits(rng)));
   const int64_t k = 37, kp = cpu::Bf16PaddedCols(k);
   ASSERT_EQ(kp, 64);
   std::vector<uint16_t> out(3 * kp, 0xffff);

@@ -404,7 +404,7 @@ void CpuBackend::Linear(const float* x, int64_t n, const DeviceWeight& w, const 
                         float* out) {
   if (w.quant != QuantType::kNone) {
     QuantizedLinear(x, n, w, out);
-  } else if (activations_ == ActivationDType::kBF16 && w.dtype == DType::kBF16) {
+  } else if (RoundsToBf16(w)) {
     LinearBf16(x, n, w, out);
   } else {
     LinearF32(x, n, w, out);
@@ -428,10 +428,7 @@ bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
   const DeviceWeight& w0 = *projections[0].w;
   // BF16 activations over BF16 weights stream with AVX-512 BF16 (the others run LinearF32 on the
   // rounded rows, a Linear each).
-  if (w0.quant == QuantType::kNone && activations_ == ActivationDType::kBF16 &&
-      w0.dtype == DType::kBF16 && !cpu::HaveAvx512Bf16()) {
-    return false;
-  }
+  if (RoundsToBf16(w0) && !cpu::HaveAvx512Bf16()) return false;
   for (const Projection& p : projections) {
     const DeviceWeight& w = *p.w;
     if (w.quant != w0.quant || w.cols != w0.cols || w.perm != w0.perm) return false;
@@ -447,9 +444,7 @@ bool CpuBackend::ReadAlike(absl::Span<const Projection> projections) const {
 void CpuBackend::StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections) {
   const DeviceWeight& w0 = *projections[0].w;
   if (w0.quant != QuantType::kNone) return QuantizedStreamedRows(x, n, projections);
-  if (activations_ == ActivationDType::kBF16 && w0.dtype == DType::kBF16 && cpu::HaveAvx512Bf16()) {
-    return Bf16StreamedRows(x, n, projections);
-  }
+  if (RoundsToBf16(w0) && cpu::HaveAvx512Bf16()) return Bf16StreamedRows(x, n, projections);
   const int64_t k = w0.cols;
   const size_t row_bytes = static_cast<size_t>(k) * DTypeSize(w0.dtype);
   const float* xs[cpu::kStreamedMaxRows];

@@ -86,6 +86,12 @@ class CpuBackend final : public Backend {
   // BF16 activations over BF16 weights (with AVX-512 BF16): the rows rounded once for all.
   void Bf16StreamedRows(const float* x, int64_t n, absl::Span<const Projection> projections);
   bool ReadAlike(absl::Span<const Projection> projections) const;
+  // Whether w's Linear rounds its activations to BF16 (Options::activations kBF16 over BF16
+  // weights): LinearBf16.
+  bool RoundsToBf16(const DeviceWeight& w) const {
+    return activations_ == ActivationDType::kBF16 && w.quant == QuantType::kNone &&
+           w.dtype == DType::kBF16;
+  }
   // Linear over 16-bit or f32 weights with f32 activations.
   void LinearF32(const float* x, int64_t n, const DeviceWeight& w, float* out);
   // Linear over BF16 weights with BF16 activations (Options::activations kBF16).

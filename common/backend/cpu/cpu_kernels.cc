@@ -319,32 +319,29 @@ bool IsIntelCpu() {
   return std::strcmp(vendor, "GenuineIntel") == 0;
 }
 
-const PrefetchPlan& ComputePrefetch() {
-  static const PrefetchPlan plan = [] {
-    const bool intel = IsIntelCpu();
-    PrefetchPlan p{intel ? 2048 : 8192, intel, false, ""};
-    if (const char* e = std::getenv("TANDEM_CPU_PREFETCH_BYTES")) {
-      char* end = nullptr;
-      errno = 0;
-      const long long v = std::strtoll(e, &end, 10);
-      if (end != e && *end == '\0' && errno == 0 && v >= 0 && v <= 65536) {
-        p.bytes = v;
-        p.overridden = true;
-      } else {
-        p.error = std::string("TANDEM_CPU_PREFETCH_BYTES=") + e + ": want bytes from 0 to 65536";
-      }
+PrefetchPlan ComputePrefetch() {
+  const bool intel = IsIntelCpu();
+  PrefetchPlan p{intel ? 2048 : 8192, intel, false, ""};
+  if (const char* e = std::getenv("TANDEM_CPU_PREFETCH_BYTES")) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(e, &end, 10);
+    if (end != e && *end == '\0' && errno == 0 && v >= 0 && v <= 65536) {
+      p.bytes = v;
+      p.overridden = true;
+    } else {
+      p.error = std::string("TANDEM_CPU_PREFETCH_BYTES=") + e + ": want bytes from 0 to 65536";
     }
-    if (const char* e = std::getenv("TANDEM_CPU_PREFETCH_BATCH1")) {
-      if (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) {
-        p.batch1 = e[0] == '1';
-        p.overridden = true;
-      } else if (p.error.empty()) {
-        p.error = std::string("TANDEM_CPU_PREFETCH_BATCH1=") + e + ": want 0 or 1";
-      }
+  }
+  if (const char* e = std::getenv("TANDEM_CPU_PREFETCH_BATCH1")) {
+    if (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) {
+      p.batch1 = e[0] == '1';
+      p.overridden = true;
+    } else if (p.error.empty()) {
+      p.error = std::string("TANDEM_CPU_PREFETCH_BATCH1=") + e + ": want 0 or 1";
     }
-    return p;
-  }();
-  return plan;
+  }
+  return p;
 }
 
 bool HaveAvx2() { return kHaveAvx2; }

@@ -59,11 +59,11 @@ struct PrefetchPlan {
   bool overridden;    // whether the environment set either
   std::string error;  // an environment value refused, or empty
 };
-const PrefetchPlan& ComputePrefetch();  // reads the CPU and the environment: call Prefetch()
+PrefetchPlan ComputePrefetch();  // reads the CPU and the environment: call Prefetch()
 // Inline, because the kernels ask for it once a block of rows (a call into another file was 1.4%
 // of a 5-row quantized step).
 inline const PrefetchPlan& Prefetch() {
-  static const PrefetchPlan& plan = ComputePrefetch();
+  static const PrefetchPlan plan = ComputePrefetch();
   return plan;
 }
 // Whether the CPU says it is Intel's (cpuid's vendor string).

@@ -96,11 +96,10 @@ inline double GroupTerm(float k, double dot, int offset, float zero, int32_t xsu
 // converted and scaled into the pair's f32 vector total by sw·sx, and the zero point's and the
 // offset's share, sw·(o + z) · (sx·Σxq), into an f32 total (one FMA, for all T pairs of a row in
 // the lanes of one vector: sx·Σxq is the activation's alone, rounded once when it is quantized;
-// computed here per pair and block, it cost several times the block's two vpdpbusd for 5 rows). The
-// operations for one pair do not depend on R or T. The block's weight rows are r0, r0 + step, ...,
-// r0 + (R - 1) * step (step 1: a tile's neighbours; a run's length: QuantDotRowsStreamedA8's
-// streams), row r0
-// + i * step's output at out[t * stride + i * step].
+// computed here per pair and block, it cost several times the block's two vpdpbusd for 5 rows).
+// The operations for one pair do not depend on R or T. The block's weight rows are r0, r0 + step,
+// ..., r0 + (R - 1) * step (step 1: a tile's neighbours; a run's length: QuantDotRowsStreamedA8's
+// streams), row r0 + i * step's output at out[t * stride + i * step].
 template <int R, int T, bool kInt4>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma"))) void A8BlockVnni(
     const QuantizedActivations& a, int64_t row0, const QuantRows& w, int64_t r0, float* out,

@@ -14,6 +14,13 @@
 namespace tandem::cpu {
 namespace {
 
+// Int4 codes in 32-bit lanes as floats, from a table: vpermps reads an index's low four bits, so a
+// lane holding a whole byte gives its low nibble with no mask; the same values as a conversion.
+__attribute__((target("avx512f"), always_inline)) inline __m512 Int4AsFloats(__m512i codes) {
+  return _mm512_permutexvar_ps(
+      codes, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
 // 16 codes of a row from column c on (for int4: half h of the 32-column block at c), as f32.
 template <bool kInt4>
 __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 Widen16(const uint8_t* row,
@@ -21,9 +28,7 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline __m512 Widen16
   if constexpr (kInt4) {
     const __m512i v =
         _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
-    // A code's float from a table (QuantStep32's): vpermps reads the index's low four bits.
-    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_permutexvar_ps(h == 0 ? v : _mm512_srli_epi32(v, 4), table);
+    return Int4AsFloats(h == 0 ? v : _mm512_srli_epi32(v, 4));
   } else {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c + 16 * h))));
@@ -59,12 +64,8 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void QuantStep
     for (int r = 0; r < R; ++r) {
       const __m512i v =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + c / 2)));
-      // A code's float from a table: vpermps reads an index's low four bits, the low nibble
-      // (no mask needed), and after the shift the high one; the same values as a conversion.
-      const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-      ga[r][0] = _mm512_fmadd_ps(x0, _mm512_permutexvar_ps(v, table), ga[r][0]);
-      ga[r][0] =
-          _mm512_fmadd_ps(x1, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table), ga[r][0]);
+      ga[r][0] = _mm512_fmadd_ps(x0, Int4AsFloats(v), ga[r][0]);
+      ga[r][0] = _mm512_fmadd_ps(x1, Int4AsFloats(_mm512_srli_epi32(v, 4)), ga[r][0]);
     }
   } else {
     QuantStep<R, T, kInt4>(x, q, c, 0, ga);
